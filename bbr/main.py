@@ -1,0 +1,79 @@
+"""``bbr``: the body-based router's command line (upstream flag names and defaults)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from importlib.metadata import PackageNotFoundError, version
+
+import structlog
+
+from bbr import metrics
+from bbr.basemodels import BaseModelError, FileBaseModels, StaticBaseModels
+from bbr.plugins import PluginSpecError, build
+from bbr.router import BodyRouter
+from shared import logs
+from shared.extproc import DEFAULT_MAX_BODY, BodyMode, ExtProcServicer
+from shared.flags import Parser, die
+from shared.metrics_server import run_metrics_server
+from shared.server import ServeOptions, install_uvloop, serve
+
+
+def parser() -> Parser:
+    p = Parser(prog="bbr", description="Body-based router: an Envoy ext_proc service that "
+               "copies the request body's model into the X-Gateway-Model-Name header.")
+    p.add_argument("--grpc-port", type=int, default=9004, help="ext_proc gRPC port")
+    p.add_argument("--grpc-health-port", type=int, default=9005, help="gRPC health port")
+    p.add_argument("--metrics-port", type=int, default=9090, help="Prometheus metrics port")
+    p.add_bool("--streaming", default=False,
+               help="Envoy sends bodies FULL_DUPLEX_STREAMED (else BUFFERED)")
+    p.add_bool("--secure-serving", default=True, help="serve ext_proc over TLS")
+    p.add_argument("--cert-path", default=None,
+                   help="directory with tls.crt and tls.key (reloaded on change); "
+                        "default: a self-signed certificate")
+    p.add_argument("--plugin", action="append", default=[], metavar="TYPE:NAME[:JSON]",
+                   help="a plugin to run, repeatable (default: body-field-to-header and "
+                        "base-model-to-header)")
+    p.add_argument("--base-models", default=None, metavar="FILE",
+                   help="YAML list of {baseModel, adapters} for base-model-to-header")
+    p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY,
+                   help="largest request body accepted; bigger gets 413")
+    p.add_argument("--grace-period", type=float, default=30.0,
+                   help="seconds in-flight streams get to finish on SIGTERM")
+    p.add_argument("-v", "--v", dest="verbosity", type=int, nargs="?", const=4, default=0,
+                   help="log verbosity (4 and above: debug)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    logs.configure(args.verbosity)
+    try:
+        base_models = FileBaseModels(args.base_models) if args.base_models else StaticBaseModels()
+        plugins = build(args.plugin, base_models)
+    except (BaseModelError, PluginSpecError) as e:
+        die("bbr", str(e))
+    try:
+        metrics.INFO.labels(version=version("inference-gateway-py")).set(1)
+    except PackageNotFoundError:
+        metrics.INFO.labels(version="dev").set(1)
+    router = BodyRouter(plugins)
+    mode = BodyMode.FULL_DUPLEX_STREAMED if args.streaming else BodyMode.BUFFERED
+    servicer = ExtProcServicer(router.exchange, request_mode=mode, max_body=args.max_body_bytes)
+    opts = ServeOptions(
+        grpc_port=args.grpc_port, health_port=args.grpc_health_port,
+        secure=args.secure_serving, cert_path=args.cert_path, grace=args.grace_period,
+        max_message_bytes=args.max_body_bytes + 1024 * 1024,
+    )
+    structlog.get_logger("bbr").info(
+        "starting", plugins=[f"{p.type_name}:{p.name}" for p in plugins], mode=mode.name)
+    install_uvloop()
+    try:
+        asyncio.run(serve(servicer, opts, background=[run_metrics_server(args.metrics_port)]))
+    except OSError as e:
+        die("bbr", f"cannot serve: {e}")
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""``body-field-to-header``: copy one top-level body field into a request header."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from prometheus_client import Counter
+
+from bbr.metrics import FIELD_EMPTY, FIELD_NOT_FOUND
+
+MODEL_HEADER = "X-Gateway-Model-Name"
+
+
+@dataclass(frozen=True, slots=True)
+class BodyFieldParams:
+    """``{"field": "model", "headerName": "X-Gateway-Model-Name"}``."""
+
+    field: str = "model"
+    header_name: str = MODEL_HEADER
+
+
+class BodyFieldToHeader:
+    """Sets ``header_name`` to the string value of ``field``.
+
+    A missing or non-string field sets no header and neither does an empty string; the
+    request passes to the default route, counted in ``bbr_body_field_not_found_total`` /
+    ``bbr_body_field_empty_total``.
+    """
+
+    type_name: ClassVar[str] = "body-field-to-header"
+
+    def __init__(self, name: str, params: BodyFieldParams) -> None:
+        self.name = name
+        self.params = params
+        self._header = params.header_name.lower()
+        self._not_found: Counter = FIELD_NOT_FOUND.labels(field=params.field)
+        self._empty: Counter = FIELD_EMPTY.labels(field=params.field)
+
+    @classmethod
+    def create(cls, name: str, raw: dict[str, Any]) -> BodyFieldToHeader:
+        unknown = set(raw) - {"field", "headerName"}
+        if unknown:
+            raise ValueError(f"unknown parameters {sorted(unknown)}")
+        params = BodyFieldParams(
+            field=str(raw.get("field", "model")),
+            header_name=str(raw.get("headerName", MODEL_HEADER)),
+        )
+        if not params.field or not params.header_name:
+            raise ValueError("'field' and 'headerName' must not be empty")
+        return cls(name, params)
+
+    @property
+    def owned_headers(self) -> tuple[str, ...]:
+        return (self._header,)
+
+    def headers(self, body: dict[str, Any]) -> dict[str, str]:
+        value = body.get(self.params.field)
+        if not isinstance(value, str):
+            self._not_found.inc()
+            return {}
+        if not value:
+            self._empty.inc()
+            return {}
+        return {self._header: value}

@@ -1,0 +1,61 @@
+"""The BBR exchange: parse the body once, let each plugin name its headers, and ask Envoy to
+re-match the route with them."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from bbr import metrics
+from bbr.plugins import Plugin
+from shared.errors import GatewayError
+from shared.extproc import Exchange, RequestDecision
+from shared.openai import parse_json_object
+
+
+class BodyRouter:
+    """Holds the configured plugins; makes one :class:`RouterExchange` per stream."""
+
+    def __init__(self, plugins: Sequence[Plugin]) -> None:
+        self.plugins = list(plugins)
+        self.owned = sorted({h for p in self.plugins for h in p.owned_headers})
+        self._timers = [
+            metrics.PLUGIN_DURATION.labels(plugin_type=p.type_name, plugin_name=p.name)
+            for p in self.plugins
+        ]
+
+    def decide(self, body: bytes) -> RequestDecision:
+        """Headers for a request body; a headers-only request passes unchanged."""
+        if not body:
+            return RequestDecision()
+        try:
+            data = parse_json_object(body)
+        except GatewayError as e:
+            metrics.ERRORS.labels(code=str(e.status)).inc()
+            raise
+        set_headers: dict[str, str] = {}
+        for plugin, timer in zip(self.plugins, self._timers, strict=True):
+            start = time.perf_counter()
+            set_headers.update(plugin.headers(data))
+            timer.observe(time.perf_counter() - start)
+        metrics.SUCCESS.inc()
+        # A client's own copy of a header we own must not pick the route for it.
+        remove = [h for h in self.owned if h not in set_headers]
+        return RequestDecision(
+            set_headers=set_headers, remove_headers=remove, clear_route_cache=True
+        )
+
+    def exchange(self) -> RouterExchange:
+        return RouterExchange(self)
+
+
+class RouterExchange(Exchange):
+    """One request through the router."""
+
+    __slots__ = ("router",)
+
+    def __init__(self, router: BodyRouter) -> None:
+        self.router = router
+
+    async def on_request(self, headers: dict[str, str], body: bytes) -> RequestDecision:
+        return self.router.decide(body)
