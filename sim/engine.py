@@ -1,0 +1,386 @@
+"""The simulated inference engine: continuous batching over a paged KV cache.
+
+The engine is a synchronous state machine driven in *steps* by a clock it does not own:
+:meth:`Engine.begin_step` schedules a batch at time ``now`` and returns when the step ends;
+:meth:`Engine.finish_step` then gives every request in the batch one token. A unit test drives
+it on a virtual clock (:func:`sim.clock.run_virtual`), the HTTP server on the asyncio clock
+(:class:`sim.runner.EngineLoop`). Nothing here sleeps, so both see identical behaviour.
+
+Per step (vLLM's scheduler, simplified):
+
+1. every running request that already has its prompt computed decodes one token; if it needs a
+   new KV block and none is free, the most recently admitted running request is preempted
+   (blocks freed, back to the *front* of the waiting queue, recomputed when readmitted);
+2. if nothing was preempted, waiting requests are admitted in FIFO order while fewer than
+   ``max_num_seqs`` run: a request whose LoRA adapter has no slot is skipped (it keeps its
+   place), a request whose blocks do not fit stops admission (head of line);
+3. the step lasts ``factor * (ITL [if decoding] + overhead + uncached * per_token [if
+   prefilling]) + lora_load_time * loads`` with ``factor = 1 + (load_factor - 1) *
+   running / max_num_seqs``, all scaled by ``time_scale``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from sim.kvcache import BlockTable, KVCache
+from sim.lora import LoraSlots
+from sim.profiles import Profile
+from sim.tokenizer import block_hashes, count_tokens
+
+if TYPE_CHECKING:
+    import asyncio
+
+
+class QueueFull(Exception):
+    """The waiting queue is at ``max_waiting``; the server answers 429."""
+
+
+class StatsSink(Protocol):
+    """Receives per-request latency observations (the metrics module implements it)."""
+
+    def observe_ttft(self, seconds: float) -> None: ...
+    def observe_itl(self, seconds: float) -> None: ...
+    def observe_queue_time(self, seconds: float) -> None: ...
+    def observe_finished(self, req: SimRequest) -> None: ...
+
+
+WAITING = "waiting"
+RUNNING = "running"
+FINISHED = "finished"
+ABORTED = "aborted"
+
+
+@dataclass(eq=False, slots=True)
+class SimRequest:
+    """One generation request and its progress through the engine."""
+
+    id: str
+    prompt_tokens: int
+    block_hashes: list[int]
+    max_tokens: int
+    output_tokens: int
+    lora: str | None
+    arrival: float
+    text_seed: int
+    state: str = WAITING
+    generated: int = 0
+    cached_tokens: int = 0
+    preemptions: int = 0
+    first_scheduled: float | None = None
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    finish_time: float | None = None
+    blocks: BlockTable = field(default_factory=BlockTable)
+    prefilled: bool = False
+    #: Wake the waiter on every token (streaming) or only at the end.
+    stream: bool = True
+    #: Completed by the engine when new tokens or the end are available (set by the server).
+    waiter: asyncio.Future[None] | None = None
+
+    @property
+    def done(self) -> bool:
+        """Finished or aborted."""
+        return self.state == FINISHED or self.state == ABORTED
+
+    @property
+    def finish_reason(self) -> str:
+        """OpenAI ``finish_reason``: ``length`` when ``max_tokens`` was reached."""
+        return "length" if self.output_tokens >= self.max_tokens else "stop"
+
+    def _wake(self) -> None:
+        w = self.waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+
+#: Events reported to :attr:`Engine.on_event`: kind, request, engine time.
+EventHook = Callable[[str, SimRequest, float], None]
+
+
+class Engine:
+    """Scheduler + KV cache + LoRA slots of one simulated server."""
+
+    def __init__(
+        self,
+        profile: Profile,
+        *,
+        time_scale: float = 1.0,
+        seed: int = 0,
+        random_output_length: bool = False,
+        stats: StatsSink | None = None,
+    ) -> None:
+        if time_scale <= 0:
+            raise ValueError("time_scale must be positive")
+        self.profile = profile
+        self.time_scale = time_scale
+        self.seed = seed
+        self.random_output_length = random_output_length
+        self.stats = stats
+        self.on_event: EventHook | None = None
+        # Effective (scaled) timing, precomputed because it is used every step.
+        self._itl = profile.inter_token_latency * time_scale
+        self._overhead = profile.prefill_overhead * time_scale
+        self._per_token = profile.prefill_time_per_token * time_scale
+        self._lora_load = profile.lora_load_time * time_scale
+        self._load_slope = (profile.load_factor - 1.0) / profile.max_num_seqs
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget all requests and cached state (a server restart)."""
+        p = self.profile
+        self.kv = KVCache(p.num_gpu_blocks, p.block_size)
+        self.loras = LoraSlots(p.max_loras)
+        self.waiting: deque[SimRequest] = deque()
+        self.running: list[SimRequest] = []
+        self._rng = random.Random(self.seed)
+        self._counter = 0
+        self._batch: list[SimRequest] = []
+        self._step_end: float | None = None
+        # Counters exported as Prometheus counters.
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        self.prefix_queries_total = 0
+        self.prefix_hits_total = 0
+        self.preemptions_total = 0
+        self.finished_total = 0
+        self.steps_total = 0
+        #: Bumped whenever the set of running/waiting adapters may have changed.
+        self.lora_version = 0
+
+    # -- requests --------------------------------------------------------------------------
+    def new_request(
+        self,
+        prompt: bytes,
+        max_tokens: int,
+        *,
+        lora: str | None = None,
+        now: float = 0.0,
+        salt: str = "",
+        request_id: str | None = None,
+    ) -> SimRequest:
+        """Tokenize ``prompt`` and build a request (not yet queued; see :meth:`add`)."""
+        self._counter += 1
+        n_out = max_tokens
+        if self.random_output_length and max_tokens > 1:
+            n_out = self._rng.randint(1, max_tokens)
+        return SimRequest(
+            id=request_id or f"req-{self._counter}",
+            prompt_tokens=max(1, count_tokens(prompt)),
+            block_hashes=block_hashes(prompt, self.profile.block_size, (lora or "") + salt),
+            max_tokens=max_tokens,
+            output_tokens=max(1, n_out),
+            lora=lora,
+            arrival=now,
+            text_seed=self._rng.randrange(1 << 30),
+        )
+
+    def add(self, req: SimRequest) -> None:
+        """Queue a request.
+
+        Raises :class:`QueueFull` past ``max_waiting`` and ``ValueError`` for a request that
+        could never fit in the KV cache (it would block the queue forever).
+        """
+        if self.kv.blocks_for(req.prompt_tokens + req.output_tokens) > self.kv.num_blocks:
+            raise ValueError(
+                f"request needs {req.prompt_tokens + req.output_tokens} tokens of KV cache, "
+                f"more than the server holds ({self.kv.num_blocks * self.kv.block_size})"
+            )
+        if len(self.waiting) >= self.profile.max_waiting:
+            raise QueueFull(f"waiting queue is full ({self.profile.max_waiting} requests)")
+        req.state = WAITING
+        self.waiting.append(req)
+        if req.lora is not None:
+            self.lora_version += 1
+        self._emit("arrive", req, req.arrival)
+
+    def abort(self, req: SimRequest) -> None:
+        """Drop a request wherever it is (client went away); idempotent."""
+        if req.done:
+            return
+        if req.state == RUNNING:
+            self.running.remove(req)
+            self._release(req)
+        else:
+            with contextlib.suppress(ValueError):
+                self.waiting.remove(req)
+        req.state = ABORTED
+        if req.lora is not None:
+            self.lora_version += 1
+        req._wake()
+
+    def abort_all(self) -> None:
+        """Abort every queued and running request."""
+        for req in [*self.running, *self.waiting]:
+            self.abort(req)
+
+    @property
+    def has_work(self) -> bool:
+        """Whether a step would do anything."""
+        return bool(self.running or self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        """Requests in the running batch."""
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests in the waiting queue."""
+        return len(self.waiting)
+
+    @property
+    def waiting_adapters(self) -> list[str]:
+        """Distinct adapters of waiting requests, in queue order."""
+        seen: dict[str, None] = {}
+        for r in self.waiting:
+            if r.lora is not None:
+                seen[r.lora] = None
+        return list(seen)
+
+    # -- stepping --------------------------------------------------------------------------
+    def begin_step(self, now: float) -> float:
+        """Schedule one batch at ``now``; returns the time the step ends.
+
+        Must be followed by :meth:`finish_step` before the next call.
+        """
+        kv = self.kv
+        running = self.running
+        preempted = False
+        decoding = 0
+        # 1. Decode: each running request grows by one token and may need one more block.
+        i = 0
+        while i < len(running):
+            req = running[i]
+            need = kv.blocks_for(req.prompt_tokens + req.generated + 1)
+            if need > req.blocks.num_blocks and not kv.append_block(req.blocks):
+                victim = running[-1]
+                self._preempt(victim, now)
+                preempted = True
+                if victim is req:
+                    continue  # req itself went back to waiting; running[i] is the next one
+                continue  # retry req with the freed blocks
+            i += 1
+        decoding = len(running)
+
+        # 2. Admit from the waiting queue.
+        prefill_tokens = 0
+        loads = 0
+        admitted = 0
+        if not preempted and self.waiting:
+            max_seqs = self.profile.max_num_seqs
+            skipped: list[SimRequest] = []
+            waiting = self.waiting
+            while waiting and len(running) < max_seqs:
+                req = waiting[0]
+                if req.lora is not None and not self.loras.can_acquire(req.lora):
+                    skipped.append(waiting.popleft())
+                    continue
+                tokens = req.prompt_tokens + req.generated
+                hashes = req.block_hashes
+                hit = kv.match_prefix(hashes)
+                total = kv.blocks_for(tokens + 1)
+                if not kv.can_allocate(hashes, hit, total):
+                    break
+                waiting.popleft()
+                req.blocks = kv.allocate(hashes, hit, total)
+                # vLLM always recomputes at least the last prompt token.
+                cached = min(hit * kv.block_size, tokens - 1)
+                prefill_tokens += tokens - cached
+                if req.lora is not None and self.loras.acquire(req.lora):
+                    loads += 1
+                self.prefix_queries_total += tokens
+                self.prefix_hits_total += cached
+                if req.first_scheduled is None:
+                    req.first_scheduled = now
+                    req.cached_tokens = cached
+                    self.prompt_tokens_total += req.prompt_tokens
+                    if self.stats is not None:
+                        self.stats.observe_queue_time(now - req.arrival)
+                req.state = RUNNING
+                req.prefilled = False
+                running.append(req)
+                admitted += 1
+                self._emit("admit", req, now)
+            if skipped:
+                waiting.extendleft(reversed(skipped))
+            if admitted or loads:
+                self.lora_version += 1
+
+        # 3. Duration.
+        factor = 1.0 + self._load_slope * len(running)
+        work = 0.0
+        if decoding:
+            work += self._itl
+        if admitted:
+            work += self._overhead + prefill_tokens * self._per_token
+        duration = factor * work + loads * self._lora_load
+        self._batch = list(running)
+        end = now + duration
+        self._step_end = end
+        self.steps_total += 1
+        return end
+
+    def finish_step(self) -> None:
+        """End the step begun by :meth:`begin_step`: one token for every request in it."""
+        end = self._step_end
+        if end is None:
+            raise RuntimeError("finish_step() without begin_step()")
+        self._step_end = None
+        stats = self.stats
+        finished: list[SimRequest] = []
+        for req in self._batch:
+            if req.state != RUNNING:  # aborted or preempted during the step
+                continue
+            req.prefilled = True
+            req.generated += 1
+            self.generation_tokens_total += 1
+            last = req.last_token_time
+            req.last_token_time = end
+            if last is None:
+                req.first_token_time = end
+                if stats is not None:
+                    stats.observe_ttft(end - req.arrival)
+                self._emit("first_token", req, end)
+            elif stats is not None:
+                stats.observe_itl(end - last)
+            if req.generated >= req.output_tokens:
+                finished.append(req)
+            elif req.stream:
+                req._wake()
+        self._batch = []
+        for req in finished:
+            self.running.remove(req)
+            self._release(req)
+            req.state = FINISHED
+            req.finish_time = end
+            self.finished_total += 1
+            if stats is not None:
+                stats.observe_finished(req)
+            self._emit("finish", req, end)
+            req._wake()
+
+    # -- internals -------------------------------------------------------------------------
+    def _release(self, req: SimRequest) -> None:
+        self.kv.free(req.blocks)
+        if req.lora is not None:
+            self.loras.release(req.lora)
+            self.lora_version += 1
+
+    def _preempt(self, req: SimRequest, now: float) -> None:
+        self.running.remove(req)
+        self._release(req)
+        req.state = WAITING
+        req.preemptions += 1
+        self.preemptions_total += 1
+        self.waiting.appendleft(req)
+        self._emit("preempt", req, now)
+
+    def _emit(self, kind: str, req: SimRequest, t: float) -> None:
+        if self.on_event is not None:
+            self.on_event(kind, req, t)
