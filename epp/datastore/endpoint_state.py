@@ -1,0 +1,126 @@
+"""Per-endpoint live state: the latest scrape and the EPP's own in-flight counters.
+
+An :class:`EndpointView` is one long-lived object per endpoint key. The scraper replaces its
+:class:`EndpointMetrics` (one immutable object per scrape); the request path bumps its
+in-flight counters. The scheduler only reads it. Everything runs on one event loop and
+scheduling is synchronous, so a pick always sees a consistent view without locks or copies —
+which is what keeps a 1,000-endpoint pick allocation-free.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from epp.datastore.models import Endpoint
+
+
+@dataclass(frozen=True, slots=True)
+class LoraInfo:
+    """LoRA adapters a server reports (``vllm:lora_requests_info``)."""
+
+    max_lora: int
+    running: frozenset[str] = frozenset()
+    waiting: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointMetrics:
+    """One successful scrape of a model server, already in engine-neutral terms."""
+
+    waiting: int = 0
+    running: int = 0
+    #: KV-cache usage as a fraction in [0, 1].
+    kv_usage: float = 0.0
+    lora: LoraInfo | None = None
+    #: KV block size in tokens and number of GPU blocks, when the server reports them.
+    block_size: int | None = None
+    num_gpu_blocks: int | None = None
+    #: ``time.monotonic()`` when the scrape finished; 0.0 = never scraped.
+    updated_at: float = 0.0
+
+
+#: What an endpoint looks like before its first scrape: idle and infinitely stale.
+NO_METRICS = EndpointMetrics()
+
+
+@dataclass(slots=True, eq=False)
+class EndpointView:
+    """The live view of one endpoint, as the scheduler reads it.
+
+    ``queue`` is the load signal scorers use: the scraped waiting queue plus requests this
+    EPP sent since the latest scrape began and that are still in flight. Without that term
+    every pick between two scrapes (50 ms) would see the same numbers and pile onto the same
+    endpoint. A request counts as "not yet reflected" when it was picked after the scrape
+    that produced the current metrics was *sent*; it stops counting once it ends (then it is
+    in neither the server's numbers nor ours).
+    """
+
+    endpoint: Endpoint
+    metrics: EndpointMetrics = NO_METRICS
+    #: Requests / estimated tokens this EPP routed here that have not finished yet.
+    inflight_requests: int = 0
+    inflight_tokens: int = 0
+    #: Scraped ``waiting`` + picks not yet reflected by a scrape (see the class docstring).
+    queue: int = 0
+    #: False after ``failure_threshold`` scrapes in a row failed; excluded from candidates.
+    healthy: bool = True
+    consecutive_failures: int = 0
+    _picks: int = field(default=0, repr=False)
+    _picks_at_scrape_start: int = field(default=0, repr=False)
+    _picks_reflected: int = field(default=0, repr=False)
+
+    @property
+    def key(self) -> str:
+        """``ip:port`` of the endpoint."""
+        return self.endpoint.key
+
+    @property
+    def unreflected_picks(self) -> int:
+        """Requests routed here after the current metrics' scrape was sent, still running."""
+        return min(self._picks - self._picks_reflected, self.inflight_requests)
+
+    def age(self, now: float) -> float:
+        """Seconds since the latest successful scrape (``inf`` if never scraped)."""
+        updated = self.metrics.updated_at
+        return math.inf if updated == 0.0 else now - updated
+
+    # -- written by the request path -------------------------------------------------
+
+    def start_request(self, tokens: int = 0) -> None:
+        """Count a request routed here (call once per picked request, at pick time)."""
+        self._picks += 1
+        self.inflight_requests += 1
+        self.inflight_tokens += tokens
+        self._update_queue()
+
+    def end_request(self, tokens: int = 0) -> None:
+        """Count a request finished (response end, error or stream break); never below 0."""
+        self.inflight_requests = max(0, self.inflight_requests - 1)
+        self.inflight_tokens = max(0, self.inflight_tokens - tokens)
+        self._update_queue()
+
+    # -- written by the scraper ------------------------------------------------------
+
+    def begin_scrape(self) -> None:
+        """Mark the moment a scrape request is sent: picks before it will be reflected."""
+        self._picks_at_scrape_start = self._picks
+
+    def apply_scrape(self, metrics: EndpointMetrics) -> None:
+        """Install a successful scrape's metrics; the endpoint is healthy again."""
+        self.metrics = metrics
+        self._picks_reflected = self._picks_at_scrape_start
+        self.consecutive_failures = 0
+        self.healthy = True
+        self._update_queue()
+
+    def record_scrape_failure(self, failure_threshold: int) -> bool:
+        """Count a failed scrape; returns True when this failure made the endpoint unhealthy."""
+        self.consecutive_failures += 1
+        if self.healthy and self.consecutive_failures >= failure_threshold:
+            self.healthy = False
+            return True
+        return False
+
+    def _update_queue(self) -> None:
+        self.queue = self.metrics.waiting + self.unreflected_picks

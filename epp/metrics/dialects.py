@@ -1,0 +1,222 @@
+"""Engine dialects: which metric families each model server exposes, read into
+engine-neutral :class:`EndpointMetrics`.
+
+| engine | waiting | running | KV usage | LoRA | cache config |
+|---|---|---|---|---|---|
+| vllm | vllm:num_requests_waiting | vllm:num_requests_running | vllm:kv_cache_usage_perc (older vllm:gpu_cache_usage_perc) | vllm:lora_requests_info | vllm:cache_config_info{block_size, num_gpu_blocks} |
+| sglang | sglang:num_queue_reqs | sglang:num_running_reqs | sglang:token_usage | - | sglang:cache_config_info{page_size, num_pages} |
+| trtllm-serve | trtllm_num_requests_waiting | trtllm_num_requests_running | trtllm_kv_cache_utilization | - | - |
+| triton-tensorrt-llm | nv_trt_llm_request_metrics{request_type=waiting} | ...{request_type=scheduled} | nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=fraction} | - | - |
+
+Several samples of one family (e.g. data-parallel engines) are summed for request counts
+and averaged for KV usage. Values a server should never report are corrected and reported
+as :class:`Anomaly` so the scraper can warn once: NaN/Inf samples are dropped, negative
+values become 0, KV usage above 1 becomes 1.
+"""  # noqa: E501
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from epp.datastore import EndpointMetrics, EngineType, LoraInfo
+from epp.metrics.parser import Sample, ScanResult, scan
+
+
+class MetricsError(ValueError):
+    """The page holds none of the engine's load metrics: not a scrape we can use."""
+
+
+@dataclass(frozen=True, slots=True)
+class Anomaly:
+    """A corrected value: ``family`` and what was wrong (stable text, for warn-once)."""
+
+    family: str
+    problem: str
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedMetrics:
+    """The outcome of reading one page."""
+
+    metrics: EndpointMetrics
+    anomalies: tuple[Anomaly, ...] = ()
+    #: Load families (waiting / running / KV) the page did not have.
+    missing: tuple[str, ...] = ()
+    malformed_lines: int = 0
+
+
+LabelPredicate = Callable[[Sample], bool]
+
+
+@dataclass(frozen=True, slots=True)
+class Dialect:
+    """Metric family names of one engine; ``*_where`` narrows samples by label."""
+
+    engine: EngineType
+    waiting: str
+    running: str
+    kv_usage: tuple[str, ...]
+    waiting_where: LabelPredicate | None = None
+    running_where: LabelPredicate | None = None
+    kv_where: LabelPredicate | None = None
+    lora_info: str | None = None
+    cache_config: str | None = None
+    block_size_label: str = "block_size"
+    num_blocks_label: str = "num_gpu_blocks"
+
+    @property
+    def families(self) -> tuple[str, ...]:
+        """Families read on every scrape (fallback KV names only when the first is absent:
+        each family costs one pass over the page)."""
+        names = [self.waiting, self.running, self.kv_usage[0]]
+        if self.lora_info:
+            names.append(self.lora_info)
+        if self.cache_config:
+            names.append(self.cache_config)
+        return tuple(dict.fromkeys(names))
+
+
+def _label_is(name: str, value: str) -> LabelPredicate:
+    return lambda s: s.labels.get(name) == value
+
+
+DIALECTS: dict[EngineType, Dialect] = {
+    EngineType.VLLM: Dialect(
+        EngineType.VLLM,
+        waiting="vllm:num_requests_waiting",
+        running="vllm:num_requests_running",
+        kv_usage=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+        lora_info="vllm:lora_requests_info",
+        cache_config="vllm:cache_config_info",
+    ),
+    EngineType.SGLANG: Dialect(
+        EngineType.SGLANG,
+        waiting="sglang:num_queue_reqs",
+        running="sglang:num_running_reqs",
+        kv_usage=("sglang:token_usage",),
+        cache_config="sglang:cache_config_info",
+        block_size_label="page_size",
+        num_blocks_label="num_pages",
+    ),
+    EngineType.TRTLLM_SERVE: Dialect(
+        EngineType.TRTLLM_SERVE,
+        waiting="trtllm_num_requests_waiting",
+        running="trtllm_num_requests_running",
+        kv_usage=("trtllm_kv_cache_utilization",),
+    ),
+    EngineType.TRITON_TRTLLM: Dialect(
+        EngineType.TRITON_TRTLLM,
+        waiting="nv_trt_llm_request_metrics",
+        running="nv_trt_llm_request_metrics",
+        kv_usage=("nv_trt_llm_kv_cache_block_metrics",),
+        waiting_where=_label_is("request_type", "waiting"),
+        running_where=_label_is("request_type", "scheduled"),
+        kv_where=_label_is("kv_cache_block_type", "fraction"),
+    ),
+}
+
+
+class _Reader:
+    def __init__(self, text: str, scanned: ScanResult) -> None:
+        self.text = text
+        self.families = scanned.families
+        self.anomalies: list[Anomaly] = []
+
+    def values(self, family: str, where: LabelPredicate | None) -> list[float] | None:
+        samples = self.families.get(family)
+        if samples is None:
+            return None
+        out: list[float] = []
+        for s in samples:
+            if where is not None and not where(s):
+                continue
+            v = s.value
+            if not math.isfinite(v):
+                self.anomalies.append(Anomaly(family, "non-finite value dropped"))
+                continue
+            if v < 0:
+                self.anomalies.append(Anomaly(family, "negative value clamped to 0"))
+                v = 0.0
+            out.append(v)
+        return out or None
+
+    def count(self, family: str, where: LabelPredicate | None) -> int | None:
+        vals = self.values(family, where)
+        return None if vals is None else round(sum(vals))
+
+    def fraction(self, families: tuple[str, ...], where: LabelPredicate | None) -> float | None:
+        for i, family in enumerate(families):  # first family present wins (newest name first)
+            if i > 0 and family not in self.families:
+                self.families.update(scan(self.text, (family,)).families)
+            vals = self.values(family, where)
+            if vals is None:
+                continue
+            v = sum(vals) / len(vals)
+            if v > 1.0:
+                self.anomalies.append(Anomaly(family, "value above 1 clamped to 1"))
+                v = 1.0
+            return v
+        return None
+
+
+def _lora(samples: list[Sample] | None) -> LoraInfo | None:
+    """The newest ``lora_requests_info`` sample (its value is the update timestamp)."""
+    if not samples:
+        return None
+    newest = max(samples, key=lambda s: s.value if math.isfinite(s.value) else -math.inf)
+    labels = newest.labels
+    try:
+        max_lora = int(labels.get("max_lora", "0") or 0)
+    except ValueError:
+        max_lora = 0
+
+    def names(key: str) -> frozenset[str]:
+        return frozenset(x.strip() for x in labels.get(key, "").split(",") if x.strip())
+
+    return LoraInfo(max_lora, names("running_lora_adapters"), names("waiting_lora_adapters"))
+
+
+def _int_label(samples: list[Sample] | None, label: str) -> int | None:
+    if not samples:
+        return None
+    raw = samples[-1].labels.get(label)
+    try:
+        value = int(float(raw)) if raw else None
+    except ValueError:
+        return None
+    return value if value is not None and value > 0 else None
+
+
+def parse_metrics(text: str, engine: EngineType, now: float) -> ParsedMetrics:
+    """Read ``text`` (a ``/metrics`` page) in ``engine``'s dialect, stamped ``now``.
+
+    Raises :class:`MetricsError` when none of waiting / running / KV usage is present.
+    """
+    d = DIALECTS[engine]
+    scanned = scan(text, d.families)
+    r = _Reader(text, scanned)
+    waiting = r.count(d.waiting, d.waiting_where)
+    running = r.count(d.running, d.running_where)
+    kv = r.fraction(d.kv_usage, d.kv_where)
+    missing = tuple(
+        name
+        for name, value in (("waiting", waiting), ("running", running), ("kv_usage", kv))
+        if value is None
+    )
+    if len(missing) == 3:
+        raise MetricsError(
+            f"no {engine.value} load metrics on the page ({', '.join(d.families[:3])})"
+        )
+    cache = scanned.families.get(d.cache_config) if d.cache_config else None
+    metrics = EndpointMetrics(
+        waiting=waiting or 0,
+        running=running or 0,
+        kv_usage=kv or 0.0,
+        lora=_lora(scanned.families.get(d.lora_info)) if d.lora_info else None,
+        block_size=_int_label(cache, d.block_size_label),
+        num_gpu_blocks=_int_label(cache, d.num_blocks_label),
+        updated_at=now,
+    )
+    return ParsedMetrics(metrics, tuple(dict.fromkeys(r.anomalies)), missing, scanned.malformed)

@@ -1,0 +1,171 @@
+"""Polls every endpoint's ``/metrics`` and writes the result into the datastore.
+
+One aiohttp session for all endpoints and one task per endpoint, so a slow or hanging
+server only delays its own updates. Picking never waits for a scrape: the scheduler reads
+whatever metrics are installed, and each endpoint's ``updated_at`` tells how old they are.
+After ``failure_threshold`` failures in a row (a timeout, a non-200, a page without load
+metrics) the datastore drops the endpoint from the candidates until a scrape succeeds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass
+
+import aiohttp
+import structlog
+
+from epp.datastore import Datastore, EndpointView, Snapshot
+from epp.metrics.dialects import Anomaly, MetricsError, parse_metrics
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ScraperConfig:
+    """How and how often endpoints are scraped."""
+
+    #: Seconds between the starts of two scrapes of one endpoint (``--refresh-metrics-interval``).
+    interval: float = 0.05
+    #: Whole-request timeout in seconds. Upstream uses 10 s; 2 s is our default because a
+    #: server that cannot answer in 2 s is past the staleness threshold anyway, and failing
+    #: sooner takes a hung server out of rotation sooner.
+    timeout: float = 2.0
+    path: str = "/metrics"
+    #: Scrape this port instead of the endpoint's target port (metrics on a side port).
+    port: int | None = None
+
+
+class Scraper:
+    """Keeps one scrape loop per endpoint of ``datastore``, following snapshot changes."""
+
+    def __init__(self, datastore: Datastore, config: ScraperConfig | None = None) -> None:
+        self.datastore = datastore
+        self.config = config or ScraperConfig()
+        self._session: aiohttp.ClientSession | None = None
+        self._tasks: dict[str, tuple[EndpointView, asyncio.Task[None]]] = {}
+        self._warned: dict[str, set[Anomaly | str]] = {}
+        self._running = False
+
+    async def start(self) -> None:
+        """Open the session and start scraping (also follows later snapshot changes)."""
+        if self._running:
+            return
+        self._running = True
+        self._session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=self.config.timeout),
+            # No pool-wide connection cap: one keep-alive connection per endpoint.
+            connector=aiohttp.TCPConnector(limit=0, force_close=False),
+            headers={"Accept": "text/plain"},
+        )
+        self.datastore.subscribe(self._on_snapshot)
+        self._reconcile()
+
+    async def stop(self) -> None:
+        """Stop every loop and close the session."""
+        self._running = False
+        tasks = [t for _, t in self._tasks.values()]
+        self._tasks.clear()
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def __aenter__(self) -> Scraper:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def url(self, view: EndpointView) -> str:
+        """The metrics URL of ``view``."""
+        ep = view.endpoint
+        host = f"[{ep.address}]" if ":" in ep.address else ep.address
+        return f"http://{host}:{self.config.port or ep.port}{self.config.path}"
+
+    def _on_snapshot(self, snapshot: Snapshot) -> None:
+        if self._running:
+            self._reconcile()
+
+    def _reconcile(self) -> None:
+        live = {v.key: v for v in self.datastore.views()}
+        for key, (view, task) in list(self._tasks.items()):
+            if live.get(key) is not view:
+                task.cancel()
+                del self._tasks[key]
+                self._warned.pop(key, None)
+        for key, view in live.items():
+            if key not in self._tasks:
+                task = asyncio.get_running_loop().create_task(
+                    self._loop(view), name=f"scrape {key}"
+                )
+                self._tasks[key] = (view, task)
+
+    async def _loop(self, view: EndpointView) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            started = loop.time()
+            await self.scrape_once(view)
+            await asyncio.sleep(max(0.0, self.config.interval - (loop.time() - started)))
+
+    async def scrape_once(self, view: EndpointView) -> bool:
+        """Scrape ``view`` once and record the outcome; True on success."""
+        session = self._session
+        if session is None:
+            raise RuntimeError("scraper not started")
+        view.begin_scrape()
+        try:
+            async with session.get(self.url(view)) as resp:
+                if resp.status != 200:
+                    raise MetricsError(f"HTTP {resp.status}")
+                body = await resp.read()
+            parsed = parse_metrics(
+                body.decode("utf-8", "replace"), view.endpoint.engine, time.monotonic()
+            )
+        except asyncio.CancelledError:
+            raise
+        except (aiohttp.ClientError, TimeoutError, MetricsError, OSError) as e:
+            self._failed(view, e)
+            return False
+        was_healthy = view.healthy
+        self.datastore.record_scrape(view, parsed.metrics)
+        if not was_healthy:
+            log.info("endpoint metrics recovered", endpoint=view.key)
+        self._warn_once(view, parsed.anomalies, parsed.missing)
+        return True
+
+    def _failed(self, view: EndpointView, error: BaseException) -> None:
+        reason = str(error) or type(error).__name__
+        if self.datastore.record_scrape_failure(view):
+            log.warning(
+                "endpoint unhealthy: metrics scrapes keep failing",
+                endpoint=view.key,
+                failures=view.consecutive_failures,
+                error=reason,
+            )
+        else:
+            log.debug("metrics scrape failed", endpoint=view.key, error=reason)
+
+    def _warn_once(
+        self, view: EndpointView, anomalies: tuple[Anomaly, ...], missing: tuple[str, ...]
+    ) -> None:
+        if not anomalies and not missing:
+            return
+        seen = self._warned.setdefault(view.key, set())
+        for a in anomalies:
+            if a not in seen:
+                seen.add(a)
+                log.warning("model server reports an impossible metric value",
+                            endpoint=view.key, family=a.family, problem=a.problem)
+        for m in missing:
+            if m not in seen:
+                seen.add(m)
+                log.warning("model server does not report a load metric; assuming 0",
+                            endpoint=view.key, metric=m, engine=view.endpoint.engine.value)

@@ -1,0 +1,132 @@
+"""Plugin kinds of the scheduling framework.
+
+A plugin is a class with a ``type_name`` (what configs call it), a ``parameters_type``
+dataclass (its YAML ``parameters``, camelCase keys), and one or more of the extension points
+below. Scores are parallel to the candidate sequence (``scores[i]`` belongs to
+``endpoints[i]``), which keeps the hot path free of per-endpoint dicts.
+"""
+
+from __future__ import annotations
+
+import random
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from epp.datastore import EndpointView
+from epp.scheduling.request import LLMRequest
+
+if TYPE_CHECKING:
+    from epp.scheduling.profile import SchedulingProfile
+    from epp.scheduling.result import ProfileResult, SchedulingResult
+
+
+@dataclass(frozen=True, slots=True)
+class NoParameters:
+    """For plugins that take no parameters."""
+
+
+@dataclass(slots=True)
+class SchedulerHooks:
+    """Callables the scheduler reports timings and cache effectiveness to (all optional).
+
+    The handler wires these to Prometheus: ``e2e_duration`` →
+    ``inference_extension_scheduler_e2e_duration_seconds``; ``plugin_duration(extension point,
+    plugin type, plugin name, seconds)`` → ``..._plugin_duration_seconds``;
+    ``prefix_hit_ratio`` → ``..._prefix_indexer_hit_ratio``.
+    """
+
+    e2e_duration: Callable[[float], None] | None = None
+    plugin_duration: Callable[[str, str, str, float], None] | None = None
+    prefix_hit_ratio: Callable[[float], None] | None = None
+
+
+class Plugin:
+    """Base of every scheduling plugin."""
+
+    #: The ``type`` configs use (``queue-scorer``...).
+    type_name: ClassVar[str] = ""
+    #: Dataclass of the plugin's ``parameters``.
+    parameters_type: ClassVar[type[Any]] = NoParameters
+
+    def __init__(self, name: str = "", params: Any = None) -> None:
+        self.name = name or self.type_name
+        self.params = params if params is not None else self.parameters_type()
+
+    def attach(self, hooks: SchedulerHooks) -> None:
+        """Receive the scheduler's hooks (override to report through them)."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, params={self.params!r})"
+
+
+class Filter(Plugin, ABC):
+    """Removes candidates that must not serve the request."""
+
+    @abstractmethod
+    def filter(
+        self, request: LLMRequest, endpoints: Sequence[EndpointView]
+    ) -> Sequence[EndpointView]:
+        """The subset of ``endpoints`` that may serve ``request`` (order kept)."""
+
+
+class Scorer(Plugin, ABC):
+    """Rates candidates in [0, 1]; the profile multiplies by the scorer's weight."""
+
+    #: True when every score is already in [0, 1]: the framework then skips clamping.
+    bounded: ClassVar[bool] = False
+
+    @abstractmethod
+    def score(self, request: LLMRequest, endpoints: Sequence[EndpointView]) -> Sequence[float]:
+        """One score per endpoint, parallel to ``endpoints``."""
+
+
+class Picker(Plugin, ABC):
+    """Chooses the endpoints to send to, best first, from the scored candidates."""
+
+    @abstractmethod
+    def pick(
+        self,
+        request: LLMRequest,
+        endpoints: Sequence[EndpointView],
+        scores: Sequence[float],
+        rng: random.Random,
+    ) -> list[EndpointView]:
+        """The picked endpoints in preference order (empty when none)."""
+
+
+class ProfileHandler(Plugin, ABC):
+    """Decides which profiles run for a request and which result is primary."""
+
+    @abstractmethod
+    def pick_profiles(
+        self,
+        request: LLMRequest,
+        profiles: Mapping[str, SchedulingProfile],
+        results: Mapping[str, ProfileResult],
+    ) -> list[SchedulingProfile]:
+        """Profiles to run next given what already ran; empty ends the cycle."""
+
+    @abstractmethod
+    def primary_profile(self, request: LLMRequest, results: Mapping[str, ProfileResult]) -> str:
+        """Name of the profile whose picks the request is sent to."""
+
+    def validate(self, profiles: Sequence[str]) -> None:
+        """Raise ValueError when this handler cannot work with these profiles."""
+
+
+class PostPick(ABC):
+    """Mixin: learns from the final decision (e.g. the prefix index records the pick)."""
+
+    @abstractmethod
+    def post_pick(self, request: LLMRequest, result: SchedulingResult) -> None:
+        """Called once the request is committed to ``result``'s primary endpoint."""
+
+
+class EndpointsRemoved(ABC):
+    """Mixin: drops per-endpoint state for endpoints that left the pool."""
+
+    @abstractmethod
+    def retain_endpoints(self, keys: frozenset[str]) -> None:
+        """Forget everything about endpoints whose key is not in ``keys``."""

@@ -1,0 +1,144 @@
+"""``prefix-cache-scorer``: prefer endpoints that probably hold the prompt's prefix in cache.
+
+Approximate: the EPP does not see the servers' caches. It remembers which blocks it sent
+where (updated after each pick) and assumes each server keeps them LRU-style.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import xxhash
+
+from epp.datastore import EndpointView
+from epp.scheduling.plugin import EndpointsRemoved, PostPick, SchedulerHooks, Scorer
+from epp.scheduling.plugins.prefix_index import PrefixIndex
+from epp.scheduling.request import CHARS_PER_TOKEN, LLMRequest
+from epp.scheduling.result import SchedulingResult
+
+_hash = xxhash.xxh64_intdigest
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixCacheParameters:
+    """Upstream parameter names.
+
+    ``blockSize``: block length in prompt bytes (64 ~ 16 tokens). ``blockSizeTokens``: when
+    set, the block is this many tokens: token ids are hashed in blocks of that size when the
+    request carries them, otherwise ``blockSizeTokens * 4`` bytes. ``autoTune``: use a
+    server's reported ``num_gpu_blocks`` as its LRU capacity. ``maxPrefixBlocksToMatch``:
+    blocks hashed per request. ``lruCapacityPerServer``: blocks remembered per endpoint.
+    """
+
+    auto_tune: bool = True
+    block_size: int = 64
+    block_size_tokens: int | None = None
+    max_prefix_blocks_to_match: int = 256
+    lru_capacity_per_server: int = 31_250
+
+
+@dataclass(slots=True)
+class PrefixMatch:
+    """Per-request state kept between scoring and :meth:`PrefixCacheScorer.post_pick`."""
+
+    hashes: list[int]
+    matched: dict[str, int]
+
+
+class PrefixCacheScorer(Scorer, PostPick, EndpointsRemoved):
+    """score = matched consecutive blocks / total blocks of the prompt.
+
+    Blocks are chain-hashed: h_0 = xxh64(model + NUL + cache_salt), h_i = xxh64(block_i,
+    seed=h_{i-1}), so a block's hash names the whole prefix up to it and the model (salt)
+    keeps namespaces apart. Only full blocks count, at most ``maxPrefixBlocksToMatch``. A
+    chat request hashes ``json(messages)``. After the pick, the primary endpoint is recorded
+    as holding every block (``post_pick``).
+    """
+
+    type_name = "prefix-cache-scorer"
+    parameters_type = PrefixCacheParameters
+    bounded = True
+    params: PrefixCacheParameters
+
+    def __init__(self, name: str = "", params: PrefixCacheParameters | None = None) -> None:
+        super().__init__(name, params)
+        self.index = PrefixIndex()
+        self._hooks = SchedulerHooks()
+        self._matched_blocks = 0
+        self._total_blocks = 0
+
+    def attach(self, hooks: SchedulerHooks) -> None:
+        self._hooks = hooks
+
+    @property
+    def indexer_size(self) -> int:
+        """Entries in the index (``inference_extension_prefix_indexer_size``)."""
+        return self.index.size
+
+    @property
+    def hit_ratio(self) -> float:
+        """Matched / total blocks over every committed request so far (0 before any)."""
+        return self._matched_blocks / self._total_blocks if self._total_blocks else 0.0
+
+    def block_hashes(self, request: LLMRequest) -> list[int]:
+        """The chained block hashes of ``request``'s prompt (see the class docstring)."""
+        p = self.params
+        h = _hash(f"{request.target_model}\x00{request.cache_salt}".encode())
+        out: list[int] = []
+        ids = request.prompt_token_ids
+        if ids is not None and p.block_size_tokens:
+            bs = p.block_size_tokens
+            n = min(len(ids) // bs, p.max_prefix_blocks_to_match)
+            packed = array("q", ids[: n * bs]).tobytes()
+            step = bs * 8
+            for i in range(0, n * step, step):
+                h = _hash(packed[i : i + step], h)
+                out.append(h)
+            return out
+        bs = p.block_size_tokens * CHARS_PER_TOKEN if p.block_size_tokens else p.block_size
+        data = memoryview(request.prompt)
+        n = min(len(data) // bs, p.max_prefix_blocks_to_match) if bs > 0 else 0
+        for i in range(0, n * bs, bs):
+            h = _hash(data[i : i + bs], h)
+            out.append(h)
+        return out
+
+    def _state(self, request: LLMRequest) -> PrefixMatch:
+        state = request.plugin_state.get(self.name)
+        if not isinstance(state, PrefixMatch):
+            hashes = self.block_hashes(request)
+            state = PrefixMatch(hashes, self.index.match(hashes) if hashes else {})
+            request.plugin_state[self.name] = state
+        return state
+
+    def score(self, request: LLMRequest, endpoints: Sequence[EndpointView]) -> Sequence[float]:
+        state = self._state(request)
+        if not state.matched:
+            return [0.0] * len(endpoints)
+        total = len(state.hashes)
+        get = state.matched.get
+        return [get(v.endpoint.key, 0) / total for v in endpoints]
+
+    def post_pick(self, request: LLMRequest, result: SchedulingResult) -> None:
+        picked = result.primary.picked
+        if not picked:
+            return
+        state = self._state(request)
+        if not state.hashes:
+            return
+        target = picked[0]
+        key = target.endpoint.key
+        capacity = self.params.lru_capacity_per_server
+        if self.params.auto_tune and target.metrics.num_gpu_blocks:
+            capacity = target.metrics.num_gpu_blocks
+        hit = state.matched.get(key, 0)
+        self.index.add(key, state.hashes, capacity)
+        self._matched_blocks += hit
+        self._total_blocks += len(state.hashes)
+        if self._hooks.prefix_hit_ratio is not None:
+            self._hooks.prefix_hit_ratio(hit / len(state.hashes))
+
+    def retain_endpoints(self, keys: frozenset[str]) -> None:
+        self.index.retain(keys)

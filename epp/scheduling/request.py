@@ -1,0 +1,67 @@
+"""What the scheduler is asked: one inference request, reduced to what plugins need."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+#: Rough characters per token; upstream's approximate prefix plugin uses the same figure.
+CHARS_PER_TOKEN = 4
+
+
+@dataclass(slots=True)
+class LLMRequest:
+    """A request as the scheduler sees it.
+
+    ``prompt`` is the byte string prefix hashing runs over: the prompt text for completions,
+    ``orjson.dumps(messages)`` for chat (see :func:`prefix_input`). ``lora_adapter`` is the
+    adapter the request needs (normally the target model when it is not the base model);
+    None means "no adapter", and LoRA plugins then treat every endpoint alike.
+    """
+
+    request_id: str
+    target_model: str
+    client_model: str = ""
+    prompt: bytes = b""
+    #: Estimated prompt tokens (see :func:`estimate_tokens`); feeds token-based plugins.
+    prompt_tokens: int = 0
+    priority: int = 0
+    headers: Mapping[str, str] = field(default_factory=dict)
+    lora_adapter: str | None = None
+    #: Optional ``cache_salt`` from the body: separates prefix-cache namespaces.
+    cache_salt: str = ""
+    #: Token ids when the caller has them; prefix hashing then works on exact token blocks.
+    prompt_token_ids: Sequence[int] | None = None
+    objective: str | None = None
+    #: Typed data plugins pass to each other within one scheduling cycle, keyed by plugin name.
+    plugin_state: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def sheddable(self) -> bool:
+        """Negative priority: the first to be dropped under saturation."""
+        return self.priority < 0
+
+
+def prefix_input(prompt: Any = None, messages: Sequence[Any] | None = None) -> bytes:
+    """The bytes prefix hashing reads: chat messages as JSON, else the prompt text.
+
+    A list prompt (batched completions) is joined; anything else is JSON-encoded, so the
+    same body always gives the same bytes.
+    """
+    if messages is not None:
+        return orjson.dumps(messages)
+    if isinstance(prompt, str):
+        return prompt.encode()
+    if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
+        return "\n".join(prompt).encode()
+    if prompt is None:
+        return b""
+    return orjson.dumps(prompt)
+
+
+def estimate_tokens(prompt: bytes) -> int:
+    """Estimated prompt tokens from its size (about 4 bytes per token)."""
+    return (len(prompt) + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN

@@ -1,0 +1,112 @@
+"""The scheduler: runs profiles over a snapshot of endpoints and returns a result. No I/O."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from time import perf_counter
+
+from epp.datastore import EndpointView
+from epp.scheduling.plugin import (
+    EndpointsRemoved,
+    Plugin,
+    PostPick,
+    ProfileHandler,
+    SchedulerHooks,
+)
+from epp.scheduling.profile import SchedulingProfile
+from epp.scheduling.request import LLMRequest
+from epp.scheduling.result import ProfileResult, SchedulingResult
+from shared.errors import ServiceUnavailable, TooManyRequests
+
+
+class NoCandidates(ServiceUnavailable):
+    """503: the scheduler was given no endpoints at all."""
+
+
+class NoEndpointPicked(TooManyRequests):
+    """429: filters or the picker left nothing (e.g. the legacy tree dropped a sheddable
+    request, or no endpoint has capacity)."""
+
+    code = "no_capacity"
+
+
+class Scheduler:
+    """Runs the configured profiles for each request.
+
+    Stateless over its inputs apart from plugin-owned learning state (the prefix index),
+    which only changes in :meth:`post_pick`.
+    """
+
+    def __init__(
+        self,
+        profiles: Sequence[SchedulingProfile],
+        handler: ProfileHandler,
+        *,
+        plugins: Sequence[Plugin] = (),
+        rng: random.Random | None = None,
+        hooks: SchedulerHooks | None = None,
+    ) -> None:
+        self.profiles = {p.name: p for p in profiles}
+        self.handler = handler
+        handler.validate(list(self.profiles))
+        self.rng = rng or random.Random()
+        self.hooks = hooks or SchedulerHooks()
+        seen: dict[int, Plugin] = {id(handler): handler}
+        for p in profiles:
+            for plugin in (*p.filters, *(ws.scorer for ws in p.scorers), p.picker):
+                seen.setdefault(id(plugin), plugin)
+        for plugin in plugins:
+            seen.setdefault(id(plugin), plugin)
+        #: Every distinct plugin instance (a plugin shared by two profiles appears once).
+        self.plugins: tuple[Plugin, ...] = tuple(seen.values())
+        self._post_pick = tuple(p for p in self.plugins if isinstance(p, PostPick))
+        for plugin in self.plugins:
+            plugin.attach(self.hooks)
+
+    def schedule(
+        self, request: LLMRequest, candidates: Sequence[EndpointView]
+    ) -> SchedulingResult:
+        """Pick endpoints for ``request`` among ``candidates``.
+
+        Raises :class:`NoCandidates` (503) for an empty candidate list and
+        :class:`NoEndpointPicked` (429) when the primary profile picks nothing.
+        """
+        if not candidates:
+            raise NoCandidates("no ready endpoint in the pool")
+        t0 = perf_counter()
+        results: dict[str, ProfileResult] = {}
+        while True:
+            todo = self.handler.pick_profiles(request, self.profiles, results)
+            if not todo:
+                break
+            for profile in todo:
+                results[profile.name] = profile.run(request, candidates, self.rng, self.hooks)
+        primary = self.handler.primary_profile(request, results)
+        result = SchedulingResult(results, primary)
+        if self.hooks.e2e_duration is not None:
+            self.hooks.e2e_duration(perf_counter() - t0)
+        if not result.primary.picked:
+            why = result.primary.rejected_by
+            raise NoEndpointPicked(
+                f"no endpoint can take the request (rejected by {why})"
+                if why
+                else "no endpoint can take the request"
+            )
+        return result
+
+    def post_pick(self, request: LLMRequest, result: SchedulingResult) -> None:
+        """Tell learning plugins where the request went (call once it is committed)."""
+        for plugin in self._post_pick:
+            plugin.post_pick(request, result)
+
+    def retain_endpoints(self, keys: frozenset[str]) -> None:
+        """Drop plugin state of endpoints no longer in the pool (wire to datastore changes)."""
+        for plugin in self.plugins:
+            if isinstance(plugin, EndpointsRemoved):
+                plugin.retain_endpoints(keys)
+
+    @property
+    def prefix_indexer_size(self) -> int:
+        """Entries in all prefix indexes (``inference_extension_prefix_indexer_size``)."""
+        return sum(getattr(p, "indexer_size", 0) for p in self.plugins)

@@ -1,0 +1,130 @@
+"""The scraper against real model-server-like HTTP servers on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from epp.datastore import Datastore, build_snapshot, parse_object
+from epp.metrics import Scraper, ScraperConfig
+
+PAGE = "vllm:num_requests_waiting 3\nvllm:num_requests_running 1\nvllm:kv_cache_usage_perc 0.5\n"
+
+
+class FakeServer:
+    """A loopback HTTP server whose /metrics can answer, fail, or hang."""
+
+    def __init__(self) -> None:
+        self.mode = "ok"
+        self.port = 0
+        self._runner: web.AppRunner | None = None
+
+    async def handle(self, request: web.Request) -> web.Response:
+        if self.mode == "fail":
+            return web.Response(status=500, text="boom")
+        if self.mode == "hang":
+            await asyncio.sleep(30)
+        return web.Response(text=PAGE)
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/metrics", self.handle)
+        self._runner = web.AppRunner(app, shutdown_timeout=0.1)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = self._runner.addresses[0][1]
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[FakeServer]:
+    s = FakeServer()
+    await s.start()
+    yield s
+    await s.stop()
+
+
+def datastore_for(ports: list[int], raw_pool: Callable[..., dict[str, Any]],
+                  raw_pod: Callable[..., dict[str, Any]]) -> Datastore:
+    ds = Datastore(failure_threshold=3)
+    docs = [raw_pool(ports=tuple(ports)), raw_pod("a", "127.0.0.1")]
+    objs = [parse_object(d) for d in docs]
+    ds.replace(build_snapshot([o for o in objs if o], pool_name=None, pool_namespace="default"))
+    return ds
+
+
+async def eventually(check: Callable[[], bool], timeout: float = 3.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not check():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.01)
+
+
+FAST = ScraperConfig(interval=0.01, timeout=0.2)
+
+
+async def test_scrape_installs_metrics(server: FakeServer, raw_pool, raw_pod) -> None:
+    ds = datastore_for([server.port], raw_pool, raw_pod)
+    async with Scraper(ds, FAST):
+        await eventually(lambda: ds.views()[0].metrics.waiting == 3)
+    assert ds.views()[0].metrics.kv_usage == 0.5
+
+
+async def test_failing_endpoint_becomes_unhealthy(server: FakeServer, raw_pool, raw_pod) -> None:
+    server.mode = "fail"
+    ds = datastore_for([server.port], raw_pool, raw_pod)
+    async with Scraper(ds, FAST):
+        await eventually(lambda: ds.candidates() == ())
+
+
+async def test_hanging_endpoint_becomes_unhealthy(server: FakeServer, raw_pool, raw_pod) -> None:
+    server.mode = "hang"
+    ds = datastore_for([server.port], raw_pool, raw_pod)
+    async with Scraper(ds, ScraperConfig(interval=0.01, timeout=0.05)):
+        await eventually(lambda: ds.candidates() == ())
+
+
+async def test_unhealthy_endpoint_recovers_when_scrapes_succeed(
+    server: FakeServer, raw_pool, raw_pod
+) -> None:
+    server.mode = "fail"
+    ds = datastore_for([server.port], raw_pool, raw_pod)
+    async with Scraper(ds, FAST):
+        await eventually(lambda: ds.candidates() == ())
+        server.mode = "ok"
+        await eventually(lambda: len(ds.candidates()) == 1)
+
+
+async def test_endpoint_added_later_is_scraped(server: FakeServer, raw_pool, raw_pod) -> None:
+    ds = Datastore()
+    async with Scraper(ds, FAST):
+        objs = [parse_object(d) for d in (raw_pool(ports=(server.port,)),
+                                          raw_pod("a", "127.0.0.1"))]
+        ds.replace(build_snapshot([o for o in objs if o], pool_name=None,
+                                  pool_namespace="default"))
+        await eventually(lambda: ds.views()[0].metrics.waiting == 3)
+
+
+async def test_one_hanging_endpoint_does_not_delay_another(raw_pool, raw_pod) -> None:
+    slow, fast = FakeServer(), FakeServer()
+    await slow.start()
+    await fast.start()
+    try:
+        slow.mode = "hang"
+        ds = datastore_for([slow.port, fast.port], raw_pool, raw_pod)
+        async with Scraper(ds, ScraperConfig(interval=0.01, timeout=5.0)):
+            fast_view = ds.view(f"127.0.0.1:{fast.port}")
+            assert fast_view is not None
+            await eventually(lambda: fast_view.metrics.waiting == 3, timeout=1.0)
+    finally:
+        await slow.stop()
+        await fast.stop()
