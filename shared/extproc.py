@@ -19,19 +19,23 @@ the request with that status and an OpenAI-style JSON body.
 from __future__ import annotations
 
 import enum
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import structlog
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+from google.protobuf.json_format import MessageToDict
 
 from shared import responses as r
 from shared.errors import GatewayError, PayloadTooLarge
 from shared.headers import header_dict
 
 log = structlog.get_logger(__name__)
+
+_NO_METADATA: Mapping[str, Any] = MappingProxyType({})
 
 #: Default cap on a buffered request body (10 MiB).
 DEFAULT_MAX_BODY = 10 * 1024 * 1024
@@ -72,7 +76,14 @@ class ResponseHeadersDecision:
 
 
 class Exchange:
-    """One HTTP request/response seen by a service. Override what you need."""
+    """One HTTP request/response seen by a service. Override what you need.
+
+    ``filter_metadata`` holds the namespaces Envoy forwards (``metadata_options.
+    forwarding_namespaces``), e.g. ``{"envoy.lb.subset_hint": {...}}``, before
+    :meth:`on_request` runs.
+    """
+
+    filter_metadata: Mapping[str, Any] = _NO_METADATA
 
     async def on_request(self, headers: dict[str, str], body: bytes) -> RequestDecision:
         """The complete request; ``body`` is empty for a headers-only request."""
@@ -185,6 +196,10 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
             if msg.HasField("protocol_config"):
                 req_mode = BodyMode(msg.protocol_config.request_body_mode)
                 resp_mode = BodyMode(msg.protocol_config.response_body_mode)
+            if msg.HasField("metadata_context") and ex.filter_metadata is _NO_METADATA:
+                ex.filter_metadata = {
+                    ns: MessageToDict(st) for ns, st in msg.metadata_context.filter_metadata.items()
+                }
             kind = msg.WhichOneof("request")
             if kind == "request_headers":
                 headers = header_dict(msg.request_headers.headers)

@@ -145,3 +145,198 @@ def wait_for_port(port: int, timeout: float = 10.0) -> None:
                 return
         time.sleep(0.02)
     raise TimeoutError(f"nothing listens on port {port}")
+
+
+class FakeModelServer:
+    """A small real OpenAI-style server whose vLLM ``/metrics`` the test sets directly.
+
+    Answers completions and chat with ``model`` echoed back, ``usage``, the request headers
+    and ``x-inference-pod``/``x-inference-port``; ``"stream": true`` gets SSE events
+    ``delay`` seconds apart. ``metrics_status`` != 200 makes scrapes fail.
+    """
+
+    def __init__(self, name: str, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.name = name
+        self.host = host
+        self.port = port
+        self.waiting = 0
+        self.running = 0
+        self.kv = 0.0
+        self.max_lora = 4
+        self.running_loras: list[str] = []
+        self.waiting_loras: list[str] = []
+        self.model = "base-model"
+        self.metrics_status = 200
+        self.stream_delay = 0.05
+        self.requests: list[dict[str, Any]] = []
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def metrics_text(self) -> str:
+        labels = f'model_name="{self.model}"'
+        lora = (f'vllm:lora_requests_info{{max_lora="{self.max_lora}",'
+                f'running_lora_adapters="{",".join(self.running_loras)}",'
+                f'waiting_lora_adapters="{",".join(self.waiting_loras)}"}} 1.7e9\n')
+        return (
+            "# TYPE vllm:num_requests_waiting gauge\n"
+            f"vllm:num_requests_waiting{{{labels}}} {self.waiting}\n"
+            f"vllm:num_requests_running{{{labels}}} {self.running}\n"
+            f"vllm:kv_cache_usage_perc{{{labels}}} {self.kv}\n" + lora
+        )
+
+    async def _metrics(self, _: web.Request) -> web.Response:
+        return web.Response(text=self.metrics_text(), status=self.metrics_status)
+
+    async def _infer(self, request: web.Request) -> web.StreamResponse:
+        body = orjson.loads(await request.read())
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        self.requests.append({"body": body, "headers": headers})
+        who = {"x-inference-pod": self.name, "x-inference-port": str(self.port)}
+        usage = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
+        if body.get("stream"):
+            resp = web.StreamResponse(headers={"content-type": "text/event-stream", **who})
+            await resp.prepare(request)
+            for i in range(3):
+                event = {"id": "x", "model": body["model"],
+                         "choices": [{"index": 0, "text": f"t{i}"}]}
+                await resp.write(b"data: " + orjson.dumps(event) + b"\n\n")
+                await asyncio.sleep(self.stream_delay)
+            final = {"id": "x", "model": body["model"], "choices": [], "usage": usage}
+            await resp.write(b"data: " + orjson.dumps(final) + b"\n\ndata: [DONE]\n\n")
+            await resp.write_eof()
+            return resp
+        payload = {"id": "x", "object": "text_completion", "model": body["model"],
+                   "choices": [{"index": 0, "text": "ok"}], "usage": usage,
+                   "served_by": self.name, "seen_headers": headers}
+        return web.Response(body=orjson.dumps(payload), content_type="application/json",
+                            headers=who)
+
+    async def start(self) -> FakeModelServer:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_post("/v1/{tail:.*}", self._infer)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        return self
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+
+def pool_manifests(
+    pool: str, pods: list[tuple[str, str]], port: int,
+    extra: list[dict[str, Any]] | None = None, *, labels: dict[str, str] | None = None,
+) -> list[dict[str, Any]]:
+    """An InferencePool selecting ``app: <pool>`` plus one ready Pod per (name, ip)."""
+    sel = labels or {"app": pool}
+    docs: list[dict[str, Any]] = [{
+        "apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
+        "metadata": {"name": pool, "namespace": "default"},
+        "spec": {"selector": {"matchLabels": sel}, "targetPorts": [{"number": port}],
+                 "endpointPickerRef": {"name": f"{pool}-epp", "port": {"number": 9002}}},
+    }]
+    for name, ip in pods:
+        docs.append({"apiVersion": "v1", "kind": "Pod",
+                     "metadata": {"name": name, "namespace": "default", "labels": dict(sel)},
+                     "status": {"podIP": ip}})
+    return docs + list(extra or [])
+
+
+def write_yaml(path: Any, docs: list[dict[str, Any]]) -> None:
+    """Write ``docs`` as one multi-document YAML file (atomically, for live reloads)."""
+    import os
+
+    import yaml
+
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        yaml.safe_dump_all(docs, f, sort_keys=False)
+    os.replace(tmp, path)
+
+
+class EppProcess:
+    """The real ``epp`` command in a subprocess, plaintext, waiting until health SERVING."""
+
+    def __init__(self, manifests: Any, *extra: str, log_path: Any = None) -> None:
+        import os
+        import subprocess
+        import sys
+        import tempfile
+
+        from shared.envoy import free_port
+
+        self.port, self.health, self.metrics = free_port(), free_port(), free_port()
+        self.log_path = log_path or tempfile.mktemp(prefix="epp-", suffix=".log")
+        self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "epp.main", "--manifests", str(manifests),
+             "--secure-serving=false", "--grpc-port", str(self.port),
+             "--grpc-health-port", str(self.health), "--metrics-port", str(self.metrics),
+             "--grace-period", "2", *extra],
+            stdout=self._log, stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+
+    def wait_serving(self, timeout: float = 20) -> EppProcess:
+        import time
+
+        import grpc
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"epp exited {self.proc.returncode}: {self.log_tail()}")
+            try:
+                with grpc.insecure_channel(f"127.0.0.1:{self.health}") as ch:
+                    status = health_pb2_grpc.HealthStub(ch).Check(
+                        health_pb2.HealthCheckRequest(service=""), timeout=1).status
+                if status == health_pb2.HealthCheckResponse.SERVING:
+                    return self
+            except grpc.RpcError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError(f"epp not serving: {self.log_tail()}")
+
+    def log_tail(self, n: int = 30) -> str:
+        with open(self.log_path, errors="replace") as f:
+            return "".join(f.readlines()[-n:])
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except Exception:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+def pool_gateway_config(epp_port: int, admin: int, listen: int, *,
+                        mode: str = "FULL_DUPLEX_STREAMED", tls: bool = False) -> dict[str, Any]:
+    """Envoy with one pool route: the EPP filter, then ORIGINAL_DST to the picked endpoint.
+
+    The route copies the ``envoy.lb`` metadata value into ``x-lb-metadata`` so a backend can
+    show that header and metadata agree.
+    """
+    from shared import envoy as e
+
+    response_mode = mode if mode == "FULL_DUPLEX_STREAMED" else "STREAMED"
+    filt = e.ext_proc_filter("epp", request_body_mode=mode, response_body_mode=response_mode,
+                             response_headers=True)
+    filt["typed_config"]["metadata_options"]["forwarding_namespaces"] = {
+        "untyped": ["envoy.lb.subset_hint"]}
+    route = e.route("pool", request_headers_to_add=[
+        ("x-lb-metadata", "%DYNAMIC_METADATA(envoy.lb:x-gateway-destination-endpoint)%")])
+    lst = e.listener(listen, [route], [filt])
+    lst["per_connection_buffer_limit_bytes"] = 32 * 1024 * 1024
+    return e.bootstrap(admin, [lst], [e.grpc_cluster("epp", epp_port, tls=tls),
+                                      e.original_dst_cluster("pool")])

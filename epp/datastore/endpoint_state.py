@@ -36,6 +36,8 @@ class EndpointMetrics:
     #: KV block size in tokens and number of GPU blocks, when the server reports them.
     block_size: int | None = None
     num_gpu_blocks: int | None = None
+    #: Model names the server labels its gauges with (``model_name``): the served base model.
+    models: frozenset[str] = frozenset()
     #: ``time.monotonic()`` when the scrape finished; 0.0 = never scraped.
     updated_at: float = 0.0
 

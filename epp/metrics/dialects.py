@@ -210,6 +210,13 @@ def parse_metrics(text: str, engine: EngineType, now: float) -> ParsedMetrics:
             f"no {engine.value} load metrics on the page ({', '.join(d.families[:3])})"
         )
     cache = scanned.families.get(d.cache_config) if d.cache_config else None
+    # vLLM and SGLang label their gauges with the served model: that is how the EPP learns
+    # which base models the pool serves (for --reject-unknown-models).
+    models = frozenset(
+        s.labels["model_name"]
+        for s in scanned.families.get(d.running, ())
+        if "model_name" in s.labels
+    )
     metrics = EndpointMetrics(
         waiting=waiting or 0,
         running=running or 0,
@@ -217,6 +224,7 @@ def parse_metrics(text: str, engine: EngineType, now: float) -> ParsedMetrics:
         lora=_lora(scanned.families.get(d.lora_info)) if d.lora_info else None,
         block_size=_int_label(cache, d.block_size_label),
         num_gpu_blocks=_int_label(cache, d.num_blocks_label),
+        models=models,
         updated_at=now,
     )
     return ParsedMetrics(metrics, tuple(dict.fromkeys(r.anomalies)), missing, scanned.malformed)

@@ -1,0 +1,1 @@
+"""The EPP's ext_proc servicer: a thin state machine over :class:`epp.requestcontrol.Director`."""

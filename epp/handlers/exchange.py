@@ -1,0 +1,61 @@
+"""One HTTP exchange through the EPP: the director decides the request, the response is
+rewritten back to the client's model and its usage is recorded when the stream ends."""
+
+from __future__ import annotations
+
+from epp.requestcontrol import Director, Routed
+from epp.requestcontrol.response import ResponseRewriter
+from shared.errors import GatewayError
+from shared.extproc import Exchange, RequestDecision, ResponseHeadersDecision
+
+
+class PickerExchange(Exchange):
+    """Created per stream by :class:`shared.extproc.ExtProcServicer`."""
+
+    def __init__(self, director: Director) -> None:
+        self.director = director
+        self.routed: Routed | None = None
+        self.rewriter: ResponseRewriter | None = None
+        self.status = 0
+        self.response_size = 0
+
+    async def on_request(self, headers: dict[str, str], body: bytes) -> RequestDecision:
+        try:
+            decision, self.routed = self.director.route(headers, body, self.filter_metadata)
+        except GatewayError as e:
+            self.director.count_error(headers, e)
+            raise
+        self.rewriter = ResponseRewriter(self.routed.client_model, self.routed.target_model)
+        return decision
+
+    async def on_response_headers(self, headers: dict[str, str]) -> ResponseHeadersDecision:
+        try:
+            self.status = int(headers.get(":status", "200"))
+        except ValueError:
+            self.status = 0
+        sse = headers.get("content-type", "").startswith("text/event-stream")
+        return ResponseHeadersDecision(buffer_body=not sse and self.rewriter is not None)
+
+    def on_response_chunk(self, chunk: bytes, end_of_stream: bool) -> bytes:
+        self.response_size += len(chunk)
+        if self.rewriter is None:
+            return chunk
+        return self.rewriter.chunk(chunk, end_of_stream)
+
+    def on_response_body(self, body: bytes) -> bytes:
+        self.response_size += len(body)
+        if self.rewriter is None:
+            return body
+        return self.rewriter.body(body)
+
+    def on_close(self, completed: bool) -> None:
+        if self.routed is None:
+            return
+        usage = self.rewriter.usage if self.rewriter is not None else None
+        self.director.finish(
+            self.routed, completed=completed, status=self.status or 200,
+            response_size=self.response_size,
+            prompt_tokens=usage.prompt_tokens if usage else 0,
+            completion_tokens=usage.completion_tokens if usage else 0,
+        )
+        self.routed = None

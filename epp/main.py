@@ -1,0 +1,215 @@
+"""``epp``: the endpoint picker's command line (upstream flag names and defaults)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import sys
+import time
+from collections.abc import Awaitable
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+import structlog
+from aiohttp import web
+
+from epp import exported_metrics as m
+from epp.datastore import Datastore
+from epp.handlers.exchange import PickerExchange
+from epp.metrics import Scraper, ScraperConfig
+from epp.requestcontrol import Director
+from epp.scheduling import (
+    ConfigError,
+    SchedulerHooks,
+    build_saturation_detector,
+    build_scheduler,
+    load_config_file,
+    parse_config,
+)
+from epp.sources import ManifestError, ManifestSource
+from shared import logs
+from shared.extproc import DEFAULT_MAX_BODY, BodyMode, ExtProcServicer
+from shared.flags import Parser, die, duration
+from shared.metrics_server import run_metrics_server
+from shared.server import Health, ServeOptions, install_uvloop, serve
+
+log = structlog.get_logger("epp")
+
+
+def parser() -> Parser:
+    p = Parser(prog="epp", description="Endpoint picker: an Envoy ext_proc service that picks "
+               "the model-server endpoint for each inference request of one InferencePool.")
+    p.add_argument("--grpc-port", type=int, default=9002, help="ext_proc gRPC port")
+    p.add_argument("--grpc-health-port", type=int, default=9003, help="gRPC health port")
+    p.add_argument("--metrics-port", type=int, default=9090,
+                   help="Prometheus metrics (and /debug/pool) port")
+    p.add_argument("--pool-name", default=None, help="the InferencePool this EPP serves")
+    p.add_argument("--pool-namespace", default=os.environ.get("NAMESPACE") or "default",
+                   help="its namespace (default: $NAMESPACE, else default)")
+    p.add_argument("--pool-group", default="inference.networking.k8s.io",
+                   help="API group of the InferencePool")
+    cfg = p.add_mutually_exclusive_group()
+    cfg.add_argument("--config-file", default=None, help="EndpointPickerConfig YAML file")
+    cfg.add_argument("--config-text", default=None, help="EndpointPickerConfig YAML text")
+    p.add_bool("--secure-serving", default=True, help="serve ext_proc over TLS")
+    p.add_argument("--cert-path", default=None,
+                   help="directory with tls.crt and tls.key (reloaded on change); "
+                        "default: a self-signed certificate")
+    p.add_argument("--refresh-metrics-interval", type=duration, default=0.05,
+                   help="how often each endpoint's metrics are scraped (default 50ms)")
+    p.add_argument("--metrics-staleness-threshold", type=duration, default=2.0,
+                   help="metrics older than this don't count in pool gauges (default 2s)")
+    p.add_argument("--model-server-metrics-path", default="/metrics",
+                   help="path of the model servers' Prometheus metrics")
+    p.add_argument("--model-server-metrics-port", type=int, default=None,
+                   help="scrape this port instead of each endpoint's target port")
+    p.add_bool("--disable-endpoint-subset-filter", default=False,
+               help="ignore the proxy's envoy.lb.subset_hint")
+    p.add_bool("--ha-enable-leader-election", default=False,
+               help="active-passive replicas: only the Lease holder reports ready")
+    p.add_argument("--endpoint-selector", default=None,
+                   help="pods by label (k=v,...) instead of an InferencePool")
+    p.add_argument("--endpoint-target-ports", default=None,
+                   help="target ports for --endpoint-selector (comma-separated)")
+    p.add_argument("--manifests", default=None, metavar="PATH",
+                   help="YAML file or directory of InferencePool/Objective/Rewrite/Pod objects, "
+                        "used instead of the Kubernetes API and re-read when it changes")
+    p.add_bool("--reject-unknown-models", default=False,
+               help="404 for models no rewrite, legacy model or server names")
+    p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY,
+                   help="largest request body accepted; bigger gets 413")
+    p.add_argument("--grace-period", type=float, default=30.0,
+                   help="seconds in-flight streams get to finish on SIGTERM")
+    p.add_argument("--metrics-bearer-token-file", default=None,
+                   help="require 'Authorization: Bearer <token>' on the metrics port")
+    p.add_argument("-v", "--v", dest="verbosity", type=int, nargs="?", const=4, default=0,
+                   help="log verbosity (4 and above: debug)")
+    return p
+
+
+def debug_pool_route(datastore: Datastore) -> Any:
+    """``/debug/pool``: every endpoint, its latest metrics and age, and in-flight counts."""
+
+    async def handler(_: web.Request) -> web.Response:
+        now = time.monotonic()
+        snap = datastore.snapshot
+        body = {
+            "pool": snap.pool.name if snap.pool else None,
+            "synced": datastore.is_synced,
+            "endpoints": [
+                {
+                    "name": v.endpoint.name, "address": v.key, "healthy": v.healthy,
+                    "age_seconds": None if v.age(now) == float("inf") else round(v.age(now), 3),
+                    "waiting": v.metrics.waiting, "running": v.metrics.running,
+                    "kv_usage": v.metrics.kv_usage, "queue": v.queue,
+                    "inflight_requests": v.inflight_requests,
+                    "inflight_tokens": v.inflight_tokens,
+                    "lora_running": sorted(v.metrics.lora.running) if v.metrics.lora else [],
+                    "lora_waiting": sorted(v.metrics.lora.waiting) if v.metrics.lora else [],
+                }
+                for v in datastore.views()
+            ],
+        }
+        return web.json_response(body)
+
+    return handler
+
+
+async def run(args: Any) -> None:
+    """Build everything, serve until SIGTERM."""
+    try:
+        config = (load_config_file(args.config_file) if args.config_file
+                  else parse_config(args.config_text, source="--config-text"))
+    except (ConfigError, OSError) as e:
+        die("epp", f"bad EndpointPickerConfig: {e}")
+    datastore = Datastore()
+    if args.manifests is None:
+        die("epp", "Kubernetes mode is not available in this build yet; use --manifests PATH")
+    source = ManifestSource(args.manifests, datastore, pool_name=args.pool_name,
+                            pool_namespace=args.pool_namespace)
+    try:
+        source.load()
+    except ManifestError as e:
+        die("epp", str(e))
+
+    hit_ratio = m.HitRatio()
+    hooks = SchedulerHooks(
+        e2e_duration=m.SCHEDULER_E2E.observe,
+        prefix_hit_ratio=hit_ratio.observe,
+        plugin_duration=lambda point, kind, name, s: m.PLUGIN_DURATION.labels(
+            point, kind, name).observe(s),
+    )
+    try:
+        scheduler = build_scheduler(config, hooks=hooks)
+    except ConfigError as e:
+        die("epp", f"bad EndpointPickerConfig: {e}")
+    datastore.subscribe(
+        lambda s: scheduler.retain_endpoints(frozenset(e.key for e in s.endpoints)))
+    director = Director(
+        datastore, scheduler, build_saturation_detector(config),
+        reject_unknown_models=args.reject_unknown_models,
+        subset_filter=not args.disable_endpoint_subset_filter,
+        staleness=args.metrics_staleness_threshold, rng=random.Random(),
+    )
+    pool_name = datastore.snapshot.pool.name if datastore.snapshot.pool else "unknown"
+    m.register_pool(m.PoolCollector(
+        pool_name, datastore, staleness=args.metrics_staleness_threshold,
+        prefix_stats=lambda: (scheduler.prefix_indexer_size, hit_ratio.value)))
+    token = None
+    if args.metrics_bearer_token_file:
+        try:
+            with open(args.metrics_bearer_token_file) as f:
+                token = f.read().strip()
+        except OSError as e:
+            die("epp", f"cannot read --metrics-bearer-token-file: {e.strerror}")
+
+    servicer = ExtProcServicer(lambda: PickerExchange(director),
+                               request_mode=BodyMode.FULL_DUPLEX_STREAMED,
+                               response_mode=BodyMode.FULL_DUPLEX_STREAMED,
+                               max_body=args.max_body_bytes)
+    opts = ServeOptions(grpc_port=args.grpc_port, health_port=args.grpc_health_port,
+                        secure=args.secure_serving, cert_path=args.cert_path,
+                        grace=args.grace_period,
+                        max_message_bytes=args.max_body_bytes + 1024 * 1024)
+    scraper = Scraper(datastore, ScraperConfig(
+        interval=args.refresh_metrics_interval, path=args.model_server_metrics_path,
+        port=args.model_server_metrics_port))
+
+    async def ready(health: Health) -> None:
+        await datastore.synced.wait()
+        await health.set_serving(True)
+        log.info("pool synced", pool=pool_name, endpoints=len(datastore.views()))
+
+    async def scraping() -> None:
+        async with scraper:
+            await asyncio.Event().wait()
+
+    background: list[Awaitable[None]] = [
+        scraping(),
+        source.watch(),
+        run_metrics_server(args.metrics_port, token=token,
+                           routes={"/debug/pool": debug_pool_route(datastore)}),
+    ]
+    await serve(servicer, opts, ready=ready, background=background)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    if args.endpoint_selector and not args.endpoint_target_ports:
+        die("epp", "--endpoint-selector needs --endpoint-target-ports")
+    logs.configure(args.verbosity)
+    try:
+        m.INFO.labels(commit=version("inference-gateway-py"), build_ref="").set(1)
+    except PackageNotFoundError:
+        m.INFO.labels(commit="dev", build_ref="").set(1)
+    install_uvloop()
+    try:
+        asyncio.run(run(args))
+    except OSError as e:
+        die("epp", f"cannot serve: {e}")
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()
