@@ -165,11 +165,12 @@ def configs_from_args(args: argparse.Namespace) -> list[ServerConfig]:
                                            faults=dataclasses.replace(faults)))
     if not configs:
         configs = [dataclasses.replace(base, port=8000)]
-    seen: set[int] = set()
+    # Servers on different loopback addresses may share a port (one IP per simulated pod).
+    seen: set[tuple[str, int]] = set()
     for c in configs:
-        if c.port and c.port in seen:
-            raise ValueError(f"port {c.port} given twice")
-        seen.add(c.port)
+        if c.port and (c.host, c.port) in seen:
+            raise ValueError(f"port {c.port} given twice on {c.host}")
+        seen.add((c.host, c.port))
     return configs
 
 
