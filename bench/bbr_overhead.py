@@ -11,17 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
+from bench.harness import had_errors, medians, ratio_row, run_rounds, start, stop, table
 from shared import envoy as e
-from tests.support import wait_for_port
 
 MODES = ("BUFFERED", "FULL_DUPLEX_STREAMED")
 
@@ -29,11 +25,6 @@ MODES = ("BUFFERED", "FULL_DUPLEX_STREAMED")
 def direct_route() -> dict[str, Any]:
     return {"match": {"prefix": "/"},
             "direct_response": {"status": 200, "body": {"inline_string": '{"ok":true}'}}}
-
-
-def start(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
 def main() -> None:
@@ -54,10 +45,11 @@ def main() -> None:
         "max_tokens": 64, "stream": False}).encode())
 
     ports = {name: e.free_port() for name in ("noop", "noop_h", "bbr", "bbr_h", "bbr_m")}
+    py = sys.executable
     procs = [
-        start([sys.executable, "-m", "bench.noop_extproc", "--grpc-port", str(ports["noop"]),
+        start([py, "-m", "bench.noop_extproc", "--grpc-port", str(ports["noop"]),
                "--grpc-health-port", str(ports["noop_h"])], work / "noop.log"),
-        start([sys.executable, "-m", "bbr.main", "--secure-serving=false",
+        start([py, "-m", "bbr.main", "--secure-serving=false",
                "--grpc-port", str(ports["bbr"]), "--grpc-health-port", str(ports["bbr_h"]),
                "--metrics-port", str(ports["bbr_m"])], work / "bbr.log"),
     ]
@@ -68,63 +60,32 @@ def main() -> None:
             listeners.append(e.listener(port, [direct_route()],
                                         [e.ext_proc_filter(svc, request_body_mode=mode)],
                                         name=f"{svc}_{mode}"))
-            contenders[f"{svc} {mode}"] = port
+            contenders[f"{svc} {mode}"] = f"http://127.0.0.1:{port}/v1/chat/completions"
     port = e.free_port()
     listeners.append(e.listener(port, [direct_route()], [], name="direct"))
-    contenders["envoy direct"] = port
+    contenders["envoy direct"] = f"http://127.0.0.1:{port}/v1/chat/completions"
     admin = e.free_port()
     cfg = e.bootstrap(admin, listeners, [e.grpc_cluster("noop", ports["noop"], tls=False),
                                          e.grpc_cluster("bbr", ports["bbr"], tls=False)])
-    results: dict[str, list[dict[str, float]]] = {name: [] for name in contenders}
     try:
-        wait_for_port(ports["noop"])
-        wait_for_port(ports["bbr"])
+        e.wait_for_port(ports["noop"])
+        e.wait_for_port(ports["bbr"])
         with e.Envoy(cfg, admin_port=admin, workdir=work / "envoy"):
-            for rnd in range(args.rounds):
-                order = list(contenders) if rnd % 2 == 0 else list(reversed(contenders))
-                for name in order:
-                    url = f"http://127.0.0.1:{contenders[name]}/v1/chat/completions"
-                    out = subprocess.run(
-                        [sys.executable, "-m", "bench.loadgen", url, str(body),
-                         str(args.concurrency), str(args.seconds)],
-                        capture_output=True, text=True, check=True)
-                    stats = json.loads(out.stdout)
-                    stats["rps"] = stats["requests"] / stats["seconds"]
-                    results[name].append(stats)
-                    print(f"round {rnd + 1} {name:28s} {stats['rps']:8.0f} req/s "
-                          f"p50 {stats['p50_ms']:.2f} ms p99 {stats['p99_ms']:.2f} ms "
-                          f"errors {stats['errors']}", file=sys.stderr)
+            results = run_rounds(contenders, body, args.concurrency, args.seconds, args.rounds)
     finally:
-        for proc in procs:
-            proc.terminate()
-            proc.wait(10)
-    print(report(results, args))
-    if any(s["errors"] for runs in results.values() for s in runs):
+        stop(procs)
+    med = medians(results)
+    print("\n".join([
+        f"Workload: closed loop, {args.concurrency} connections, {args.seconds:g} s x "
+        f"{args.rounds} rounds per contender, 1.3 KB chat body, Envoy answers directly "
+        "(no model server), services plaintext.", "", *table(med), "",
+        "| mode | BBR / floor throughput | BBR / floor p50 | BBR / floor p99 |",
+        "|---|---:|---:|---:|",
+        *(ratio_row(mode, med[f"bbr {mode}"], med[f"noop {mode}"]) for mode in MODES),
+    ]))
+    if had_errors(results):
         sys.exit("errors during the run")
 
 
-def report(results: dict[str, list[dict[str, float]]], args: argparse.Namespace) -> str:
-    med = {name: {k: statistics.median(r[k] for r in runs) for k in ("rps", "p50_ms", "p99_ms")}
-           for name, runs in results.items()}
-    lines = [
-        f"Workload: closed loop, {args.concurrency} connections, {args.seconds:g} s x "
-        f"{args.rounds} rounds per contender, 1.3 KB chat body, Envoy answers directly "
-        "(no model server), services plaintext.",
-        "",
-        "| contender | req/s | p50 ms | p99 ms |",
-        "|---|---:|---:|---:|",
-    ]
-    for name, m in med.items():
-        lines.append(f"| {name} | {m['rps']:.0f} | {m['p50_ms']:.2f} | {m['p99_ms']:.2f} |")
-    lines += ["", "| mode | BBR / floor throughput | BBR / floor p50 | BBR / floor p99 |",
-              "|---|---:|---:|---:|"]
-    for mode in MODES:
-        b, n = med[f"bbr {mode}"], med[f"noop {mode}"]
-        lines.append(f"| {mode} | {b['rps'] / n['rps']:.2f} | {b['p50_ms'] / n['p50_ms']:.2f} | "
-                     f"{b['p99_ms'] / n['p99_ms']:.2f} |")
-    return "\n".join(lines)
-
-
 if __name__ == "__main__":
-    time.sleep(0)
     main()

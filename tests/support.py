@@ -12,6 +12,8 @@ from typing import Any, TypeVar
 import orjson
 from aiohttp import web
 
+from shared.envoy import wait_for_port
+
 T = TypeVar("T")
 
 
@@ -131,20 +133,6 @@ class InProcessService:
         if self._stop is not None and self._done is not None:
             self.bg.loop.call_soon_threadsafe(self._stop.set)
             self._done.result(10)
-
-
-def wait_for_port(port: int, timeout: float = 10.0) -> None:
-    """Block until something accepts TCP connections on loopback ``port``."""
-    import socket
-    import time
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.02)
-    raise TimeoutError(f"nothing listens on port {port}")
 
 
 class FakeModelServer:

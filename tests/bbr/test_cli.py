@@ -17,7 +17,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from shared import envoy as e
-from tests.support import BackgroundLoop, EchoBackend, wait_for_port
+from shared.envoy import wait_for_port
+from tests.support import BackgroundLoop, EchoBackend
 
 BBR = [sys.executable, "-m", "bbr.main"]
 

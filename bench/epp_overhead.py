@@ -1,0 +1,109 @@
+"""The EPP's cost on the request path: the same chat workload through Envoy straight to a
+4-pod pool (round robin), through Envoy + a no-op ext_proc on the same stack (the floor),
+and through Envoy + the EPP (default profile, ORIGINAL_DST), all FULL_DUPLEX_STREAMED both
+ways as upstream runs it. The model servers answer at once, so only the gateway is measured.
+
+    python -m bench.epp_overhead [--seconds 5] [--rounds 3] [--concurrency 32] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+from bench.harness import had_errors, medians, ratio_row, run_rounds, start, stop, table
+from shared import envoy as e
+
+PODS = [f"127.0.20.{i}" for i in range(1, 5)]
+DUPLEX = "FULL_DUPLEX_STREAMED"
+
+
+def manifests(port: int) -> list[dict[str, object]]:
+    docs: list[dict[str, object]] = [{
+        "apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
+        "metadata": {"name": "bench"},
+        "spec": {"selector": {"matchLabels": {"app": "bench"}}, "targetPorts": [{"number": port}],
+                 "endpointPickerRef": {"name": "bench-epp", "port": {"number": 9002}}}}]
+    docs += [{"apiVersion": "v1", "kind": "Pod",
+              "metadata": {"name": f"pod-{i}", "labels": {"app": "bench"}},
+              "status": {"podIP": ip}} for i, ip in enumerate(PODS)]
+    return docs
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--seconds", type=float, default=5.0)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--quick", action="store_true", help="one short round (CI smoke)")
+    args = p.parse_args()
+    if args.quick:
+        args.seconds, args.rounds = 1.0, 1
+
+    work = Path(tempfile.mkdtemp(prefix="bench-epp-"))
+    body = work / "body.json"
+    body.write_bytes(json.dumps({
+        "model": "m", "max_tokens": 16,
+        "messages": [{"role": "user", "content": "Tell me about Envoy. " * 40}]}).encode())
+    backend_port = e.free_port()
+    (work / "pool.yaml").write_text(yaml.safe_dump_all(manifests(backend_port)))
+    ports = {name: e.free_port() for name in ("noop", "noop_h", "epp", "epp_h", "epp_m")}
+    py = sys.executable
+    procs = [
+        start([py, "-m", "bench.echo_backend", "--port", str(backend_port),
+               *(a for ip in PODS for a in ("--host", ip))], work / "backend.log"),
+        start([py, "-m", "bench.noop_extproc", "--grpc-port", str(ports["noop"]),
+               "--grpc-health-port", str(ports["noop_h"])], work / "noop.log"),
+        start([py, "-m", "epp.main", "--secure-serving=false", "--manifests",
+               str(work / "pool.yaml"), "--grpc-port", str(ports["epp"]),
+               "--grpc-health-port", str(ports["epp_h"]), "--metrics-port", str(ports["epp_m"])],
+              work / "epp.log"),
+    ]
+    pods = [(ip, backend_port) for ip in PODS]
+    listen = {name: e.free_port() for name in ("direct", "noop", "epp")}
+    filters = {name: e.ext_proc_filter(name, request_body_mode=DUPLEX, response_body_mode=DUPLEX,
+                                       response_headers=True) for name in ("noop", "epp")}
+    listeners = [
+        e.listener(listen["direct"], [e.route("pods")], [], name="direct"),
+        e.listener(listen["noop"], [e.route("pods")], [filters["noop"]], name="noop"),
+        e.listener(listen["epp"], [e.route("pool")], [filters["epp"]], name="epp"),
+    ]
+    admin = e.free_port()
+    cfg = e.bootstrap(admin, listeners, [
+        e.static_cluster("pods", pods), e.original_dst_cluster("pool"),
+        e.grpc_cluster("noop", ports["noop"], tls=False),
+        e.grpc_cluster("epp", ports["epp"], tls=False)])
+    contenders = {
+        "envoy direct (round robin)": listen["direct"],
+        "no-op ext_proc (floor)": listen["noop"],
+        "EPP default profile": listen["epp"],
+    }
+    urls = {k: f"http://127.0.0.1:{v}/v1/chat/completions" for k, v in contenders.items()}
+    try:
+        for port in (ports["noop"], ports["epp"], backend_port):
+            e.wait_for_port(port, host="127.0.0.1" if port != backend_port else PODS[0])
+        with e.Envoy(cfg, admin_port=admin, workdir=work / "envoy"):
+            results = run_rounds(urls, body, args.concurrency, args.seconds, args.rounds)
+    finally:
+        stop(procs)
+    med = medians(results)
+    print("\n".join([
+        f"Workload: closed loop, {args.concurrency} connections, {args.seconds:g} s x "
+        f"{args.rounds} rounds per contender, 0.9 KB chat body, 4 pods answering at once, "
+        "services plaintext.", "", *table(med), "",
+        "| | EPP / floor throughput | EPP / floor p50 | EPP / floor p99 |",
+        "|---|---:|---:|---:|",
+        ratio_row("FULL_DUPLEX_STREAMED", med["EPP default profile"],
+                  med["no-op ext_proc (floor)"]),
+    ]))
+    if had_errors(results):
+        sys.exit("errors during the run")
+
+
+if __name__ == "__main__":
+    main()

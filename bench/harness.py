@@ -1,0 +1,71 @@
+"""What the overhead benchmarks share: starting helper processes, running contenders in
+interleaved rounds with the closed-loop load generator, and reporting medians."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+Results = dict[str, list[dict[str, float]]]
+
+
+def start(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
+    """A helper process with its output in ``log``."""
+    with log.open("w") as out:
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        proc.wait(10)
+
+
+def run_rounds(contenders: dict[str, str], body: Path, concurrency: int, seconds: float,
+               rounds: int) -> Results:
+    """Each contender URL under the same load, rounds alternating in order (noisy machine)."""
+    results: Results = {name: [] for name in contenders}
+    for rnd in range(rounds):
+        order = list(contenders) if rnd % 2 == 0 else list(reversed(contenders))
+        for name in order:
+            out = subprocess.run(
+                [sys.executable, "-m", "bench.loadgen", contenders[name], str(body),
+                 str(concurrency), str(seconds)],
+                capture_output=True, text=True, check=True)
+            stats = json.loads(out.stdout)
+            stats["rps"] = stats["requests"] / stats["seconds"]
+            results[name].append(stats)
+            print(f"round {rnd + 1} {name:28s} {stats['rps']:8.0f} req/s "
+                  f"p50 {stats['p50_ms']:.2f} ms p99 {stats['p99_ms']:.2f} ms "
+                  f"errors {stats['errors']}", file=sys.stderr)
+    return results
+
+
+def medians(results: Results) -> dict[str, dict[str, float]]:
+    """Per contender: the median over rounds of throughput and latency percentiles."""
+    return {name: {k: statistics.median(r[k] for r in runs) for k in ("rps", "p50_ms", "p99_ms")}
+            for name, runs in results.items()}
+
+
+def table(med: dict[str, dict[str, float]]) -> list[str]:
+    """A Markdown table of the medians."""
+    lines = ["| contender | req/s | p50 ms | p99 ms |", "|---|---:|---:|---:|"]
+    for name, m in med.items():
+        lines.append(f"| {name} | {m['rps']:.0f} | {m['p50_ms']:.2f} | {m['p99_ms']:.2f} |")
+    return lines
+
+
+def ratio_row(label: str, ours: dict[str, float], floor: dict[str, float]) -> str:
+    """``| label | throughput ratio | p50 ratio | p99 ratio |`` (ours / floor)."""
+    return (f"| {label} | {ours['rps'] / floor['rps']:.2f} | "
+            f"{ours['p50_ms'] / floor['p50_ms']:.2f} | {ours['p99_ms'] / floor['p99_ms']:.2f} |")
+
+
+def had_errors(results: Results) -> bool:
+    return any(s["errors"] for runs in results.values() for s in runs)
