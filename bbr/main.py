@@ -15,7 +15,7 @@ from bbr.router import BodyRouter
 from shared import logs
 from shared.extproc import DEFAULT_MAX_BODY, BodyMode, ExtProcServicer
 from shared.flags import Parser, die
-from shared.metrics_server import run_metrics_server
+from shared.metrics_server import read_token, run_metrics_server
 from shared.server import ServeOptions, install_uvloop, serve
 
 
@@ -38,6 +38,8 @@ def parser() -> Parser:
                    help="YAML list of {baseModel, adapters} for base-model-to-header")
     p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY,
                    help="largest request body accepted; bigger gets 413")
+    p.add_argument("--metrics-bearer-token-file", default=None,
+                   help="require 'Authorization: Bearer <token>' on the metrics port")
     p.add_argument("--grace-period", type=float, default=30.0,
                    help="seconds in-flight streams get to finish on SIGTERM")
     p.add_argument("-v", "--v", dest="verbosity", type=int, nargs="?", const=4, default=0,
@@ -54,6 +56,10 @@ def main(argv: list[str] | None = None) -> None:
     except (BaseModelError, PluginSpecError) as e:
         die("bbr", str(e))
     try:
+        token = read_token(args.metrics_bearer_token_file)
+    except OSError as e:
+        die("bbr", f"cannot read --metrics-bearer-token-file: {e.strerror or e}")
+    try:
         metrics.INFO.labels(version=version("inference-gateway-py")).set(1)
     except PackageNotFoundError:
         metrics.INFO.labels(version="dev").set(1)
@@ -69,7 +75,8 @@ def main(argv: list[str] | None = None) -> None:
         "starting", plugins=[f"{p.type_name}:{p.name}" for p in plugins], mode=mode.name)
     install_uvloop()
     try:
-        asyncio.run(serve(servicer, opts, background=[run_metrics_server(args.metrics_port)]))
+        metrics_server = run_metrics_server(args.metrics_port, token=token)
+        asyncio.run(serve(servicer, opts, background=[metrics_server]))
     except OSError as e:
         die("bbr", f"cannot serve: {e}")
     sys.exit(0)

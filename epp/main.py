@@ -31,7 +31,7 @@ from epp.sources import ManifestError, ManifestSource
 from shared import logs
 from shared.extproc import DEFAULT_MAX_BODY, BodyMode, ExtProcServicer
 from shared.flags import Parser, die, duration
-from shared.metrics_server import run_metrics_server
+from shared.metrics_server import read_token, run_metrics_server
 from shared.server import Health, ServeOptions, install_uvloop, serve
 
 log = structlog.get_logger("epp")
@@ -156,13 +156,10 @@ async def run(args: Any) -> None:
     m.register_pool(m.PoolCollector(
         pool_name, datastore, staleness=args.metrics_staleness_threshold,
         prefix_stats=lambda: (scheduler.prefix_indexer_size, hit_ratio.value)))
-    token = None
-    if args.metrics_bearer_token_file:
-        try:
-            with open(args.metrics_bearer_token_file) as f:
-                token = f.read().strip()
-        except OSError as e:
-            die("epp", f"cannot read --metrics-bearer-token-file: {e.strerror}")
+    try:
+        token = read_token(args.metrics_bearer_token_file)
+    except OSError as e:
+        die("epp", f"cannot read --metrics-bearer-token-file: {e.strerror or e}")
 
     servicer = ExtProcServicer(lambda: PickerExchange(director),
                                request_mode=BodyMode.FULL_DUPLEX_STREAMED,

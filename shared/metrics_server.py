@@ -16,6 +16,18 @@ log = structlog.get_logger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+def read_token(path: str | None) -> str | None:
+    """The bearer token in ``path`` (stripped), or None without a path; OSError if unreadable
+    or empty."""
+    if not path:
+        return None
+    with open(path) as f:
+        token = f.read().strip()
+    if not token:
+        raise OSError(f"{path} is empty")
+    return token
+
+
 def build_app(
     registry: CollectorRegistry = REGISTRY,
     routes: Mapping[str, Handler] | None = None,

@@ -151,3 +151,27 @@ def test_tls_by_default_with_self_signed_certificate(tmp_path: Path, bg: Backgro
     finally:
         p.stop()
         bg.run(backend.stop())
+
+
+def test_metrics_can_require_a_bearer_token(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    p = BbrProcess(tmp_path, "--secure-serving=false", "--metrics-bearer-token-file", str(token))
+    try:
+        wait_for_port(p.metrics)
+        url = f"http://127.0.0.1:{p.metrics}/metrics"
+        assert httpx.get(url).status_code == 401
+        assert httpx.get(url, headers={"Authorization": "Bearer wrong"}).status_code == 401
+        ok = httpx.get(url, headers={"Authorization": "Bearer s3cret"})
+        assert ok.status_code == 200 and "bbr_info" in ok.text
+    finally:
+        p.stop()
+
+
+def test_empty_token_file_exits_with_one_line(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("")
+    proc = run_bbr("--metrics-bearer-token-file", str(token))
+    assert proc.returncode != 0
+    assert proc.stderr.strip() == (
+        f"bbr: error: cannot read --metrics-bearer-token-file: {token} is empty")
