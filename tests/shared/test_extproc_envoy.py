@@ -28,6 +28,8 @@ pytestmark = pytest.mark.envoy
 @dataclass
 class Journal:
     closed: list[bool] = field(default_factory=list)
+    #: How each stream carrying an ``x-test-id`` header ended, by that id.
+    by_id: dict[str, bool] = field(default_factory=dict)
 
 
 class Rewriting(Exchange):
@@ -35,8 +37,10 @@ class Rewriting(Exchange):
 
     def __init__(self, journal: Journal) -> None:
         self.journal = journal
+        self.test_id = ""
 
     async def on_request(self, headers: dict[str, str], body: bytes) -> RequestDecision:
+        self.test_id = headers.get("x-test-id", "")
         if not body:
             return RequestDecision(set_headers={"x-seen": "headers-only"})
         data = orjson.loads(body)
@@ -59,6 +63,8 @@ class Rewriting(Exchange):
 
     def on_close(self, completed: bool) -> None:
         self.journal.closed.append(completed)
+        if self.test_id:
+            self.journal.by_id[self.test_id] = completed
 
 
 @dataclass
@@ -147,12 +153,12 @@ def test_sse_chunks_are_rewritten_as_they_stream(proxy: Proxy) -> None:
 
 
 def test_stream_closes_completed_after_a_full_exchange(proxy: Proxy) -> None:
-    before = len(proxy.journal.closed)
-    httpx.post(proxy.url(), content=b'{"model": "m"}')
+    test_id = f"full-{proxy.port}"
+    httpx.post(proxy.url(), content=b'{"model": "m"}', headers={"x-test-id": test_id})
     deadline = time.monotonic() + 5
-    while len(proxy.journal.closed) == before and time.monotonic() < deadline:
+    while test_id not in proxy.journal.by_id and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert proxy.journal.closed[before:] == [True]
+    assert proxy.journal.by_id[test_id] is True
 
 
 def test_client_disconnect_mid_body_closes_stream_without_leaks(
@@ -163,7 +169,9 @@ def test_client_disconnect_mid_body_closes_stream_without_leaks(
             return len(asyncio.all_tasks())
 
         httpx.post(p.url(), content=b'{"model": "warm-up"}')
-        time.sleep(0.2)
+        deadline = time.monotonic() + 5
+        while not p.journal.closed and time.monotonic() < deadline:
+            time.sleep(0.02)  # the warm-up's stream is closed before counting
         tasks_before = bg.run(task_count())
         closed_before = len(p.journal.closed)
         for _ in range(5):
