@@ -9,14 +9,22 @@ median over rounds. Printed as a Markdown table with BBR / floor ratios.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.harness import had_errors, medians, ratio_row, run_rounds, start, stop, table
+from bench.harness import (
+    had_errors,
+    medians,
+    overhead_args,
+    ratio_row,
+    run_rounds,
+    start,
+    stop,
+    table,
+)
 from shared import envoy as e
 
 MODES = ("BUFFERED", "FULL_DUPLEX_STREAMED")
@@ -28,14 +36,7 @@ def direct_route() -> dict[str, Any]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--seconds", type=float, default=5.0)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--concurrency", type=int, default=32)
-    p.add_argument("--quick", action="store_true", help="one short round (CI smoke)")
-    args = p.parse_args()
-    if args.quick:
-        args.seconds, args.rounds = 1.0, 1
+    args = overhead_args(__doc__)
 
     work = Path(tempfile.mkdtemp(prefix="bench-bbr-"))
     body = work / "body.json"

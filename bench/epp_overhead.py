@@ -8,7 +8,6 @@ ways as upstream runs it. The model servers answer at once, so only the gateway 
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
@@ -16,7 +15,16 @@ from pathlib import Path
 
 import yaml
 
-from bench.harness import had_errors, medians, ratio_row, run_rounds, start, stop, table
+from bench.harness import (
+    had_errors,
+    medians,
+    overhead_args,
+    ratio_row,
+    run_rounds,
+    start,
+    stop,
+    table,
+)
 from shared import envoy as e
 
 PODS = [f"127.0.20.{i}" for i in range(1, 5)]
@@ -36,14 +44,7 @@ def manifests(port: int) -> list[dict[str, object]]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--seconds", type=float, default=5.0)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--concurrency", type=int, default=32)
-    p.add_argument("--quick", action="store_true", help="one short round (CI smoke)")
-    args = p.parse_args()
-    if args.quick:
-        args.seconds, args.rounds = 1.0, 1
+    args = overhead_args(__doc__)
 
     work = Path(tempfile.mkdtemp(prefix="bench-epp-"))
     body = work / "body.json"

@@ -3,6 +3,7 @@ interleaved rounds with the closed-loop load generator, and reporting medians.""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -11,6 +12,19 @@ import sys
 from pathlib import Path
 
 Results = dict[str, list[dict[str, float]]]
+
+
+def overhead_args(doc: str | None) -> argparse.Namespace:
+    """The flags every overhead benchmark takes (``--quick``: one short round, for CI)."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--seconds", type=float, default=5.0)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--quick", action="store_true", help="one short round (CI smoke)")
+    args = p.parse_args()
+    if args.quick:
+        args.seconds, args.rounds = 1.0, 1
+    return args
 
 
 def start(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:

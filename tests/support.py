@@ -47,15 +47,32 @@ async def _wrap(aw: Awaitable[T]) -> T:
     return await aw
 
 
-class EchoBackend:
+class _AppServer:
+    """A real aiohttp server on ``host:port`` (0 = a free port), started in the caller's loop."""
+
+    host = "127.0.0.1"
+    port = 0
+    _runner: web.AppRunner | None = None
+
+    async def _serve(self, app: web.Application) -> None:
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+
+class EchoBackend(_AppServer):
     """A real HTTP server that answers what it received: its name, the body's length and
     hash, and the request headers. ``/sse`` streams ``n`` events ``delay`` seconds apart."""
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.port = 0
         self.requests = 0
-        self._runner: web.AppRunner | None = None
 
     async def _echo(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
@@ -89,16 +106,8 @@ class EchoBackend:
     async def start(self) -> EchoBackend:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", self._echo)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        await self._serve(app)
         return self
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
 
 
 class InProcessService:
@@ -135,7 +144,7 @@ class InProcessService:
             self._done.result(10)
 
 
-class FakeModelServer:
+class FakeModelServer(_AppServer):
     """A small real OpenAI-style server whose vLLM ``/metrics`` the test sets directly.
 
     Answers completions and chat with ``model`` echoed back, ``usage``, the request headers
@@ -157,7 +166,6 @@ class FakeModelServer:
         self.metrics_status = 200
         self.stream_delay = 0.05
         self.requests: list[dict[str, Any]] = []
-        self._runner: web.AppRunner | None = None
 
     @property
     def key(self) -> str:
@@ -206,16 +214,8 @@ class FakeModelServer:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_post("/v1/{tail:.*}", self._infer)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        await self._serve(app)
         return self
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
 
 
 def pool_manifests(

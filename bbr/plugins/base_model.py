@@ -2,20 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from bbr.basemodels import BaseModels
+from bbr.plugins.params import FieldToHeader
 
 BASE_MODEL_HEADER = "X-Gateway-Base-Model-Name"
-
-
-@dataclass(frozen=True, slots=True)
-class BaseModelParams:
-    """``{"field": "model", "headerName": "X-Gateway-Base-Model-Name"}``."""
-
-    field: str = "model"
-    header_name: str = BASE_MODEL_HEADER
 
 
 class BaseModelToHeader:
@@ -26,7 +18,7 @@ class BaseModelToHeader:
 
     type_name: ClassVar[str] = "base-model-to-header"
 
-    def __init__(self, name: str, params: BaseModelParams, base_models: BaseModels) -> None:
+    def __init__(self, name: str, params: FieldToHeader, base_models: BaseModels) -> None:
         self.name = name
         self.params = params
         self.base_models = base_models
@@ -34,14 +26,7 @@ class BaseModelToHeader:
 
     @classmethod
     def create(cls, name: str, raw: dict[str, Any], base_models: BaseModels) -> BaseModelToHeader:
-        unknown = set(raw) - {"field", "headerName"}
-        if unknown:
-            raise ValueError(f"unknown parameters {sorted(unknown)}")
-        params = BaseModelParams(
-            field=str(raw.get("field", "model")),
-            header_name=str(raw.get("headerName", BASE_MODEL_HEADER)),
-        )
-        return cls(name, params, base_models)
+        return cls(name, FieldToHeader.parse(raw, BASE_MODEL_HEADER), base_models)
 
     @property
     def owned_headers(self) -> tuple[str, ...]:

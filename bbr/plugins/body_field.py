@@ -2,22 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from prometheus_client import Counter
 
 from bbr.metrics import FIELD_EMPTY, FIELD_NOT_FOUND
+from bbr.plugins.params import FieldToHeader
 
 MODEL_HEADER = "X-Gateway-Model-Name"
-
-
-@dataclass(frozen=True, slots=True)
-class BodyFieldParams:
-    """``{"field": "model", "headerName": "X-Gateway-Model-Name"}``."""
-
-    field: str = "model"
-    header_name: str = MODEL_HEADER
 
 
 class BodyFieldToHeader:
@@ -30,7 +22,7 @@ class BodyFieldToHeader:
 
     type_name: ClassVar[str] = "body-field-to-header"
 
-    def __init__(self, name: str, params: BodyFieldParams) -> None:
+    def __init__(self, name: str, params: FieldToHeader) -> None:
         self.name = name
         self.params = params
         self._header = params.header_name.lower()
@@ -39,16 +31,7 @@ class BodyFieldToHeader:
 
     @classmethod
     def create(cls, name: str, raw: dict[str, Any]) -> BodyFieldToHeader:
-        unknown = set(raw) - {"field", "headerName"}
-        if unknown:
-            raise ValueError(f"unknown parameters {sorted(unknown)}")
-        params = BodyFieldParams(
-            field=str(raw.get("field", "model")),
-            header_name=str(raw.get("headerName", MODEL_HEADER)),
-        )
-        if not params.field or not params.header_name:
-            raise ValueError("'field' and 'headerName' must not be empty")
-        return cls(name, params)
+        return cls(name, FieldToHeader.parse(raw, MODEL_HEADER))
 
     @property
     def owned_headers(self) -> tuple[str, ...]:

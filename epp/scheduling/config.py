@@ -28,7 +28,7 @@ profile ``default`` uses every plugin (weight 1 for scorers).
 from __future__ import annotations
 
 import random
-import re
+from argparse import ArgumentTypeError
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +43,7 @@ from epp.scheduling.profile import SchedulingProfile, WeightedScorer
 from epp.scheduling.registry import PluginError, PluginRegistry
 from epp.scheduling.saturation import SaturationDetectorConfig, UtilizationDetector
 from epp.scheduling.scheduler import Scheduler
+from shared.flags import duration
 
 log = structlog.get_logger(__name__)
 
@@ -110,26 +111,15 @@ class EndpointPickerConfig:
     saturation: SaturationDetectorConfig = field(default_factory=SaturationDetectorConfig)
 
 
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
-_UNIT = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
 def parse_duration(value: Any, where: str) -> float:
     """A Go duration (``200ms``, ``1m30s``) or a number of seconds → seconds."""
-    if isinstance(value, bool):
-        raise ConfigError(f"{where}: must be a duration like 200ms, got {value!r}")
-    if isinstance(value, int | float):
+    if isinstance(value, int | float) and not isinstance(value, bool):
         return float(value)
     if isinstance(value, str):
-        s = value.strip()
-        pos, total = 0, 0.0
-        for m in _DURATION.finditer(s):
-            if m.start() != pos:
-                break
-            total += float(m.group(1)) * _UNIT[m.group(2)]
-            pos = m.end()
-        if pos == len(s) and s:
-            return total
+        try:
+            return duration(value)
+        except ArgumentTypeError:
+            pass
     raise ConfigError(f"{where}: must be a duration like 200ms, got {value!r}")
 
 

@@ -162,3 +162,9 @@ schedulingProfiles:
 @pytest.mark.parametrize(("text", "seconds"), [("200ms", 0.2), ("1m30s", 90.0), (2, 2.0)])
 def test_go_durations_parse(text: str | int, seconds: float) -> None:
     assert parse_duration(text, "x") == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["soon", "5 parsecs", "", True])
+def test_bad_durations_are_config_errors(text: object) -> None:
+    with pytest.raises(ConfigError, match="must be a duration like 200ms"):
+        parse_duration(text, "saturationDetector.metricsStalenessThreshold")
