@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Awaitable, Callable
 from importlib.metadata import PackageNotFoundError, version
 
 import structlog
 
-from bbr import metrics
+from bbr import configmaps, metrics
 from bbr.basemodels import BaseModelError, FileBaseModels, StaticBaseModels
 from bbr.plugins import PluginSpecError, build
 from bbr.router import BodyRouter
@@ -16,7 +17,7 @@ from shared import logs
 from shared.extproc import DEFAULT_MAX_BODY, BodyMode, ExtProcServicer
 from shared.flags import Parser, die
 from shared.metrics_server import read_token, run_metrics_server
-from shared.server import ServeOptions, install_uvloop, serve
+from shared.server import Health, ServeOptions, install_uvloop, serve
 
 
 def parser() -> Parser:
@@ -36,6 +37,7 @@ def parser() -> Parser:
                         "base-model-to-header)")
     p.add_argument("--base-models", default=None, metavar="FILE",
                    help="YAML list of {baseModel, adapters} for base-model-to-header")
+    configmaps.add_flags(p)
     p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY,
                    help="largest request body accepted; bigger gets 413")
     p.add_argument("--metrics-bearer-token-file", default=None,
@@ -47,14 +49,36 @@ def parser() -> Parser:
     return p
 
 
+def ready_when_synced(watch: configmaps.ConfigMapWatch) -> Callable[[Health], Awaitable[None]]:
+    """Health turns SERVING once the ConfigMaps have been listed."""
+
+    async def ready(health: Health) -> None:
+        await asyncio.to_thread(watch.wait_synced)
+        await health.set_serving(True)
+
+    return ready
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     logs.configure(args.verbosity)
+    if args.base_models and args.base_models_from_configmaps:
+        die("bbr", "--base-models and --base-models-from-configmaps exclude each other")
     try:
         base_models = FileBaseModels(args.base_models) if args.base_models else StaticBaseModels()
         plugins = build(args.plugin, base_models)
     except (BaseModelError, PluginSpecError) as e:
         die("bbr", str(e))
+    watch = None
+    if args.base_models_from_configmaps:
+        # Imported here so a plain bbr never loads the Kubernetes client.
+        from shared.reflector import KubernetesConfigError, load_api_client
+
+        try:
+            watch = configmaps.start_configmap_watch(
+                base_models, args.configmap_namespace or None, load_api_client())
+        except KubernetesConfigError as e:
+            die("bbr", str(e))
     try:
         token = read_token(args.metrics_bearer_token_file)
     except OSError as e:
@@ -76,9 +100,13 @@ def main(argv: list[str] | None = None) -> None:
     install_uvloop()
     try:
         metrics_server = run_metrics_server(args.metrics_port, token=token)
-        asyncio.run(serve(servicer, opts, background=[metrics_server]))
+        asyncio.run(serve(servicer, opts, background=[metrics_server],
+                          ready=None if watch is None else ready_when_synced(watch)))
     except OSError as e:
         die("bbr", f"cannot serve: {e}")
+    finally:
+        if watch is not None:
+            watch.stop()
     sys.exit(0)
 
 

@@ -28,6 +28,7 @@ from epp.scheduling import (
     parse_config,
 )
 from epp.sources import ManifestError, ManifestSource
+from epp.sources.leader import report_readiness
 from shared import logs
 from shared.extproc import DEFAULT_MAX_BODY, BodyMode, ExtProcServicer
 from shared.flags import Parser, die, duration
@@ -124,14 +125,8 @@ async def run(args: Any) -> None:
     except (ConfigError, OSError) as e:
         die("epp", f"bad EndpointPickerConfig: {e}")
     datastore = Datastore()
-    if args.manifests is None:
-        die("epp", "Kubernetes mode is not available in this build yet; use --manifests PATH")
-    source = ManifestSource(args.manifests, datastore, pool_name=args.pool_name,
-                            pool_namespace=args.pool_namespace)
-    try:
-        source.load()
-    except ManifestError as e:
-        die("epp", str(e))
+    stop = asyncio.Event()
+    source, elector = start_source(args, datastore)
 
     hit_ratio = m.HitRatio()
     hooks = SchedulerHooks(
@@ -152,7 +147,9 @@ async def run(args: Any) -> None:
         subset_filter=not args.disable_endpoint_subset_filter,
         staleness=args.metrics_staleness_threshold, rng=random.Random(),
     )
-    pool_name = datastore.snapshot.pool.name if datastore.snapshot.pool else "unknown"
+    # In Kubernetes mode the pool arrives after start; the flag names it either way.
+    pool = datastore.snapshot.pool
+    pool_name = args.pool_name or (pool.name if pool else "unknown")
     m.register_pool(m.PoolCollector(
         pool_name, datastore, staleness=args.metrics_staleness_threshold,
         prefix_stats=lambda: (scheduler.prefix_indexer_size, hit_ratio.value)))
@@ -174,9 +171,7 @@ async def run(args: Any) -> None:
         port=args.model_server_metrics_port))
 
     async def ready(health: Health) -> None:
-        await datastore.synced.wait()
-        await health.set_serving(True)
-        log.info("pool synced", pool=pool_name, endpoints=len(datastore.views()))
+        await report_readiness(health.set_serving, datastore.synced, elector)
 
     async def scraping() -> None:
         async with scraper:
@@ -184,11 +179,49 @@ async def run(args: Any) -> None:
 
     background: list[Awaitable[None]] = [
         scraping(),
-        source.watch(),
+        source.watch() if isinstance(source, ManifestSource) else source.run(),
         run_metrics_server(args.metrics_port, token=token,
                            routes={"/debug/pool": debug_pool_route(datastore)}),
     ]
-    await serve(servicer, opts, ready=ready, background=background)
+    if elector is not None:
+        # Sharing ``stop``: a draining leader hands the Lease back at once.
+        background.append(elector.run(stop))
+    await serve(servicer, opts, ready=ready, background=background, stop=stop)
+
+
+def start_source(args: Any, datastore: Datastore) -> tuple[Any, Any]:
+    """The manifests file, or the Kubernetes API (plus a leader elector with HA); exits with
+    one line when either can't be set up."""
+    if args.manifests is not None:
+        if args.ha_enable_leader_election:
+            die("epp", "--ha-enable-leader-election needs the Kubernetes API, not --manifests")
+        manifests = ManifestSource(args.manifests, datastore, pool_name=args.pool_name,
+                                   pool_namespace=args.pool_namespace)
+        try:
+            manifests.load()
+        except ManifestError as e:
+            die("epp", str(e))
+        return manifests, None
+    # Imported here so --manifests never loads the Kubernetes client.
+    from epp.sources.kubernetes import KubernetesSource
+    from epp.sources.leader import LeaderElector, lease_name_for
+    from shared.reflector import KubernetesConfigError, load_api_client
+
+    if not args.pool_name and not args.endpoint_selector:
+        die("epp", "give --pool-name (or --endpoint-selector), or --manifests PATH")
+    try:
+        api = load_api_client()
+        source = KubernetesSource(
+            datastore, args.pool_name or "", args.pool_namespace, args.pool_group,
+            api_client=api, endpoint_selector=args.endpoint_selector,
+            target_ports=args.endpoint_target_ports)
+    except (KubernetesConfigError, ValueError) as e:
+        die("epp", str(e))
+    elector = None
+    if args.ha_enable_leader_election:
+        name = lease_name_for(args.pool_namespace, args.pool_name or "endpoints")
+        elector = LeaderElector(name, args.pool_namespace, api_client=api)
+    return source, elector
 
 
 def main(argv: list[str] | None = None) -> None:

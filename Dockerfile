@@ -1,0 +1,38 @@
+# syntax=docker/dockerfile:1
+# One image recipe, two targets:
+#   docker build --target epp -t epp .
+#   docker build --target bbr -t bbr .
+# Both run as the non-root user 65532 (the charts pin the same UID) on a read-only root
+# filesystem; nothing is written outside /tmp.
+
+ARG PYTHON_IMAGE=python:3.12-slim
+
+FROM ${PYTHON_IMAGE} AS build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+RUN python -m venv /opt/venv
+# Only what the two services import; the simulator and benchmarks stay out of the image.
+COPY pyproject.toml README.md ./
+COPY shared shared
+COPY bbr bbr
+COPY epp epp
+RUN /opt/venv/bin/pip install . \
+ && /opt/venv/bin/python -m compileall -q /opt/venv
+
+FROM ${PYTHON_IMAGE} AS runtime
+COPY --from=build /opt/venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1
+USER 65532:65532
+WORKDIR /tmp
+
+FROM runtime AS bbr
+# ext_proc, gRPC health, Prometheus metrics
+EXPOSE 9004 9005 9090
+ENTRYPOINT ["bbr"]
+
+FROM runtime AS epp
+# ext_proc, gRPC health, Prometheus metrics
+EXPOSE 9002 9003 9090
+ENTRYPOINT ["epp"]
