@@ -23,6 +23,9 @@ from dataclasses import dataclass
 from epp.datastore import EndpointMetrics, EngineType, LoraInfo
 from epp.metrics.parser import Sample, ScanResult, scan
 
+#: Largest request count believed (a lying server's 1e308 is clamped to this).
+MAX_COUNT = 1 << 31
+
 
 class MetricsError(ValueError):
     """The page holds none of the engine's load metrics: not a scrape we can use."""
@@ -144,7 +147,14 @@ class _Reader:
 
     def count(self, family: str, where: LabelPredicate | None) -> int | None:
         vals = self.values(family, where)
-        return None if vals is None else round(sum(vals))
+        if vals is None:
+            return None
+        total = sum(vals)
+        # Finite samples can still sum past any int (1e308 + 1e308 = inf).
+        if total > MAX_COUNT:
+            self.anomalies.append(Anomaly(family, f"value above {MAX_COUNT} clamped"))
+            return MAX_COUNT
+        return round(total)
 
     def fraction(self, families: tuple[str, ...], where: LabelPredicate | None) -> float | None:
         for i, family in enumerate(families):  # first family present wins (newest name first)
@@ -184,7 +194,7 @@ def _int_label(samples: list[Sample] | None, label: str) -> int | None:
     raw = samples[-1].labels.get(label)
     try:
         value = int(float(raw)) if raw else None
-    except ValueError:
+    except (ValueError, OverflowError):  # "abc", "NaN"; "1e400" (inf)
         return None
     return value if value is not None and value > 0 else None
 

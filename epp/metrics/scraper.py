@@ -36,6 +36,21 @@ class ScraperConfig:
     path: str = "/metrics"
     #: Scrape this port instead of the endpoint's target port (metrics on a side port).
     port: int | None = None
+    #: A bigger page is a failed scrape (a vLLM page is ~100 KB; an endless one must not
+    #: grow the EPP's memory until the timeout).
+    max_page_bytes: int = 16 * 1024 * 1024
+
+
+async def _read_capped(resp: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The response body, or :class:`MetricsError` as soon as it passes ``limit`` bytes."""
+    if resp.content_length is not None and resp.content_length > limit:
+        raise MetricsError(f"metrics page of {resp.content_length} bytes is over {limit}")
+    body = bytearray()
+    async for piece in resp.content.iter_chunked(1 << 16):
+        body += piece
+        if len(body) > limit:
+            raise MetricsError(f"metrics page is over {limit} bytes")
+    return bytes(body)
 
 
 class Scraper:
@@ -125,13 +140,18 @@ class Scraper:
             async with session.get(self.url(view)) as resp:
                 if resp.status != 200:
                     raise MetricsError(f"HTTP {resp.status}")
-                body = await resp.read()
+                body = await _read_capped(resp, self.config.max_page_bytes)
             parsed = parse_metrics(
                 body.decode("utf-8", "replace"), view.endpoint.engine, time.monotonic()
             )
         except asyncio.CancelledError:
             raise
         except (aiohttp.ClientError, TimeoutError, MetricsError, OSError) as e:
+            self._failed(view, e)
+            return False
+        except Exception as e:  # a page no rule foresaw must not end this endpoint's loop
+            log.warning("metrics page could not be read", endpoint=view.key,
+                        error=f"{type(e).__name__}: {e}")
             self._failed(view, e)
             return False
         was_healthy = view.healthy

@@ -22,7 +22,7 @@ from epp import exported_metrics as m
 from epp.datastore import Datastore, EndpointView, Snapshot
 from epp.scheduling import LLMRequest, Scheduler, UtilizationDetector, estimate_tokens, prefix_input
 from epp.scheduling.scheduler import NoCandidates
-from shared.errors import GatewayError, NotFound, TooManyRequests
+from shared.errors import BadRequest, GatewayError, NotFound, TooManyRequests
 from shared.extproc import RequestDecision
 from shared.openai import parse_request
 
@@ -101,7 +101,18 @@ class Director:
         if res.priority < 0 and self.saturation.is_saturated(candidates):
             raise Shed("the pool is saturated; sheddable requests are rejected")
 
-        prompt = prefix_input(req.prompt, req.messages)
+        # orjson reads JSON nested up to 1,024 levels but writes only 255: a body between the
+        # two would otherwise raise TypeError past the stream (a 500) - or, for the rewrite,
+        # after the endpoint was committed (a leaked in-flight count).
+        try:
+            prompt = prefix_input(req.prompt, req.messages)
+            new_body = None
+            if res.target_model != req.model:
+                req.body["model"] = res.target_model
+                new_body = orjson.dumps(req.body)
+        except orjson.JSONEncodeError as e:
+            raise BadRequest(f"request body cannot be re-encoded: {e}",
+                             code="invalid_body") from None
         tokens = estimate_tokens(prompt)
         request_id = headers.get(REQUEST_ID) or str(uuid.uuid4())
         salt = req.body.get("cache_salt")
@@ -129,10 +140,6 @@ class Director:
                       target_model=res.target_model, endpoint=result.destination,
                       priority=res.priority, scores=result.primary.scores())
 
-        new_body = None
-        if res.target_model != req.model:
-            req.body["model"] = res.target_model
-            new_body = orjson.dumps(req.body)
         destination = result.destination
         decision = RequestDecision(
             set_headers={DESTINATION: destination, REQUEST_ID: request_id,
