@@ -424,6 +424,8 @@ def main(argv: list[str] | None = None) -> None:
     def on_signal(*_: object) -> None:
         raise KeyboardInterrupt
 
+    # Installed explicitly: a shell starting us in the background leaves SIGINT ignored.
+    signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     try:
         print(f"starting {len(spec.pools)} pools, BBR and Envoy; logs in {stack.logs}",

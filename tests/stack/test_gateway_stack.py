@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -68,3 +70,27 @@ def test_bad_config_gives_one_clear_line(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0
     assert proc.stderr.strip() == f"gateway-stack: error: {cfg}: needs a non-empty 'pools' list"
+
+
+def test_ctrl_c_stops_every_child(tmp_path: Path) -> None:
+    cfg = config_on_free_ports(tmp_path, demo_requests=5)
+    run_dir = tmp_path / "run"
+    log = (tmp_path / "stack.log").open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench.stack", "--config", str(cfg), "--run-dir", str(run_dir)],
+        stdout=log, stderr=subprocess.STDOUT, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))  # as `cmd &` does
+    try:
+        deadline = time.monotonic() + 120
+        while "Press Ctrl-C" not in (tmp_path / "stack.log").read_text():
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+    assert "stopped every process." in (tmp_path / "stack.log").read_text()
+    leftovers = subprocess.run(["pgrep", "-f", str(run_dir)], capture_output=True, text=True)
+    assert leftovers.stdout == ""
