@@ -1,4 +1,7 @@
-"""Test support: a background event loop, small real HTTP backends, in-process services."""
+"""Test support: a background event loop, small real HTTP backends, in-process services.
+
+``pool_manifests``/``write_yaml`` live in :mod:`bench.manifests` (benchmarks use them too).
+"""
 
 from __future__ import annotations
 
@@ -216,37 +219,6 @@ class FakeModelServer(_AppServer):
         app.router.add_post("/v1/{tail:.*}", self._infer)
         await self._serve(app)
         return self
-
-
-def pool_manifests(
-    pool: str, pods: list[tuple[str, str]], port: int,
-    extra: list[dict[str, Any]] | None = None, *, labels: dict[str, str] | None = None,
-) -> list[dict[str, Any]]:
-    """An InferencePool selecting ``app: <pool>`` plus one ready Pod per (name, ip)."""
-    sel = labels or {"app": pool}
-    docs: list[dict[str, Any]] = [{
-        "apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
-        "metadata": {"name": pool, "namespace": "default"},
-        "spec": {"selector": {"matchLabels": sel}, "targetPorts": [{"number": port}],
-                 "endpointPickerRef": {"name": f"{pool}-epp", "port": {"number": 9002}}},
-    }]
-    for name, ip in pods:
-        docs.append({"apiVersion": "v1", "kind": "Pod",
-                     "metadata": {"name": name, "namespace": "default", "labels": dict(sel)},
-                     "status": {"podIP": ip}})
-    return docs + list(extra or [])
-
-
-def write_yaml(path: Any, docs: list[dict[str, Any]]) -> None:
-    """Write ``docs`` as one multi-document YAML file (atomically, for live reloads)."""
-    import os
-
-    import yaml
-
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        yaml.safe_dump_all(docs, f, sort_keys=False)
-    os.replace(tmp, path)
 
 
 class EppProcess:

@@ -9,15 +9,9 @@ from typing import Any
 
 import pytest
 
+from bench.manifests import pool_manifests, write_yaml
 from shared import envoy as e
-from tests.support import (
-    BackgroundLoop,
-    EppProcess,
-    FakeModelServer,
-    pool_gateway_config,
-    pool_manifests,
-    write_yaml,
-)
+from tests.support import BackgroundLoop, EppProcess, FakeModelServer, pool_gateway_config
 
 REWRITE = {
     "apiVersion": "inference.networking.x-k8s.io/v1alpha2", "kind": "InferenceModelRewrite",

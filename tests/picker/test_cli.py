@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import pool_manifests, write_yaml
+from bench.manifests import pool_manifests, write_yaml
 
 EPP = [sys.executable, "-m", "epp.main"]
 

@@ -14,17 +14,12 @@ import httpx
 import orjson
 import pytest
 
+from bench.manifests import pool_manifests, write_yaml
 from shared import envoy as e
 from sim import ServerConfig, start_fleet
 from sim.profiles import TINY
 from tests.picker.conftest import OBJECTIVES, REWRITE, Pool, start_pool, start_servers
-from tests.support import (
-    BackgroundLoop,
-    EppProcess,
-    pool_gateway_config,
-    pool_manifests,
-    write_yaml,
-)
+from tests.support import BackgroundLoop, EppProcess, pool_gateway_config
 
 pytestmark = pytest.mark.envoy
 
