@@ -129,13 +129,6 @@ class _Body:
         return data
 
 
-@dataclass(slots=True)
-class _Progress:
-    request_done: bool = False
-    response_started: bool = False
-    response_done: bool = False
-
-
 class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
     """The gRPC ``ExternalProcessor`` service driving one :class:`Exchange` per stream.
 
@@ -160,156 +153,187 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
         self, requests: AsyncIterator[pb.ProcessingRequest], context: Any
     ) -> AsyncIterator[pb.ProcessingResponse]:
         """Run one stream; see the module docstring for the protocol."""
-        exchange = self._factory()
-        # Envoy may reset the stream instead of half-closing it once the response is done,
-        # so "completed" is judged by what was seen, not by how the stream ended.
-        progress = _Progress()
+        stream = _Stream(self._factory(), self.request_mode, self.response_mode, self.max_body)
         try:
-            async for resp in self._run(exchange, requests, progress):
-                yield resp
-                if resp.HasField("immediate_response"):
-                    progress.response_done = True
-                    return
-            # Envoy half-closed: complete if the request was decided and no response was
-            # left half-seen (with response processing off, Envoy never shows us one).
-            if progress.request_done and not progress.response_started:
-                progress.response_done = True
+            async for msg in requests:
+                for resp in await stream.handle(msg):
+                    yield resp
+                    if resp.HasField("immediate_response"):
+                        stream.response_done = True
+                        return
+            stream.half_closed()
         except GatewayError as e:
-            progress.response_done = True
+            stream.response_done = True
             yield r.immediate_error(e)
         finally:
-            try:
-                exchange.on_close(progress.response_done)
-            except Exception:
-                log.exception("exchange on_close failed")
+            stream.close()
 
-    async def _run(
-        self, ex: Exchange, requests: AsyncIterator[pb.ProcessingRequest], progress: _Progress
-    ) -> AsyncIterator[pb.ProcessingResponse]:
-        req_mode, resp_mode = self.request_mode, self.response_mode
-        headers: dict[str, str] = {}
-        body = _Body(self.max_body)
-        resp_body = _Body(1 << 62)  # responses are the model server's; no cap
-        resp_buffered = False
-        resp_headers_decision = ResponseHeadersDecision()
-        async for msg in requests:
-            if msg.HasField("protocol_config"):
-                req_mode = BodyMode(msg.protocol_config.request_body_mode)
-                resp_mode = BodyMode(msg.protocol_config.response_body_mode)
-            if msg.HasField("metadata_context") and ex.filter_metadata is _NO_METADATA:
-                ex.filter_metadata = {
-                    ns: MessageToDict(st) for ns, st in msg.metadata_context.filter_metadata.items()
-                }
-            kind = msg.WhichOneof("request")
-            if kind == "request_headers":
-                headers = header_dict(msg.request_headers.headers)
-                if msg.request_headers.end_of_stream or req_mode is BodyMode.NONE:
-                    d = await ex.on_request(headers, b"")
-                    progress.request_done = True
-                    yield r.request_headers(_common(d), _metadata(d))
-                elif req_mode is not BodyMode.FULL_DUPLEX_STREAMED:
-                    yield r.request_headers()  # the decision rides on the body answer
-            elif kind == "request_body":
-                chunk = msg.request_body
-                body.add(chunk.body)
-                if req_mode is BodyMode.FULL_DUPLEX_STREAMED:
-                    if chunk.end_of_stream:
-                        progress.request_done = True
-                        for resp in await self._duplex_request(ex, headers, body.take(), True):
-                            yield resp
-                else:
-                    original = body.take()
-                    d = await ex.on_request(headers, original)
-                    if d.body is not None and d.body == original:
-                        d.body = None
-                    if d.body is not None:
-                        d.set_headers["content-length"] = str(len(d.body))
-                    progress.request_done = True
-                    yield r.request_body(_common(d, with_body=True), _metadata(d))
-            elif kind == "request_trailers":
-                if req_mode is BodyMode.FULL_DUPLEX_STREAMED:
-                    # Trailers end the body when the client sent any.
-                    progress.request_done = True
-                    for resp in await self._duplex_request(ex, headers, body.take(), False):
-                        yield resp
-                yield r.request_trailers()
-            elif kind == "response_headers":
-                rh = header_dict(msg.response_headers.headers)
-                resp_headers_decision = await ex.on_response_headers(rh)
-                eos = msg.response_headers.end_of_stream
-                progress.response_started = True
-                progress.response_done = eos or resp_mode is BodyMode.NONE
-                resp_buffered = resp_headers_decision.buffer_body and not eos and resp_mode in (
-                    BodyMode.FULL_DUPLEX_STREAMED, BodyMode.STREAMED)
-                if resp_buffered and resp_mode is BodyMode.STREAMED:
-                    # The headers leave before the body is known: let Envoy chunk it.
-                    resp_headers_decision.remove_headers.append("content-length")
-                if not (resp_buffered and resp_mode is BodyMode.FULL_DUPLEX_STREAMED):
-                    yield r.response_headers(_common_headers(resp_headers_decision))
-            elif kind == "response_body":
-                chunk = msg.response_body
-                eos = chunk.end_of_stream
-                progress.response_done = eos
-                if resp_mode is BodyMode.FULL_DUPLEX_STREAMED:
-                    if resp_buffered:
-                        resp_body.add(chunk.body)
-                        if eos:
-                            for resp in self._duplex_response(ex, resp_headers_decision,
-                                                              resp_body.take(), True):
-                                yield resp
-                    else:
-                        out = ex.on_response_chunk(chunk.body, eos)
-                        for resp in r.streamed_body(out, response=True, end_of_stream=eos):
-                            yield resp
-                elif resp_mode is BodyMode.STREAMED and resp_buffered:
-                    # Hold every chunk back (clear it) and send the whole new body at the end.
-                    resp_body.add(chunk.body)
-                    if eos:
-                        yield r.response_body(r.common(body=ex.on_response_body(resp_body.take())))
-                    else:
-                        yield r.response_body(r.common(clear_body=True))
-                elif resp_mode is BodyMode.STREAMED:
-                    out = ex.on_response_chunk(chunk.body, eos)
-                    yield r.response_body(
-                        r.common(body=out) if out != chunk.body else None
-                    )
-                else:  # BUFFERED: the whole body in one message, headers not yet sent
-                    out = ex.on_response_body(chunk.body)
-                    if out == chunk.body:
-                        yield r.response_body()
-                    else:
-                        yield r.response_body(r.common(
-                            body=out, set_headers={"content-length": str(len(out))}))
-            elif kind == "response_trailers":
-                progress.response_done = True
-                if resp_buffered:
-                    for resp in self._duplex_response(ex, resp_headers_decision,
-                                                      resp_body.take(), False):
-                        yield resp
-                    resp_buffered = False
-                yield r.response_trailers()
 
-    @staticmethod
-    async def _duplex_request(
-        ex: Exchange, headers: dict[str, str], body: bytes, end_of_stream: bool
-    ) -> list[pb.ProcessingResponse]:
-        d = await ex.on_request(headers, body)
+Responses = list[pb.ProcessingResponse]
+
+
+class _Stream:
+    """One gRPC stream: its modes, what has been seen, and the bodies held back.
+
+    Each ``_on_<message>`` method answers one ProcessingRequest kind with the responses to
+    send now (possibly none: FULL_DUPLEX holds answers until the body is complete).
+    """
+
+    def __init__(self, ex: Exchange, req_mode: BodyMode, resp_mode: BodyMode,
+                 max_body: int) -> None:
+        self.ex = ex
+        self.req_mode = req_mode
+        self.resp_mode = resp_mode
+        self.headers: dict[str, str] = {}
+        self.body = _Body(max_body)
+        self.resp_body = _Body(1 << 62)  # responses are the model server's; no cap
+        self.resp_decision = ResponseHeadersDecision()
+        self.resp_buffered = False
+        # Envoy may reset the stream instead of half-closing it once the response is done,
+        # so "completed" is judged by what was seen, not by how the stream ended.
+        self.request_done = False
+        self.response_started = False
+        self.response_done = False
+
+    async def handle(self, msg: pb.ProcessingRequest) -> Responses:
+        if msg.HasField("protocol_config"):
+            self.req_mode = BodyMode(msg.protocol_config.request_body_mode)
+            self.resp_mode = BodyMode(msg.protocol_config.response_body_mode)
+        if msg.HasField("metadata_context") and self.ex.filter_metadata is _NO_METADATA:
+            self.ex.filter_metadata = {
+                ns: MessageToDict(st) for ns, st in msg.metadata_context.filter_metadata.items()
+            }
+        kind = msg.WhichOneof("request")
+        if kind == "request_headers":
+            return await self._on_request_headers(msg.request_headers)
+        if kind == "request_body":
+            return await self._on_request_body(msg.request_body)
+        if kind == "request_trailers":
+            return await self._on_request_trailers()
+        if kind == "response_headers":
+            return await self._on_response_headers(msg.response_headers)
+        if kind == "response_body":
+            return self._on_response_body(msg.response_body)
+        if kind == "response_trailers":
+            return self._on_response_trailers()
+        return []
+
+    def half_closed(self) -> None:
+        """Envoy ended the stream: complete if the request was decided and no response was
+        left half-seen (with response processing off, Envoy never shows us one)."""
+        if self.request_done and not self.response_started:
+            self.response_done = True
+
+    def close(self) -> None:
+        try:
+            self.ex.on_close(self.response_done)
+        except Exception:
+            log.exception("exchange on_close failed")
+
+    # -- request ---------------------------------------------------------------------
+
+    async def _on_request_headers(self, msg: pb.HttpHeaders) -> Responses:
+        self.headers = header_dict(msg.headers)
+        if msg.end_of_stream or self.req_mode is BodyMode.NONE:
+            d = await self.ex.on_request(self.headers, b"")
+            self.request_done = True
+            return [r.request_headers(_common(d), _metadata(d))]
+        if self.req_mode is BodyMode.FULL_DUPLEX_STREAMED:
+            return []  # held until the body is complete
+        return [r.request_headers()]  # BUFFERED: the decision rides on the body answer
+
+    async def _on_request_body(self, chunk: pb.HttpBody) -> Responses:
+        self.body.add(chunk.body)
+        if self.req_mode is BodyMode.FULL_DUPLEX_STREAMED:
+            return await self._decide_duplex(True) if chunk.end_of_stream else []
+        original = self.body.take()
+        d = await self.ex.on_request(self.headers, original)
+        if d.body is not None and d.body == original:
+            d.body = None
+        if d.body is not None:
+            d.set_headers["content-length"] = str(len(d.body))
+        self.request_done = True
+        return [r.request_body(_common(d, with_body=True), _metadata(d))]
+
+    async def _on_request_trailers(self) -> Responses:
+        out = []
+        if self.req_mode is BodyMode.FULL_DUPLEX_STREAMED:
+            out = await self._decide_duplex(False)  # trailers end the body when sent
+        out.append(r.request_trailers())
+        return out
+
+    async def _decide_duplex(self, end_of_stream: bool) -> Responses:
+        """FULL_DUPLEX: the held headers answer, then the (new) body re-chunked."""
+        body = self.body.take()
+        d = await self.ex.on_request(self.headers, body)
+        self.request_done = True
         out = [r.request_headers(_common(d), _metadata(d))]
         out.extend(r.streamed_body(body if d.body is None else d.body, response=False,
                                    end_of_stream=end_of_stream))
         return out
 
-    @staticmethod
-    def _duplex_response(
-        ex: Exchange, hd: ResponseHeadersDecision, body: bytes, end_of_stream: bool
-    ) -> list[pb.ProcessingResponse]:
-        out_body = ex.on_response_body(body)
+    # -- response --------------------------------------------------------------------
+
+    async def _on_response_headers(self, msg: pb.HttpHeaders) -> Responses:
+        decision = self.resp_decision = await self.ex.on_response_headers(
+            header_dict(msg.headers))
+        eos = msg.end_of_stream
+        self.response_started = True
+        self.response_done = eos or self.resp_mode is BodyMode.NONE
+        streaming = self.resp_mode in (BodyMode.FULL_DUPLEX_STREAMED, BodyMode.STREAMED)
+        self.resp_buffered = decision.buffer_body and not eos and streaming
+        if not self.resp_buffered:
+            return [r.response_headers(_common_headers(decision))]
+        if self.resp_mode is BodyMode.FULL_DUPLEX_STREAMED:
+            return []  # held until the body is complete
+        # STREAMED: the headers leave before the body is known, so let Envoy chunk it.
+        decision.remove_headers.append("content-length")
+        return [r.response_headers(_common_headers(decision))]
+
+    def _on_response_body(self, chunk: pb.HttpBody) -> Responses:
+        eos = chunk.end_of_stream
+        self.response_done = eos
+        if self.resp_buffered:
+            self.resp_body.add(chunk.body)
+            if self.resp_mode is BodyMode.FULL_DUPLEX_STREAMED:
+                return self._flush_duplex_response(True) if eos else []
+            # STREAMED: hold every chunk back (clear it), send the whole new body at the end.
+            if not eos:
+                return [r.response_body(r.common(clear_body=True))]
+            new = self.ex.on_response_body(self.resp_body.take())
+            return [r.response_body(r.common(body=new))]
+        if self.resp_mode is BodyMode.FULL_DUPLEX_STREAMED:
+            out = self.ex.on_response_chunk(chunk.body, eos)
+            return list(r.streamed_body(out, response=True, end_of_stream=eos))
+        if self.resp_mode is BodyMode.STREAMED:
+            out = self.ex.on_response_chunk(chunk.body, eos)
+            return [r.response_body(r.common(body=out) if out != chunk.body else None)]
+        # BUFFERED: the whole body in one message, the headers not sent yet.
+        out = self.ex.on_response_body(chunk.body)
+        if out == chunk.body:
+            return [r.response_body()]
+        return [r.response_body(r.common(body=out, set_headers={"content-length": str(len(out))}))]
+
+    def _on_response_trailers(self) -> Responses:
+        self.response_done = True
+        out = []
+        if self.resp_buffered and self.resp_mode is BodyMode.FULL_DUPLEX_STREAMED:
+            out = self._flush_duplex_response(False)
+        self.resp_buffered = False
+        out.append(r.response_trailers())
+        return out
+
+    def _flush_duplex_response(self, end_of_stream: bool) -> Responses:
+        """FULL_DUPLEX: the held response headers (length fixed), then the new body."""
+        body = self.resp_body.take()
+        new = self.ex.on_response_body(body)
+        hd = self.resp_decision
         set_headers = hd.set_headers
-        if out_body != body:
-            set_headers = {**set_headers, "content-length": str(len(out_body))}
-        cr = r.common(set_headers=set_headers, remove_headers=hd.remove_headers)
-        out = [r.response_headers(cr)]
-        out.extend(r.streamed_body(out_body, response=True, end_of_stream=end_of_stream))
+        if new != body:
+            set_headers = {**set_headers, "content-length": str(len(new))}
+        out = [r.response_headers(r.common(set_headers=set_headers,
+                                           remove_headers=hd.remove_headers))]
+        out.extend(r.streamed_body(new, response=True, end_of_stream=end_of_stream))
         return out
 
 
