@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 LINT_PATHS := shared bbr epp sim bench tests
 
-.PHONY: venv run test lint unit bench bench-quick clean
+.PHONY: venv run test lint bench bench-quick bench-compare bench-compare-quick clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,12 +27,24 @@ lint: venv
 	$(VENV)/bin/ruff check $(LINT_PATHS)
 	$(VENV)/bin/mypy
 
-## bench: the full benchmark suite (minutes); results go to bench/RESULTS.md
+## bench: gateway overhead and pick latency (a few minutes); copy figures into bench/RESULTS.md
 bench: venv
 	$(PY) -m bench.bbr_overhead
+	$(PY) -m bench.epp_overhead
+	$(PY) -m bench.epp_pick_bench
+	$(PY) -m bench.sim_bench
 
 bench-quick: venv
 	$(PY) -m bench.bbr_overhead --quick
+	$(PY) -m bench.epp_overhead --quick
+
+## bench-compare: routing quality vs Envoy and the peer routers (~25 min; writes RESULTS.md)
+bench-compare: venv
+	$(PY) -m bench.peers install
+	$(PY) -m bench.compare
+
+bench-compare-quick: venv
+	$(PY) -m bench.compare --quick
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

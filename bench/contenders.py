@@ -1,0 +1,351 @@
+"""The simulated fleet and the routers that compete in front of it.
+
+Every contender routes to the SAME fleet (:class:`SimFleet`: ``vllm-sim`` serving
+``FLEET_SIZE`` servers from one process, one loopback IP per simulated pod and one shared
+port, like pods behind a Service). A fresh fleet is started for every run so no contender
+inherits another's warm prefix cache or resident LoRA adapters.
+
+Contenders (each is a context manager yielding the base URL the client talks to):
+
+- ``envoy-rr`` / ``envoy-lr`` / ``envoy-random``: Envoy with a STATIC cluster of the fleet and
+  ``ROUND_ROBIN`` / ``LEAST_REQUEST`` / ``RANDOM`` (what a Kubernetes Service gives, plus
+  Envoy's own load-aware policy);
+- ``epp-default`` / ``epp-tuned``: Envoy + our EPP (FULL_DUPLEX_STREAMED both ways, ORIGINAL_DST
+  to the picked endpoint, as the Gateway API Inference Extension deploys it), default
+  scheduling profile or :data:`TUNED_CONFIG`;
+- ``vllm-router:<policy>`` / ``sglang-router:<policy>``: the peer routers (``bench/peers.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bench.peers import PEERS, peer_env
+from bench.workloads import FLEET_SIZE, LORA_ADAPTERS, PROFILE
+from shared import envoy as e
+
+# The best EndpointPickerConfig found (see docs/benchmarks.md, "Tuning the EPP profile").
+TUNED_CONFIG = """\
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: queue-scorer
+- type: kv-cache-utilization-scorer
+- type: prefix-cache-scorer
+- type: lora-affinity-scorer
+- type: token-load-scorer
+  parameters: {maxInflightTokens: 60000}
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: queue-scorer
+    weight: 2
+  - pluginRef: kv-cache-utilization-scorer
+    weight: 1
+  - pluginRef: prefix-cache-scorer
+    weight: 3
+  - pluginRef: lora-affinity-scorer
+    weight: 2
+  - pluginRef: token-load-scorer
+    weight: 2
+"""
+
+
+def wait_for_port(port: int, host: str = "127.0.0.1", timeout: float = 20.0) -> None:
+    """Block until something accepts TCP connections on ``host:port``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex((host, port)) == 0:
+                return
+        time.sleep(0.05)
+    raise TimeoutError(f"nothing listens on {host}:{port}")
+
+
+def http_ok(url: str, timeout: float = 1.0) -> bool:
+    """True when GET ``url`` answers 200."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
+def _popen(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    with log.open("ab") as f:
+        return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=env or {**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def _stop(proc: subprocess.Popen[Any] | None, grace: float = 10.0) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _tail(path: Path, n: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return ""
+
+
+# -- the fleet ---------------------------------------------------------------------------------
+@dataclass
+class SimFleet:
+    """``vllm-sim`` serving ``size`` servers of the fixed profile on 127.0.10.x:port.
+
+    The profile is ``8b-h100`` unchanged (ITL 12 ms, 30 ms + 250 µs/token prefill, 256 seqs,
+    28,000 KV blocks, 4 LoRA slots), with the workload's adapters registered.
+    """
+
+    workdir: Path
+    size: int = FLEET_SIZE
+    time_scale: float = 1.0
+    seed: int = 0
+    port: int = 0
+    hosts: list[str] = field(default_factory=list)
+    proc: subprocess.Popen[str] | None = None
+
+    @property
+    def urls(self) -> list[str]:
+        return [f"http://{h}:{self.port}" for h in self.hosts]
+
+    @property
+    def endpoints(self) -> list[tuple[str, int]]:
+        return [(h, self.port) for h in self.hosts]
+
+    def start(self) -> SimFleet:
+        """Start the simulator process and wait for its ready line."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.port = e.free_port()
+        self.hosts = [f"127.0.10.{i + 1}" for i in range(self.size)]
+        config = {
+            "defaults": {"profile": PROFILE, "time_scale": self.time_scale, "seed": self.seed,
+                         "lora_modules": list(LORA_ADAPTERS)},
+            "servers": [{"host": h, "port": self.port, "name": f"sim-{i}", "seed": self.seed + i}
+                        for i, h in enumerate(self.hosts)],
+        }
+        path = self.workdir / "fleet.yaml"
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "sim.main", "--config", str(path), "--log-level", "warning"],
+            stdout=subprocess.PIPE, stderr=(self.workdir / "sim.log").open("ab"), text=True)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line.startswith("vllm-sim ready:"):
+            _stop(self.proc)
+            raise RuntimeError(f"simulator did not start: {line!r} "
+                               f"{_tail(self.workdir / 'sim.log')}")
+        return self
+
+    def stop(self) -> None:
+        """SIGTERM the simulator."""
+        _stop(self.proc)
+
+    def __enter__(self) -> SimFleet:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+# -- contenders --------------------------------------------------------------------------------
+class Contender:
+    """A router in front of the fleet; :meth:`running` yields the client's base URL."""
+
+    name: str = ""
+    kind: str = ""   # "baseline" | "ours" | "peer"
+
+    def unavailable(self) -> str | None:
+        """Why this contender cannot run here (None when it can)."""
+        return None
+
+    @contextlib.contextmanager
+    def running(self, fleet: SimFleet, workdir: Path) -> Iterator[str]:
+        raise NotImplementedError
+        yield ""
+
+    def debug(self) -> dict[str, Any]:
+        """Router-side state worth keeping after a run (e.g. the EPP's /debug/pool)."""
+        return {}
+
+
+class EnvoyLB(Contender):
+    """Envoy with a STATIC cluster of the fleet and one of its LB policies."""
+
+    kind = "baseline"
+
+    def __init__(self, name: str, lb_policy: str) -> None:
+        self.name = name
+        self.lb_policy = lb_policy
+
+    @contextlib.contextmanager
+    def running(self, fleet: SimFleet, workdir: Path) -> Iterator[str]:
+        admin, listen = e.free_port(), e.free_port()
+        cluster = e.static_cluster("fleet", fleet.endpoints, lb_policy=self.lb_policy)
+        cluster["connect_timeout"] = "5s"
+        cfg = e.bootstrap(admin, [e.listener(listen, [e.route("fleet")], [])], [cluster])
+        with e.Envoy(cfg, admin_port=admin, workdir=workdir / "envoy"):
+            yield f"http://127.0.0.1:{listen}"
+
+
+def pool_manifests(pool: str, fleet: SimFleet) -> list[dict[str, Any]]:
+    """An InferencePool selecting ``app: <pool>`` plus one ready Pod per simulated server
+    (what ``--manifests`` reads instead of the Kubernetes API)."""
+    sel = {"app": pool}
+    docs: list[dict[str, Any]] = [{
+        "apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
+        "metadata": {"name": pool, "namespace": "default"},
+        "spec": {"selector": {"matchLabels": sel}, "targetPorts": [{"number": fleet.port}],
+                 "endpointPickerRef": {"name": f"{pool}-epp", "port": {"number": 9002}}},
+    }]
+    for i, host in enumerate(fleet.hosts):
+        docs.append({"apiVersion": "v1", "kind": "Pod",
+                     "metadata": {"name": f"sim-{i}", "namespace": "default", "labels": sel},
+                     "status": {"podIP": host}})
+    return docs
+
+
+def pool_gateway_config(epp_port: int, admin: int, listen: int) -> dict[str, Any]:
+    """Envoy as the Inference Extension deploys it: the EPP ext_proc filter in
+    FULL_DUPLEX_STREAMED (request and response), then ORIGINAL_DST to the picked endpoint."""
+    mode = "FULL_DUPLEX_STREAMED"
+    filt = e.ext_proc_filter("epp", request_body_mode=mode, response_body_mode=mode,
+                             response_headers=True)
+    lst = e.listener(listen, [e.route("pool")], [filt])
+    lst["per_connection_buffer_limit_bytes"] = 32 * 1024 * 1024
+    return e.bootstrap(admin, [lst], [e.grpc_cluster("epp", epp_port, tls=False),
+                                      e.original_dst_cluster("pool", timeout="5s")])
+
+
+class Epp(Contender):
+    """Envoy + our EPP (``python -m epp.main``) with a given EndpointPickerConfig."""
+
+    kind = "ours"
+
+    def __init__(self, name: str, config: str | None = None) -> None:
+        self.name = name
+        self.config = config
+        self._metrics_port = 0
+
+    @contextlib.contextmanager
+    def running(self, fleet: SimFleet, workdir: Path) -> Iterator[str]:
+        workdir.mkdir(parents=True, exist_ok=True)
+        manifests = workdir / "pool.yaml"
+        manifests.write_text(yaml.safe_dump_all(pool_manifests("sims", fleet), sort_keys=False))
+        grpc, health, self._metrics_port = e.free_port(), e.free_port(), e.free_port()
+        cmd = [sys.executable, "-m", "epp.main", "--manifests", str(manifests),
+               "--secure-serving=false", "--grpc-port", str(grpc),
+               "--grpc-health-port", str(health), "--metrics-port", str(self._metrics_port),
+               "--grace-period", "2"]
+        if self.config is not None:
+            cfg = workdir / "epp-config.yaml"
+            cfg.write_text(self.config)
+            cmd += ["--config-file", str(cfg)]
+        log = workdir / "epp.log"
+        proc = _popen(cmd, log)
+        try:
+            self._wait_ready(proc, log, fleet.size)
+            admin, listen = e.free_port(), e.free_port()
+            with e.Envoy(pool_gateway_config(grpc, admin, listen), admin_port=admin,
+                         workdir=workdir / "envoy"):
+                yield f"http://127.0.0.1:{listen}"
+        finally:
+            _stop(proc)
+
+    def _wait_ready(self, proc: subprocess.Popen[bytes], log: Path, size: int) -> None:
+        # Ready = every endpoint listed with fresh metrics in /debug/pool, so the first
+        # picks are informed (as they would be for a long-running EPP).
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"epp exited {proc.returncode}: {_tail(log)}")
+            fresh = [ep for ep in self.debug().get("endpoints", [])
+                     if ep.get("age_seconds") is not None]
+            if len(fresh) >= size:
+                return
+            time.sleep(0.1)
+        raise TimeoutError(f"epp not ready: {_tail(log)}")
+
+    def debug(self) -> dict[str, Any]:
+        import json
+
+        try:
+            url = f"http://127.0.0.1:{self._metrics_port}/debug/pool"
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                data: dict[str, Any] = json.loads(resp.read())
+                return data
+        except (OSError, ValueError):
+            return {}
+
+
+class PeerRouter(Contender):
+    """A peer router (vllm-router / sglang-router) pointed at the fleet's URLs."""
+
+    kind = "peer"
+
+    def __init__(self, peer: str, policy: str, extra: tuple[str, ...] = ()) -> None:
+        self.peer = PEERS[peer]
+        self.policy = policy
+        self.extra = extra
+        self.name = f"{peer}:{policy}"
+
+    def unavailable(self) -> str | None:
+        if not self.peer.installed():
+            return (f"{self.peer.package} not installed in {self.peer.venv} "
+                    "(run `python -m bench.peers install`)")
+        return None
+
+    @contextlib.contextmanager
+    def running(self, fleet: SimFleet, workdir: Path) -> Iterator[str]:
+        workdir.mkdir(parents=True, exist_ok=True)
+        port, prom = e.free_port(), e.free_port()
+        log = workdir / f"{self.peer.name}.log"
+        cmd = self.peer.command(policy=self.policy, port=port, prometheus_port=prom,
+                                workers=fleet.urls, extra=self.extra)
+        (workdir / "command.txt").write_text(" ".join(cmd) + "\n")
+        proc = _popen(cmd, log, env=peer_env())
+        try:
+            deadline = time.monotonic() + 60
+            while not http_ok(f"http://127.0.0.1:{port}/v1/models"):
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{self.name} exited {proc.returncode}: {_tail(log)}")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{self.name} not ready: {_tail(log)}")
+                time.sleep(0.2)
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            _stop(proc)
+
+
+def all_contenders() -> dict[str, Contender]:
+    """Every contender of the full comparison, in report order."""
+    items: list[Contender] = [
+        EnvoyLB("envoy-rr", "ROUND_ROBIN"),
+        EnvoyLB("envoy-lr", "LEAST_REQUEST"),
+        EnvoyLB("envoy-random", "RANDOM"),
+        Epp("epp-default"),
+        Epp("epp-tuned", TUNED_CONFIG),
+        PeerRouter("vllm-router", "cache_aware"),
+        PeerRouter("vllm-router", "power_of_two"),
+        PeerRouter("sglang-router", "cache_aware"),
+    ]
+    return {c.name: c for c in items}
