@@ -133,9 +133,10 @@ class SimServer:
         if not self.alive:
             return
         await self._unlisten()
-        self.engine.reset()
         if self._loop is not None:
-            self._loop.notify()
+            # A step in progress must not finish on the reset engine (it would end the loop).
+            await self._loop.stop()
+        self.engine.reset()
         log.info("killed %s (port %d)", self.name, self.port)
         if revive_after is not None:
             self.later(revive_after, self.revive)
@@ -145,6 +146,8 @@ class SimServer:
         if self.alive:
             return
         await self._listen()
+        if self._loop is not None:
+            self._loop.start()
         log.info("revived %s (port %d)", self.name, self.port)
 
     # -- app ---------------------------------------------------------------------------------

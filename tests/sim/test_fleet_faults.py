@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import httpx
 import pytest
@@ -115,3 +116,26 @@ async def test_kill_after_and_revive_after_from_config(fleet_of: FleetFactory) -
             await client.get(url)
         await asyncio.sleep(0.35)
         assert (await client.get(url)).status_code == 200
+
+
+async def test_server_killed_mid_step_serves_again_after_revive(fleet_of: FleetFactory) -> None:
+    # Killing while the engine is inside a step used to end the engine loop, so the revived
+    # server accepted requests and never answered them.
+    async with fleet_of(tiny(time_scale=5.0)) as fleet, httpx.AsyncClient(timeout=5) as client:
+        url = fleet.urls[0] + "/v1/completions"
+
+        async def stream() -> None:
+            with contextlib.suppress(httpx.HTTPError):
+                async with client.stream("POST", url, json={
+                        "prompt": "x", "max_tokens": 1000, "stream": True}) as resp:
+                    async for _ in resp.aiter_bytes():
+                        pass
+
+        task = asyncio.create_task(stream())
+        await asyncio.sleep(0.2)  # the engine is stepping the stream now
+        await fleet.kill(fleet.ports[0])
+        await task
+        await fleet.revive(fleet.ports[0])
+        r = await client.post(url, json={"prompt": "again", "max_tokens": 2})
+        assert r.status_code == 200
+        assert r.json()["usage"]["completion_tokens"] == 2
