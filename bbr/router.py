@@ -53,6 +53,7 @@ class RouterExchange(Exchange):
     """One request through the router."""
 
     __slots__ = ("router",)
+    wants_response = False
 
     def __init__(self, router: BodyRouter) -> None:
         self.router = router

@@ -4,6 +4,7 @@ rate per window.
 
     python -m bench.soak --minutes 30 --rate 40      # the long run (not in CI)
     python -m bench.soak --minutes 1                 # what tests/reliability/test_soak.py runs
+    python -m bench.soak --minutes 30 --graceful-close   # Envoy as docs/reliability.md advises
 
 Pass: RSS growth after warm-up ≤ 5%, no fd or thread growth, no error drift.
 """
@@ -24,6 +25,7 @@ import orjson
 
 from bench.reliability.faultkit import MODEL, SimFleet, start_sim_gateway
 from bench.reliability.gateway import Gateway, open_fds, rss_kb, threads
+from shared.envoy import GRACEFUL_CLOSE
 
 
 @dataclass
@@ -129,11 +131,13 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--minutes", type=float, default=30.0)
     ap.add_argument("--rate", type=float, default=40.0, help="requests per second")
+    ap.add_argument("--graceful-close", action="store_true",
+                    help="Envoy with ext_proc_graceful_grpc_close on (default: Envoy's defaults)")
     ap.add_argument("--json", type=Path, default=None, help="write the report here")
     args = ap.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="soak-"))
     fleet = SimFleet(4, workdir).start()
-    gw = start_sim_gateway(workdir, fleet)
+    gw = start_sim_gateway(workdir, fleet, runtime=GRACEFUL_CLOSE if args.graceful_close else None)
     try:
         report = run_soak(gw, args.minutes * 60, args.rate, window=max(10.0, args.minutes * 6))
     finally:

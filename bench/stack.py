@@ -194,7 +194,7 @@ def envoy_config(spec: StackSpec) -> dict[str, Any]:
     for p in spec.pools:
         clusters.append(e.grpc_cluster(f"epp-{p.name}", p.epp["grpc_port"], tls=True))
         clusters.append(e.original_dst_cluster(f"pool-{p.name}"))
-    return e.bootstrap(spec.admin_port, [listener], clusters)
+    return e.bootstrap(spec.admin_port, [listener], clusters, runtime=e.GRACEFUL_CLOSE)
 
 
 # --- processes -------------------------------------------------------------------------

@@ -11,6 +11,9 @@ trailers, then the response's. What must be answered when depends on the body mo
   rewritten) body re-cut into chunks of at most ``MAX_CHUNK`` bytes.
 * a headers-only request (``end_of_stream`` on the headers, e.g. ``GET``) is decided at once.
 
+The service ends the stream itself (OK status) as soon as nothing is left to answer: after the
+response's end, or after the request's for an exchange that does not want the response.
+
 A service subclasses :class:`Exchange` (one object per HTTP request) and hands a factory to
 :class:`ExtProcServicer`. Raising :class:`~shared.errors.GatewayError` from a callback ends
 the request with that status and an OpenAI-style JSON body.
@@ -84,6 +87,10 @@ class Exchange:
     """
 
     filter_metadata: Mapping[str, Any] = _NO_METADATA
+
+    wants_response: bool = True
+    """False for a service with nothing to do on the response path (BBR): its streams end
+    once the request is answered, and Envoy skips response processing for them."""
 
     async def on_request(self, headers: dict[str, str], body: bytes) -> RequestDecision:
         """The complete request; ``body`` is empty for a headers-only request."""
@@ -161,6 +168,8 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
                     if resp.HasField("immediate_response"):
                         stream.response_done = True
                         return
+                if stream.finished:
+                    return
             stream.half_closed()
         except GatewayError as e:
             stream.response_done = True
@@ -217,6 +226,15 @@ class _Stream:
         if kind == "response_trailers":
             return self._on_response_trailers()
         return []
+
+    @property
+    def finished(self) -> bool:
+        """Nothing is left to answer, so the stream ends here with an OK status.
+
+        Left open, Envoy would end it with a half-close and an immediate RST_STREAM, and
+        grpc.aio leaks the native memory of the batch that the reset fails or cancels, about
+        130 bytes a stream (grpc/grpc#43360; docs/reliability.md, "Soak")."""
+        return self.response_done or (self.request_done and not self.ex.wants_response)
 
     def half_closed(self) -> None:
         """Envoy ended the stream: complete if the request was decided and no response was

@@ -164,11 +164,13 @@ def load(url: str, workers: int, **kw: Any) -> Iterator[Load]:
 
 
 def start_sim_gateway(workdir: Path, fleet: SimFleet, *, mode: str = "FULL_DUPLEX_STREAMED",
-                      epp_args: tuple[str, ...] = ()) -> Gateway:
+                      epp_args: tuple[str, ...] = (),
+                      runtime: dict[str, Any] | None = None) -> Gateway:
     """One pool ``sim`` over ``fleet`` behind BBR and Envoy (FailClose)."""
     pool = PoolDef("sim", [MODEL], [(f"pod-{i}", h) for i, h in enumerate(fleet.hosts)],
                    fleet.port, extra=OBJECTIVES)
-    return start_gateway(workdir, [pool], mode=mode, epp_args=epp_args, timeout="5s")
+    return start_gateway(workdir, [pool], mode=mode, epp_args=epp_args, timeout="5s",
+                         runtime=runtime)
 
 
 def wait_until(check: Any, timeout: float, interval: float = 0.05) -> float:

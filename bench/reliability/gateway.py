@@ -113,7 +113,8 @@ class PoolDef:
 
 def gateway_config(pools: list[tuple[PoolDef, int]], bbr_port: int, admin: int, listen: int,
                    *, mode: str, tls: bool = True, failure_mode_allow: bool = False,
-                   timeout: str = "10s") -> dict[str, Any]:
+                   timeout: str = "10s", runtime: dict[str, Any] | None = None
+                   ) -> dict[str, Any]:
     """Envoy: BBR for every request, then the matched pool's EPP (per route), then
     ORIGINAL_DST; unknown models get a 404 from the catch-all route."""
     response_mode = mode if mode == "FULL_DUPLEX_STREAMED" else "STREAMED"
@@ -141,7 +142,7 @@ def gateway_config(pools: list[tuple[PoolDef, int]], bbr_port: int, admin: int, 
     })
     lst = e.listener(listen, routes, [bbr, epp])
     lst["per_connection_buffer_limit_bytes"] = 32 * 1024 * 1024
-    return e.bootstrap(admin, [lst], clusters)
+    return e.bootstrap(admin, [lst], clusters, runtime=runtime)
 
 
 @dataclass
@@ -167,8 +168,10 @@ class Gateway:
 
 def start_gateway(workdir: Path, pools: list[PoolDef], *, mode: str,
                   epp_args: tuple[str, ...] = (), bbr_args: tuple[str, ...] = (),
-                  failure_mode_allow: bool = False, timeout: str = "10s") -> Gateway:
-    """Start one EPP per pool, BBR and Envoy (everything TLS, as deployed by default)."""
+                  failure_mode_allow: bool = False, timeout: str = "10s",
+                  runtime: dict[str, Any] | None = None) -> Gateway:
+    """Start one EPP per pool, BBR and Envoy (everything TLS, as deployed by default);
+    ``runtime`` is Envoy's static runtime layer (none: Envoy's defaults)."""
     workdir.mkdir(parents=True, exist_ok=True)
     epps: dict[str, ServiceProcess] = {}
     for p in pools:
@@ -184,7 +187,8 @@ def start_gateway(workdir: Path, pools: list[PoolDef], *, mode: str,
         svc.wait_serving()
     admin, listen = e.free_port(), e.free_port()
     cfg = gateway_config([(p, epps[p.name].port) for p in pools], bbr.port, admin, listen,
-                         mode=mode, failure_mode_allow=failure_mode_allow, timeout=timeout)
+                         mode=mode, failure_mode_allow=failure_mode_allow, timeout=timeout,
+                         runtime=runtime)
     envoy = e.Envoy(cfg, admin_port=admin, workdir=workdir / "envoy").start()
     return Gateway(mode, envoy, bbr, epps, listen, workdir)
 

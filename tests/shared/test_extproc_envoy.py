@@ -85,8 +85,8 @@ def echo(bg: BackgroundLoop) -> Iterator[EchoBackend]:
     bg.run(server.stop())
 
 
-def make_proxy(bg: BackgroundLoop, echo: EchoBackend, mode: str, *, tls: bool) -> tuple[
-        Proxy, InProcessService]:
+def make_proxy(bg: BackgroundLoop, echo: EchoBackend, mode: str, *, tls: bool,
+               runtime: dict[str, bool] | None = None) -> tuple[Proxy, InProcessService]:
     journal = Journal()
     svc = InProcessService(bg, ExtProcServicer(lambda: Rewriting(journal)), secure=tls).start()
     admin, listen = e.free_port(), e.free_port()
@@ -98,7 +98,7 @@ def make_proxy(bg: BackgroundLoop, echo: EchoBackend, mode: str, *, tls: bool) -
     cfg = e.bootstrap(admin, [e.listener(listen, routes, [filt])], [
         e.grpc_cluster("proc", svc.port, tls=tls),
         e.static_cluster("echo", [("127.0.0.1", echo.port)]),
-    ])
+    ], runtime=runtime)
     return Proxy(e.Envoy(cfg, admin_port=admin).start(), listen, journal, bg), svc
 
 
@@ -196,6 +196,29 @@ def test_tls_between_envoy_and_service(bg: BackgroundLoop, echo: EchoBackend) ->
         r = httpx.post(p.url(), content=b'{"model": "m"}')
         assert r.status_code == 200
         assert r.json()["headers"]["x-seen"] == "yes"
+    finally:
+        p.envoy.stop()
+        svc.stop()
+
+
+@pytest.mark.parametrize("graceful", [False, True], ids=["envoy-default", "graceful-close"])
+def test_envoy_resets_ext_proc_streams_unless_graceful_close_is_on(
+        bg: BackgroundLoop, echo: EchoBackend, graceful: bool) -> None:
+    """The Envoy fact behind docs/kubernetes.md §5: by default every stream ends in a reset
+    (which grpc.aio leaks memory on); with the runtime key, none does."""
+    p, svc = make_proxy(bg, echo, "FULL_DUPLEX_STREAMED", tls=False,
+                        runtime=e.GRACEFUL_CLOSE if graceful else None)
+    try:
+        for _ in range(10):
+            assert httpx.post(p.url(), content=b'{"model": "m"}').status_code == 200
+        deadline = time.monotonic() + 5
+        while len(p.journal.closed) < 10 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.3)  # Envoy resets when it destroys the HTTP stream, just after the reply
+        resets = p.envoy.stats("cluster.proc.upstream_rq_tx_reset").get(
+            "cluster.proc.upstream_rq_tx_reset", 0)
+        assert resets == (0 if graceful else 10)
+        assert p.journal.closed == [True] * 10
     finally:
         p.envoy.stop()
         svc.stop()

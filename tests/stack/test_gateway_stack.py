@@ -46,6 +46,9 @@ def test_example_stack_serves_the_demo_through_both_pools(tmp_path: Path) -> Non
         assert pod in proc.stdout
     assert "sql-lora-v1" in proc.stdout and "sql-lora-v2" in proc.stdout
     assert (tmp_path / "run" / "logs" / "epp-llama.log").exists()
+    envoy_cfg = yaml.safe_load((tmp_path / "run" / "envoy" / "envoy.yaml").read_text())
+    runtime = envoy_cfg["layered_runtime"]["layers"][0]["static_layer"]
+    assert runtime["envoy.reloadable_features.ext_proc_graceful_grpc_close"] is True
 
 
 def test_busy_port_gives_one_clear_line(tmp_path: Path) -> None:
