@@ -12,7 +12,11 @@ trailers, then the response's. What must be answered when depends on the body mo
 * a headers-only request (``end_of_stream`` on the headers, e.g. ``GET``) is decided at once.
 
 The service ends the stream itself (OK status) as soon as nothing is left to answer: after the
-response's end, or after the request's for an exchange that does not want the response.
+request's end for an exchange that does not want the response, or :data:`RESET_WAIT` after the
+response's end. By default Envoy resets the stream right after the response's end, and a reset
+that finds a gRPC batch in flight leaks that batch's native memory in grpc.aio
+(grpc/grpc#43360); waiting on a plain timer instead, the reset just cancels it. With Envoy's
+graceful close (``shared.envoy.GRACEFUL_CLOSE``) Envoy waits for the status instead.
 
 A service subclasses :class:`Exchange` (one object per HTTP request) and hands a factory to
 :class:`ExtProcServicer`. Raising :class:`~shared.errors.GatewayError` from a callback ends
@@ -21,6 +25,7 @@ the request with that status and an OpenAI-style JSON body.
 
 from __future__ import annotations
 
+import asyncio
 import enum
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
@@ -42,6 +47,9 @@ _NO_METADATA: Mapping[str, Any] = MappingProxyType({})
 
 #: Default cap on a buffered request body (10 MiB).
 DEFAULT_MAX_BODY = 10 * 1024 * 1024
+
+#: How long a stream whose response is over waits for Envoy's reset before ending itself.
+RESET_WAIT = 0.1
 
 
 class BodyMode(enum.IntEnum):
@@ -169,6 +177,9 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
                         stream.response_done = True
                         return
                 if stream.finished:
+                    if stream.response_done:
+                        stream.close()  # the exchange is over; only the gRPC call is left
+                        await asyncio.sleep(RESET_WAIT)
                     return
             stream.half_closed()
         except GatewayError as e:
@@ -203,6 +214,7 @@ class _Stream:
         self.request_done = False
         self.response_started = False
         self.response_done = False
+        self.closed = False
 
     async def handle(self, msg: pb.ProcessingRequest) -> Responses:
         if msg.HasField("protocol_config"):
@@ -229,11 +241,8 @@ class _Stream:
 
     @property
     def finished(self) -> bool:
-        """Nothing is left to answer, so the stream ends here with an OK status.
-
-        Left open, Envoy would end it with a half-close and an immediate RST_STREAM, and
-        grpc.aio leaks the native memory of the batch that the reset fails or cancels, about
-        130 bytes a stream (grpc/grpc#43360; docs/reliability.md, "Soak")."""
+        """Nothing is left to answer, so the stream may end here (see the module docstring:
+        a stream left waiting for Envoy cost ~130 bytes each, docs/reliability.md "Soak")."""
         return self.response_done or (self.request_done and not self.ex.wants_response)
 
     def half_closed(self) -> None:
@@ -243,6 +252,10 @@ class _Stream:
             self.response_done = True
 
     def close(self) -> None:
+        """Tell the exchange how it ended (once)."""
+        if self.closed:
+            return
+        self.closed = True
         try:
             self.ex.on_close(self.response_done)
         except Exception:
