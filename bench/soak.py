@@ -4,7 +4,7 @@ rate per window.
 
     python -m bench.soak --minutes 30 --rate 40      # the long run (not in CI)
     python -m bench.soak --minutes 1                 # what tests/reliability/test_soak.py runs
-    python -m bench.soak --minutes 30 --graceful-close   # Envoy as docs/reliability.md advises
+    python -m bench.soak --minutes 30 --graceful-close   # Envoy with graceful ext_proc close
 
 Pass: RSS growth after warm-up ≤ 5%, no fd or thread growth, no error drift.
 """

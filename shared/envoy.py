@@ -208,8 +208,8 @@ def listener(
 
 
 #: Envoy runtime that makes ext_proc end each stream with a half-close and wait for the
-#: service's status, instead of resetting it (off by default in Envoy 1.40). Recommended:
-#: grpc.aio leaks native memory on every stream reset under it (docs/reliability.md, "Soak").
+#: service's status, instead of resetting it (off by default in Envoy 1.40); a reset that finds
+#: a gRPC batch in flight leaks memory in grpc.aio (docs/kubernetes.md §5).
 GRACEFUL_CLOSE = {"envoy.reloadable_features.ext_proc_graceful_grpc_close": True}
 
 
