@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 import socket
 import time
@@ -237,6 +238,8 @@ class SimServer:
             req.arrival = loop.time()  # vLLM counts queueing from the end of the KV load
         elif kv_out == "prefill":
             req.hold_kv = True
+            # Held KV is found by request id: make it unique, as vLLM suffixes request ids.
+            req.id = f"{req.id}-{os.urandom(4).hex()}"
         try:
             engine.add(req)
         except QueueFull as exc:
