@@ -159,6 +159,7 @@ class KVTransfer:
         self.engine_id = cfg.engine_id or f"sim-{os.urandom(6).hex()}"
         self._link_free_at = 0.0
         self._next_block_id = 0
+        self._pulling: set[str] = set()
         self._expiry: dict[str, asyncio.TimerHandle] = {}
         self._session: aiohttp.ClientSession | None = None
         # Counters (exported with vLLM's NIXL metric names by sim.metrics).
@@ -204,7 +205,7 @@ class KVTransfer:
             return _pull_error(404, "unknown remote_engine_id")
         request_id = body.get("remote_request_id")
         req = self.engine.held.get(request_id) if isinstance(request_id, str) else None
-        if req is None or request_id is None:
+        if req is None or request_id is None or request_id in self._pulling:
             return _pull_error(404, "no KV held for this request (expired or pulled)")
         tokens = req.prompt_tokens
         hashes = req.block_hashes
@@ -218,8 +219,13 @@ class KVTransfer:
         timer = self._expiry.pop(request_id, None)
         if timer is not None:
             timer.cancel()
-        await asyncio.sleep(max(0.0, done - now))
-        self.engine.release_held(request_id)
+        self._pulling.add(request_id)
+        try:
+            await asyncio.sleep(max(0.0, done - now))
+        finally:
+            # Read or abandoned by the decoder (it went away): either way the KV is done with.
+            self._pulling.discard(request_id)
+            self.engine.release_held(request_id)
         self.transfers_total += 1
         self.bytes_total += size
         return web.json_response({"tokens": tokens, "bytes": size, "block_hashes": hashes})

@@ -234,8 +234,8 @@ class SimServer:
         kv_out = self._kv_role(parsed.kv_transfer_params, stream=parsed.stream)
         if kv_out == "decode":
             assert self.kv_transfer is not None
+            # The pull happens before queueing; TTFT (from arrival) includes it, as in vLLM.
             req.remote_tokens = await self.kv_transfer.pull(parsed.kv_transfer_params, req)
-            req.arrival = loop.time()  # vLLM counts queueing from the end of the KV load
         elif kv_out == "prefill":
             req.hold_kv = True
             # Held KV is found by request id: make it unique, as vLLM suffixes request ids.
@@ -429,6 +429,8 @@ class SimServer:
             "prefix_cache_queries": e.prefix_queries_total,
             "prefix_cache_hits": e.prefix_hits_total, "resident_loras": e.loras.resident,
             "steps": e.steps_total, "max_lag": self._loop.max_lag if self._loop else 0.0,
+            "kv_held": len(e.held),
+            "kv_pulls_served": self.kv_transfer.transfers_total if self.kv_transfer else 0,
         })
 
     def _target(self, body: dict[str, Any]) -> SimServer:

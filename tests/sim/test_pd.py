@@ -112,6 +112,21 @@ async def test_kv_can_be_pulled_once(fleet_of: FleetFactory) -> None:
         assert again.json()["error"]["code"] == 404
 
 
+async def test_concurrent_pulls_of_one_kv_get_it_once(fleet_of: FleetFactory) -> None:
+    # A slow link (26 MB over 50 MB/s) keeps one read in flight while the other arrives.
+    async with pd_pair(fleet_of, bandwidth=50e6) as fleet, \
+            httpx.AsyncClient(timeout=10) as client:
+        p_url = fleet.urls[0]
+        params = (await prefill(client, p_url))["kv_transfer_params"]
+        pull = {"remote_engine_id": params["remote_engine_id"],
+                "remote_request_id": params["remote_request_id"]}
+        answers = await asyncio.gather(*(client.post(f"{p_url}/sim/kv/pull", json=pull)
+                                         for _ in range(2)))
+        assert sorted(a.status_code for a in answers) == [200, 404]
+        st = await state(client, p_url)
+        assert st["kv_held"] == 0 and st["kv_pulls_served"] == 1
+
+
 async def test_pull_for_another_engine_is_refused(fleet_of: FleetFactory) -> None:
     async with pd_pair(fleet_of) as fleet, httpx.AsyncClient(timeout=10) as client:
         p_url = fleet.urls[0]
