@@ -7,6 +7,7 @@ way Kubernetes would (pod IPs on loopback, ``llm-d.ai/role`` labels).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import subprocess
 import sys
@@ -275,6 +276,22 @@ async def test_decoder_errors_keep_their_status(stack: Stack) -> None:
     r = await stack.complete(stack.addr(1))
     assert r.status_code == 429
     assert r.json()["error"]["code"] == 429
+
+
+async def test_decoder_dying_mid_stream_ends_the_clients_stream(stack: Stack) -> None:
+    payload = {"model": MODEL, "prompt": PROMPT, "max_tokens": 1500, "stream": True}
+    async with stack.client.stream("POST", f"{stack.url}/v1/completions", json=payload,
+                                   headers={PREFILLER_HEADER: stack.addr(1)}) as r:
+        assert r.status_code == 200
+        received = b""
+        with contextlib.suppress(httpx.HTTPError):  # a cut connection is fine too
+            async for chunk in r.aiter_bytes():
+                if not received:
+                    await stack.fleet.kill(stack.fleet.ports[0])
+                received += chunk
+    # The stream ended (no hang) and shows the client it is incomplete.
+    assert received.startswith(b"data: ")
+    assert b"[DONE]" not in received
 
 
 async def test_unreachable_decoder_is_a_503(stack: Stack) -> None:
