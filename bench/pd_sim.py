@@ -17,6 +17,7 @@ protocol's overheads, not a GPU's.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import statistics
 import time
 from collections.abc import AsyncIterator
@@ -107,7 +108,7 @@ async def interference(disaggregated: bool) -> list[float]:
             await asyncio.sleep(0.6)
         times = await victim
         await asyncio.gather(*others)
-        return [b - a for a, b in zip(times, times[1:], strict=False)]
+        return [b - a for a, b in itertools.pairwise(times)]
 
 
 def pct(xs: list[float], q: float) -> float:
