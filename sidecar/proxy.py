@@ -20,8 +20,8 @@ Request life (``POST /v1/completions`` and ``/v1/chat/completions``):
 4. Errors of the decode leg go back with the decoder's status; a decoder that cannot be
    reached is a 503. Every error the sidecar makes itself is an OpenAI-style JSON body.
 
-Other paths are passed to the local server unchanged (``/metrics``, ``/v1/models``, ...);
-``GET /health`` is answered by the sidecar.
+Other paths are passed to the local server (``/metrics``, ``/v1/models``, ...), bodies
+without ``kv_transfer_params`` too; ``GET /health`` is answered by the sidecar.
 """
 
 from __future__ import annotations
@@ -110,6 +110,21 @@ def _error(exc: GatewayError) -> web.Response:
                         content_type="application/json")
 
 
+def _without_kv_params(raw: bytes) -> bytes:
+    """``raw`` without a top-level ``kv_transfer_params`` (other APIs, e.g. ``/v1/responses``,
+    reach vLLM's connector too); bodies that are not JSON objects pass unchanged."""
+    if not raw or b"kv_transfer_params" not in raw:
+        return raw
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return raw
+    if not isinstance(body, dict) or KV_TRANSFER_PARAMS not in body:
+        return raw
+    del body[KV_TRANSFER_PARAMS]
+    return orjson.dumps(body)
+
+
 def _forward_headers(headers: Mapping[str, str], request_id: str) -> CIMultiDict[str]:
     out: CIMultiDict[str] = CIMultiDict(
         (k, v) for k, v in headers.items() if k.lower() not in _DROP_REQUEST)
@@ -174,7 +189,7 @@ class Sidecar:
             body = None
         if isinstance(body, dict) and KV_TRANSFER_PARAMS in body:
             # Only the sidecar may tell the decoder where KV lives (else: SSRF via vLLM).
-            body = {k: v for k, v in body.items() if k != KV_TRANSFER_PARAMS}
+            del body[KV_TRANSFER_PARAMS]
             raw = orjson.dumps(body)
         target = self._choose(wanted, request) if body is not None else None
         if target is None:
@@ -245,7 +260,7 @@ class Sidecar:
     async def _passthrough(self, request: web.Request) -> web.StreamResponse:
         request_id = request.headers.get("x-request-id") or str(uuid.uuid4())
         return await self._relay(request, request.method, request.path_qs,
-                                 await request.read(),
+                                 _without_kv_params(await request.read()),
                                  _forward_headers(request.headers, request_id))
 
     async def _relay(self, request: web.Request, method: str, path_qs: str, raw: bytes,

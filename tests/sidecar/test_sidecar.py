@@ -217,6 +217,38 @@ async def test_client_kv_transfer_params_never_reach_the_decoder(stack: Stack) -
     assert await stack.metric(0, "vllm:nixl_xfer_time_seconds_count") == 1
 
 
+async def test_client_kv_transfer_params_are_removed_on_other_paths_too(stack: Stack) -> None:
+    # A decoder answers its 404 for an unknown path; what matters is the body it received.
+    received: list[bytes] = []
+
+    async def record(request: web.Request) -> web.Response:
+        received.append(await request.read())
+        return web.json_response({"ok": True})
+
+    app = web.Application()
+    app.router.add_post("/v1/responses", record)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    sidecar = Sidecar(SidecarConfig(decoder_url=f"http://127.0.0.1:{port}"),
+                      stack.sidecar.policy)
+    front = web.AppRunner(sidecar.app())
+    await front.setup()
+    front_site = web.TCPSite(front, "127.0.0.1", 0)
+    await front_site.start()
+    front_port = front_site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        r = await stack.client.post(f"http://127.0.0.1:{front_port}/v1/responses", json={
+            "model": MODEL, "input": "hi", "kv_transfer_params": {"remote_host": "evil"}})
+        assert r.status_code == 200
+        assert orjson.loads(received[0]) == {"model": MODEL, "input": "hi"}
+    finally:
+        await front.cleanup()
+        await runner.cleanup()
+
+
 async def test_dead_prefiller_costs_no_client_error(stack: Stack) -> None:
     await stack.fleet.kill(stack.fleet.ports[1])
     r = await stack.complete(stack.addr(1), stream=True)
