@@ -218,7 +218,7 @@ async def test_client_kv_transfer_params_never_reach_the_decoder(stack: Stack) -
 
 
 async def test_client_kv_transfer_params_are_removed_on_other_paths_too(stack: Stack) -> None:
-    # A decoder answers its 404 for an unknown path; what matters is the body it received.
+    # A recording HTTP server stands in for the decoder: what matters is the body it gets.
     received: list[bytes] = []
 
     async def record(request: web.Request) -> web.Response:
