@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from sim.pd import KVTransferConfig, parse_kv_transfer_config
 from sim.profiles import H100_8B, Profile, get_profile
 
 DEFAULT_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -82,6 +83,8 @@ class ServerConfig:
     #: Export ``vllm:gpu_cache_usage_perc`` as well as ``vllm:kv_cache_usage_perc``.
     gpu_cache_usage_metric: bool = False
     faults: Faults = field(default_factory=Faults)
+    #: P/D connector and role (``--kv-transfer-config``); ``None``: no connector.
+    kv_transfer: KVTransferConfig | None = None
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -113,7 +116,7 @@ def parse_lora_modules(items: list[str]) -> dict[str, str]:
 _SERVER_KEYS = {
     "port", "host", "name", "model", "served_model_names", "engine", "profile", "overrides",
     "time_scale", "seed", "lora_modules", "random_output_length", "gpu_cache_usage_metric",
-    "faults",
+    "faults", "kv_transfer_config",
 }
 
 
@@ -144,6 +147,10 @@ def server_from_dict(data: dict[str, Any], base: ServerConfig) -> ServerConfig:
         )
     if "faults" in data:
         cfg.faults.update(dict(data["faults"]))
+    if "kv_transfer_config" in data:
+        kv = data["kv_transfer_config"]
+        cfg.kv_transfer = None if kv is None else parse_kv_transfer_config(
+            kv, where="kv_transfer_config")
     cfg.__post_init__()
     return cfg
 

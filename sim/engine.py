@@ -78,6 +78,11 @@ class SimRequest:
     finish_time: float | None = None
     blocks: BlockTable = field(default_factory=BlockTable)
     prefilled: bool = False
+    #: Prompt tokens whose KV a prefill server computed and this server pulled (P/D decode
+    #: side); used at the first admission only (a preempted request recomputes locally).
+    remote_tokens: int = 0
+    #: Keep the blocks after finishing until a decoder pulls them (P/D prefill side).
+    hold_kv: bool = False
     #: Wake the waiter on every token (streaming) or only at the end.
     stream: bool = True
     #: Completed by the engine when new tokens or the end are available (set by the server).
@@ -150,6 +155,12 @@ class Engine:
         self.preemptions_total = 0
         self.finished_total = 0
         self.steps_total = 0
+        #: P/D: prompt tokens offered to / loaded from a remote prefiller (vLLM's "external
+        #: prefix cache" counters).
+        self.external_queries_total = 0
+        self.external_hits_total = 0
+        #: P/D prefill side: finished requests whose blocks wait for a decoder, by id.
+        self.held: dict[str, SimRequest] = {}
         #: Bumped whenever the set of running/waiting adapters may have changed.
         self.lora_version = 0
 
@@ -272,6 +283,7 @@ class Engine:
         prefill_tokens = 0
         loads = 0
         admitted = 0
+        local_prefills = 0
         if not preempted and self.waiting:
             max_seqs = self.profile.max_num_seqs
             skipped: list[SimRequest] = []
@@ -290,12 +302,21 @@ class Engine:
                 waiting.popleft()
                 req.blocks = kv.allocate(hashes, hit, total)
                 # vLLM always recomputes at least the last prompt token.
-                cached = min(hit * kv.block_size, tokens - 1)
+                local = min(hit * kv.block_size, tokens - 1)
+                cached = local
+                if req.remote_tokens:
+                    # KV pulled from a prefiller fills what the local cache did not have.
+                    cached = max(local, min(req.remote_tokens, tokens - 1))
+                    self.external_queries_total += tokens - local
+                    self.external_hits_total += cached - local
+                    req.remote_tokens = 0
+                else:
+                    local_prefills += 1
                 prefill_tokens += tokens - cached
                 if req.lora is not None and self.loras.acquire(req.lora):
                     loads += 1
                 self.prefix_queries_total += tokens
-                self.prefix_hits_total += cached
+                self.prefix_hits_total += local
                 if req.first_scheduled is None:
                     req.first_scheduled = now
                     req.cached_tokens = cached
@@ -318,7 +339,11 @@ class Engine:
         if decoding:
             work += self._itl
         if admitted:
-            work += self._overhead + prefill_tokens * self._per_token
+            # A request whose KV was pulled only computes its last prompt token: it rides in
+            # the decode batch without the fixed cost of a prefill step.
+            work += prefill_tokens * self._per_token
+            if local_prefills:
+                work += self._overhead
         duration = factor * work + loads * self._lora_load
         self._batch = list(running)
         end = now + duration
@@ -356,7 +381,10 @@ class Engine:
         self._batch = []
         for req in finished:
             self.running.remove(req)
-            self._release(req)
+            if req.hold_kv:
+                self.held[req.id] = req  # freed by release_held (pulled or expired)
+            else:
+                self._release(req)
             req.state = FINISHED
             req.finish_time = end
             self.finished_total += 1
@@ -364,6 +392,13 @@ class Engine:
                 stats.observe_finished(req)
             self._emit("finish", req, end)
             req._wake()
+
+    def release_held(self, request_id: str) -> SimRequest | None:
+        """Free the blocks a finished prefill kept for a decoder; ``None`` if not held."""
+        req = self.held.pop(request_id, None)
+        if req is not None:
+            self._release(req)
+        return req
 
     # -- internals -------------------------------------------------------------------------
     def _release(self, req: SimRequest) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 import socket
 import time
@@ -21,6 +22,7 @@ from sim.config import ServerConfig
 from sim.engine import Engine, QueueFull
 from sim.metrics import ServerMetrics
 from sim.openai import ApiError, SseWriter, full_response, new_id, parse_request
+from sim.pd import KVTransfer
 from sim.runner import EngineLoop
 
 if TYPE_CHECKING:
@@ -50,9 +52,12 @@ class SimServer:
         self.faults = cfg.faults
         self.engine = Engine(cfg.profile, time_scale=cfg.time_scale, seed=cfg.seed,
                              random_output_length=cfg.random_output_length)
+        self.kv_transfer = (KVTransfer(cfg.kv_transfer, self.engine, time_scale=cfg.time_scale)
+                            if cfg.kv_transfer is not None else None)
         self.metrics = ServerMetrics(self.engine, dialect=cfg.engine,
                                      model_name=cfg.model_names[0],
-                                     gpu_cache_usage_metric=cfg.gpu_cache_usage_metric)
+                                     gpu_cache_usage_metric=cfg.gpu_cache_usage_metric,
+                                     kv_transfer=self.kv_transfer)
         self.loras: dict[str, str] = dict(cfg.lora_modules)
         self.port = cfg.port
         self.name = cfg.pod_name(cfg.port)
@@ -120,6 +125,8 @@ class SimServer:
         await self._unlisten()
         if self._loop is not None:
             await self._loop.stop()
+        if self.kv_transfer is not None:
+            await self.kv_transfer.close()
 
     async def _unlisten(self) -> None:
         self.alive = False
@@ -174,6 +181,8 @@ class SimServer:
         r.add_get("/sim/state", self._state)
         r.add_post("/sim/kill", self._kill)
         r.add_post("/sim/revive", self._revive)
+        if self.kv_transfer is not None and self.kv_transfer.cfg.produces:
+            r.add_post("/sim/kv/pull", self.kv_transfer.serve_pull)
         return app
 
     async def _stamp(self, request: web.Request, response: web.StreamResponse) -> None:
@@ -222,6 +231,15 @@ class SimServer:
                 f"in the messages, {max_tokens} in the completion). Please reduce the length "
                 "of the messages or completion.")))
         req.stream = parsed.stream
+        kv_out = self._kv_role(parsed.kv_transfer_params, stream=parsed.stream)
+        if kv_out == "decode":
+            assert self.kv_transfer is not None
+            # The pull happens before queueing; TTFT (from arrival) includes it, as in vLLM.
+            req.remote_tokens = await self.kv_transfer.pull(parsed.kv_transfer_params, req)
+        elif kv_out == "prefill":
+            req.hold_kv = True
+            # Held KV is found by request id: make it unique, as vLLM suffixes request ids.
+            req.id = f"{req.id}-{os.urandom(4).hex()}"
         try:
             engine.add(req)
         except QueueFull as exc:
@@ -232,6 +250,7 @@ class SimServer:
         self._loop.notify()
         model = parsed.model or self.cfg.model_names[0]
         rid = new_id(chat)
+        handed_over = False  # a prefill leg's held KV is now the pull's (or expiry's) business
         try:
             if parsed.stream:
                 return await self._stream(request, req, chat=chat, model=model, rid=rid,
@@ -241,12 +260,33 @@ class SimServer:
                 await req.waiter
             if req.state != "finished":
                 return _error(ApiError(503, "Request aborted: server restarting"))
-            return web.Response(body=full_response(req, chat=chat, model=model, rid=rid),
+            kv_params = None
+            if req.hold_kv:
+                assert self.kv_transfer is not None
+                kv_params = self.kv_transfer.held_params(req, self.cfg.host, self.port)
+                handed_over = True
+            return web.Response(body=full_response(req, chat=chat, model=model, rid=rid,
+                                                   kv_transfer_params=kv_params),
                                 content_type=_JSON)
         finally:
             if not req.done:
                 engine.abort(req)
                 self._loop.notify()
+            elif req.hold_kv and not handed_over:
+                engine.release_held(req.id)  # nobody will ever learn where the KV is
+
+    def _kv_role(self, params: dict[str, Any] | None, *, stream: bool) -> str | None:
+        """Which P/D leg this request is for this server: ``prefill``, ``decode`` or ``None``
+        (no connector, no params, or a leg this server's ``kv_role`` does not serve: the
+        request then runs as a normal one, as in vLLM)."""
+        pd = self.kv_transfer
+        if pd is None or not params:
+            return None
+        if params.get("do_remote_decode") is True and pd.cfg.produces and not stream:
+            return "prefill"
+        if params.get("do_remote_prefill") is True and pd.cfg.consumes:
+            return "decode"
+        return None
 
     async def _stream(self, request: web.Request, req: Any, *, chat: bool, model: str,
                       rid: str, include_usage: bool) -> web.StreamResponse:
@@ -389,6 +429,8 @@ class SimServer:
             "prefix_cache_queries": e.prefix_queries_total,
             "prefix_cache_hits": e.prefix_hits_total, "resident_loras": e.loras.resident,
             "steps": e.steps_total, "max_lag": self._loop.max_lag if self._loop else 0.0,
+            "kv_held": len(e.held),
+            "kv_pulls_served": self.kv_transfer.transfers_total if self.kv_transfer else 0,
         })
 
     def _target(self, body: dict[str, Any]) -> SimServer:
