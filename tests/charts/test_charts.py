@@ -171,7 +171,7 @@ def test_readiness_probe_asks_the_grpc_health_port() -> None:
     assert c["readinessProbe"]["grpc"] == {"port": args.grpc_health_port,
                                            "service": "inference-extension"}
     # Liveness must not use readiness: a stand-by replica is alive but NOT_SERVING.
-    assert c["livenessProbe"]["tcpSocket"]["port"] == "grpc-health"
+    assert c["livenessProbe"]["grpc"] == {"port": args.grpc_health_port, "service": "liveness"}
 
 
 def test_default_plugins_config_loads_in_the_epp() -> None:

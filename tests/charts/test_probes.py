@@ -1,0 +1,119 @@
+"""The charts' probes, run as kubelet runs them, against the real ``epp`` and ``bbr``.
+
+Each chart is rendered with real helm; the Deployment's container is started with its rendered
+command, args and environment (see :mod:`tests.charts.pod`) against the fake API server, and
+its rendered ``startupProbe``/``livenessProbe``/``readinessProbe`` are executed as written
+(gRPC health with the rendered service name and port, TCP, HTTP). The only values set are the
+ports, so parallel test runs do not collide.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from shared import envoy as e
+from tests.charts.pod import LocalPod
+from tests.charts.render import container, one, render
+from tests.k8s import objects
+from tests.k8s.fake_apiserver import FakeApiServer
+
+
+@pytest.fixture
+def apiserver() -> Iterator[FakeApiServer]:
+    server = FakeApiServer(bookmark_interval=0.1).start()
+    yield server
+    server.close()
+
+
+def epp_sets(*extra: str) -> list[str]:
+    return [f"inferenceExtension.extProcPort={e.free_port()}",
+            f"inferenceExtension.healthPort={e.free_port()}",
+            f"inferenceExtension.metricsPort={e.free_port()}", *extra]
+
+
+def test_epp_probes_pass_once_the_pool_has_synced(apiserver: FakeApiServer,
+                                                  tmp_path: Path) -> None:
+    objs = render("inferencepool", *epp_sets())
+    c = container(objs, "epp")
+    assert c["readinessProbe"]["grpc"]["service"] == "inference-extension"  # upstream's name
+    pod = LocalPod(objs, c, apiserver=apiserver, workdir=tmp_path, pod_name="pool-a-epp-0")
+    try:
+        pod.wait_probe("startupProbe")
+        pod.wait_probe("livenessProbe")
+        # No InferencePool yet: alive, not ready.
+        ok, seen = pod.probe("readinessProbe")
+        assert not ok, seen
+        apiserver.apply(one(objs, "InferencePool"))
+        apiserver.apply(objects.pod("vllm-0", "127.0.3.1"))
+        assert "SERVING" in pod.wait_probe("readinessProbe")
+        ok, seen = pod.probe("livenessProbe")
+        assert ok, seen
+    finally:
+        assert pod.stop() == 0, pod.log_tail()
+
+
+def test_epp_probes_with_leader_election_follow_the_lease(apiserver: FakeApiServer,
+                                                          tmp_path: Path) -> None:
+    """Two replicas: both live, only the Lease holder ready."""
+    objs = render("inferencepool", *epp_sets("inferenceExtension.replicas=2"))
+    c = container(objs, "epp")
+    assert "--ha-enable-leader-election" in c["args"]
+    assert c["readinessProbe"]["grpc"]["service"] == "readiness"
+    apiserver.apply(one(objs, "InferencePool"))
+    leader = LocalPod(objs, c, apiserver=apiserver, workdir=tmp_path, pod_name="epp-a")
+    follower = None
+    try:
+        leader.wait_probe("readinessProbe")
+        # Same ports are fine for the second process only if they differ: render again.
+        objs_b = render("inferencepool", *epp_sets("inferenceExtension.replicas=2"))
+        c_b = container(objs_b, "epp")
+        (tmp_path / "b").mkdir()
+        follower = LocalPod(objs_b, c_b, apiserver=apiserver, workdir=tmp_path / "b",
+                            pod_name="epp-b")
+        follower.wait_probe("startupProbe")
+        follower.wait_probe("livenessProbe")
+        ok, seen = follower.probe("readinessProbe")
+        assert not ok, seen
+        ok, seen = leader.probe("readinessProbe")
+        assert ok, seen
+        # The leader leaves (SIGTERM hands the Lease back): the follower becomes ready.
+        assert leader.stop() == 0, leader.log_tail()
+        follower.wait_probe("readinessProbe")
+    finally:
+        leader.stop()
+        if follower is not None:
+            assert follower.stop() == 0, follower.log_tail()
+
+
+def test_bbr_probes_pass_once_configmaps_are_listed(apiserver: FakeApiServer,
+                                                    tmp_path: Path) -> None:
+    objs = render("body-based-routing", f"bbr.port={e.free_port()}",
+                  f"bbr.healthCheckPort={e.free_port()}", f"bbr.metricsPort={e.free_port()}")
+    c = container(objs, "bbr")
+    pod = LocalPod(objs, c, apiserver=apiserver, workdir=tmp_path, pod_name="bbr-0")
+    try:
+        for kind in ("livenessProbe", "readinessProbe"):
+            assert "SERVING" in pod.wait_probe(kind)
+    finally:
+        assert pod.stop() == 0, pod.log_tail()
+
+
+def test_bbr_readiness_waits_for_the_configmaps(apiserver: FakeApiServer,
+                                                tmp_path: Path) -> None:
+    """While ConfigMaps cannot be listed BBR is alive but not ready."""
+    apiserver.forbid("configmaps")
+    objs = render("body-based-routing", f"bbr.port={e.free_port()}",
+                  f"bbr.healthCheckPort={e.free_port()}", f"bbr.metricsPort={e.free_port()}")
+    c = container(objs, "bbr")
+    pod = LocalPod(objs, c, apiserver=apiserver, workdir=tmp_path, pod_name="bbr-0")
+    try:
+        pod.wait_probe("livenessProbe")
+        ok, seen = pod.probe("readinessProbe")
+        assert not ok, seen
+        apiserver.allow("configmaps")
+        pod.wait_probe("readinessProbe")
+    finally:
+        assert pod.stop() == 0, pod.log_tail()
