@@ -39,7 +39,7 @@ class LocalPod:
     """One container of a rendered Deployment, running on loopback."""
 
     def __init__(self, objs: list[dict[str, Any]], container: dict[str, Any], *,
-                 apiserver: FakeApiServer, workdir: Path, pod_name: str) -> None:
+                 apiserver: FakeApiServer | None, workdir: Path, pod_name: str) -> None:
         self.container = container
         self.workdir = workdir
         self.log_path = workdir / f"{pod_name}.log"
@@ -47,8 +47,9 @@ class LocalPod:
         namespace = dep["metadata"]["namespace"]
         fields = {"metadata.name": pod_name, "metadata.namespace": namespace,
                   "spec.nodeName": "local-node"}
-        env = {**os.environ, "PYTHONUNBUFFERED": "1",
-               "KUBECONFIG": str(write_kubeconfig(workdir / "kubeconfig", apiserver))}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if apiserver is not None:
+            env["KUBECONFIG"] = str(write_kubeconfig(workdir / "kubeconfig", apiserver))
         for e in container.get("env", []):
             if "value" in e:
                 env[e["name"]] = str(e["value"])
