@@ -72,13 +72,6 @@ def test_rendered_objects_validate_strictly(chart: str, provider: str) -> None:
     validate_rendered(render(chart, f"provider.name={provider}"))
 
 
-def test_crds_validate_as_custom_resource_definitions() -> None:
-    files = sorted(CRDS.glob("*.yaml"))
-    assert len(files) == 5
-    for f in files:
-        kubernetes_validate.validate(yaml.safe_load(f.read_text()), K8S_VERSION, strict=True)
-
-
 def test_crd_schemas_reject_what_the_epp_rejects() -> None:
     schema = crd_schema("inference.networking.k8s.io", "inferencepools", "v1")
     pool = {"apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
