@@ -15,10 +15,13 @@ from pathlib import Path
 import pytest
 
 from shared import envoy as e
+from tests.charts.kubelet import run_probe
 from tests.charts.pod import LocalPod
 from tests.charts.render import container, one, render
 from tests.k8s import objects
 from tests.k8s.fake_apiserver import FakeApiServer
+
+UPSTREAM_VALUES = Path(__file__).parent / "upstream" / "inferencepool-v1.5.0.yaml"
 
 
 @pytest.fixture
@@ -34,9 +37,10 @@ def epp_sets(*extra: str) -> list[str]:
             f"inferenceExtension.metricsPort={e.free_port()}", *extra]
 
 
-def test_epp_probes_pass_once_the_pool_has_synced(apiserver: FakeApiServer,
-                                                  tmp_path: Path) -> None:
-    objs = render("inferencepool", *epp_sets())
+@pytest.mark.parametrize("values", [None, UPSTREAM_VALUES], ids=["ours", "upstream-v1.5.0"])
+def test_epp_probes_pass_once_the_pool_has_synced(apiserver: FakeApiServer, tmp_path: Path,
+                                                  values: Path | None) -> None:
+    objs = render("inferencepool", *epp_sets(), values=[values] if values else None)
     c = container(objs, "epp")
     assert c["readinessProbe"]["grpc"]["service"] == "inference-extension"  # upstream's name
     pod = LocalPod(objs, c, apiserver=apiserver, workdir=tmp_path, pod_name="pool-a-epp-0")
@@ -50,6 +54,9 @@ def test_epp_probes_pass_once_the_pool_has_synced(apiserver: FakeApiServer,
         apiserver.apply(objects.pod("vllm-0", "127.0.3.1"))
         assert "SERVING" in pod.wait_probe("readinessProbe")
         ok, seen = pod.probe("livenessProbe")
+        assert ok, seen
+        # kubelet's HTTP probe, on a named port: the metrics endpoint answers.
+        ok, seen = run_probe({"httpGet": {"path": "/metrics", "port": "metrics"}}, c)
         assert ok, seen
     finally:
         assert pod.stop() == 0, pod.log_tail()
