@@ -15,25 +15,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from tests.charts.kubelet import run_probe
 from tests.charts.render import one
 from tests.k8s.fake_apiserver import FakeApiServer
-
-#: Downward-API fields the charts read, and what they are for this local pod.
-FIELD_REFS = ("metadata.name", "metadata.namespace", "spec.nodeName")
-
-
-def write_kubeconfig(path: Path, server: FakeApiServer) -> Path:
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-        "clusters": [{"name": "fake", "cluster": {"server": server.url}}],
-        "users": [{"name": "fake", "user": {"token": "test"}}],
-        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
-    }))
-    return path
-
+from tests.k8s.test_epp_kubernetes_e2e import kubeconfig
 
 class LocalPod:
     """One container of a rendered Deployment, running on loopback."""
@@ -45,11 +30,12 @@ class LocalPod:
         self.log_path = workdir / f"{pod_name}.log"
         dep = one(objs, "Deployment")
         namespace = dep["metadata"]["namespace"]
+        # The downward-API fields the charts read, as they are for this local pod.
         fields = {"metadata.name": pod_name, "metadata.namespace": namespace,
                   "spec.nodeName": "local-node"}
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         if apiserver is not None:
-            env["KUBECONFIG"] = str(write_kubeconfig(workdir / "kubeconfig", apiserver))
+            env["KUBECONFIG"] = str(kubeconfig(workdir / "kubeconfig", apiserver))
         for e in container.get("env", []):
             if "value" in e:
                 env[e["name"]] = str(e["value"])
