@@ -20,6 +20,7 @@ from tests.charts.render import one
 from tests.k8s.fake_apiserver import FakeApiServer
 from tests.k8s.test_epp_kubernetes_e2e import kubeconfig
 
+
 class LocalPod:
     """One container of a rendered Deployment, running on loopback."""
 
