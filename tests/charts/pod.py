@@ -2,8 +2,8 @@
 
 The container's ``command`` resolves to this virtualenv's console script of that name; its
 ``args`` are used as rendered; ``env`` entries with ``value`` or the downward-API fields the
-charts use are set; ConfigMap volumes are written to a directory and the mount path in the
-args points there. Kubernetes access goes to the fake API server through ``KUBECONFIG``.
+charts use are set; ConfigMap and Secret volumes are written to a directory and the mount
+path in the args points there. Kubernetes access goes to the fake API server through ``KUBECONFIG``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,10 @@ class LocalPod:
     """One container of a rendered Deployment, running on loopback."""
 
     def __init__(self, objs: list[dict[str, Any]], container: dict[str, Any], *,
-                 apiserver: FakeApiServer | None, workdir: Path, pod_name: str) -> None:
+                 apiserver: FakeApiServer | None, workdir: Path, pod_name: str,
+                 secrets: dict[str, dict[str, str]] | None = None) -> None:
+        """``secrets``: the data of Secrets the pod mounts, by name (what the API server
+        would hold, e.g. a token the service-account controller filled in)."""
         self.container = container
         self.workdir = workdir
         self.log_path = workdir / f"{pod_name}.log"
@@ -45,13 +48,16 @@ class LocalPod:
         args = [str(a) for a in container.get("args", [])]
         volumes = {v["name"]: v for v in dep["spec"]["template"]["spec"].get("volumes", [])}
         for mount in container.get("volumeMounts", []):
-            cm_ref = volumes[mount["name"]].get("configMap")
-            if cm_ref is None:
+            volume = volumes[mount["name"]]
+            if "configMap" in volume:
+                data = one(objs, "ConfigMap", volume["configMap"]["name"])["data"]
+            elif "secret" in volume:
+                data = (secrets or {})[volume["secret"]["secretName"]]
+            else:
                 continue  # emptyDir: the process uses the real /tmp
-            cm = one(objs, "ConfigMap", cm_ref["name"])
             local = workdir / mount["name"]
             local.mkdir(exist_ok=True)
-            for key, text in cm["data"].items():
+            for key, text in data.items():
                 (local / key).write_text(text)
             args = [a.replace(mount["mountPath"].rstrip("/") + "/", f"{local}/") for a in args]
         (command,) = container["command"]

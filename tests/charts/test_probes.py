@@ -124,3 +124,31 @@ def test_bbr_readiness_waits_for_the_configmaps(apiserver: FakeApiServer,
         pod.wait_probe("readinessProbe")
     finally:
         assert pod.stop() == 0, pod.log_tail()
+
+
+def test_metrics_auth_token_is_what_prometheus_presents(apiserver: FakeApiServer,
+                                                       tmp_path: Path) -> None:
+    """monitoring.prometheus.auth: the EPP accepts the token of the Secret the ServiceMonitor
+    reads, and nothing else."""
+    objs = render("inferencepool", *epp_sets(
+        "inferenceExtension.monitoring.prometheus.enabled=true"))
+    secret = one(objs, "Secret")["metadata"]["name"]
+    token = "t0ken-from-the-service-account-controller"
+    pod = LocalPod(objs, container(objs, "epp"), apiserver=apiserver, workdir=tmp_path,
+                   pod_name="pool-a-epp-0", secrets={secret: {"token": token}})
+    endpoint = one(objs, "ServiceMonitor")["spec"]["endpoints"][0]
+    assert endpoint["authorization"]["credentials"] == {"name": secret, "key": "token"}
+    path = endpoint["path"]
+    service_port = next(p for p in one(objs, "Service")["spec"]["ports"]
+                        if p["name"] == endpoint["port"])
+    try:
+        pod.wait_probe("livenessProbe")
+        bearer = {"httpHeaders": [{"name": "Authorization", "value": f"Bearer {token}"}]}
+        scrape = {"httpGet": {"path": path, "port": service_port["targetPort"], **bearer}}
+        ok, seen = run_probe(scrape, pod.container)
+        assert ok, seen
+        scrape["httpGet"]["httpHeaders"] = []
+        ok, seen = run_probe(scrape, pod.container)
+        assert not ok and seen.endswith("401"), seen
+    finally:
+        assert pod.stop() == 0, pod.log_tail()
