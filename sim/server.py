@@ -19,6 +19,7 @@ from aiohttp import web
 
 from sim.config import ServerConfig
 from sim.engine import Engine, QueueFull
+from sim.kvevents import BlockHasher, KVEventPublisher, KVEventRecorder
 from sim.metrics import ServerMetrics
 from sim.openai import ApiError, SseWriter, full_response, new_id, parse_request
 from sim.runner import EngineLoop
@@ -48,8 +49,14 @@ class SimServer:
         self.cfg = cfg
         self.fleet = fleet
         self.faults = cfg.faults
-        self.engine = Engine(cfg.profile, time_scale=cfg.time_scale, seed=cfg.seed,
-                             random_output_length=cfg.random_output_length)
+        kv = cfg.kv_events if cfg.kv_events is not None and cfg.kv_events.active else None
+        #: KV-event publisher (``--kv-events-config``); ``None`` when events are off.
+        self.kv_publisher = KVEventPublisher(kv) if kv is not None else None
+        self.engine = Engine(
+            cfg.profile, time_scale=cfg.time_scale, seed=cfg.seed,
+            random_output_length=cfg.random_output_length,
+            kv_events=KVEventRecorder(self.kv_publisher.publish) if self.kv_publisher else None,
+            block_hasher=BlockHasher(cfg.prefix_caching_hash_algo) if kv is not None else None)
         self.metrics = ServerMetrics(self.engine, dialect=cfg.engine,
                                      model_name=cfg.model_names[0],
                                      gpu_cache_usage_metric=cfg.gpu_cache_usage_metric)
@@ -75,6 +82,9 @@ class SimServer:
             self._loop = EngineLoop(self.engine)
         self._loop.start()
         await self._listen()
+        if self.kv_publisher is not None:
+            self.kv_publisher.open(port=str(self.port), name=self.name, host=self.cfg.host,
+                                   model=self.cfg.model_names[0])
         if self.faults.kill_after is not None:
             revive_after = self.faults.revive_after
             self.later(self.faults.kill_after, lambda: self.kill(revive_after))
@@ -120,6 +130,8 @@ class SimServer:
         await self._unlisten()
         if self._loop is not None:
             await self._loop.stop()
+        if self.kv_publisher is not None:
+            await self.kv_publisher.close()
 
     async def _unlisten(self) -> None:
         self.alive = False
@@ -137,6 +149,9 @@ class SimServer:
             # A step in progress must not finish on the reset engine (it would end the loop).
             await self._loop.stop()
         self.engine.reset()
+        if self.kv_publisher is not None:
+            # A restarted vLLM has a new publisher: its sequence starts again at 0.
+            await self.kv_publisher.close()
         log.info("killed %s (port %d)", self.name, self.port)
         if revive_after is not None:
             self.later(revive_after, self.revive)
@@ -146,6 +161,8 @@ class SimServer:
         if self.alive:
             return
         await self._listen()
+        if self.kv_publisher is not None:
+            self.kv_publisher.open()  # same endpoints and topic as before the kill
         if self._loop is not None:
             self._loop.start()
         log.info("revived %s (port %d)", self.name, self.port)
@@ -169,6 +186,7 @@ class SimServer:
         for path in ("/model_info", "/get_model_info"):
             r.add_get(path, self._model_info)
         r.add_get("/version", self._version)
+        r.add_post("/reset_prefix_cache", self._reset_prefix_cache)
         r.add_get("/sim/faults", self._get_faults)
         r.add_post("/sim/faults", self._set_faults)
         r.add_get("/sim/state", self._state)
@@ -213,6 +231,7 @@ class SimServer:
         loop = asyncio.get_running_loop()
         max_tokens = parsed.max_tokens or p.default_max_tokens
         req = engine.new_request(parsed.prompt, max_tokens, lora=lora, now=loop.time(),
+                                 lora_path=self.loras.get(lora) if lora else None,
                                  salt=parsed.cache_salt,
                                  request_id=request.headers.get("x-request-id"))
         if req.prompt_tokens + max_tokens > p.max_model_len:
@@ -376,6 +395,12 @@ class SimServer:
         except ApiError as exc:
             return _error(exc)
         return _json(self.faults.to_json())
+
+    async def _reset_prefix_cache(self, request: web.Request) -> web.Response:
+        # vLLM answers 200 either way and logs a refusal; a test needs to know, so we say it.
+        if not self.engine.reset_prefix_cache():
+            return _json({"reset": False, "reason": "requests still hold blocks"}, status=409)
+        return _json({"reset": True})
 
     async def _state(self, request: web.Request) -> web.Response:
         e = self.engine
