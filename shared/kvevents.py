@@ -5,7 +5,7 @@ Checked against vLLM 0.32's ``vllm/distributed/kv_events.py`` (``msgspec`` struc
 * a PUB socket sends three frames per batch: ``[topic, seq, payload]``; ``seq`` is an 8-byte
   big-endian counter starting at 0 for each publisher (a restarted server starts again at 0);
 * ``payload`` is msgpack of ``EventBatch`` encoded as an **array** ``[ts, events, dp_rank]``
-  (``dp_rank`` left out when unset);
+  (``dp_rank`` nil when unset; older releases sent only ``[ts, events]``);
 * each event is a msgpack **map** whose first key is ``"type"`` (the class name:
   ``BlockStored``, ``BlockRemoved``, ``AllBlocksCleared``), then the fields in declaration order;
   fields that have a default and hold it are left out (``omit_defaults``);
