@@ -30,7 +30,7 @@ def test_stored_blocks_score_as_the_longest_held_prefix() -> None:
     t = tokens(3)
     idx.apply("a", stored([11, 12, 13], t), M)
     idx.apply("b", stored([21], t[:BS]), M)
-    assert idx.score(t + [99], M) == {"a": 3, "b": 1}
+    assert idx.score([*t, 99], M) == {"a": 3, "b": 1}
     assert idx.score(tokens(3, start=1000), M) == {}
 
 
@@ -122,7 +122,7 @@ def test_partial_trailing_block_is_not_scored() -> None:
     t = tokens(1)
     idx.apply("a", stored([1], t), M)
     assert idx.request_keys(t[: BS - 1], M) == []
-    assert idx.score(t + [1, 2], M) == {"a": 1}
+    assert idx.score([*t, 1, 2], M) == {"a": 1}
 
 
 def test_bad_config_is_refused() -> None:
