@@ -413,25 +413,27 @@ class Engine:
 
     # -- internals -------------------------------------------------------------------------
     def _record_kv(self, req: SimRequest | None) -> None:
-        """Turn the cache's journal into vLLM events (``req``: whose allocation stored)."""
+        """Turn the cache's journal into vLLM events (``req``: whose allocation stored).
+
+        As in vLLM, one allocation's evictions come first, then one ``BlockStored`` per run
+        of consecutive new blocks (a run's parent is the block before it).
+        """
         rec = self.kv_events
         journal = self.kv.journal
         assert rec is not None and journal is not None
-        run: list[int] = []  # consecutive newly stored block indexes of ``req``
+        run: list[int] = []
         for kind, value in journal:
-            if kind == STORED:
-                if run and value != run[-1] + 1:
-                    self._stored(req, run)
-                    run = []
-                run.append(value)
-                continue
-            if run:
-                self._stored(req, run)
-                run = []
             if kind == REMOVED:
                 rec.removed(value)
-            else:
+            elif kind != STORED:
                 rec.cleared()
+        for kind, value in journal:
+            if kind != STORED:
+                continue
+            if run and value != run[-1] + 1:
+                self._stored(req, run)
+                run = []
+            run.append(value)
         if run:
             self._stored(req, run)
         journal.clear()

@@ -244,6 +244,7 @@ class KVEventPublisher:
         self.endpoint = cfg.endpoint
         self.replay_endpoint = cfg.replay_endpoint
         self.dp_rank = data_parallel_rank
+        self._bind = _is_bind(cfg.endpoint)  # decided once: the concrete address has no "*"
         self._topic = cfg.topic.encode()
         self._seq = 0
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=cfg.buffer_steps)
@@ -271,7 +272,7 @@ class KVEventPublisher:
         apub = ctx.socket(zmq.PUB)
         apub.setsockopt(zmq.SNDHWM, self.cfg.hwm)
         apub.setsockopt(zmq.LINGER, 0)
-        if _is_bind(self.endpoint):
+        if self._bind:
             apub.bind(self.endpoint)
             self.endpoint = apub.getsockopt_string(zmq.LAST_ENDPOINT)
         else:

@@ -41,6 +41,9 @@ class KVEventMetrics:
         self.restarts = Counter(p + "publisher_restarts_total",
                                 "Sequence went backwards: the server restarted, its blocks "
                                 "were forgotten.", ["endpoint"], registry=registry)
+        self.disconnects = Counter(p + "disconnects_total",
+                                   "Connections to a publisher lost (its blocks forgotten).",
+                                   ["endpoint"], registry=registry)
         self.reconnects = Counter(p + "reconnects_total",
                                   "Subscriber sockets re-created after an error or a stall.",
                                   ["endpoint"], registry=registry)

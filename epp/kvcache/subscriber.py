@@ -10,8 +10,11 @@ Keeping in sync is the subscriber's business, never the index's or the scorer's:
   A jump backwards means a new publisher (a restarted server, empty cache): forget it too.
 * **Broken streams.** libzmq reconnects a SUB socket by itself, with exponential backoff
   (``reconnect_min`` doubling to ``reconnect_max``); ZMTP heartbeats drop a silent peer so a
-  vanished server is noticed. If the socket itself fails, it is re-created after the same
-  backoff.
+  vanished server is noticed. A lost connection makes the endpoint *unknown*: the index
+  forgets it (a server that went away may come back cold, and a restarted publisher's
+  sequence cannot be told from the old one's once it catches up) and relearns it from the
+  stream, asking the replay socket for the new publisher's history when it has one. If the
+  socket itself fails, it is re-created after the same backoff.
 * **Hostile input.** Wrong frames, garbage or truncated msgpack, oversized payloads and
   impossible events are counted (``inference_extension_kv_events_malformed_total{reason}``),
   logged at a bounded rate and skipped; they never stop the subscriber.
@@ -28,6 +31,7 @@ from dataclasses import dataclass
 import structlog
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
 
 from epp.kvcache.index import KVBlockIndex, UnindexableEvent
 from epp.kvcache.metrics import KVEventMetrics
@@ -103,6 +107,8 @@ class KVEventSubscriber:
         #: Next sequence number expected; ``None`` until the first batch (or after a restart).
         self.expected: int | None = None
         self.batches = 0
+        #: Whether the SUB socket currently has a connection to the publisher.
+        self.connected = False
         self._task: asyncio.Task[None] | None = None
         self._reset = False
         self._warned = 0
@@ -169,16 +175,41 @@ class KVEventSubscriber:
 
     async def _consume(self, sock: zmq.asyncio.Socket) -> None:
         self._reset = False
-        while not self._reset:
-            if not await sock.poll(_POLL_MS):
-                continue
-            frames = await sock.recv_multipart()
-            try:
-                _topic, seq, payload = parse_message(frames)
-            except MalformedMessage as exc:
-                self._malformed(exc)
-                continue
-            await self._on_batch(seq, payload)
+        monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        poller = zmq.asyncio.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(monitor, zmq.POLLIN)
+        try:
+            while not self._reset:
+                ready = dict(await poller.poll(_POLL_MS))
+                if sock in ready:  # data first: batches queued before a disconnect are older
+                    frames = await sock.recv_multipart()
+                    try:
+                        _topic, seq, payload = parse_message(frames)
+                    except MalformedMessage as exc:
+                        self._malformed(exc)
+                    else:
+                        await self._on_batch(seq, payload)
+                elif monitor in ready:
+                    msg = parse_monitor_message(await monitor.recv_multipart())
+                    self._on_socket_event(int(msg["event"]))
+        finally:
+            sock.disable_monitor()
+            monitor.close(linger=0)
+            self.connected = False
+
+    def _on_socket_event(self, event: int) -> None:
+        ep = self.source.endpoint
+        if event == zmq.EVENT_CONNECTED:
+            self.connected = True
+            log.info("kv events: connected", endpoint=ep, address=self.source.address)
+            return
+        self.connected = False
+        self.expected = None
+        self.metrics.disconnects.labels(ep).inc()
+        forgotten = self.index.clear_endpoint(ep)
+        log.warning("kv events: stream lost, endpoint unknown until it publishes again",
+                    endpoint=ep, forgotten_blocks=forgotten)
 
     # -- sequence handling ------------------------------------------------------------------
     async def _on_batch(self, seq: int, payload: bytes) -> None:
