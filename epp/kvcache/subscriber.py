@@ -8,13 +8,14 @@ Keeping in sync is the subscriber's business, never the index's or the scorer's:
   buffer no longer reaches back, the endpoint is *resynced*: everything the index held for
   it is forgotten and rebuilt from the live stream (vLLM has no "send me your whole cache").
   A jump backwards means a new publisher (a restarted server, empty cache): forget it too.
-* **Broken streams.** libzmq reconnects a SUB socket by itself, with exponential backoff
-  (``reconnect_min`` doubling to ``reconnect_max``); ZMTP heartbeats drop a silent peer so a
-  vanished server is noticed. A lost connection makes the endpoint *unknown*: the index
-  forgets it (a server that went away may come back cold, and a restarted publisher's
-  sequence cannot be told from the old one's once it catches up) and relearns it from the
-  stream, asking the replay socket for the new publisher's history when it has one. If the
-  socket itself fails, it is re-created after the same backoff.
+* **Broken streams.** ZMTP heartbeats drop a silent peer so a vanished server is noticed; a
+  lost connection closes the socket and a new one connects after a backoff (``reconnect_min``
+  doubling to ``reconnect_max`` while no batch gets through; libzmq's own reconnect interval
+  follows the same bounds while the server is unreachable). A lost connection makes the
+  endpoint *unknown*: the index forgets it (a server that went away may come back cold, and a
+  restarted publisher's sequence cannot be told from the old one's once it catches up) and
+  relearns it from the stream, asking the replay socket for the new publisher's history when
+  it has one.
 * **Hostile input.** Wrong frames, garbage or truncated msgpack, oversized payloads and
   impossible events are counted (``inference_extension_kv_events_malformed_total{reason}``),
   logged at a bounded rate and skipped; they never stop the subscriber.
@@ -148,8 +149,10 @@ class KVEventSubscriber:
                             address=self.source.address, error=str(exc))
             else:
                 try:
+                    applied = self.batches
                     await self._consume(sock)
-                    delay = cfg.reconnect_min  # a requested reconnect: no penalty
+                    if self.batches > applied:  # the stream worked: start the backoff again
+                        delay = cfg.reconnect_min
                 except zmq.ZMQError as exc:
                     log.warning("kv events: subscriber failed", endpoint=self.source.endpoint,
                                 error=str(exc))
@@ -170,12 +173,12 @@ class KVEventSubscriber:
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(cfg.heartbeat * 3000))
         sock.setsockopt(zmq.MAXMSGSIZE, cfg.max_payload_bytes + 65_536)
         sock.setsockopt(zmq.SUBSCRIBE, self.source.topic_filter.encode())
-        sock.connect(self.source.address)
         return sock
 
     async def _consume(self, sock: zmq.asyncio.Socket) -> None:
         self._reset = False
         monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        sock.connect(self.source.address)  # after the monitor, so it sees the connection
         poller = zmq.asyncio.Poller()
         poller.register(sock, zmq.POLLIN)
         poller.register(monitor, zmq.POLLIN)
@@ -206,6 +209,9 @@ class KVEventSubscriber:
             return
         self.connected = False
         self.expected = None
+        # libzmq reconnects after a network error but not after a protocol error (e.g. a
+        # frame over MAXMSGSIZE): a new socket, after the backoff, covers both.
+        self._reset = True
         self.metrics.disconnects.labels(ep).inc()
         forgotten = self.index.clear_endpoint(ep)
         log.warning("kv events: stream lost, endpoint unknown until it publishes again",
