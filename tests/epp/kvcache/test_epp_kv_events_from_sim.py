@@ -150,6 +150,14 @@ async def test_stored_blocks_reach_the_index_and_score_the_right_server(two: Rig
                       endpoint=two.ep(0)) == held[0]
 
 
+async def test_an_endpoint_leaving_the_pool_is_unsubscribed_and_forgotten(two: Rig) -> None:
+    p = "leaving the pool " * 8
+    await two.learn(0, p)
+    await two.subs.sync(sources(two.fleet)[1:])
+    assert list(two.subs.subscribers) == [two.ep(1)]
+    assert two.score(p) == {}
+
+
 async def test_evictions_reach_the_index_as_removals(two: Rig) -> None:
     first = "a" * 260
     await two.learn(0, first)
