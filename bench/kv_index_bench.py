@@ -28,11 +28,11 @@ def build(n_batches: int, endpoints: int, blocks_per_batch: int, seed: int) -> l
     """Per batch: one new prompt's blocks stored, the previous prompt's blocks removed."""
     rng = random.Random(seed)
     out: list[tuple[str, bytes]] = []
-    last: dict[str, list[int]] = {}
+    last: dict[str, list[int | bytes]] = {}
     for i in range(n_batches):
         ep = f"10.0.0.{i % endpoints}:8000"
         toks = [rng.randrange(128_000) for _ in range(blocks_per_batch * BS)]
-        hashes = [rng.getrandbits(64) for _ in range(blocks_per_batch)]
+        hashes: list[int | bytes] = [rng.getrandbits(64) for _ in range(blocks_per_batch)]
         events: list[BlockStored | BlockRemoved] = []
         if ep in last:
             events.append(BlockRemoved(block_hashes=last[ep], medium="GPU"))
@@ -62,8 +62,8 @@ def run(quick: bool) -> None:
     prompt = [rng.randrange(128_000) for _ in range(256 * BS)]
     for e in range(8):
         held = 32 * (e + 1)
-        hashes = [rng.getrandbits(64) for _ in range(held)]
-        index.apply(f"p{e}", BlockStored(block_hashes=hashes, parent_block_hash=None,
+        held_hashes: list[int | bytes] = [rng.getrandbits(64) for _ in range(held)]
+        index.apply(f"p{e}", BlockStored(block_hashes=held_hashes, parent_block_hash=None,
                                          token_ids=prompt[: held * BS], block_size=BS,
                                          lora_id=None, medium="GPU", lora_name=None), MODEL)
     times = []
