@@ -21,8 +21,16 @@ from sim.config import ServerConfig
 from sim.engine import Engine, QueueFull
 from sim.kvevents import BlockHasher, KVEventPublisher, KVEventRecorder
 from sim.metrics import ServerMetrics
-from sim.openai import ApiError, SseWriter, full_response, new_id, parse_request
+from sim.openai import (
+    ApiError,
+    SseWriter,
+    full_response,
+    new_id,
+    parse_request,
+    tokenize_input,
+)
 from sim.runner import EngineLoop
+from sim.tokenizer import token_ids
 
 if TYPE_CHECKING:
     from sim.fleet import Fleet
@@ -187,6 +195,7 @@ class SimServer:
             r.add_get(path, self._model_info)
         r.add_get("/version", self._version)
         r.add_post("/reset_prefix_cache", self._reset_prefix_cache)
+        r.add_post("/tokenize", self._tokenize)
         r.add_get("/sim/faults", self._get_faults)
         r.add_post("/sim/faults", self._set_faults)
         r.add_get("/sim/state", self._state)
@@ -395,6 +404,23 @@ class SimServer:
         except ApiError as exc:
             return _error(exc)
         return _json(self.faults.to_json())
+
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        # vLLM's /tokenize: what llm-d's "tokenizer-vllm-http" token producer calls. The ids
+        # are the simulator tokenizer's (4-byte chunks as uint32), the ones KV events carry.
+        try:
+            body = await self._read_json(request)
+            model = body.get("model")
+            if model is not None:
+                if not isinstance(model, str):
+                    raise ApiError(400, "'model' must be a string")
+                self._resolve_model(model)  # 404 for an unknown model
+            prompt = tokenize_input(body)
+        except ApiError as exc:
+            return _error(exc)
+        ids = token_ids(prompt)
+        return _json({"count": len(ids), "max_model_len": self.cfg.profile.max_model_len,
+                      "tokens": ids, "token_strs": None})
 
     async def _reset_prefix_cache(self, request: web.Request) -> web.Response:
         # vLLM answers 200 either way and logs a refusal; a test needs to know, so we say it.

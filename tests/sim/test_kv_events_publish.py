@@ -243,3 +243,22 @@ async def test_reset_prefix_cache_is_refused_while_requests_hold_blocks() -> Non
         r = await c.post("/reset_prefix_cache")
         assert r.status_code == 409 and r.json()["reset"] is False
         task.cancel()
+
+
+async def test_tokenize_returns_the_ids_kv_events_carry(fleet: Fleet) -> None:
+    prompt = "tokenize me, please " * 3
+    async with httpx.AsyncClient(base_url=fleet.urls[0]) as c:
+        r = await c.post("/tokenize", json={"model": MODEL, "prompt": prompt})
+        assert r.status_code == 200
+        body = r.json()
+        assert body["tokens"] == token_ids(prompt.encode()) and body["count"] == 15
+        assert body["max_model_len"] == fleet.servers[0].cfg.profile.max_model_len
+        chat = await c.post("/tokenize", json={"messages": [{"role": "user", "content": "hi"}]})
+        assert chat.json()["tokens"][:4] == token_ids(b"<|begin_of_text|>")[:4]
+        # Token ids in, the same ids out: the token-producer round trip.
+        again = await c.post("/tokenize", json={"prompt": body["tokens"]})
+        assert again.json()["tokens"] == body["tokens"]
+        for bad, status in [({}, 400), ({"prompt": 5}, 400), ({"messages": []}, 400),
+                            ({"model": "nope", "prompt": "x"}, 404)]:
+            r = await c.post("/tokenize", json=bad)
+            assert r.status_code == status and "error" in r.json()
