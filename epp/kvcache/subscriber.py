@@ -49,6 +49,7 @@ from shared.kvevents import (
 log = structlog.get_logger(__name__)
 
 _POLL_MS = 250
+_DRAIN = 256
 _EVENT_TYPES = ("BlockStored", "BlockRemoved", "AllBlocksCleared")
 
 
@@ -133,10 +134,6 @@ class KVEventSubscriber:
                 await self._task
             self._task = None
 
-    def reconnect(self) -> None:
-        """Drop the socket and connect anew (after the backoff); what was missed is a gap."""
-        self._reset = True
-
     # -- the loop --------------------------------------------------------------------------
     async def _run(self) -> None:
         cfg = self.config
@@ -186,13 +183,7 @@ class KVEventSubscriber:
             while not self._reset:
                 ready = dict(await poller.poll(_POLL_MS))
                 if sock in ready:  # data first: batches queued before a disconnect are older
-                    frames = await sock.recv_multipart()
-                    try:
-                        _topic, seq, payload = parse_message(frames)
-                    except MalformedMessage as exc:
-                        self._malformed(exc)
-                    else:
-                        await self._on_batch(seq, payload)
+                    await self._drain(sock)
                 elif monitor in ready:
                     msg = parse_monitor_message(await monitor.recv_multipart())
                     self._on_socket_event(int(msg["event"]))
@@ -200,6 +191,20 @@ class KVEventSubscriber:
             sock.disable_monitor()
             monitor.close(linger=0)
             self.connected = False
+
+    async def _drain(self, sock: zmq.asyncio.Socket) -> None:
+        """Handle the queued messages (up to a bound, so the monitor gets its turn)."""
+        for _ in range(_DRAIN):
+            try:
+                frames = await sock.recv_multipart(flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                _topic, seq, payload = parse_message(frames)
+            except MalformedMessage as exc:
+                self._malformed(exc)
+            else:
+                await self._on_batch(seq, payload)
 
     def _on_socket_event(self, event: int) -> None:
         ep = self.source.endpoint
