@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
+import zmq.asyncio
 
 #: Value of ``seq`` in the replay socket's end-of-replay message (-1 as signed 8 bytes).
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
@@ -167,6 +168,17 @@ def parse_replay_reply(frames: list[bytes]) -> tuple[int, bytes] | None:
 def replay_request(start_seq: int) -> list[bytes]:
     """Frames a DEALER sends to ask the replay socket for every batch from ``start_seq`` on."""
     return [b"", seq_to_bytes(start_seq)]
+
+
+_ctx: zmq.asyncio.Context | None = None
+
+
+def zmq_context() -> zmq.asyncio.Context:
+    """The process's asyncio ZMQ context (one set of I/O threads for every socket)."""
+    global _ctx
+    if _ctx is None:
+        _ctx = zmq.asyncio.Context()
+    return _ctx
 
 
 def hash_to_u64(value: int | bytes) -> int:

@@ -46,6 +46,7 @@ from shared.kvevents import (
     EventBatch,
     encode_batch,
     seq_to_bytes,
+    zmq_context,
 )
 
 log = logging.getLogger("sim.kvevents")
@@ -215,16 +216,6 @@ class KVEventRecorder:
                 self.sink(events)
 
 
-_ctx: zmq.asyncio.Context | None = None
-
-
-def _context() -> zmq.asyncio.Context:
-    global _ctx
-    if _ctx is None:
-        _ctx = zmq.asyncio.Context()
-    return _ctx
-
-
 def _is_bind(endpoint: str) -> bool:
     # vLLM's rule: bind wildcard and ipc/inproc endpoints, connect to the rest.
     return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
@@ -266,7 +257,7 @@ class KVEventPublisher:
             for key, value in names.items():
                 topic = topic.replace("{" + key + "}", value)
             self._topic = topic.encode()
-        ctx = _context()
+        ctx = zmq_context()
         self._seq = 0
         self._buffer.clear()
         apub = ctx.socket(zmq.PUB)

@@ -44,6 +44,7 @@ from shared.kvevents import (
     parse_message,
     parse_replay_reply,
     replay_request,
+    zmq_context,
 )
 
 log = structlog.get_logger(__name__)
@@ -85,16 +86,6 @@ class SubscriberConfig:
             raise ValueError("need 0 < reconnect_min <= reconnect_max")
         if self.replay_timeout <= 0 or self.heartbeat <= 0:
             raise ValueError("replay_timeout and heartbeat must be positive")
-
-
-_ctx: zmq.asyncio.Context | None = None
-
-
-def _context() -> zmq.asyncio.Context:
-    global _ctx
-    if _ctx is None:
-        _ctx = zmq.asyncio.Context()
-    return _ctx
 
 
 class KVEventSubscriber:
@@ -161,7 +152,7 @@ class KVEventSubscriber:
 
     def _open(self) -> zmq.asyncio.Socket:
         cfg = self.config
-        sock = _context().socket(zmq.SUB)
+        sock = zmq_context().socket(zmq.SUB)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.RCVHWM, 100_000)
         sock.setsockopt(zmq.RECONNECT_IVL, int(cfg.reconnect_min * 1000))
@@ -262,7 +253,7 @@ class KVEventSubscriber:
         """Everything the replay socket still has from ``start`` on; ``None`` on failure."""
         address = self.source.replay_address
         assert address is not None
-        sock = _context().socket(zmq.DEALER)
+        sock = zmq_context().socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         deadline = time.monotonic() + self.config.replay_timeout
         out: list[tuple[int, bytes]] = []
