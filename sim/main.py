@@ -20,6 +20,7 @@ from sim.config import (
     parse_lora_modules,
 )
 from sim.fleet import Fleet
+from sim.kvevents import HASH_ALGOS, KVEventsConfig
 from sim.pd import parse_kv_transfer_config
 from sim.profiles import PROFILES, get_profile
 
@@ -82,6 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="names the base model answers to (first one labels metrics)")
     m.add_argument("--lora-modules", nargs="+", default=[], metavar="NAME[=PATH]",
                    help="LoRA adapters known at start")
+    m.add_argument("--kv-events-config", metavar="JSON",
+                   help="vLLM's KV events config, e.g. '{\"enable_kv_cache_events\": true, "
+                   "\"publisher\": \"zmq\", \"endpoint\": \"tcp://*:5557\"}'; with several "
+                   "servers a fixed endpoint port is offset by the server's index")
+    m.add_argument("--prefix-caching-hash-algo", choices=HASH_ALGOS, default="sha256",
+                   help="block hash algorithm (vLLM's flag); used when KV events are on")
     m.add_argument("--engine", choices=ENGINES, default="vllm", help="metrics dialect")
     m.add_argument("--gpu-cache-usage-metric", action="store_true",
                    help="also export vllm:gpu_cache_usage_perc (older vLLM name)")
@@ -171,7 +178,10 @@ def configs_from_args(args: argparse.Namespace) -> list[ServerConfig]:
                         lora_modules=parse_lora_modules(args.lora_modules),
                         random_output_length=args.random_output_length,
                         gpu_cache_usage_metric=args.gpu_cache_usage_metric, faults=faults,
-                        kv_transfer=kv_transfer)
+                        kv_transfer=kv_transfer,
+                        kv_events=(KVEventsConfig.from_json(args.kv_events_config)
+                                   if args.kv_events_config else None),
+                        prefix_caching_hash_algo=args.prefix_caching_hash_algo)
     ports = list(args.port) + [p for r in args.ports for p in r]
     configs: list[ServerConfig] = []
     if args.config:
@@ -181,6 +191,9 @@ def configs_from_args(args: argparse.Namespace) -> list[ServerConfig]:
                                            faults=dataclasses.replace(faults)))
     if not configs:
         configs = [dataclasses.replace(base, port=8000)]
+    for i, c in enumerate(configs):
+        if c.kv_events is not None:
+            c.kv_events = c.kv_events.for_server(i)
     # Servers on different loopback addresses may share a port (one IP per simulated pod).
     seen: set[tuple[str, int]] = set()
     for c in configs:

@@ -103,6 +103,21 @@ def parse_request(raw: bytes, *, chat: bool) -> ParsedRequest:
                          kv_transfer_params=kv_params)
 
 
+def tokenize_input(body: dict[str, Any]) -> bytes:
+    """The prompt bytes of a vLLM ``/tokenize`` body: ``prompt`` or chat ``messages``."""
+    if "messages" in body:
+        messages = body["messages"]
+        if not isinstance(messages, list) or not messages:
+            raise ApiError(400, "'messages' must be a non-empty list")
+        try:
+            return apply_chat_template(messages).encode()
+        except ValueError as exc:
+            raise ApiError(400, str(exc)) from None
+    if "prompt" in body:
+        return _prompt_bytes(body["prompt"])
+    raise ApiError(400, "either 'prompt' or 'messages' is required")
+
+
 def _prompt_bytes(prompt: Any) -> bytes:
     """A completions prompt: a string, a one-string list, or a list of token ids."""
     if isinstance(prompt, str):

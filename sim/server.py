@@ -20,10 +20,19 @@ from aiohttp import web
 
 from sim.config import ServerConfig
 from sim.engine import Engine, QueueFull
+from sim.kvevents import BlockHasher, KVEventPublisher, KVEventRecorder
 from sim.metrics import ServerMetrics
-from sim.openai import ApiError, SseWriter, full_response, new_id, parse_request
+from sim.openai import (
+    ApiError,
+    SseWriter,
+    full_response,
+    new_id,
+    parse_request,
+    tokenize_input,
+)
 from sim.pd import KVTransfer
 from sim.runner import EngineLoop
+from sim.tokenizer import token_ids
 
 if TYPE_CHECKING:
     from sim.fleet import Fleet
@@ -50,8 +59,14 @@ class SimServer:
         self.cfg = cfg
         self.fleet = fleet
         self.faults = cfg.faults
-        self.engine = Engine(cfg.profile, time_scale=cfg.time_scale, seed=cfg.seed,
-                             random_output_length=cfg.random_output_length)
+        kv = cfg.kv_events if cfg.kv_events is not None and cfg.kv_events.active else None
+        #: KV-event publisher (``--kv-events-config``); ``None`` when events are off.
+        self.kv_publisher = KVEventPublisher(kv) if kv is not None else None
+        self.engine = Engine(
+            cfg.profile, time_scale=cfg.time_scale, seed=cfg.seed,
+            random_output_length=cfg.random_output_length,
+            kv_events=KVEventRecorder(self.kv_publisher.publish) if self.kv_publisher else None,
+            block_hasher=BlockHasher(cfg.prefix_caching_hash_algo) if kv is not None else None)
         self.kv_transfer = (KVTransfer(cfg.kv_transfer, self.engine, time_scale=cfg.time_scale)
                             if cfg.kv_transfer is not None else None)
         self.metrics = ServerMetrics(self.engine, dialect=cfg.engine,
@@ -80,6 +95,9 @@ class SimServer:
             self._loop = EngineLoop(self.engine)
         self._loop.start()
         await self._listen()
+        if self.kv_publisher is not None:
+            self.kv_publisher.open(port=str(self.port), name=self.name, host=self.cfg.host,
+                                   model=self.cfg.model_names[0])
         if self.faults.kill_after is not None:
             revive_after = self.faults.revive_after
             self.later(self.faults.kill_after, lambda: self.kill(revive_after))
@@ -127,6 +145,8 @@ class SimServer:
             await self._loop.stop()
         if self.kv_transfer is not None:
             await self.kv_transfer.close()
+        if self.kv_publisher is not None:
+            await self.kv_publisher.close()
 
     async def _unlisten(self) -> None:
         self.alive = False
@@ -144,6 +164,9 @@ class SimServer:
             # A step in progress must not finish on the reset engine (it would end the loop).
             await self._loop.stop()
         self.engine.reset()
+        if self.kv_publisher is not None:
+            # A restarted vLLM has a new publisher: its sequence starts again at 0.
+            await self.kv_publisher.close()
         log.info("killed %s (port %d)", self.name, self.port)
         if revive_after is not None:
             self.later(revive_after, self.revive)
@@ -153,6 +176,8 @@ class SimServer:
         if self.alive:
             return
         await self._listen()
+        if self.kv_publisher is not None:
+            self.kv_publisher.open()  # same endpoints and topic as before the kill
         if self._loop is not None:
             self._loop.start()
         log.info("revived %s (port %d)", self.name, self.port)
@@ -176,6 +201,8 @@ class SimServer:
         for path in ("/model_info", "/get_model_info"):
             r.add_get(path, self._model_info)
         r.add_get("/version", self._version)
+        r.add_post("/reset_prefix_cache", self._reset_prefix_cache)
+        r.add_post("/tokenize", self._tokenize)
         r.add_get("/sim/faults", self._get_faults)
         r.add_post("/sim/faults", self._set_faults)
         r.add_get("/sim/state", self._state)
@@ -222,6 +249,7 @@ class SimServer:
         loop = asyncio.get_running_loop()
         max_tokens = parsed.max_tokens or p.default_max_tokens
         req = engine.new_request(parsed.prompt, max_tokens, lora=lora, now=loop.time(),
+                                 lora_path=self.loras.get(lora) if lora else None,
                                  salt=parsed.cache_salt,
                                  request_id=request.headers.get("x-request-id"))
         if req.prompt_tokens + max_tokens > p.max_model_len:
@@ -416,6 +444,29 @@ class SimServer:
         except ApiError as exc:
             return _error(exc)
         return _json(self.faults.to_json())
+
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        # vLLM's /tokenize: what llm-d's "tokenizer-vllm-http" token producer calls. The ids
+        # are the simulator tokenizer's (4-byte chunks as uint32), the ones KV events carry.
+        try:
+            body = await self._read_json(request)
+            model = body.get("model")
+            if model is not None:
+                if not isinstance(model, str):
+                    raise ApiError(400, "'model' must be a string")
+                self._resolve_model(model)  # 404 for an unknown model
+            prompt = tokenize_input(body)
+        except ApiError as exc:
+            return _error(exc)
+        ids = token_ids(prompt)
+        return _json({"count": len(ids), "max_model_len": self.cfg.profile.max_model_len,
+                      "tokens": ids, "token_strs": None})
+
+    async def _reset_prefix_cache(self, request: web.Request) -> web.Response:
+        # vLLM answers 200 either way and logs a refusal; a test needs to know, so we say it.
+        if not self.engine.reset_prefix_cache():
+            return _json({"reset": False, "reason": "requests still hold blocks"}, status=409)
+        return _json({"reset": True})
 
     async def _state(self, request: web.Request) -> web.Response:
         e = self.engine
