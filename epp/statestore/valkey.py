@@ -1,0 +1,378 @@
+"""The shared state store on Valkey: a local view kept in sync in the background.
+
+Nothing here runs on the request path. Writes land in the local view
+(:class:`~epp.statestore.memory.MemoryStateStore`) at once and are queued; every
+``sync_interval`` one pipeline pushes them, and the other replicas' in-flight counts are pulled.
+Prefix-index and session writes are also published on one channel, and every replica applies
+the others' as they arrive, so a pick reads a local index that is at most one sync behind the
+pool.
+
+Keys (``ns`` = ``<namespace>:<pool>``):
+
+==============================  ==============================================================
+``ns:replicas``                 set of replica ids that have pushed in-flight counts
+``ns:inflight:<replica>``       hash ``r:<endpoint>`` / ``t:<endpoint>`` -> that replica's
+                                requests / tokens; TTL ``inflight_ttl``, renewed every push, so
+                                a dead replica's counts expire
+``ns:prefix-endpoints``         set of endpoints that have a prefix key
+``ns:prefix:<endpoint>``        sorted set block hash -> last use (wall seconds), trimmed to
+                                the endpoint's capacity (LRU); TTL ``prefix_ttl``
+``ns:session:<key>``            string, TTL ``session_ttl``
+``ns:updates``                  pub/sub channel: ``{"r": replica, "p": [[endpoint, [hash...],
+                                capacity]...], "s": {key: value}}``
+==============================  ==============================================================
+
+When Valkey cannot be reached the store logs one warning, sets
+``inference_extension_state_store_up`` to 0, forgets the other replicas' counts (they can no
+longer be known) and goes on with the local view; queued writes are kept (bounded). When
+Valkey answers again it logs the re-join, writes its counts in full, re-subscribes and reloads
+the shared index — a restarted, empty Valkey is refilled by the replicas themselves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import time
+import uuid
+from collections import deque
+from collections.abc import Awaitable
+from typing import Any
+
+import orjson
+import structlog
+import valkey.asyncio as avalkey
+from valkey.exceptions import ValkeyError
+
+from epp.statestore import metrics
+from epp.statestore.base import InFlight, StateStore
+from epp.statestore.memory import MemoryStateStore
+from epp.statestore.url import StoreURL
+
+log = structlog.get_logger(__name__)
+
+#: Prefix writes kept while Valkey is unreachable; older ones are dropped first.
+MAX_PENDING_PREFIX = 10_000
+#: Seconds between reconnection attempts while Valkey is unreachable.
+RETRY_INTERVAL = 0.5
+
+
+async def _done(reply: Awaitable[Any] | Any) -> Any:
+    """Await a client reply (the client's annotations also allow sync results)."""
+    return await reply
+
+
+def default_replica_id() -> str:
+    """``<hostname>-<pid>-<random>``: unique per process, readable in ``ns:replicas``."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+class ValkeyStateStore(StateStore):
+    """Routing state shared through Valkey; see the module docstring for the key layout."""
+
+    kind = "valkey"
+
+    def __init__(self, url: StoreURL, *, pool: str = "default", replica: str | None = None,
+                 inflight_ttl: float = 5.0, prefix_ttl: float = 3600.0,
+                 session_ttl: float = 600.0) -> None:
+        if url.kind != "valkey":
+            raise ValueError(f"ValkeyStateStore needs a valkey:// URL, got {url.redacted()}")
+        self.url = url
+        self.replica = replica or default_replica_id()
+        self.inflight_ttl = inflight_ttl
+        self.prefix_ttl = prefix_ttl
+        self.session_ttl = session_ttl
+        self.local = MemoryStateStore(session_ttl=session_ttl)
+        ns = f"{url.namespace}:{pool}"
+        self._k_replicas = f"{ns}:replicas"
+        self._k_inflight = f"{ns}:inflight:"
+        self._k_endpoints = f"{ns}:prefix-endpoints"
+        self._k_prefix = f"{ns}:prefix:"
+        self._k_session = f"{ns}:session:"
+        self.channel = f"{ns}:updates"
+        # Writes not yet pushed.
+        self._dirty: set[str] = set()
+        self._write_all_inflight = True
+        self._prefix: deque[tuple[str, list[int], int]] = deque(maxlen=MAX_PENDING_PREFIX)
+        self._sessions: dict[str, str] = {}
+        self._up = False
+        self._subscribed = False
+        self._client: avalkey.Valkey | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # --- the request path: local only ---------------------------------------------------
+    def add_inflight(self, endpoint: str, requests: int, tokens: int = 0) -> None:
+        self.local.add_inflight(endpoint, requests, tokens)
+        self._dirty.add(endpoint)
+
+    def inflight(self, endpoint: str) -> InFlight:
+        return self.local.inflight(endpoint)
+
+    def prefix_add(self, endpoint: str, hashes: list[int], capacity: int) -> None:
+        self.local.prefix_add(endpoint, hashes, capacity)
+        self._prefix.append((endpoint, list(hashes), capacity))
+
+    def prefix_match(self, hashes: list[int]) -> dict[str, int]:
+        return self.local.prefix_match(hashes)
+
+    def prefix_retain(self, endpoints: frozenset[str]) -> None:
+        # Local only: the store's keys of a gone endpoint expire after prefix_ttl, and
+        # another replica's view of the pool may briefly differ during a rollout.
+        self.local.prefix_retain(endpoints)
+
+    def session_set(self, key: str, value: str) -> None:
+        self.local.session_set(key, value)
+        self._sessions[key] = value
+
+    def session_get(self, key: str) -> str | None:
+        return self.local.session_get(key)
+
+    @property
+    def shared(self) -> bool:
+        return self._up and self._subscribed
+
+    # --- life cycle ---------------------------------------------------------------------
+    def _new_client(self) -> avalkey.Valkey:
+        u = self.url
+        kwargs: dict[str, Any] = {}
+        if u.tls:
+            kwargs = {"ssl": True, **u.tls_options}
+        return avalkey.Valkey(host=u.host, port=u.port, db=u.db, username=u.username,
+                              password=u.password, socket_timeout=u.timeout,
+                              socket_connect_timeout=u.timeout, **kwargs)
+
+    async def start(self) -> None:
+        """Connect and start syncing. An unreachable store is not fatal: the replica starts
+        on local state and joins when the store answers."""
+        metrics.UP.labels(self.kind).set(0)
+        self._client = self._new_client()
+        await self.sync()
+        self._tasks = [asyncio.create_task(self._sync_loop(), name="statestore-sync"),
+                       asyncio.create_task(self._subscribe_loop(), name="statestore-subscribe")]
+
+    async def close(self) -> None:
+        """Stop syncing and take this replica's in-flight counts out of the pool's view."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        client, self._client = self._client, None
+        if client is None:
+            return
+        if self._up:
+            with contextlib.suppress(ValkeyError, OSError):
+                await self._push(client)
+                await client.delete(self._k_inflight + self.replica)
+                await _done(client.srem(self._k_replicas, self.replica))
+        await client.aclose()
+
+    # --- background sync ----------------------------------------------------------------
+    async def sync(self) -> None:
+        """Push this replica's writes, then pull the others' in-flight counts."""
+        client = self._client
+        if client is None:
+            raise RuntimeError("state store not started")
+        if await self._op("push", self._push(client)) and await self._op("pull",
+                                                                          self._pull(client)):
+            self._mark_up()
+
+    async def _sync_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.url.sync_interval if self._up else RETRY_INTERVAL)
+            await self.sync()
+
+    async def _op(self, name: str, work: Awaitable[Any]) -> bool:
+        """Run one store operation with its metrics; False (and fallback) on failure."""
+        labels = (self.kind, name)
+        metrics.OPERATIONS.labels(*labels).inc()
+        started = time.perf_counter()
+        try:
+            await asyncio.wait_for(work, self.url.timeout * 4)
+        except (ValkeyError, OSError) as exc:
+            metrics.ERRORS.labels(*labels).inc()
+            self._mark_down(name, exc)
+            return False
+        metrics.LATENCY.labels(*labels).observe(time.perf_counter() - started)
+        return True
+
+    def _mark_down(self, operation: str, exc: BaseException) -> None:
+        if self._up or not self._tasks:
+            log.warning("state store unreachable; routing on this replica's local state",
+                        store=self.url.redacted(), operation=operation, error=str(exc) or
+                        type(exc).__name__)
+        self._up = False
+        self._write_all_inflight = True
+        self.local.remote = {}
+        metrics.UP.labels(self.kind).set(0)
+
+    def _mark_up(self) -> None:
+        if not self._up:
+            log.info("state store reachable; sharing routing state", store=self.url.redacted(),
+                     replica=self.replica)
+        self._up = True
+        metrics.UP.labels(self.kind).set(1)
+
+    async def _push(self, client: avalkey.Valkey) -> None:
+        """One pipeline with everything written since the last successful push."""
+        dirty, self._dirty = self._dirty, set()
+        prefix = list(self._prefix)
+        self._prefix.clear()
+        sessions, self._sessions = self._sessions, {}
+        write_all = self._write_all_inflight
+        try:
+            await self._send(client, dirty, prefix, sessions, write_all)
+        except BaseException:
+            # Keep what was not pushed (newer writes meanwhile stay after it).
+            self._dirty |= dirty
+            self._prefix.extendleft(reversed(prefix))
+            self._sessions = {**sessions, **self._sessions}
+            raise
+        if write_all:
+            self._write_all_inflight = False
+
+    async def _send(self, client: avalkey.Valkey, dirty: set[str],
+                    prefix: list[tuple[str, list[int], int]], sessions: dict[str, str],
+                    write_all: bool) -> None:
+        own = self.local.own
+        key = self._k_inflight + self.replica
+        pipe = client.pipeline(transaction=False)
+        if write_all:
+            pipe.delete(key)
+            dirty = set(own)
+        for endpoint in dirty:
+            counts = own.get(endpoint)
+            if counts:
+                pipe.hset(key, mapping={"r:" + endpoint: counts[0], "t:" + endpoint: counts[1]})
+            elif not write_all:
+                pipe.hdel(key, "r:" + endpoint, "t:" + endpoint)
+        pipe.pexpire(key, int(self.inflight_ttl * 1000))
+        pipe.sadd(self._k_replicas, self.replica)
+        if prefix:
+            now = time.time()
+            caps: dict[str, int] = {}
+            for endpoint, hashes, capacity in prefix:
+                # Later blocks of one request, and later requests, rank as more recent.
+                pipe.zadd(self._k_prefix + endpoint,
+                          {str(h): now + i * 1e-6 for i, h in enumerate(hashes)})
+                now += len(hashes) * 1e-6
+                caps[endpoint] = capacity
+            for endpoint, capacity in caps.items():
+                pkey = self._k_prefix + endpoint
+                if capacity > 0:
+                    pipe.zremrangebyrank(pkey, 0, -(capacity + 1))
+                pipe.pexpire(pkey, int(self.prefix_ttl * 1000))
+            pipe.sadd(self._k_endpoints, *caps)
+        for skey, value in sessions.items():
+            pipe.set(self._k_session + skey, value, px=int(self.session_ttl * 1000))
+        if prefix or sessions:
+            pipe.publish(self.channel, orjson.dumps(
+                {"r": self.replica, "p": prefix, "s": sessions}))
+        await pipe.execute()
+
+    async def _pull(self, client: avalkey.Valkey) -> None:
+        """Sum the other live replicas' in-flight counts into the local view."""
+        members = [m.decode() for m in await _done(client.smembers(self._k_replicas))]
+        others = [m for m in members if m != self.replica]
+        if not others:
+            self.local.remote = {}
+            return
+        pipe = client.pipeline(transaction=False)
+        for replica in others:
+            pipe.hgetall(self._k_inflight + replica)
+        tables: list[dict[bytes, bytes]] = await pipe.execute()
+        requests: dict[str, int] = {}
+        tokens: dict[str, int] = {}
+        gone = []
+        for replica, table in zip(others, tables, strict=True):
+            if not table:
+                gone.append(replica)  # expired (dead) or idle; it re-adds itself on push
+                continue
+            for field, value in table.items():
+                name = field.decode()
+                target = requests if name[0] == "r" else tokens
+                endpoint = name[2:]
+                target[endpoint] = target.get(endpoint, 0) + int(value)
+        if gone:
+            await _done(client.srem(self._k_replicas, *gone))
+        self.local.remote = {ep: InFlight(requests.get(ep, 0), tokens.get(ep, 0))
+                             for ep in requests.keys() | tokens.keys()}
+
+    # --- the update feed ----------------------------------------------------------------
+    async def _subscribe_loop(self) -> None:
+        while True:
+            client = self._client
+            if client is None:
+                return
+            pubsub = client.pubsub()
+            try:
+                await self._listen(pubsub)
+            except (ValkeyError, OSError) as exc:
+                metrics.ERRORS.labels(self.kind, "subscribe").inc()
+                self._mark_down("subscribe", exc)
+            finally:
+                self._subscribed = False
+                with contextlib.suppress(ValkeyError, OSError):
+                    await pubsub.aclose()
+            await asyncio.sleep(RETRY_INTERVAL)
+
+    async def _listen(self, pubsub: Any) -> None:
+        metrics.OPERATIONS.labels(self.kind, "subscribe").inc()
+        await asyncio.wait_for(pubsub.subscribe(self.channel), self.url.timeout * 4)
+        # Subscribe first, then load: an update published in between is applied twice
+        # (harmless: adds are idempotent) rather than lost.
+        client = self._client
+        if client is None or not await self._op("load", self._load(client)):
+            return
+        self._subscribed = True
+        while True:
+            message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+            if message is not None and message["type"] == "message":
+                self.apply_update(message["data"])
+
+    def apply_update(self, data: bytes) -> None:
+        """Apply another replica's published writes to the local view."""
+        update = orjson.loads(data)
+        if update.get("r") == self.replica:
+            return
+        local = self.local
+        for endpoint, hashes, capacity in update.get("p", ()):
+            local.prefix_add(endpoint, hashes, capacity)
+        expires_at = local.clock() + self.session_ttl
+        for key, value in update.get("s", {}).items():
+            local.session_put(key, value, expires_at)
+
+    async def _load(self, client: avalkey.Valkey) -> None:
+        """Read the shared prefix index and sessions into the local view."""
+        endpoints = [e.decode() for e in await _done(client.smembers(self._k_endpoints))]
+        if endpoints:
+            pipe = client.pipeline(transaction=False)
+            for endpoint in endpoints:
+                pipe.zrange(self._k_prefix + endpoint, 0, -1)  # oldest first
+            blocks: list[list[bytes]] = await pipe.execute()
+            expired = []
+            for endpoint, hashes in zip(endpoints, blocks, strict=True):
+                if hashes:
+                    # Capacity 0 here: the key is already trimmed to the endpoint's capacity,
+                    # and the next local write trims with the real one.
+                    self.local.prefix_add(endpoint, [int(h) for h in hashes], 0)
+                else:
+                    expired.append(endpoint)
+            if expired:
+                await _done(client.srem(self._k_endpoints, *expired))
+        keys = [k async for k in client.scan_iter(match=self._k_session + "*", count=1000)]
+        if keys:
+            pipe = client.pipeline(transaction=False)
+            for key in keys:
+                pipe.get(key)
+                pipe.pttl(key)
+            replies = await pipe.execute()
+            now = self.local.clock()
+            cut = len(self._k_session)
+            for key, value, ttl in zip(keys, replies[::2], replies[1::2], strict=True):
+                if value is not None and ttl > 0:
+                    self.local.session_put(key.decode()[cut:], value.decode(), now + ttl / 1000)
+
