@@ -99,6 +99,7 @@ class ValkeyStateStore(StateStore):
         self._sessions: dict[str, str] = {}
         self._up = False
         self._subscribed = False
+        self._closing = False
         self._client: avalkey.Valkey | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -154,6 +155,9 @@ class ValkeyStateStore(StateStore):
 
     async def close(self) -> None:
         """Stop syncing and take this replica's in-flight counts out of the pool's view."""
+        # The flag as well as cancel(): a cancellation that lands while the client is
+        # finishing a read can be lost inside it, and the loops must still end.
+        self._closing = True
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -181,7 +185,7 @@ class ValkeyStateStore(StateStore):
             self._mark_up()
 
     async def _sync_loop(self) -> None:
-        while True:
+        while not self._closing:
             await asyncio.sleep(self.url.sync_interval if self._up else RETRY_INTERVAL)
             await self.sync()
 
@@ -191,7 +195,8 @@ class ValkeyStateStore(StateStore):
         metrics.OPERATIONS.labels(*labels).inc()
         started = time.perf_counter()
         try:
-            await asyncio.wait_for(work, self.url.timeout * 4)
+            async with asyncio.timeout(self.url.timeout * 4):
+                await work
         except (ValkeyError, OSError) as exc:
             metrics.ERRORS.labels(*labels).inc()
             self._mark_down(name, exc)
@@ -303,7 +308,7 @@ class ValkeyStateStore(StateStore):
 
     # --- the update feed ----------------------------------------------------------------
     async def _subscribe_loop(self) -> None:
-        while True:
+        while not self._closing:
             client = self._client
             if client is None:
                 return
@@ -321,14 +326,15 @@ class ValkeyStateStore(StateStore):
 
     async def _listen(self, pubsub: Any) -> None:
         metrics.OPERATIONS.labels(self.kind, "subscribe").inc()
-        await asyncio.wait_for(pubsub.subscribe(self.channel), self.url.timeout * 4)
+        async with asyncio.timeout(self.url.timeout * 4):
+            await pubsub.subscribe(self.channel)
         # Subscribe first, then load: an update published in between is applied twice
         # (harmless: adds are idempotent) rather than lost.
         client = self._client
         if client is None or not await self._op("load", self._load(client)):
             return
         self._subscribed = True
-        while True:
+        while not self._closing:
             message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
             if message is not None and message["type"] == "message":
                 self.apply_update(message["data"])
