@@ -207,8 +207,8 @@ class ValkeyStateStore(StateStore):
     def _mark_down(self, operation: str, exc: BaseException) -> None:
         if self._up or not self._tasks:
             log.warning("state store unreachable; routing on this replica's local state",
-                        store=self.url.redacted(), operation=operation, error=str(exc) or
-                        type(exc).__name__)
+                        store=self.url.redacted(), replica=self.replica, operation=operation,
+                        error=str(exc) or type(exc).__name__)
         self._up = False
         self._write_all_inflight = True
         self.local.remote = {}
