@@ -80,22 +80,36 @@ class ValkeyServer:
             if self._proc is not None and self._proc.poll() is not None:
                 err = self._proc.stderr.read().decode() if self._proc.stderr else ""
                 raise RuntimeError(f"valkey-server exited on start: {err.strip()}")
-            if self._ping():
+            if self._proc is not None and self._serving_pid() == self._proc.pid:
                 return
             time.sleep(0.02)
         self.kill()
         raise TimeoutError(f"valkey-server did not answer on port {self.port} in {timeout}s")
 
-    def _ping(self) -> bool:
-        # RESP by hand: no client needed to know the server is up. A server with a
-        # password answers -NOAUTH, which still proves it is serving.
+    def _serving_pid(self) -> int | None:
+        """PID of the server answering on our port (``INFO server``), None if none answers.
+
+        Comparing it with our process's PID catches another server already on the port,
+        which a bare PING would take for ours. RESP by hand: no client needed here.
+        """
+        request = b""
+        if self.password:
+            pw = self.password.encode()
+            request += b"*2\r\n$4\r\nAUTH\r\n$%d\r\n%s\r\n" % (len(pw), pw)
+        request += b"*2\r\n$4\r\nINFO\r\n$6\r\nserver\r\n"
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
-                s.sendall(b"*1\r\n$4\r\nPING\r\n")
-                reply = s.recv(64)
+                s.sendall(request)
+                reply = b""
+                while b"process_id:" not in reply or not reply.endswith(b"\r\n"):
+                    chunk = s.recv(65536)
+                    if not chunk:
+                        return None
+                    reply += chunk
         except OSError:
-            return False
-        return reply.startswith((b"+PONG", b"-NOAUTH"))
+            return None
+        line = reply.split(b"process_id:", 1)[1].split(b"\r\n", 1)[0]
+        return int(line)
 
     def kill(self) -> None:
         """Stop the server at once (SIGKILL): clients see their connections drop."""
