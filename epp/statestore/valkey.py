@@ -64,6 +64,52 @@ async def _done(reply: Awaitable[Any] | Any) -> Any:
     return await reply
 
 
+#: One sync's writes in one round trip. Packing the commands in Python cost ~0.4 ms of CPU
+#: per pick (the client encodes every argument); one script call with two JSON arguments
+#: costs a few microseconds. Standalone or primary/replica Valkey only: the keys are built
+#: inside the script, which Valkey Cluster does not allow.
+PUSH_SCRIPT = """
+local ns, replica = ARGV[1], ARGV[2]
+local ikey = ns .. ':inflight:' .. replica
+if ARGV[6] == '1' then redis.call('DEL', ikey) end
+for ep, c in pairs(cjson.decode(ARGV[7])) do
+  if c[1] == 0 and c[2] == 0 then
+    redis.call('HDEL', ikey, 'r:' .. ep, 't:' .. ep)
+  else
+    redis.call('HSET', ikey, 'r:' .. ep, c[1], 't:' .. ep, c[2])
+  end
+end
+redis.call('PEXPIRE', ikey, ARGV[3])
+redis.call('SADD', ns .. ':replicas', replica)
+if ARGV[8] == '' then return 0 end
+local update = cjson.decode(ARGV[8])
+local now = tonumber(ARGV[9])
+local caps = {}
+for _, w in ipairs(update.p) do
+  local key = ns .. ':prefix:' .. w[1]
+  local args = {}
+  for _, h in ipairs(w[2]) do
+    args[#args + 1] = string.format('%.6f', now)
+    args[#args + 1] = h
+    now = now + 0.000001
+  end
+  if #args > 0 then redis.call('ZADD', key, unpack(args)) end
+  caps[w[1]] = w[3]
+end
+for ep, cap in pairs(caps) do
+  local key = ns .. ':prefix:' .. ep
+  if cap > 0 then redis.call('ZREMRANGEBYRANK', key, 0, -(cap + 1)) end
+  redis.call('PEXPIRE', key, ARGV[4])
+  redis.call('SADD', ns .. ':prefix-endpoints', ep)
+end
+for k, v in pairs(update.s) do
+  redis.call('SET', ns .. ':session:' .. k, v, 'PX', ARGV[5])
+end
+redis.call('PUBLISH', ns .. ':updates', ARGV[8])
+return 1
+"""
+
+
 def default_replica_id() -> str:
     """``<hostname>-<pid>-<random>``: unique per process, readable in ``ns:replicas``."""
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -85,13 +131,14 @@ class ValkeyStateStore(StateStore):
         self.prefix_ttl = prefix_ttl
         self.session_ttl = session_ttl
         self.local = MemoryStateStore(session_ttl=session_ttl)
-        ns = f"{url.namespace}:{pool}"
+        ns = self._ns = f"{url.namespace}:{pool}"
         self._k_replicas = f"{ns}:replicas"
         self._k_inflight = f"{ns}:inflight:"
         self._k_endpoints = f"{ns}:prefix-endpoints"
         self._k_prefix = f"{ns}:prefix:"
         self._k_session = f"{ns}:session:"
         self.channel = f"{ns}:updates"
+        self._own_update = orjson.dumps({"r": self.replica})[:-1] + b","
         # Writes not yet pushed.
         self._dirty: set[str] = set()
         self._write_all_inflight = True
@@ -140,9 +187,12 @@ class ValkeyStateStore(StateStore):
         kwargs: dict[str, Any] = {}
         if u.tls:
             kwargs = {"ssl": True, **u.tls_options}
-        return avalkey.Valkey(host=u.host, port=u.port, db=u.db, username=u.username,
-                              password=u.password, socket_timeout=u.timeout,
-                              socket_connect_timeout=u.timeout, **kwargs)
+        client = avalkey.Valkey(host=u.host, port=u.port, db=u.db, username=u.username,
+                                password=u.password, socket_timeout=u.timeout,
+                                socket_connect_timeout=u.timeout, **kwargs)
+        # EVALSHA, reloading the script when the server lost it (e.g. after a restart).
+        self._push_script = client.register_script(PUSH_SCRIPT)
+        return client
 
     async def start(self) -> None:
         """Connect and start syncing. An unreachable store is not fatal: the replica starts
@@ -243,40 +293,21 @@ class ValkeyStateStore(StateStore):
                     prefix: list[tuple[str, list[int], int]], sessions: dict[str, str],
                     write_all: bool) -> None:
         own = self.local.own
-        key = self._k_inflight + self.replica
-        pipe = client.pipeline(transaction=False)
         if write_all:
-            pipe.delete(key)
             dirty = set(own)
-        for endpoint in dirty:
-            counts = own.get(endpoint)
-            if counts:
-                pipe.hset(key, mapping={"r:" + endpoint: counts[0], "t:" + endpoint: counts[1]})
-            elif not write_all:
-                pipe.hdel(key, "r:" + endpoint, "t:" + endpoint)
-        pipe.pexpire(key, int(self.inflight_ttl * 1000))
-        pipe.sadd(self._k_replicas, self.replica)
-        if prefix:
-            now = time.time()
-            caps: dict[str, int] = {}
-            for endpoint, hashes, capacity in prefix:
-                # Later blocks of one request, and later requests, rank as more recent.
-                pipe.zadd(self._k_prefix + endpoint,
-                          {str(h): now + i * 1e-6 for i, h in enumerate(hashes)})
-                now += len(hashes) * 1e-6
-                caps[endpoint] = capacity
-            for endpoint, capacity in caps.items():
-                pkey = self._k_prefix + endpoint
-                if capacity > 0:
-                    pipe.zremrangebyrank(pkey, 0, -(capacity + 1))
-                pipe.pexpire(pkey, int(self.prefix_ttl * 1000))
-            pipe.sadd(self._k_endpoints, *caps)
-        for skey, value in sessions.items():
-            pipe.set(self._k_session + skey, value, px=int(self.session_ttl * 1000))
+        counts = {ep: own.get(ep, (0, 0)) for ep in dirty}
+        # Hashes travel as strings: Lua numbers are doubles and would round 64-bit hashes.
+        update = b""
         if prefix or sessions:
-            pipe.publish(self.channel, orjson.dumps(
-                {"r": self.replica, "p": prefix, "s": sessions}))
-        await pipe.execute()
+            update = orjson.dumps({"r": self.replica,
+                                   "p": [(ep, [str(h) for h in hs], cap)
+                                         for ep, hs, cap in prefix],
+                                   "s": sessions})
+        await self._push_script(
+            keys=[], client=client,
+            args=[self._ns, self.replica, int(self.inflight_ttl * 1000),
+                  int(self.prefix_ttl * 1000), int(self.session_ttl * 1000),
+                  1 if write_all else 0, orjson.dumps(counts), update, repr(time.time())])
 
     async def _pull(self, client: avalkey.Valkey) -> None:
         """Sum the other live replicas' in-flight counts into the local view."""
@@ -341,12 +372,12 @@ class ValkeyStateStore(StateStore):
 
     def apply_update(self, data: bytes) -> None:
         """Apply another replica's published writes to the local view."""
+        if data.startswith(self._own_update):
+            return  # our own publication, echoed back: skip it without decoding
         update = orjson.loads(data)
-        if update.get("r") == self.replica:
-            return
         local = self.local
         for endpoint, hashes, capacity in update.get("p", ()):
-            local.prefix_add(endpoint, hashes, capacity)
+            local.prefix_add(endpoint, [int(h) for h in hashes], capacity)
         expires_at = local.clock() + self.session_ttl
         for key, value in update.get("s", {}).items():
             local.session_put(key, value, expires_at)

@@ -195,3 +195,17 @@ async def test_three_replicas_agree(valkey_url: str, replicas: Replicas, n: int)
     for s in stores:
         await s.sync()
     assert [s.inflight("e").requests for s in stores] == [6, 6, 6]
+
+
+async def test_full_64_bit_block_hashes_survive_the_round_trip(
+        valkey_url: str, replicas: Replicas, eventually: Eventually) -> None:
+    hashes = [2**64 - 1, 2**63 + 1, 2**53 + 1]  # beyond a double's exact integers
+    a = await replicas(valkey_url, "a")
+    b = await replicas(valkey_url, "b")
+    await eventually(lambda: b.shared, "b subscribed")
+    a.prefix_add("e", hashes, capacity=10)
+    await a.sync()
+    await eventually(lambda: b.prefix_match(hashes) == {"e": 3}, "b got exact hashes")
+    late = await replicas(valkey_url, "late")
+    await eventually(lambda: late.shared, "late joined")
+    assert late.prefix_match(hashes) == {"e": 3}
