@@ -20,10 +20,12 @@ import argparse
 import asyncio
 import json
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
+import structlog
 import valkey.asyncio as avalkey
 
 from devkit.valkey import ValkeyServer
@@ -116,7 +118,7 @@ async def bench_sync(url: str, repeats: int) -> dict[str, Any]:
     await b.start()
     for picks in (0, 10, 100):
         samples = []
-        for r in range(max(repeats, 5) * 4):
+        for r in range(max(repeats * 4, 4)):
             for i in range(picks):
                 ep = f"10.0.0.{i % ENDPOINTS}:8000"
                 a.add_inflight(ep, 1, 500)
@@ -129,7 +131,7 @@ async def bench_sync(url: str, repeats: int) -> dict[str, Any]:
     while not b.shared:
         await asyncio.sleep(0.01)
     delays = []
-    for r in range(max(repeats, 5) * 4):
+    for r in range(max(repeats * 4, 4)):
         chain = [(1 << 60) + (r << 8) + k for k in range(BLOCKS)]
         a.prefix_add("10.0.0.1:8000", chain, 31_250)
         t0 = time.perf_counter()
@@ -166,6 +168,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = ap.parse_args(argv)
     ops, repeats = (2000, 3) if args.quick else (args.ops, args.repeats)
+    # The stores' join/leave lines go to stderr so stdout is only the report.
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
     result = asyncio.run(run(ops, repeats))
     if args.json:
         print(json.dumps(result, indent=2))
