@@ -21,3 +21,6 @@ LATENCY = Histogram("inference_extension_state_store_operation_duration_seconds"
 UP = Gauge("inference_extension_state_store_up",
            "1 while this replica shares state through the store, 0 while it runs on local "
            "state only.", ["store"])
+BACKLOG = Gauge("inference_extension_state_store_backlog",
+                "Prefix-index and session writes queued for the store (grows while it is "
+                "unreachable, bounded).", ["store"])

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import socket
 import time
@@ -53,8 +54,13 @@ from epp.statestore.url import StoreURL
 
 log = structlog.get_logger(__name__)
 
-#: Prefix writes kept while Valkey is unreachable; older ones are dropped first.
-MAX_PENDING_PREFIX = 10_000
+#: Prefix or session writes kept while Valkey is unreachable; older ones are dropped first.
+MAX_PENDING = 10_000
+#: Prefix (and session) writes sent in one push at most. One push is one server-side script,
+#: and Valkey runs nothing else meanwhile: an unbounded backlog (after an outage, or a burst)
+#: would block every replica and outlast the timeout, failing forever. The rest goes in the
+#: next pushes, which follow at once while a backlog remains.
+PUSH_BATCH = 500
 #: Seconds between reconnection attempts while Valkey is unreachable.
 RETRY_INTERVAL = 0.5
 
@@ -142,11 +148,12 @@ class ValkeyStateStore(StateStore):
         # Writes not yet pushed.
         self._dirty: set[str] = set()
         self._write_all_inflight = True
-        self._prefix: deque[tuple[str, list[int], int]] = deque(maxlen=MAX_PENDING_PREFIX)
+        self._prefix: deque[tuple[str, list[int], int]] = deque(maxlen=MAX_PENDING)
         self._sessions: dict[str, str] = {}
         self._up = False
         self._subscribed = False
         self._closing = False
+        self._sync_lock = asyncio.Lock()
         self._client: avalkey.Valkey | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -172,7 +179,16 @@ class ValkeyStateStore(StateStore):
 
     def session_set(self, key: str, value: str) -> None:
         self.local.session_set(key, value)
-        self._sessions[key] = value
+        sessions = self._sessions
+        sessions.pop(key, None)
+        sessions[key] = value
+        if len(sessions) > MAX_PENDING:
+            del sessions[next(iter(sessions))]
+
+    @property
+    def backlog(self) -> int:
+        """Prefix and session writes queued for the store."""
+        return len(self._prefix) + len(self._sessions)
 
     def session_get(self, key: str) -> str | None:
         return self.local.session_get(key)
@@ -230,13 +246,22 @@ class ValkeyStateStore(StateStore):
         client = self._client
         if client is None:
             raise RuntimeError("state store not started")
+        async with self._sync_lock:  # one push at a time: counts must land in order
+            await self._sync(client)
+
+    async def _sync(self, client: avalkey.Valkey) -> None:
         if await self._op("push", self._push(client)) and await self._op("pull",
                                                                           self._pull(client)):
             self._mark_up()
 
     async def _sync_loop(self) -> None:
         while not self._closing:
-            await asyncio.sleep(self.url.sync_interval if self._up else RETRY_INTERVAL)
+            if not self._up:
+                await asyncio.sleep(RETRY_INTERVAL)
+            elif self.backlog < PUSH_BATCH:
+                await asyncio.sleep(self.url.sync_interval)
+            else:
+                await asyncio.sleep(0)  # a backlog: push the next batch now
             await self.sync()
 
     async def _op(self, name: str, work: Awaitable[Any]) -> bool:
@@ -272,20 +297,26 @@ class ValkeyStateStore(StateStore):
         metrics.UP.labels(self.kind).set(1)
 
     async def _push(self, client: avalkey.Valkey) -> None:
-        """One pipeline with everything written since the last successful push."""
+        """One script call with this replica's counts and the oldest queued writes."""
         dirty, self._dirty = self._dirty, set()
-        prefix = list(self._prefix)
-        self._prefix.clear()
-        sessions, self._sessions = self._sessions, {}
+        queue = self._prefix
+        prefix = [queue.popleft() for _ in range(min(len(queue), PUSH_BATCH))]
+        sessions = dict(itertools.islice(self._sessions.items(), PUSH_BATCH))
+        for key in sessions:
+            del self._sessions[key]
         write_all = self._write_all_inflight
         try:
             await self._send(client, dirty, prefix, sessions, write_all)
         except BaseException:
-            # Keep what was not pushed (newer writes meanwhile stay after it).
+            # Requeue what was not pushed ahead of newer writes; over the bound, the oldest go.
             self._dirty |= dirty
-            self._prefix.extendleft(reversed(prefix))
-            self._sessions = {**sessions, **self._sessions}
+            self._prefix = deque(itertools.chain(prefix, self._prefix), maxlen=MAX_PENDING)
+            merged = {**sessions, **self._sessions}
+            self._sessions = dict(itertools.islice(merged.items(),
+                                                   max(0, len(merged) - MAX_PENDING), None))
             raise
+        finally:
+            metrics.BACKLOG.labels(self.kind).set(self.backlog)
         if write_all:
             self._write_all_inflight = False
 

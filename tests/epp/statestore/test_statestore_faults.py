@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
+import pytest
 from prometheus_client import REGISTRY
 from structlog.testing import capture_logs
 
@@ -83,5 +84,27 @@ async def test_a_replica_starts_while_valkey_is_down_and_joins_later(
         await b.sync()
         assert b.inflight("e") == InFlight(1, 0)
         assert b.prefix_match([7]) == {"e": 1}
+    finally:
+        server.close()
+
+
+async def test_writes_queued_during_an_outage_are_bounded_newest_kept(
+        replicas: Replicas, eventually: Eventually, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("epp.statestore.valkey.MAX_PENDING", 20)
+    server = ValkeyServer()
+    try:
+        a = await replicas(server.url, "a")
+        for i in range(50):
+            a.prefix_add("e", [i], capacity=0)
+            a.session_set(f"s{i}", "x")
+        assert a.backlog == 40  # 20 prefix writes + 20 sessions
+        assert a.prefix_match([0]) == {"e": 1}  # the local index keeps everything
+        server.start()
+        late = await replicas(server.url, "late")
+        await eventually(lambda: a.shared and late.shared and a.backlog == 0, "a caught up")
+        await eventually(lambda: late.prefix_match([49]) == {"e": 1}, "newest write arrived")
+        assert late.prefix_match([29]) == {}  # dropped while queued
+        assert late.session_get("s49") == "x"
+        assert late.session_get("s29") is None
     finally:
         server.close()

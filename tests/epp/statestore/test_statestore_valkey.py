@@ -209,3 +209,37 @@ async def test_full_64_bit_block_hashes_survive_the_round_trip(
     late = await replicas(valkey_url, "late")
     await eventually(lambda: late.shared, "late joined")
     assert late.prefix_match(hashes) == {"e": 3}
+
+
+async def test_a_backlog_goes_out_in_bounded_batches_and_none_is_lost(
+        valkey_url: str, replicas: Replicas, eventually: Eventually) -> None:
+    import orjson
+    import valkey.asyncio as avalkey
+
+    from epp.statestore.valkey import PUSH_BATCH
+    listener = avalkey.Valkey(port=parse_store_url(valkey_url).port)
+    feed = listener.pubsub()
+    await feed.subscribe("gie:pool-a:updates")
+    a = await replicas(valkey_url, "a")
+    writes = PUSH_BATCH * 2 + 200
+    for i in range(writes):
+        a.prefix_add(f"e{i % 10}", [i], capacity=0)
+    batches: list[int] = []
+    misses = 0
+    try:
+        while sum(batches) < writes:
+            # None also stands for the (ignored) subscribe confirmation: allow a few.
+            message = await feed.get_message(ignore_subscribe_messages=True, timeout=5)
+            if message is None:
+                misses += 1
+                assert misses < 3, f"only {sum(batches)} of {writes} writes published"
+                continue
+            batches.append(len(orjson.loads(message["data"])["p"]))
+    finally:
+        await feed.aclose()
+        await listener.aclose()
+    assert max(batches) <= PUSH_BATCH < writes
+    assert a.backlog == 0
+    late = await replicas(valkey_url, "late")
+    await eventually(lambda: late.shared, "late joined")
+    assert all(late.prefix_match([i]) for i in range(writes))
