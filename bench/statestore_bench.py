@@ -9,7 +9,8 @@ min-max across repeats:
   write). A pick writes one in-flight count and 16 prefix blocks.
 - **network round trip**: one ``HINCRBY`` and one pipelined ``HGETALL`` from the asyncio
   client — what each op would cost if the pick waited on Valkey (it does not).
-- **sync**: one background ``sync()`` (push + pull) carrying the writes of 0 / 10 / 100 picks.
+- **sync**: one background ``sync()`` (push + pull) carrying the writes of 0 / 10 / 100 picks,
+  wall time and this process's CPU time (the client's share; Valkey's is in its own process).
 - **propagation**: from the start of replica A's ``sync()`` until replica B's local index
   answers a prefix written on A (push, pub/sub delivery, apply).
 """
@@ -35,10 +36,13 @@ BLOCKS = 16  # prefix blocks written and matched per pick (a ~1,000-token prompt
 ENDPOINTS = 100
 
 
-def summarize(samples: list[float]) -> dict[str, float]:
-    """Median and range, in microseconds."""
-    return {"median_us": statistics.median(samples) * 1e6,
-            "min_us": min(samples) * 1e6, "max_us": max(samples) * 1e6}
+def summarize(samples: list[float], cpu: list[float] | None = None) -> dict[str, float]:
+    """Median and range, in microseconds (and the median CPU time of this process)."""
+    out = {"median_us": statistics.median(samples) * 1e6,
+           "min_us": min(samples) * 1e6, "max_us": max(samples) * 1e6}
+    if cpu:
+        out["cpu_median_us"] = statistics.median(cpu) * 1e6
+    return out
 
 
 def none(_: object) -> None:
@@ -114,20 +118,21 @@ async def bench_sync(url: str, repeats: int) -> dict[str, Any]:
                          replica="a")
     b = ValkeyStateStore(parse_store_url(url + "?sync_interval=3600"), pool="bench-sync",
                          replica="b")
-    await a.start()
-    await b.start()
+    await a.start()  # alone: b's subscriber would share this process's CPU
     for picks in (0, 10, 100):
-        samples = []
+        samples, cpu = [], []
         for r in range(max(repeats * 4, 4)):
             for i in range(picks):
                 ep = f"10.0.0.{i % ENDPOINTS}:8000"
                 a.add_inflight(ep, 1, 500)
                 a.prefix_add(ep, [(r << 40) + (i << 20) + k for k in range(BLOCKS)], 31_250)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             await a.sync()
             samples.append(time.perf_counter() - t0)
-        out[f"sync_{picks}_picks"] = summarize(samples)
+            cpu.append(time.process_time() - c0)
+        out[f"sync_{picks}_picks"] = summarize(samples, cpu)
     # Propagation: write on a, sync a, wait until b's local index has it.
+    await b.start()
     while not b.shared:
         await asyncio.sleep(0.01)
     delays = []
@@ -156,7 +161,10 @@ async def run(ops: int, repeats: int) -> dict[str, Any]:
 
 
 def fmt(s: dict[str, float]) -> str:
-    return f"{s['median_us']:9.2f} us  [{s['min_us']:.2f}-{s['max_us']:.2f}]"
+    text = f"{s['median_us']:9.2f} us  [{s['min_us']:.2f}-{s['max_us']:.2f}]"
+    if "cpu_median_us" in s:
+        text += f"  cpu {s['cpu_median_us']:.0f} us"
+    return text
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -20,7 +20,7 @@ def shared_valkey() -> Iterator[ValkeyServer]:
 
 
 @pytest.fixture
-def valkey_url(shared_valkey: ValkeyServer) -> str:
+def store_url(shared_valkey: ValkeyServer) -> str:
     """URL of the shared server, emptied for this test."""
     with valkey.Valkey(port=shared_valkey.port) as raw:
         raw.flushall()

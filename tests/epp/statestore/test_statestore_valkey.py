@@ -39,9 +39,9 @@ def test_valkeys_url_connects_over_tls() -> None:
 
 
 async def test_each_replica_sees_the_sum_of_all_replicas_inflight(
-        valkey_url: str, replicas: Replicas) -> None:
-    a = await replicas(valkey_url, "a")
-    b = await replicas(valkey_url, "b")
+        store_url: str, replicas: Replicas) -> None:
+    a = await replicas(store_url, "a")
+    b = await replicas(store_url, "b")
     a.add_inflight("10.0.0.1:8000", 2, 200)
     b.add_inflight("10.0.0.1:8000", 1, 10)
     await a.sync()
@@ -52,9 +52,9 @@ async def test_each_replica_sees_the_sum_of_all_replicas_inflight(
 
 
 async def test_released_requests_leave_the_other_replicas_view(
-        valkey_url: str, replicas: Replicas) -> None:
-    a = await replicas(valkey_url, "a")
-    b = await replicas(valkey_url, "b")
+        store_url: str, replicas: Replicas) -> None:
+    a = await replicas(store_url, "a")
+    b = await replicas(store_url, "b")
     a.add_inflight("e", 1, 5)
     await a.sync()
     await b.sync()
@@ -66,9 +66,9 @@ async def test_released_requests_leave_the_other_replicas_view(
 
 
 async def test_a_dead_replicas_counts_expire(
-        valkey_url: str, replicas: Replicas, eventually: Eventually) -> None:
-    a = await replicas(valkey_url, "a", inflight_ttl=0.3)
-    b = await replicas(valkey_url, "b")
+        store_url: str, replicas: Replicas, eventually: Eventually) -> None:
+    a = await replicas(store_url, "a", inflight_ttl=0.3)
+    b = await replicas(store_url, "b")
     a.add_inflight("e", 4, 40)
     await a.sync()
     await b.sync()
@@ -79,9 +79,9 @@ async def test_a_dead_replicas_counts_expire(
 
 
 async def test_a_replica_that_closes_takes_its_counts_away_at_once(
-        valkey_url: str, replicas: Replicas) -> None:
-    a = await replicas(valkey_url, "a", inflight_ttl=3600)
-    b = await replicas(valkey_url, "b")
+        store_url: str, replicas: Replicas) -> None:
+    a = await replicas(store_url, "a", inflight_ttl=3600)
+    b = await replicas(store_url, "b")
     a.add_inflight("e", 1, 1)
     await a.sync()
     await a.close()
@@ -90,9 +90,9 @@ async def test_a_replica_that_closes_takes_its_counts_away_at_once(
 
 
 async def test_prefix_writes_reach_the_other_replicas(
-        valkey_url: str, replicas: Replicas, eventually: Eventually) -> None:
-    a = await replicas(valkey_url, "a")
-    b = await replicas(valkey_url, "b")
+        store_url: str, replicas: Replicas, eventually: Eventually) -> None:
+    a = await replicas(store_url, "a")
+    b = await replicas(store_url, "b")
     await eventually(lambda: b.shared, "b subscribed")
     a.prefix_add("10.0.0.1:8000", [11, 12, 13], capacity=100)
     await a.sync()
@@ -101,23 +101,23 @@ async def test_prefix_writes_reach_the_other_replicas(
 
 
 async def test_a_replica_that_joins_later_loads_the_shared_index(
-        valkey_url: str, replicas: Replicas, eventually: Eventually) -> None:
-    a = await replicas(valkey_url, "a")
+        store_url: str, replicas: Replicas, eventually: Eventually) -> None:
+    a = await replicas(store_url, "a")
     a.prefix_add("e1", [1, 2], capacity=100)
     a.prefix_add("e2", [1], capacity=100)
     await a.sync()
-    late = await replicas(valkey_url, "late")
+    late = await replicas(store_url, "late")
     await eventually(lambda: late.shared, "late joined")
     assert late.prefix_match([1, 2]) == {"e1": 2, "e2": 1}
 
 
 async def test_the_shared_index_is_trimmed_to_each_endpoints_capacity(
-        valkey_url: str, replicas: Replicas) -> None:
-    a = await replicas(valkey_url, "a")
+        store_url: str, replicas: Replicas) -> None:
+    a = await replicas(store_url, "a")
     a.prefix_add("e", [1, 2, 3], capacity=4)
     a.prefix_add("e", [4, 5], capacity=4)
     await a.sync()
-    with raw(valkey_url) as r:
+    with raw(store_url) as r:
         kept = [int(h) for h in r.zrange("gie:pool-a:prefix:e", 0, -1)]
         ttl = r.pttl("gie:pool-a:prefix:e")
     assert kept == [2, 3, 4, 5]  # least recently used first out
@@ -125,23 +125,23 @@ async def test_the_shared_index_is_trimmed_to_each_endpoints_capacity(
 
 
 async def test_sessions_reach_other_replicas_and_late_joiners(
-        valkey_url: str, replicas: Replicas, eventually: Eventually) -> None:
-    a = await replicas(valkey_url, "a")
-    b = await replicas(valkey_url, "b")
+        store_url: str, replicas: Replicas, eventually: Eventually) -> None:
+    a = await replicas(store_url, "a")
+    b = await replicas(store_url, "b")
     await eventually(lambda: b.shared, "b subscribed")
     a.session_set("user-7", "10.0.0.2:8000")
     await a.sync()
     await eventually(lambda: b.session_get("user-7") == "10.0.0.2:8000", "b got the session")
-    late = await replicas(valkey_url, "late")
+    late = await replicas(store_url, "late")
     await eventually(lambda: late.shared, "late joined")
     assert late.session_get("user-7") == "10.0.0.2:8000"
-    with raw(valkey_url) as r:
+    with raw(store_url) as r:
         assert 0 < r.pttl("gie:pool-a:session:user-7") <= a.session_ttl * 1000
 
 
-async def test_pools_in_one_namespace_do_not_mix(valkey_url: str, replicas: Replicas) -> None:
-    a = await replicas(valkey_url, "a")
-    other = ValkeyStateStore(parse_store_url(valkey_url), pool="pool-b", replica="x")
+async def test_pools_in_one_namespace_do_not_mix(store_url: str, replicas: Replicas) -> None:
+    a = await replicas(store_url, "a")
+    other = ValkeyStateStore(parse_store_url(store_url), pool="pool-b", replica="x")
     await other.start()
     try:
         other.add_inflight("e", 5, 5)
@@ -153,8 +153,8 @@ async def test_pools_in_one_namespace_do_not_mix(valkey_url: str, replicas: Repl
 
 
 async def test_sync_operations_are_counted_and_timed(
-        valkey_url: str, replicas: Replicas) -> None:
-    a = await replicas(valkey_url, "a")
+        store_url: str, replicas: Replicas) -> None:
+    a = await replicas(store_url, "a")
     ops = sample("inference_extension_state_store_operations_total", "push")
     timed = sample("inference_extension_state_store_operation_duration_seconds_count", "push")
     await a.sync()
@@ -186,8 +186,8 @@ async def test_wrong_password_means_local_state_and_an_error(replicas: Replicas)
 
 
 @pytest.mark.parametrize("n", [3])
-async def test_three_replicas_agree(valkey_url: str, replicas: Replicas, n: int) -> None:
-    stores = [await replicas(valkey_url, f"r{i}") for i in range(n)]
+async def test_three_replicas_agree(store_url: str, replicas: Replicas, n: int) -> None:
+    stores = [await replicas(store_url, f"r{i}") for i in range(n)]
     for i, s in enumerate(stores):
         s.add_inflight("e", i + 1, 0)
     for s in stores:
@@ -198,29 +198,29 @@ async def test_three_replicas_agree(valkey_url: str, replicas: Replicas, n: int)
 
 
 async def test_full_64_bit_block_hashes_survive_the_round_trip(
-        valkey_url: str, replicas: Replicas, eventually: Eventually) -> None:
+        store_url: str, replicas: Replicas, eventually: Eventually) -> None:
     hashes = [2**64 - 1, 2**63 + 1, 2**53 + 1]  # beyond a double's exact integers
-    a = await replicas(valkey_url, "a")
-    b = await replicas(valkey_url, "b")
+    a = await replicas(store_url, "a")
+    b = await replicas(store_url, "b")
     await eventually(lambda: b.shared, "b subscribed")
     a.prefix_add("e", hashes, capacity=10)
     await a.sync()
     await eventually(lambda: b.prefix_match(hashes) == {"e": 3}, "b got exact hashes")
-    late = await replicas(valkey_url, "late")
+    late = await replicas(store_url, "late")
     await eventually(lambda: late.shared, "late joined")
     assert late.prefix_match(hashes) == {"e": 3}
 
 
 async def test_a_backlog_goes_out_in_bounded_batches_and_none_is_lost(
-        valkey_url: str, replicas: Replicas, eventually: Eventually) -> None:
+        store_url: str, replicas: Replicas, eventually: Eventually) -> None:
     import orjson
     import valkey.asyncio as avalkey
 
     from epp.statestore.valkey import PUSH_BATCH
-    listener = avalkey.Valkey(port=parse_store_url(valkey_url).port)
+    listener = avalkey.Valkey(port=parse_store_url(store_url).port)
     feed = listener.pubsub()
     await feed.subscribe("gie:pool-a:updates")
-    a = await replicas(valkey_url, "a")
+    a = await replicas(store_url, "a")
     writes = PUSH_BATCH * 2 + 200
     for i in range(writes):
         a.prefix_add(f"e{i % 10}", [i], capacity=0)
@@ -240,6 +240,6 @@ async def test_a_backlog_goes_out_in_bounded_batches_and_none_is_lost(
         await listener.aclose()
     assert max(batches) <= PUSH_BATCH < writes
     assert a.backlog == 0
-    late = await replicas(valkey_url, "late")
+    late = await replicas(store_url, "late")
     await eventually(lambda: late.shared, "late joined")
     assert all(late.prefix_match([i]) for i in range(writes))
