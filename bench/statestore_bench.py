@@ -10,7 +10,9 @@ min-max across repeats:
 - **network round trip**: one ``HINCRBY`` and one pipelined ``HGETALL`` from the asyncio
   client — what each op would cost if the pick waited on Valkey (it does not).
 - **sync**: one background ``sync()`` (push + pull) carrying the writes of 0 / 10 / 100 picks,
-  wall time and this process's CPU time (the client's share; Valkey's is in its own process).
+  wall time, this process's CPU time per sync (the client's share) and the Valkey server's CPU
+  time per pick carried (from ``/proc``; CPU time, unlike wall time, is not stretched by
+  other processes on a busy machine).
 - **propagation**: from the start of replica A's ``sync()`` until replica B's local index
   answers a prefix written on A (push, pub/sub delivery, apply).
 """
@@ -20,10 +22,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -73,10 +77,11 @@ def time_per_call(fn: Callable[[int], None], ops: int) -> float:
 
 
 async def bench_request_path(url: str, ops: int, repeats: int) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for kind in ("memory", "valkey"):
-        samples: dict[str, list[float]] = {}
-        for _ in range(repeats):
+    # The two stores alternate within each repeat (and swap order every repeat), so load
+    # from other processes on a shared machine falls on both columns alike.
+    samples: dict[str, dict[str, list[float]]] = {"memory": {}, "valkey": {}}
+    for r in range(repeats):
+        for kind in (("memory", "valkey") if r % 2 == 0 else ("valkey", "memory")):
             store: StateStore
             if kind == "memory":
                 store = MemoryStateStore()
@@ -84,12 +89,12 @@ async def bench_request_path(url: str, ops: int, repeats: int) -> dict[str, Any]
                 store = ValkeyStateStore(parse_store_url(url), pool="bench")
                 await store.start()
             for name, fn in request_path_ops(store, ops).items():
-                samples.setdefault(name, []).append(time_per_call(fn, ops))
+                samples[kind].setdefault(name, []).append(time_per_call(fn, ops))
                 if isinstance(store, ValkeyStateStore):
                     await store.sync()  # keep the queue from growing across op kinds
             await store.close()
-        out[kind] = {name: summarize(s) for name, s in samples.items()}
-    return out
+    return {kind: {name: summarize(s) for name, s in by_op.items()}
+            for kind, by_op in samples.items()}
 
 
 async def bench_round_trip(port: int, ops: int, repeats: int) -> dict[str, Any]:
@@ -112,7 +117,13 @@ async def bench_round_trip(port: int, ops: int, repeats: int) -> dict[str, Any]:
     return {"hincrby": summarize(incr), "hgetall_100_fields": summarize(getall)}
 
 
-async def bench_sync(url: str, repeats: int) -> dict[str, Any]:
+def process_cpu(pid: int) -> float:
+    """User + system CPU seconds of a process (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def bench_sync(url: str, server_pid: int, repeats: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     a = ValkeyStateStore(parse_store_url(url + "?sync_interval=3600"), pool="bench-sync",
                          replica="a")
@@ -121,7 +132,8 @@ async def bench_sync(url: str, repeats: int) -> dict[str, Any]:
     await a.start()  # alone: b's subscriber would share this process's CPU
     for picks in (0, 10, 100):
         samples, cpu = [], []
-        for r in range(max(repeats * 4, 4)):
+        server_cpu = process_cpu(server_pid)
+        for r in range(max(repeats * 10, 4)):
             for i in range(picks):
                 ep = f"10.0.0.{i % ENDPOINTS}:8000"
                 a.add_inflight(ep, 1, 500)
@@ -131,6 +143,9 @@ async def bench_sync(url: str, repeats: int) -> dict[str, Any]:
             samples.append(time.perf_counter() - t0)
             cpu.append(time.process_time() - c0)
         out[f"sync_{picks}_picks"] = summarize(samples, cpu)
+        if picks:
+            per_pick = (process_cpu(server_pid) - server_cpu) / (len(samples) * picks)
+            out[f"sync_{picks}_picks"]["valkey_cpu_per_pick_us"] = per_pick * 1e6
     # Propagation: write on a, sync a, wait until b's local index has it.
     await b.start()
     while not b.shared:
@@ -155,7 +170,7 @@ async def run(ops: int, repeats: int) -> dict[str, Any]:
         return {
             "request_path": await bench_request_path(server.url, ops, repeats),
             "round_trip": await bench_round_trip(server.port, ops, repeats),
-            "background": await bench_sync(server.url, repeats),
+            "background": await bench_sync(server.url, server.pid or 0, repeats),
             "ops": ops, "repeats": repeats,
         }
 
@@ -163,7 +178,9 @@ async def run(ops: int, repeats: int) -> dict[str, Any]:
 def fmt(s: dict[str, float]) -> str:
     text = f"{s['median_us']:9.2f} us  [{s['min_us']:.2f}-{s['max_us']:.2f}]"
     if "cpu_median_us" in s:
-        text += f"  cpu {s['cpu_median_us']:.0f} us"
+        text += f"  client cpu {s['cpu_median_us']:.0f} us"
+    if "valkey_cpu_per_pick_us" in s:
+        text += f"  valkey cpu/pick {s['valkey_cpu_per_pick_us']:.0f} us"
     return text
 
 

@@ -185,17 +185,17 @@ class ValkeyStateStore(StateStore):
         if len(sessions) > MAX_PENDING:
             del sessions[next(iter(sessions))]
 
-    @property
-    def backlog(self) -> int:
-        """Prefix and session writes queued for the store."""
-        return len(self._prefix) + len(self._sessions)
-
     def session_get(self, key: str) -> str | None:
         return self.local.session_get(key)
 
     @property
     def shared(self) -> bool:
         return self._up and self._subscribed
+
+    @property
+    def backlog(self) -> int:
+        """Prefix and session writes queued for the store."""
+        return len(self._prefix) + len(self._sessions)
 
     # --- life cycle ---------------------------------------------------------------------
     def _new_client(self) -> avalkey.Valkey:
