@@ -61,7 +61,8 @@ def request_path_ops(store: StateStore, ops: int) -> dict[str, Callable[[int], N
     return {
         "add_inflight": lambda i: store.add_inflight(f"10.0.0.{i % ENDPOINTS}:8000", 1, 500),
         "inflight": lambda i: none(store.inflight(f"10.0.0.{i % ENDPOINTS}:8000")),
-        "prefix_add_16": lambda i: store.prefix_add(f"10.0.0.{i % ENDPOINTS}:8000",
+        # Chain k always lands on endpoint k, as prefix-aware routing makes it.
+        "prefix_add_16": lambda i: store.prefix_add(f"10.0.0.{i % 64 % ENDPOINTS}:8000",
                                                     chains[i % 64], 31_250),
         "prefix_match_16": lambda i: none(store.prefix_match(chains[i % 64])),
         "session_set": lambda i: store.session_set(f"s{i % 1000}", "10.0.0.1:8000"),
