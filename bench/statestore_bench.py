@@ -13,6 +13,8 @@ min-max across repeats:
   wall time, this process's CPU time per sync (the client's share) and the Valkey server's CPU
   time per pick carried (from ``/proc``; CPU time, unlike wall time, is not stretched by
   other processes on a busy machine).
+- **pull**: one ``sync()`` with nothing to push while another replica has requests in flight
+  on 100 endpoints (its hash is read and summed).
 - **propagation**: from the start of replica A's ``sync()`` until replica B's local index
   answers a prefix written on A (push, pub/sub delivery, apply).
 """
@@ -161,6 +163,17 @@ async def bench_sync(url: str, server_pid: int, repeats: int) -> dict[str, Any]:
             await asyncio.sleep(0)
         delays.append(time.perf_counter() - t0)
     out["propagation"] = summarize(delays)
+    # Pull: a reads b's in-flight hash (2 fields per endpoint) on every sync.
+    for i in range(ENDPOINTS):
+        b.add_inflight(f"10.0.0.{i}:8000", 1, 500)
+    await b.sync()
+    samples, cpu = [], []
+    for _ in range(max(repeats * 10, 4)):
+        t0, c0 = time.perf_counter(), time.process_time()
+        await a.sync()
+        samples.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    out[f"sync_pull_{ENDPOINTS}_endpoints"] = summarize(samples, cpu)
     await a.close()
     await b.close()
     return out

@@ -22,6 +22,6 @@ def test_statestore_bench_reports_every_figure() -> None:
     assert set(result["request_path"]["valkey"]) == ops
     assert set(result["round_trip"]) == {"hincrby", "hgetall_100_fields"}
     assert set(result["background"]) == {"sync_0_picks", "sync_10_picks", "sync_100_picks",
-                                         "propagation"}
+                                         "propagation", "sync_pull_100_endpoints"}
     for figure in result["background"].values():
         assert figure["min_us"] <= figure["median_us"] <= figure["max_us"]
