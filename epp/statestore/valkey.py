@@ -2,7 +2,8 @@
 
 Nothing here runs on the request path. Writes land in the local view
 (:class:`~epp.statestore.memory.MemoryStateStore`) at once and are queued; every
-``sync_interval`` one pipeline pushes them, and the other replicas' in-flight counts are pulled.
+``sync_interval`` one server-side script call pushes them, and the other replicas' in-flight
+counts are pulled.
 Prefix-index and session writes are also published on one channel, and every replica applies
 the others' as they arrive, so a pick reads a local index that is at most one sync behind the
 pool.
@@ -10,10 +11,10 @@ pool.
 Keys (``ns`` = ``<namespace>:<pool>``):
 
 ==============================  ==============================================================
-``ns:replicas``                 set of replica ids that have pushed in-flight counts
-``ns:inflight:<replica>``       hash ``r:<endpoint>`` / ``t:<endpoint>`` -> that replica's
-                                requests / tokens; TTL ``inflight_ttl``, renewed every push, so
-                                a dead replica's counts expire
+``ns:replicas``                 set of replica ids that push in-flight counts
+``ns:inflight:<replica>``       JSON ``{endpoint: [requests, tokens]}`` of that replica, written
+                                whole every push with TTL ``inflight_ttl``, so a dead
+                                replica's counts expire
 ``ns:prefix-endpoints``         set of endpoints that have a prefix key
 ``ns:prefix:<endpoint>``        sorted set block hash -> last use (wall seconds), trimmed to
                                 the endpoint's capacity (LRU); TTL ``prefix_ttl``
@@ -25,7 +26,7 @@ Keys (``ns`` = ``<namespace>:<pool>``):
 When Valkey cannot be reached the store logs one warning, sets
 ``inference_extension_state_store_up`` to 0, forgets the other replicas' counts (they can no
 longer be known) and goes on with the local view; queued writes are kept (bounded). When
-Valkey answers again it logs the re-join, writes its counts in full, re-subscribes and reloads
+Valkey answers again it logs the re-join, writes its counts, re-subscribes and reloads
 the shared index — a restarted, empty Valkey is refilled by the replicas themselves.
 """
 
@@ -77,19 +78,11 @@ async def _done(reply: Awaitable[Any] | Any) -> Any:
 PUSH_SCRIPT = """
 local ns, replica = ARGV[1], ARGV[2]
 local ikey = ns .. ':inflight:' .. replica
-if ARGV[6] == '1' then redis.call('DEL', ikey) end
-for ep, c in pairs(cjson.decode(ARGV[7])) do
-  if c[1] == 0 and c[2] == 0 then
-    redis.call('HDEL', ikey, 'r:' .. ep, 't:' .. ep)
-  else
-    redis.call('HSET', ikey, 'r:' .. ep, c[1], 't:' .. ep, c[2])
-  end
-end
-redis.call('PEXPIRE', ikey, ARGV[3])
+redis.call('SET', ikey, ARGV[6], 'PX', ARGV[3])
 redis.call('SADD', ns .. ':replicas', replica)
-if ARGV[8] == '' then return 0 end
-local update = cjson.decode(ARGV[8])
-local now = tonumber(ARGV[9])
+if ARGV[7] == '' then return 0 end
+local update = cjson.decode(ARGV[7])
+local now = tonumber(ARGV[8])
 local caps = {}
 for _, w in ipairs(update.p) do
   local key = ns .. ':prefix:' .. w[1]
@@ -111,7 +104,7 @@ end
 for k, v in pairs(update.s) do
   redis.call('SET', ns .. ':session:' .. k, v, 'PX', ARGV[5])
 end
-redis.call('PUBLISH', ns .. ':updates', ARGV[8])
+redis.call('PUBLISH', ns .. ':updates', ARGV[7])
 return 1
 """
 
@@ -146,8 +139,6 @@ class ValkeyStateStore(StateStore):
         self.channel = f"{ns}:updates"
         self._own_update = orjson.dumps({"r": self.replica})[:-1] + b","
         # Writes not yet pushed.
-        self._dirty: set[str] = set()
-        self._write_all_inflight = True
         self._prefix: deque[tuple[str, list[int], int]] = deque(maxlen=MAX_PENDING)
         self._sessions: dict[str, str] = {}
         self._up = False
@@ -160,7 +151,6 @@ class ValkeyStateStore(StateStore):
     # --- the request path: local only ---------------------------------------------------
     def add_inflight(self, endpoint: str, requests: int, tokens: int = 0) -> None:
         self.local.add_inflight(endpoint, requests, tokens)
-        self._dirty.add(endpoint)
 
     def inflight(self, endpoint: str) -> InFlight:
         return self.local.inflight(endpoint)
@@ -285,7 +275,6 @@ class ValkeyStateStore(StateStore):
                         store=self.url.redacted(), replica=self.replica, operation=operation,
                         error=str(exc) or type(exc).__name__)
         self._up = False
-        self._write_all_inflight = True
         self.local.remote = {}
         metrics.UP.labels(self.kind).set(0)
 
@@ -298,18 +287,15 @@ class ValkeyStateStore(StateStore):
 
     async def _push(self, client: avalkey.Valkey) -> None:
         """One script call with this replica's counts and the oldest queued writes."""
-        dirty, self._dirty = self._dirty, set()
         queue = self._prefix
         prefix = [queue.popleft() for _ in range(min(len(queue), PUSH_BATCH))]
         sessions = dict(itertools.islice(self._sessions.items(), PUSH_BATCH))
         for key in sessions:
             del self._sessions[key]
-        write_all = self._write_all_inflight
         try:
-            await self._send(client, dirty, prefix, sessions, write_all)
+            await self._send(client, prefix, sessions)
         except BaseException:
             # Requeue what was not pushed ahead of newer writes; over the bound, the oldest go.
-            self._dirty |= dirty
             self._prefix = deque(itertools.chain(prefix, self._prefix), maxlen=MAX_PENDING)
             merged = {**sessions, **self._sessions}
             self._sessions = dict(itertools.islice(merged.items(),
@@ -317,16 +303,12 @@ class ValkeyStateStore(StateStore):
             raise
         finally:
             metrics.BACKLOG.labels(self.kind).set(self.backlog)
-        if write_all:
-            self._write_all_inflight = False
 
-    async def _send(self, client: avalkey.Valkey, dirty: set[str],
-                    prefix: list[tuple[str, list[int], int]], sessions: dict[str, str],
-                    write_all: bool) -> None:
-        own = self.local.own
-        if write_all:
-            dirty = set(own)
-        counts = {ep: own.get(ep, (0, 0)) for ep in dirty}
+    async def _send(self, client: avalkey.Valkey, prefix: list[tuple[str, list[int], int]],
+                    sessions: dict[str, str]) -> None:
+        # This replica's counts go whole every time (endpoints with requests in flight only):
+        # one small JSON value that also renews the TTL and that readers decode in C.
+        counts = orjson.dumps(self.local.own)
         # Hashes travel as strings: Lua numbers are doubles and would round 64-bit hashes.
         update = b""
         if prefix or sessions:
@@ -338,7 +320,7 @@ class ValkeyStateStore(StateStore):
             keys=[], client=client,
             args=[self._ns, self.replica, int(self.inflight_ttl * 1000),
                   int(self.prefix_ttl * 1000), int(self.session_ttl * 1000),
-                  1 if write_all else 0, orjson.dumps(counts), update, repr(time.time())])
+                  counts, update, repr(time.time())])
 
     async def _pull(self, client: avalkey.Valkey) -> None:
         """Sum the other live replicas' in-flight counts into the local view."""
@@ -347,26 +329,24 @@ class ValkeyStateStore(StateStore):
         if not others:
             self.local.remote = {}
             return
-        pipe = client.pipeline(transaction=False)
-        for replica in others:
-            pipe.hgetall(self._k_inflight + replica)
-        tables: list[dict[bytes, bytes]] = await pipe.execute()
-        requests: dict[str, int] = {}
-        tokens: dict[str, int] = {}
+        blobs: list[bytes | None] = await client.mget([self._k_inflight + r for r in others])
+        totals: dict[str, list[int]] = {}
         gone = []
-        for replica, table in zip(others, tables, strict=True):
-            if not table:
-                gone.append(replica)  # expired (dead) or idle; it re-adds itself on push
+        for replica, blob in zip(others, blobs, strict=True):
+            if blob is None:
+                gone.append(replica)  # expired: that replica stopped syncing
                 continue
-            for field, value in table.items():
-                name = field.decode()
-                target = requests if name[0] == "r" else tokens
-                endpoint = name[2:]
-                target[endpoint] = target.get(endpoint, 0) + int(value)
+            counts: dict[str, list[int]] = orjson.loads(blob)
+            for endpoint, (requests, tokens) in counts.items():
+                total = totals.get(endpoint)
+                if total is None:
+                    totals[endpoint] = [requests, tokens]
+                else:
+                    total[0] += requests
+                    total[1] += tokens
         if gone:
             await _done(client.srem(self._k_replicas, *gone))
-        self.local.remote = {ep: InFlight(requests.get(ep, 0), tokens.get(ep, 0))
-                             for ep in requests.keys() | tokens.keys()}
+        self.local.remote = {ep: InFlight(r, t) for ep, (r, t) in totals.items()}
 
     # --- the update feed ----------------------------------------------------------------
     async def _subscribe_loop(self) -> None:
