@@ -13,8 +13,9 @@ import random
 import statistics
 import time
 
+from epp.config import build_scheduler, load_config_file, parse_config
 from epp.datastore import Endpoint, EndpointMetrics, EndpointView
-from epp.scheduling import LLMRequest, build_scheduler, load_config_file, parse_config
+from epp.scheduling import LLMRequest
 
 
 def make_views(n: int, rng: random.Random) -> list[EndpointView]:
