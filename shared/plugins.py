@@ -201,12 +201,13 @@ def parse_parameters(cls: type[Any], raw: Mapping[str, Any], *, label: str) -> A
     fields = {f.name: f for f in dataclasses.fields(cls)}
     aliases: Mapping[str, str] = getattr(cls, "ALIASES", {})
     kwargs: dict[str, Any] = {}
+    unknown = [str(k) for k in raw
+               if k not in fields and aliases.get(str(k), snake(str(k))) not in fields]
+    if unknown:
+        known = ", ".join(camel(f) for f in fields) or "none"
+        raise PluginError(f"plugin {label!r}: unknown parameters {unknown} (known: {known})")
     for key, value in raw.items():
         fname = key if key in fields else aliases.get(str(key), snake(str(key)))
-        if fname not in fields:
-            known = ", ".join(camel(f) for f in fields) or "none"
-            raise PluginError(
-                f"plugin {label!r}: unknown parameter {key!r} (known: {known})")
         try:
             kwargs[fname] = _coerce(value, hints[fname])
         except TypeError as e:
