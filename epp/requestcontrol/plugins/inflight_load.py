@@ -10,7 +10,7 @@ from epp.scheduling.request import LLMRequest
 from epp.scheduling.result import SchedulingResult
 
 
-class InflightLoadProducer(Plugin, PreRequest, ResponseComplete):
+class InflightLoadProducer(PreRequest, ResponseComplete, Plugin):
     """At the pick: +1 request and +``prompt_tokens`` on the picked endpoint; at the end of
     the exchange (success, error or broken stream): the same back, never below 0."""
 
