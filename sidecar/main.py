@@ -95,7 +95,7 @@ def build_policy(args: Any, datastore: Datastore) -> tuple[PrefillerPolicy, Any]
             source.load()
         except ManifestError as e:
             die(PROG, str(e))
-        return PoolPrefillers(datastore), source.watch()
+        return PoolPrefillers(datastore), source.run()
     if name is None:
         die(PROG, "--enable-ssrf-protection needs --inference-pool (or INFERENCE_POOL) or "
             "--manifests; or turn it off with --enable-ssrf-protection=false")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from epp.scheduling.plugins.prefix_index import PrefixIndex
+from epp.scheduling.plugins.prefix.prefix_index import PrefixIndex
 from epp.statestore.base import NO_INFLIGHT, InFlight, StateStore
 
 #: Session entries kept at most; the least recently written go first.

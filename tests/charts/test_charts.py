@@ -137,7 +137,7 @@ def test_readiness_probe_asks_the_grpc_health_port() -> None:
 
 
 def test_default_plugins_config_loads_in_the_epp() -> None:
-    from epp.scheduling import build_scheduler, parse_config
+    from epp.config import build_scheduler, parse_config
 
     cm = one(render("inferencepool"), "ConfigMap")
     config = parse_config(cm["data"]["default-plugins.yaml"], source="chart")

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from epp.datastore import EndpointView
 from epp.scheduling.plugin import Filter
-from epp.scheduling.plugins.legacy_predicates import lora_active, lora_can_accept
+from epp.scheduling.plugins.filter.legacy_predicates import lora_active, lora_can_accept
 from epp.scheduling.request import LLMRequest
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from epp.datastore import EndpointView
 from epp.scheduling.plugin import Filter
-from epp.scheduling.plugins.legacy_predicates import low_queue
+from epp.scheduling.plugins.filter.legacy_predicates import low_queue
 from epp.scheduling.request import LLMRequest
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from epp.datastore import EndpointView
 from epp.scheduling.plugin import Filter
-from epp.scheduling.plugins.legacy_predicates import (
+from epp.scheduling.plugins.filter.legacy_predicates import (
     has_capacity,
     least_kv_cache,
     least_queue,

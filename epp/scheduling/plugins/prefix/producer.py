@@ -1,7 +1,9 @@
-"""``prefix-cache-scorer``: prefer endpoints that probably hold the prompt's prefix in cache.
+"""``approx-prefix-cache-producer``: learns which prompt blocks were sent where, and before
+scheduling tells ``prefix-cache-scorer`` how much of each request's prefix every endpoint
+probably holds.
 
 Approximate: the EPP does not see the servers' caches. It remembers which blocks it sent
-where (updated after each pick) and assumes each server keeps them LRU-style.
+where (after each pick) and assumes each server keeps them LRU-style.
 """
 
 from __future__ import annotations
@@ -9,12 +11,14 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import xxhash
 
 from epp.datastore import EndpointView
-from epp.scheduling.plugin import EndpointsRemoved, PostPick, SchedulerHooks, Scorer
-from epp.scheduling.plugins.prefix_index import PrefixIndex
+from epp.requestcontrol.plugin import DataProducer, PreRequest
+from epp.scheduling.plugin import EndpointsRemoved, Plugin, SchedulerHooks
+from epp.scheduling.plugins.prefix.prefix_index import PrefixIndex
 from epp.scheduling.request import CHARS_PER_TOKEN, LLMRequest
 from epp.scheduling.result import SchedulingResult
 
@@ -25,12 +29,15 @@ _hash = xxhash.xxh64_intdigest
 class PrefixCacheParameters:
     """Upstream parameter names.
 
-    ``blockSize``: block length in prompt bytes (64 ~ 16 tokens). ``blockSizeTokens``: when
-    set, the block is this many tokens: token ids are hashed in blocks of that size when the
-    request carries them, otherwise ``blockSizeTokens * 4`` bytes. ``autoTune``: use a
-    server's reported ``num_gpu_blocks`` as its LRU capacity. ``maxPrefixBlocksToMatch``:
-    blocks hashed per request. ``lruCapacityPerServer``: blocks remembered per endpoint.
+    ``blockSize``: block length in prompt bytes (64 ~ 16 tokens; ``hashBlockSize`` is its
+    older upstream name). ``blockSizeTokens``: when set, the block is this many tokens: token
+    ids are hashed in blocks of that size when the request carries them, otherwise
+    ``blockSizeTokens * 4`` bytes. ``autoTune``: use a server's reported ``num_gpu_blocks``
+    as its LRU capacity. ``maxPrefixBlocksToMatch``: blocks hashed per request.
+    ``lruCapacityPerServer``: blocks remembered per endpoint.
     """
+
+    ALIASES: ClassVar[dict[str, str]] = {"hashBlockSize": "block_size"}
 
     auto_tune: bool = True
     block_size: int = 64
@@ -41,25 +48,23 @@ class PrefixCacheParameters:
 
 @dataclass(slots=True)
 class PrefixMatch:
-    """Per-request state kept between scoring and :meth:`PrefixCacheScorer.post_pick`."""
+    """What the producer made for one request: its block hashes and, per endpoint key, how
+    many leading blocks that endpoint probably holds."""
 
     hashes: list[int]
     matched: dict[str, int]
 
 
-class PrefixCacheScorer(Scorer, PostPick, EndpointsRemoved):
-    """score = matched consecutive blocks / total blocks of the prompt.
-
-    Blocks are chain-hashed: h_0 = xxh64(model + NUL + cache_salt), h_i = xxh64(block_i,
+class ApproxPrefixCacheProducer(Plugin, DataProducer, PreRequest, EndpointsRemoved):
+    """Blocks are chain-hashed: h_0 = xxh64(model + NUL + cache_salt), h_i = xxh64(block_i,
     seed=h_{i-1}), so a block's hash names the whole prefix up to it and the model (salt)
     keeps namespaces apart. Only full blocks count, at most ``maxPrefixBlocksToMatch``. A
-    chat request hashes ``json(messages)``. After the pick, the primary endpoint is recorded
-    as holding every block (``post_pick``).
+    chat request hashes ``json(messages)``. After the pick the primary endpoint is recorded
+    as holding every block.
     """
 
-    type_name = "prefix-cache-scorer"
+    type_name = "approx-prefix-cache-producer"
     parameters_type = PrefixCacheParameters
-    bounded = True
     params: PrefixCacheParameters
 
     def __init__(self, name: str = "", params: PrefixCacheParameters | None = None) -> None:
@@ -105,7 +110,8 @@ class PrefixCacheScorer(Scorer, PostPick, EndpointsRemoved):
             out.append(h)
         return out
 
-    def _state(self, request: LLMRequest) -> PrefixMatch:
+    def match(self, request: LLMRequest) -> PrefixMatch:
+        """This request's :class:`PrefixMatch` (computed once, kept in its plugin state)."""
         state = request.plugin_state.get(self.name)
         if not isinstance(state, PrefixMatch):
             hashes = self.block_hashes(request)
@@ -113,22 +119,19 @@ class PrefixCacheScorer(Scorer, PostPick, EndpointsRemoved):
             request.plugin_state[self.name] = state
         return state
 
-    def score(self, request: LLMRequest, endpoints: Sequence[EndpointView]) -> Sequence[float]:
-        state = self._state(request)
-        if not state.matched:
-            return [0.0] * len(endpoints)
-        total = len(state.hashes)
-        get = state.matched.get
-        return [get(v.endpoint.key, 0) / total for v in endpoints]
+    def produce(self, request: LLMRequest, endpoints: Sequence[EndpointView]) -> None:
+        self.match(request)
 
-    def post_pick(self, request: LLMRequest, result: SchedulingResult) -> None:
+    def pre_request(self, request: LLMRequest, result: SchedulingResult) -> None:
         picked = result.primary.picked
-        if not picked:
-            return
-        state = self._state(request)
+        if picked:
+            self.record(request, picked[0])
+
+    def record(self, request: LLMRequest, target: EndpointView) -> None:
+        """Remember that ``target`` now holds every block of ``request``."""
+        state = self.match(request)
         if not state.hashes:
             return
-        target = picked[0]
         key = target.endpoint.key
         capacity = self.params.lru_capacity_per_server
         if self.params.auto_tune and target.metrics.num_gpu_blocks:
