@@ -206,8 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run the comparison; exit status 1 when a run failed (quick: any contender)."""
     args = parse_args(argv)
     if args.report_only:
-        meta, loaded = load_run(args.report_only)
-        print(publish(loaded, meta))
+        saved_meta, loaded = load_run(args.report_only)
+        print(publish(loaded, saved_meta))
         return 0
     command = "python -m bench.compare " + " ".join(sys.argv[1:] if argv is None else argv)
     contenders = {k: all_contenders()[k] for k in args.contender_names}
