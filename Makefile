@@ -5,7 +5,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 LINT_PATHS := shared bbr epp sim bench tests
 
-.PHONY: venv run test lint bench bench-quick bench-compare bench-compare-quick clean
+.PHONY: venv run test lint bench bench-quick bench-compare bench-compare-quick bench-twin \
+	bench-twin-quick bench-agreement clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,13 +39,28 @@ bench-quick: venv
 	$(PY) -m bench.bbr_overhead --quick
 	$(PY) -m bench.epp_overhead --quick
 
-## bench-compare: routing quality vs Envoy and the peer routers (~25 min; writes RESULTS.md)
+## bench-compare: routing quality vs Envoy and the peer routers, 5 seeds x 8 servers, medians
+## and 95% intervals (~100 min on 2 CPUs; writes RESULTS.md)
 bench-compare: venv
 	$(PY) -m bench.peers install
-	$(PY) -m bench.compare
+	$(PY) -m bench.compare $(COMPARE_ARGS)
 
 bench-compare-quick: venv
 	$(PY) -m bench.compare --quick
+
+## bench-twin: the same matrix in virtual time, real EPP scheduler (4 workloads x 10 seeds x
+## {8, 32} servers; TWIN_ARGS="--config my-epc.yaml --servers 32 --workload shared-prefix
+## --load 0.9" answers "what would this config do on my fleet")
+bench-twin: venv
+	$(PY) -m bench.twin $(TWIN_ARGS)
+
+bench-twin-quick: venv
+	$(PY) -m bench.twin --quick
+
+## bench-agreement: twin vs the real-time stack on a short live case (< 1 min); with
+## AGREEMENT_ARGS="--from-run .cache/bench-compare/<ts>" it replays a saved full comparison
+bench-agreement: venv
+	$(PY) -m bench.twin.agreement $(AGREEMENT_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

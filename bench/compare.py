@@ -215,7 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     meta: dict[str, object] = {"command": command.strip(), "seeds": args.seeds,
                                "servers": args.servers, "time_scale": args.time_scale,
-                               "wall": 0.0, "note": args.note}
+                               "wall": 0.0, "note": args.note,
+                               "durations": {w: args.duration or WORKLOADS[w].duration
+                                             for w in args.workloads.split(",")}}
     results: list[RunResult] = []
     flip = False
     for wl_name in args.workloads.split(","):
