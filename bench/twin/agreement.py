@@ -21,7 +21,7 @@ from pathlib import Path
 
 from bench import report as rp
 from bench.report import RunResult
-from bench.twin.cli import run_job
+from bench.twin.cli import run_one
 from bench.workloads import WORKLOADS
 
 TOLERANCE = 0.15
@@ -52,8 +52,7 @@ class Pair:
 
 def twin_of(real: RunResult, duration: float) -> RunResult:
     """The twin's run matching ``real``."""
-    return run_job((real.workload, real.load, real.servers, real.seed, real.contender,
-                    duration, None))
+    return run_one(real.workload, real.load, real.servers, real.seed, real.contender, duration)
 
 
 def live(workload: str, load: float, seed: int, servers: int, duration: float,

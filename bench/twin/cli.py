@@ -58,23 +58,32 @@ def kind(name: str) -> str:
     return "ours" if name.startswith("epp") else "baseline"
 
 
-Job = tuple[str, float, int, int, str, float, str | None]
+Job = tuple[str, float, int, int, tuple[str, ...], float, str | None]
 
 
-def run_job(job: Job) -> RunResult:
-    """One (workload, load, servers, seed, router) run in virtual time."""
-    wl_name, load, servers, seed, router_name, duration, config = job
+def run_job(job: Job) -> list[RunResult]:
+    """One (workload, load, servers, seed): the schedule, built once, through each router."""
+    wl_name, load, servers, seed, routers, duration, config = job
     wl = WORKLOADS[wl_name]
     specs = wl.schedule(load, duration, seed, servers)
     cfg = TwinConfig(servers=servers, seed=seed, model=MODEL)
-    router = router_factories(Path(config) if config else None)[router_name](cfg.keys(), seed)
-    started = time.monotonic()
-    outcomes = run(specs, router, cfg)
-    res = RunResult(wl_name, load, load * wl.capacity(servers), router_name, kind(router_name),
-                    seed=seed, servers=servers)
-    summarize(res, outcomes)
-    res.wall_seconds = time.monotonic() - started
-    return res
+    factories = router_factories(Path(config) if config else None)
+    out = []
+    for name in routers:
+        started = time.monotonic()
+        outcomes = run(specs, factories[name](cfg.keys(), seed), cfg)
+        res = RunResult(wl_name, load, load * wl.capacity(servers), name, kind(name),
+                        seed=seed, servers=servers)
+        summarize(res, outcomes)
+        res.wall_seconds = time.monotonic() - started
+        out.append(res)
+    return out
+
+
+def run_one(workload: str, load: float, servers: int, seed: int, router: str,
+            duration: float, config: str | None = None) -> RunResult:
+    """A single router's run."""
+    return run_job((workload, load, servers, seed, (router,), duration, config))[0]
 
 
 def _floats(text: str) -> list[float]:
@@ -174,16 +183,16 @@ def main(argv: list[str] | None = None) -> int:
     command = "python -m bench.twin " + " ".join(sys.argv[1:] if argv is None else argv)
     cfg = str(args.config) if args.config else None
     jobs: list[Job] = [
-        (wl, load, servers, seed, name,
+        (wl, load, servers, seed, tuple(args.router_names),
          args.duration or DURATION_FACTOR * WORKLOADS[wl].duration, cfg)
         for wl in args.workloads.split(",") for load in args.loads for servers in args.servers
-        for seed in range(args.seeds) for name in args.router_names]
+        for seed in range(args.seeds)]
     started = time.monotonic()
     results: list[RunResult] = []
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        for res in track(pool.map(run_job, jobs), total=len(jobs), description="twin runs",
-                         disable=not sys.stderr.isatty()):
-            results.append(res)
+        for batch in track(pool.map(run_job, jobs), total=len(jobs), description="twin runs",
+                           disable=not sys.stderr.isatty()):
+            results.extend(batch)
     wall = time.monotonic() - started
     meta: dict[str, object] = {"command": command.strip(), "wall": wall, "jobs": args.jobs}
     run_dir = RUNS / time.strftime("%Y%m%d-%H%M%S")

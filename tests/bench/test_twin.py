@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench.twin.baselines import LeastRequest, RoundRobin
-from bench.twin.cli import run_job
+from bench.twin.cli import run_one
 from bench.twin.epp_adapter import ConfigError, EppRouter
 from bench.twin.loop import ServerState, TwinConfig, run
 from bench.workloads import MODEL, WORKLOADS
@@ -31,11 +31,10 @@ def _same(a: object, b: object) -> dict[str, object]:
 
 @pytest.mark.parametrize("router", ["envoy-rr", "envoy-lr", "epp-default"])
 def test_one_seed_gives_the_same_run_every_time(router: str) -> None:
-    job = ("lora", 0.75, 4, 3, router, 6.0, None)
-    first, again = run_job(job), run_job(job)
+    first, again = (run_one("lora", 0.75, 4, 3, router, 6.0) for _ in range(2))
     assert first.ok > 20
     assert _same(first, again) == {}
-    other = run_job(("lora", 0.75, 4, 4, router, 6.0, None))
+    other = run_one("lora", 0.75, 4, 4, router, 6.0)
     assert _same(first, other) != {}
 
 
