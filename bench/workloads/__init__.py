@@ -141,7 +141,7 @@ def lengths(rng: random.Random, p: Params, times: list[float]) -> list[RequestSp
     """Unique prompts, lognormal input and output lengths (medians, sigmas, clipped)."""
     specs = []
     for t in times:
-        prompt = int(min(p["input_max"], max(16, rng.lognormvariate(
+        prompt = int(min(p["input_max"], max(p["input_min"], rng.lognormvariate(
             math.log(p["input_median"]), p["input_sigma"]))))
         out = int(min(p["output_max"], max(4, rng.lognormvariate(
             math.log(p["output_median"]), p["output_sigma"]))))
@@ -153,6 +153,35 @@ def _lengths_capacity(p: Params) -> float:
     return 1 / _prefill(p["input_median"] * math.exp(p["input_sigma"] ** 2 / 2))
 
 
+def multi_turn(rng: random.Random, p: Params, times: list[float]) -> list[RequestSpec]:
+    """Conversations of ``turns`` turns over a ``system_tokens`` system prompt: each turn's
+    prompt is the previous turn's prompt + its ``output_tokens`` answer + a new
+    ``question_tokens`` question, so a router that keeps a conversation on one server
+    prefills only the new part. Conversations start at every ``turns``-th arrival time; a
+    conversation's turns follow each other after exponential think times of mean
+    ``think_seconds`` (fixed in the schedule: open loop, not waiting for the answer)."""
+    turns, n = int(p["turns"]), len(times)
+    specs = []
+    for c, start in enumerate(times[::turns]):
+        prompt, t = _words(rng, int(p["system_tokens"])), start
+        for _ in range(turns):
+            prompt += _words(rng, int(p["question_tokens"]))
+            specs.append(RequestSpec(t, "/v1/completions",
+                                     _completion(prompt, int(p["output_tokens"])),
+                                     tag=f"conversation-{c}"))
+            prompt += _words(rng, int(p["output_tokens"]))
+            t += rng.expovariate(1 / float(p["think_seconds"]))
+    specs.sort(key=lambda s: s.at)
+    return specs[:n]
+
+
+def _mt_capacity(p: Params) -> float:
+    # Ideal routing prefills per turn the new question, the previous answer and its share of
+    # the system prompt.
+    return 1 / _prefill(p["question_tokens"] + p["output_tokens"]
+                        + p["system_tokens"] / p["turns"])
+
+
 #: generator name -> (builder, nominal req/s of ONE server, its parameters)
 GENERATORS: dict[str, tuple[Generator, Callable[[Params], float], frozenset[str]]] = {
     "shared-prefix": (shared_prefix, _sp_capacity,
@@ -161,8 +190,11 @@ GENERATORS: dict[str, tuple[Generator, Callable[[Params], float], frozenset[str]
     "lora": (lora_mix, _lora_capacity,
              frozenset({"adapters", "zipf", "prompt_tokens", "output_tokens"})),
     "lengths": (lengths, _lengths_capacity,
-                frozenset({"input_median", "input_sigma", "input_max", "output_median",
-                           "output_sigma", "output_max"})),
+                frozenset({"input_median", "input_sigma", "input_min", "input_max",
+                           "output_median", "output_sigma", "output_max"})),
+    "multi-turn": (multi_turn, _mt_capacity,
+                   frozenset({"system_tokens", "question_tokens", "output_tokens", "turns",
+                              "think_seconds"})),
 }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -127,3 +128,17 @@ def test_a_bad_generator_parameter_is_named(tmp_path: Path) -> None:
                     .replace("zipf: 1.0", "zipff: 1.0"))
     with pytest.raises(WorkloadError, match=r"parameters: unknown \['zipff'\], missing \['zipf'\]"):
         load_workload(path)
+
+
+def test_multi_turn_prompts_extend_the_previous_turn_and_long_inputs_are_long() -> None:
+    specs = WORKLOADS["multi-turn"].schedule(0.5, 20.0, seed=1, servers=2)
+    by_conv: dict[str, list[str]] = {}
+    for s in specs:
+        by_conv.setdefault(s.tag, []).append(s.body["prompt"])
+    assert max(len(v) for v in by_conv.values()) == 5
+    for prompts in by_conv.values():
+        for before, after in itertools.pairwise(prompts):
+            assert after.startswith(before) and len(after) > len(before)
+    lengths = [len(s.body["prompt"]) // 4 for s in
+               WORKLOADS["long-input"].schedule(0.75, 30.0, seed=0, servers=8)]
+    assert min(lengths) >= 4000 and max(lengths) <= 16000
