@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 LINT_PATHS := shared bbr epp sim bench tests
 
 .PHONY: venv run test lint bench bench-quick bench-compare bench-compare-quick bench-twin \
-	bench-twin-quick bench-agreement clean
+	bench-twin-quick bench-agreement bench-inference-perf clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +61,12 @@ bench-twin-quick: venv
 ## AGREEMENT_ARGS="--from-run .cache/bench-compare/<ts>" it replays a saved full comparison
 bench-agreement: venv
 	$(PY) -m bench.twin.agreement $(AGREEMENT_ARGS)
+
+## bench-inference-perf: inference-perf (own Python >= 3.12 venv, local tokenizer) against a
+## running `make run`; IP_ARGS="--workload sharegpt --rate 4 --duration 30"
+bench-inference-perf: venv
+	$(PY) -m bench.inference_perf install
+	$(PY) -m bench.inference_perf run $(IP_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

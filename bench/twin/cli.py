@@ -31,8 +31,8 @@ from bench.workloads import MODEL, WORKLOADS
 SECTION = "## Virtual-time twin"
 RUNS = Path(__file__).resolve().parents[2] / ".cache" / "bench-twin"
 ROUTERS = ("envoy-rr", "envoy-random", "envoy-lr", "epp-default", "epp-tuned")
-#: Model seconds per run when --duration is not given (2x the real-time run's window).
-DURATION_FACTOR = 2.0
+#: Model seconds per run when --duration is not given (the real-time run's window).
+DURATION_FACTOR = 1.0
 
 RouterFactory = Callable[[list[str], int], Router]
 
