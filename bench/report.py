@@ -297,6 +297,9 @@ def plot(results: Sequence[RunResult], prefix: str, title: str, order: Sequence[
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    import textwrap
+
+    title = textwrap.fill(title, 90)
     directory.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     points = by_point(results)
@@ -345,7 +348,7 @@ def plot(results: Sequence[RunResult], prefix: str, title: str, order: Sequence[
                     color=["tab:red" if b[0].startswith("epp") else "tab:blue" for b in bars])
             ax.set(xlabel="TTFT p90 (s), median, 95% interval", title=f"{wl} @ {rows[0].load:g}")
             ax.invert_yaxis()
-        fig.suptitle(title, fontsize=8)
+        fig.suptitle(title, fontsize=7)
         fig.tight_layout()
         path = directory / f"{prefix}_workloads.png"
         fig.savefig(path, dpi=110)
