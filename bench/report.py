@@ -10,6 +10,7 @@ apart (``cold_*``). Ratios are paired by seed (:mod:`bench.stats`).
 from __future__ import annotations
 
 import statistics
+import textwrap
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -296,8 +297,6 @@ def plot(results: Sequence[RunResult], prefix: str, title: str, order: Sequence[
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    import textwrap
 
     title = textwrap.fill(title, 90)
     directory.mkdir(parents=True, exist_ok=True)
