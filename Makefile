@@ -40,7 +40,7 @@ bench-quick: venv
 	$(PY) -m bench.epp_overhead --quick
 
 ## bench-compare: routing quality vs Envoy and the peer routers, 5 seeds x 8 servers, medians
-## and 95% intervals (~100 min on 2 CPUs; writes RESULTS.md)
+## and 95% intervals (~85 min on 2 shared CPUs; writes RESULTS.md)
 bench-compare: venv
 	$(PY) -m bench.peers install
 	$(PY) -m bench.compare $(COMPARE_ARGS)
