@@ -8,11 +8,13 @@ front, and every check prints one line.
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -49,9 +51,15 @@ class RealPool:
 
 
 def _print(config: pytest.Config, line: str) -> None:
+    """One line on the terminal, on its own line, even while pytest captures output."""
     reporter = config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_line(line)
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    if reporter is None:
+        return
+    with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+        if getattr(reporter._tw, "width_of_current_line", 0):
+            reporter.write("\n")
+        reporter.write(line + "\n", flush=True)
 
 
 @pytest.fixture(scope="session")
@@ -107,20 +115,37 @@ def real(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     stop_vllm(servers)
 
 
+_CONFIG: list[pytest.Config] = []
+#: Seconds per check, server start-up included (the first check pays it): vLLM takes ~35 s
+#: to start alone and several minutes while seven other jobs share two cores.
+CHECK_TIMEOUT = 1800
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if Path(str(item.fspath)).parent == Path(__file__).parent:
+            item.add_marker(pytest.mark.timeout(CHECK_TIMEOUT))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _CONFIG.append(config)
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """One line per check: its outcome and the first line of its docstring."""
     if report.when == "call" or (report.when == "setup" and not report.passed):
         doc = getattr(report, "check_doc", "") or report.nodeid.rsplit("::", 1)[-1]
-        outcome = "SKIP" if report.skipped else report.outcome.upper()
+        outcome = "skipped" if report.skipped else report.outcome
         reason = ""
         if report.skipped and isinstance(report.longrepr, tuple):
             reason = f" ({report.longrepr[2].removeprefix('Skipped: ')})"
-        print(f"\ncheck {outcome:6} {doc}{reason}", flush=True)
+        if _CONFIG:
+            _print(_CONFIG[-1], f"check {outcome:7} {doc}{reason}")
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
-    outcome = yield
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[Any]:
+    outcome: Any = yield
     report = outcome.get_result()
     doc = getattr(getattr(item, "function", None), "__doc__", None) or ""
     report.check_doc = doc.strip().splitlines()[0] if doc.strip() else ""

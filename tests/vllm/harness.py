@@ -3,9 +3,9 @@
 Two local vLLM servers (CPU build, the tiny model from ``make_model.py``) are enough to show
 every behaviour the checks need, and each costs ~3 GiB of RAM and a share of two cores:
 
-- ``lora`` (127.0.10.1): LoRA enabled, adapter ``a1`` loaded at start, ``a2`` loadable at
-  run time; prefix caching; ``--max-num-seqs 4`` so a burst builds a waiting queue.
-- ``small`` (127.0.10.2): no LoRA; a 40-block KV cache of 32-token blocks (vLLM keeps one
+- ``lora`` (127.0.19.1): LoRA enabled (2 slots), adapter ``a1`` loaded at start; prefix
+  caching; ``--max-num-seqs 4`` so a burst builds a waiting queue.
+- ``small`` (127.0.19.2): no LoRA; a 40-block KV cache of 32-token blocks (vLLM keeps one
   block back, so 1,248 tokens) with ``--max-model-len 1024`` so a few prompts evict;
   ``--max-num-seqs 4``; publishes KV events over ZMQ.
 
@@ -101,8 +101,8 @@ def local_servers() -> list[VllmServer]:
     """The two local servers (see the module docstring), on one free port."""
     port = e.free_port()
     return [
-        VllmServer("lora", "127.0.10.1", port, frozenset({"lora"})),
-        VllmServer("small", "127.0.10.2", port, frozenset({"small-kv", "kv-events"}),
+        VllmServer("lora", "127.0.19.1", port, frozenset({"lora"})),
+        VllmServer("small", "127.0.19.2", port, frozenset({"small-kv", "kv-events"}),
                    kv_events_port=e.free_port()),
     ]
 
@@ -112,7 +112,9 @@ def start_vllm(venv: Path, model_dir: Path, servers: list[VllmServer], logs: Pat
     logs.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1",
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
-           "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "PYTHONUNBUFFERED": "1"}
+           "PYTHONUNBUFFERED": "1",
+           # "auto" pins every server's engine to core 0; let the kernel spread them.
+           "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
     for s in servers:
         s.log = logs / f"vllm-{s.name}.log"
         with s.log.open("wb") as out:
@@ -278,7 +280,8 @@ class Gateway:
                          pools=[PoolSpec(name=POOL, model=self.model, index=0,
                                          epp={"grpc_port": p["epp_grpc"]},
                                          lora_modules=self.adapters,
-                                         rewrites={"alias": {self.model: 1}})])
+                                         rewrites={"alias": {self.model: 1}})],
+                         demo={})
         self.envoy = e.Envoy(envoy_config(spec), admin_port=p["admin"],
                              workdir=self.workdir / "envoy").start()
         return self

@@ -1,13 +1,16 @@
 """Record the wire layout of a real vLLM's KV events: run with the vLLM venv's Python.
 
-    python tests/vllm/kv_capture.py tcp://127.0.0.1:PORT OUT.json [--seconds 300]
+    python tests/vllm/kv_capture.py tcp://127.0.0.1:PORT OUT.json [--seconds 300] [--connect]
 
 Subscribes (pyzmq SUB, topic ``kv-events``), decodes every message with msgpack and writes
 the layout it saw to ``OUT.json``: the frames of a message, the shape of the payload, and per
 event type the keys and msgpack value types, plus a few facts (block size, tokens per
 stored block). Prints ``ready`` once subscribed. Stops when it has seen ``BlockStored`` and
 ``BlockRemoved`` and then ``--quiet`` seconds without a message, or after ``--seconds``.
-Values are not recorded (hashes change with every run); types and names are.
+vLLM's publisher binds a wildcard endpoint (``tcp://*:PORT``) and connects to any other, so
+``make test-vllm`` starts vLLM with ``tcp://127.0.0.1:PORT`` (nothing listens beyond loopback)
+and this script binds it; pass ``--connect`` for a vLLM that binds. Values are not recorded
+(hashes change with every run); types and names are.
 
 This is the real-server side of the KV-event fidelity check: the simulator's events are to
 be compared with the committed ``tests/vllm/fixtures/vllm_kv_events_layout.json``.
@@ -45,6 +48,10 @@ def type_name(value: Any) -> str:
     return type(value).__name__
 
 
+#: Keys whose values (not just types) belong to the layout: a consumer compares them.
+CONSTANT_KEYS = ("medium", "kv_cache_spec_kind", "group_idx", "block_size")
+
+
 class Layout:
     """What the messages looked like, merged over every message seen."""
 
@@ -54,7 +61,7 @@ class Layout:
         self.events: dict[str, dict[str, set[str]]] = {}
         self.counts: dict[str, int] = {}
         self.facts: dict[str, set[Any]] = {"block_size": set(), "tokens_per_block": set(),
-                                           "sequence_steps": set()}
+                                           "hashes_fit_uint64": set(), "sequence_steps": set()}
         self.last_seq: int | None = None
 
     def add(self, frames: list[bytes]) -> None:
@@ -78,6 +85,12 @@ class Layout:
             if isinstance(event, dict):
                 for k, v in event.items():
                     keys.setdefault(k, set()).add(type_name(v))
+                for k in CONSTANT_KEYS:
+                    if k in event:
+                        self.facts.setdefault(f"{kind}.{k}", set()).add(event[k])
+                hashes = [*event.get("block_hashes", []), event.get("parent_block_hash")]
+                self.facts["hashes_fit_uint64"].update(
+                    0 <= h < 1 << 64 for h in hashes if isinstance(h, int))
                 if kind == "BlockStored" and event.get("block_hashes"):
                     self.facts["block_size"].add(event["block_size"])
                     self.facts["tokens_per_block"].add(
@@ -93,7 +106,7 @@ class Layout:
             "payload": sorted(self.payload),
             "events": {kind: {k: sorted(v) for k, v in sorted(keys.items())}
                        for kind, keys in sorted(self.events.items())},
-            "facts": {k: sorted(v) for k, v in self.facts.items()},
+            "facts": {k: sorted(v, key=repr) for k, v in sorted(self.facts.items())},
         }
 
 
@@ -105,11 +118,17 @@ def main() -> None:
     ap.add_argument("out")
     ap.add_argument("--seconds", type=float, default=300.0)
     ap.add_argument("--quiet", type=float, default=2.0)
+    ap.add_argument("--connect", action="store_true", help="connect instead of binding")
     args = ap.parse_args()
     sock = zmq.Context.instance().socket(zmq.SUB)
-    sock.connect(args.endpoint)
     sock.setsockopt(zmq.SUBSCRIBE, b"kv-events")
-    time.sleep(0.5)  # ZMQ's slow joiner: let the subscription reach the publisher
+    if args.connect:
+        sock.connect(args.endpoint)
+    else:
+        sock.bind(args.endpoint)
+    # ZMQ's slow joiner: give the publisher time to (re)connect and see the subscription;
+    # events published before that are dropped by design.
+    time.sleep(1.5)
     print("ready", flush=True)
     layout = Layout()
     deadline = time.monotonic() + args.seconds

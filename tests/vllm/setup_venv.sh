@@ -19,6 +19,10 @@ STAMP="$VENV/.vllm-stamp"
 if [[ -f "$STAMP" && "$STAMP" -nt "$0" ]]; then
     exit 0
 fi
+# This machine's pip config names local index folders that may not exist; its warnings
+# about them are noise here.
+exec 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
+echo "making the vLLM venv in $VENV (once; ~2.5 GB, a few minutes)"
 rm -rf "$VENV"
 "$PYTHON" -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip
