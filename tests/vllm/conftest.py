@@ -121,10 +121,14 @@ _CONFIG: list[pytest.Config] = []
 CHECK_TIMEOUT = 1800
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    asked = config.getoption("--real-vllm") or config.getoption("--vllm-url")
     for item in items:
         if Path(str(item.fspath)).parent == Path(__file__).parent:
             item.add_marker(pytest.mark.timeout(CHECK_TIMEOUT))
+            if not asked:  # `pytest tests/vllm` alone: the root conftest only ignores the dir
+                item.add_marker(pytest.mark.skip(
+                    reason="real vLLM needed: `make test-vllm`, or --vllm-url http://HOST:PORT"))
 
 
 def pytest_configure(config: pytest.Config) -> None:
