@@ -436,6 +436,71 @@ def test_simulator_metrics_match_real_vllm_names_and_labels(real: RealPool) -> N
     assert not problems, "\n".join(problems)
 
 
+def _shape(value: Any, path: str = "") -> set[str]:
+    """Every key path in a JSON value (``choices[].message.content``); list items merged."""
+    out: set[str] = set()
+    if isinstance(value, dict):
+        for k, v in value.items():
+            out.add(f"{path}{k}")
+            out |= _shape(v, f"{path}{k}.")
+    elif isinstance(value, list):
+        for v in value:
+            out |= _shape(v, f"{path.removesuffix('.')}[].")
+    return out
+
+
+def _responses(base: str, model: str) -> dict[str, set[str]]:
+    """Key paths of JSON and SSE answers of both APIs from one server."""
+    out: dict[str, set[str]] = {}
+    for api, body in (("completions", {"prompt": "hello"}),
+                      ("chat/completions", {"messages": [{"role": "user", "content": "hi"}]})):
+        r = httpx.post(f"{base}/v1/{api}", timeout=300,
+                       json={"model": model, "max_tokens": 3, **body})
+        assert r.status_code == 200, r.text
+        out[f"{api} JSON"] = _shape(r.json())
+        with httpx.stream("POST", f"{base}/v1/{api}", timeout=300, json={
+                "model": model, "max_tokens": 3, "stream": True,
+                "stream_options": {"include_usage": True}, **body}) as sse:
+            events = [json.loads(line[6:]) for line in sse.iter_lines()
+                      if line.startswith("data: {")]
+        out[f"{api} SSE"] = set().union(*(_shape(ev) for ev in events[:-1]))
+        out[f"{api} SSE usage event"] = _shape(events[-1])
+    return out
+
+
+def _leaves(paths: set[str]) -> set[str]:
+    """Paths with nothing below them (null or scalar values)."""
+    return {p for p in paths if not any(q.startswith(p + ".") for q in paths)}
+
+
+#: What the gateway reads from an answer; both servers must send it.
+READ_BY_GATEWAY = {"model", "usage.prompt_tokens", "usage.completion_tokens",
+                   "usage.total_tokens"}
+
+
+def test_simulator_answers_use_real_vllm_fields(real: RealPool) -> None:
+    """fidelity: the simulator's JSON and SSE answers use only real vLLM's fields"""
+    real_side = _responses(real.servers[0].url, real.model)
+    with simulator(real.model, "a1") as sim:
+        sim_side = _responses(sim, real.model)
+    problems = []
+    for kind, keys in sim_side.items():
+        theirs = real_side[kind]
+        # Where vLLM sent null (an option it has off, e.g. prompt_tokens_details without
+        # --enable-prompt-tokens-details), the simulator may fill in vLLM's object.
+        invented = {k for k in keys - theirs
+                    if not any(k.startswith(leaf + ".") for leaf in _leaves(theirs))}
+        if invented:
+            problems.append(f"{kind}: the simulator sends {sorted(invented)}, vLLM does not")
+    for kind in ("completions JSON", "chat/completions JSON", "completions SSE usage event",
+                 "chat/completions SSE usage event"):
+        for side, shapes in (("vLLM", real_side), ("the simulator", sim_side)):
+            missing = READ_BY_GATEWAY - shapes[kind]
+            if missing:
+                problems.append(f"{kind}: {side} lacks {sorted(missing)}")
+    assert not problems, "\n".join(problems)
+
+
 # --- KV events: the real side of the fidelity check ----------------------------------------
 
 def test_kv_event_layout_matches_the_recorded_fixture(real: RealPool) -> None:
