@@ -80,7 +80,9 @@ def vllm_command(venv: Path, model_dir: Path, server: VllmServer) -> list[str]:
             str(model_dir / "base"), "--served-model-name", MODEL,
             "--host", server.host, "--port", str(server.port),
             "--enable-prefix-caching", "--dtype", "float32", "--enforce-eager",
-            "--max-num-seqs", "4", "--disable-uvicorn-access-log"]
+            "--max-num-seqs", "4", "--disable-uvicorn-access-log",
+            # usage.prompt_tokens_details.cached_tokens, as the simulator always sends it
+            "--enable-prompt-tokens-details"]
     if "lora" in server.features:
         args += ["--enable-lora", "--max-loras", "2", "--max-lora-rank", "8",
                  "--lora-modules", f"a1={model_dir / 'a1'}"]
