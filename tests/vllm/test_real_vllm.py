@@ -174,9 +174,9 @@ def served_at_least(pool: RealPool, before: dict[str, float], n: int) -> dict[st
     return until(f"vLLM to count {n} requests", probe)
 
 
-def local_only(pool: RealPool) -> None:
+def local_only(pool: RealPool, why: str) -> None:
     if not pool.local:
-        pytest.skip("needs the local servers' known flags (--max-num-seqs 4, small KV cache)")
+        pytest.skip(f"local servers only: {why}")
 
 
 # --- the scraper and /debug/pool -----------------------------------------------------------
@@ -337,7 +337,7 @@ def test_prefix_scorer_concentrates_a_shared_prefix(real: RealPool) -> None:
 
 def test_sheddable_requests_shed_against_a_real_queue(real: RealPool) -> None:
     """shedding: 429 for a sheddable request while every server queues; served again after"""
-    local_only(real)
+    local_only(real, "filling every queue needs their small --max-num-seqs")
     body = {"model": real.model, "prompt": "may I?", "max_tokens": 2}
     with floods(*(Flood(s, real.model, 7, max_tokens=200) for s in real.servers)):
         until("every server to queue >= 2 in /debug/pool",
@@ -509,7 +509,7 @@ def test_simulator_answers_use_real_vllm_fields(real: RealPool) -> None:
 
 def test_kv_event_layout_matches_the_recorded_fixture(real: RealPool) -> None:
     """KV events: real vLLM's ZMQ/msgpack layout (stored, evicted) matches the committed fixture"""
-    local_only(real)
+    local_only(real, "needs the KV-event endpoint make test-vllm gives the small server")
     server = real.server("small-kv")
     assert real.venv is not None and server.kv_events_port is not None
     out = real.workdir / "kv_layout.json"
