@@ -11,7 +11,7 @@ LINT_PATHS := shared bbr epp sim sidecar bench devkit tests examples/plugin-pack
 $(STAMP): pyproject.toml examples/plugin-package/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,bench]'
+	$(PY) -m pip install -q -e '.[test,bench,local]'
 	# the example third-party plugin package the tests schedule through Envoy with
 	$(PY) -m pip install -q --no-deps -e examples/plugin-package
 	@touch $(STAMP)
