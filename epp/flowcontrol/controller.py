@@ -121,9 +121,8 @@ class FlowController:
         self.length += 1
         self.nbytes += req.byte_size
         self.metrics.queued(self._gauge_key(req), req.byte_size)
-        self.metrics.enqueue_duration.labels(req.fairness_id, str(req.priority),
-                                             "NotYetFinalized").observe(
-            time.perf_counter() - started)
+        self.metrics.enqueued(req.fairness_id, str(req.priority), "NotYetFinalized",
+                              time.perf_counter() - started)
         self._ensure_dispatcher()
         self._wake.set()
         try:
@@ -257,7 +256,7 @@ class FlowController:
             sat = math.inf
         if math.isnan(sat):
             sat = math.inf
-        self.metrics.pool_saturation.labels(self.pool_name).set(sat)
+        self.metrics.saturation(self.pool_name, sat)
         return sat
 
     def _may_bypass(self, band: Band) -> bool:
@@ -314,9 +313,8 @@ class FlowController:
             self.nbytes -= req.byte_size
             self.metrics.left(self._gauge_key(req), req.byte_size)
         waited = item.future.get_loop().time() - item.enqueued_at
-        self.metrics.queue_duration.labels(
-            req.fairness_id, str(req.priority), outcome.value, self.pool_name,
-            req.model_name, req.target_model_name).observe(max(0.0, waited))
+        self.metrics.outcome((req.fairness_id, str(req.priority), outcome.value, self.pool_name,
+                              req.model_name, req.target_model_name), max(0.0, waited))
         if not item.future.done():
             item.future.set_result(outcome)
         return True
@@ -324,11 +322,10 @@ class FlowController:
     def _decided(self, req: FlowControlRequest, outcome: Outcome, started: float) -> Outcome:
         """Record an outcome decided without queueing (fast path or rejection)."""
         prio = str(req.priority)
-        self.metrics.enqueue_duration.labels(req.fairness_id, prio, outcome.value).observe(
-            time.perf_counter() - started)
-        self.metrics.queue_duration.labels(
-            req.fairness_id, prio, outcome.value, self.pool_name, req.model_name,
-            req.target_model_name).observe(0.0)
+        self.metrics.enqueued(req.fairness_id, prio, outcome.value,
+                              time.perf_counter() - started)
+        self.metrics.outcome((req.fairness_id, prio, outcome.value, self.pool_name,
+                              req.model_name, req.target_model_name), 0.0)
         return outcome
 
     def _gauge_key(self, req: FlowControlRequest) -> GaugeKey:

@@ -16,6 +16,7 @@ empty: clients cannot grow the gauges without bound by inventing ids.
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Gauge, Histogram
 
@@ -55,26 +56,65 @@ class FlowControlMetrics:
                                      "Saturation of the pool as flow control last read it "
                                      "(0 = idle, 1 = saturated).", ["inference_pool"],
                                      registry=registry)
-        self._held: dict[GaugeKey, int] = {}
+        # Labelled children are looked up once per label set (labels() costs ~10 µs); the
+        # caches are bounded because fairness ids come from clients.
+        self._held: dict[GaugeKey, tuple[int, Any, Any]] = {}
+        self._outcomes: dict[tuple[str, ...], Any] = {}
+        self._enqueues: dict[tuple[str, str, str], Any] = {}
+        self._saturation: dict[tuple[str, ...], Any] = {}
 
     def queued(self, key: GaugeKey, nbytes: int) -> None:
         """One request of ``nbytes`` entered a queue."""
-        self._held[key] = self._held.get(key, 0) + 1
-        self.queue_size.labels(*key).inc()
-        self.queue_bytes.labels(*key).inc(nbytes)
+        held = self._held.get(key)
+        if held is None:
+            held = (0, self.queue_size.labels(*key), self.queue_bytes.labels(*key))
+        n, size, nb = held
+        self._held[key] = (n + 1, size, nb)
+        size.inc()
+        nb.inc(nbytes)
 
     def left(self, key: GaugeKey, nbytes: int) -> None:
         """One request of ``nbytes`` left its queue; the series goes when the flow is empty."""
-        n = self._held.get(key, 0) - 1
-        if n > 0:
-            self._held[key] = n
-            self.queue_size.labels(*key).dec()
-            self.queue_bytes.labels(*key).dec(nbytes)
+        held = self._held.get(key)
+        if held is None:
             return
-        self._held.pop(key, None)
+        n, size, nb = held
+        if n > 1:
+            self._held[key] = (n - 1, size, nb)
+            size.dec()
+            nb.dec(nbytes)
+            return
+        del self._held[key]
         for g in (self.queue_size, self.queue_bytes):
             with contextlib.suppress(KeyError):
                 g.remove(*key)
+
+    def outcome(self, labels: tuple[str, str, str, str, str, str], waited: float) -> None:
+        """A request's final outcome; ``labels`` = (fairness_id, priority, outcome,
+        inference_pool, model_name, target_model_name)."""
+        child = _cached(self._outcomes, labels, self.queue_duration)
+        child.observe(waited)
+
+    def enqueued(self, fairness_id: str, priority: str, outcome: str, seconds: float) -> None:
+        """Time taken to queue (or decide without queueing) one request."""
+        child = _cached(self._enqueues, (fairness_id, priority, outcome), self.enqueue_duration)
+        child.observe(seconds)
+
+    def saturation(self, pool: str, value: float) -> None:
+        """The pool saturation flow control last read."""
+        _cached(self._saturation, (pool,), self.pool_saturation).set(value)
+
+
+_CACHE_MAX = 4096
+
+
+def _cached(cache: dict[Any, Any], key: tuple[str, ...], metric: Any) -> Any:
+    child = cache.get(key)
+    if child is None:
+        if len(cache) >= _CACHE_MAX:
+            cache.clear()
+        child = cache[key] = metric.labels(*key)
+    return child
 
 
 _default: FlowControlMetrics | None = None
