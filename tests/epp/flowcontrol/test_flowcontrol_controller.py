@@ -17,7 +17,8 @@ from epp.flowcontrol import (
     Outcome,
     PriorityBandConfig,
 )
-from epp.flowcontrol.policies import StaticUsageLimit
+from epp.flowcontrol.policies import GlobalStrictFairness, StaticUsageLimit
+from epp.flowcontrol.queues import Band, FlowQueue
 from tests.epp.flowcontrol.conftest import MakeFC
 from tests.epp.flowcontrol.fchelpers import Gate, release
 
@@ -62,6 +63,17 @@ async def queue_all(fc: FlowController, reqs: list[FlowControlRequest],
     return tasks
 
 
+def decided_at_once(fc: FlowController, r: FlowControlRequest) -> Outcome:
+    """Run ``enqueue_and_wait`` to its first suspension; it must finish without one."""
+    coro = fc.enqueue_and_wait(r)
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    coro.close()
+    raise AssertionError("the request waited")
+
+
 def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
     v = registry.get_sample_value(name, labels)
     return 0.0 if v is None else v
@@ -74,7 +86,7 @@ async def test_unsaturated_pool_dispatches_at_once_without_queueing(make_fc: Mak
                                                                     gate: Gate) -> None:
     gate.value = 0.2
     fc = make_fc()
-    assert await fc.enqueue_and_wait(req("a")) is Outcome.DISPATCHED
+    assert decided_at_once(fc, req("a")) is Outcome.DISPATCHED
     assert fc.length == 0
     assert fc.snapshot()["bands"][0]["flows"] == {}
 
@@ -96,9 +108,8 @@ async def test_fast_path_is_open_to_a_higher_band_while_a_lower_one_waits(
     log: Log = []
     await queue_all(fc, [req("low", prio=-1)], log)
     gate.value = 0.0
-    # No await happens inside a fast-path call, so "low" cannot have been released meanwhile.
-    assert await fc.enqueue_and_wait(req("high", prio=5)) is Outcome.DISPATCHED
-    assert fc.length == 1
+    assert decided_at_once(fc, req("high", prio=5)) is Outcome.DISPATCHED
+    assert fc.length == 1  # "low" still waits
 
 
 async def test_a_caller_that_commits_before_yielding_never_overshoots_capacity(
@@ -125,7 +136,10 @@ async def test_a_caller_that_commits_before_yielding_never_overshoots_capacity(
     inflight = 0
     fc.notify()
     await until(lambda: len(log) >= 6)
-    assert [rid for rid, _ in log][3:6] == ["r3", "r4", "r5"]
+    for _ in range(20):
+        await asyncio.sleep(0)
+    # The dispatcher let each released request commit before reading saturation again.
+    assert [rid for rid, _ in log][3:] == ["r3", "r4", "r5"]
     inflight = 0
     fc.notify()
     await until(lambda: len(log) >= 9)
@@ -459,3 +473,42 @@ async def test_queue_memory_stays_bounded_when_waiters_leave_from_the_middle(
     assert release(fc, gate, 200) == 200
     await asyncio.gather(*tasks[:100], *tasks[500:])
     assert [rid for rid, _ in log] == [f"r{i}" for i in (*range(100), *range(500, 600))]
+
+
+async def test_dispatcher_survives_a_failing_policy(make_fc: MakeFC, gate: Gate) -> None:
+    class Flaky(GlobalStrictFairness):
+        calls = 0
+
+        def pick(self, band: Band) -> FlowQueue | None:
+            Flaky.calls += 1
+            if Flaky.calls == 1:
+                raise RuntimeError("plugin bug")
+            return super().pick(band)
+
+    cfg = FlowControlConfig(priority_bands=(
+        PriorityBandConfig(priority=0, fairness_policy_ref="flaky"),))
+    fc = make_fc(cfg, plugins={"flaky": Flaky()})
+    log: Log = []
+    [t] = await queue_all(fc, [req("a")], log)
+    gate.value = 0.0
+    fc.notify()
+    assert await t is Outcome.DISPATCHED
+    assert Flaky.calls >= 2
+
+
+async def test_snapshot_shows_bands_flows_and_limits(make_fc: MakeFC) -> None:
+    cfg = FlowControlConfig(priority_bands=(
+        PriorityBandConfig(priority=5, max_requests=9,
+                           fairness_policy_ref="round-robin-fairness-policy"),))
+    fc = make_fc(cfg)
+    log: Log = []
+    await queue_all(fc, [req("a", prio=5, tenant="x", size=3), req("b", prio=5, tenant="y"),
+                         req("c", prio=-1, tenant="x", size=4)], log)
+    snap = fc.snapshot()
+    assert (snap["queued"], snap["bytes"]) == (3, 17)
+    high, low = snap["bands"]
+    assert high == {"priority": 5, "queued": 2, "bytes": 13, "maxBytes": 1_000_000_000,
+                    "maxRequests": 9, "fairnessPolicy": "round-robin-fairness-policy",
+                    "orderingPolicy": "fcfs-ordering-policy",
+                    "flows": {"x": {"queued": 1, "bytes": 3}, "y": {"queued": 1, "bytes": 10}}}
+    assert low["priority"] == -1 and low["flows"] == {"x": {"queued": 1, "bytes": 4}}
