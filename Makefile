@@ -3,14 +3,16 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
-LINT_PATHS := shared bbr epp sim bench tests
+LINT_PATHS := shared bbr epp sim sidecar bench devkit tests examples/plugin-package
 
 .PHONY: venv run test lint bench bench-quick bench-compare bench-compare-quick clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml examples/plugin-package/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test,bench]'
+	# the example third-party plugin package the tests schedule through Envoy with
+	$(PY) -m pip install -q --no-deps -e examples/plugin-package
 	@touch $(STAMP)
 
 venv: $(STAMP)

@@ -7,7 +7,7 @@ import time
 from collections.abc import Sequence
 
 from bbr import metrics
-from bbr.plugins import Plugin
+from bbr.plugins import HeaderPlugin
 from shared.errors import GatewayError
 from shared.extproc import Exchange, RequestDecision
 from shared.openai import parse_json_object
@@ -16,7 +16,7 @@ from shared.openai import parse_json_object
 class BodyRouter:
     """Holds the configured plugins; makes one :class:`RouterExchange` per stream."""
 
-    def __init__(self, plugins: Sequence[Plugin]) -> None:
+    def __init__(self, plugins: Sequence[HeaderPlugin]) -> None:
         self.plugins = list(plugins)
         self.owned = sorted({h for p in self.plugins for h in p.owned_headers})
         self._timers = [

@@ -14,21 +14,17 @@ from typing import Any
 import structlog
 from aiohttp import web
 
-from epp import exported_metrics as m
+from epp import telemetry as m
+from epp.config import ConfigError, EndpointPickerConfig, Runtime, build, load_config_file
+from epp.config import parse_config as parse_config_text
 from epp.datastore import Datastore
+from epp.handle import Settings
 from epp.handlers.exchange import PickerExchange
-from epp.metrics import Scraper, ScraperConfig
+from epp.leader import LeaderElector, report_readiness
+from epp.metrics import ScraperConfig
 from epp.requestcontrol import Director
-from epp.scheduling import (
-    ConfigError,
-    SchedulerHooks,
-    build_saturation_detector,
-    build_scheduler,
-    load_config_file,
-    parse_config,
-)
-from epp.sources import ManifestError, ManifestSource
-from epp.sources.leader import report_readiness
+from epp.scheduling import SchedulerHooks
+from epp.sources import ManifestError, ManifestSource, Source
 from shared import logs
 from shared.extproc import DEFAULT_MAX_BODY, BodyMode, ExtProcServicer
 from shared.flags import Parser, die, duration
@@ -53,6 +49,9 @@ def parser() -> Parser:
     cfg = p.add_mutually_exclusive_group()
     cfg.add_argument("--config-file", default=None, help="EndpointPickerConfig YAML file")
     cfg.add_argument("--config-text", default=None, help="EndpointPickerConfig YAML text")
+    p.add_argument("--check-config", nargs="?", const="", default=None, metavar="FILE",
+                   help="validate the EndpointPickerConfig (FILE, or --config-file / "
+                        "--config-text) and exit: 0 when usable, 1 with the reason")
     p.add_bool("--secure-serving", default=True, help="serve ext_proc over TLS")
     p.add_argument("--cert-path", default=None,
                    help="directory with tls.crt and tls.key (reloaded on change); "
@@ -117,42 +116,60 @@ def debug_pool_route(datastore: Datastore) -> Any:
     return handler
 
 
-async def run(args: Any) -> None:
-    """Build everything, serve until SIGTERM."""
-    try:
-        config = (load_config_file(args.config_file) if args.config_file
-                  else parse_config(args.config_text, source="--config-text"))
-    except (ConfigError, OSError) as e:
-        die("epp", f"bad EndpointPickerConfig: {e}")
-    datastore = Datastore()
-    stop = asyncio.Event()
-    source, elector = start_source(args, datastore)
+def settings(args: Any) -> Settings:
+    """The flag-given settings plugins see through the handle."""
+    return Settings(
+        reject_unknown_models=args.reject_unknown_models,
+        subset_filter=not args.disable_endpoint_subset_filter,
+        staleness=args.metrics_staleness_threshold,
+        scraper=ScraperConfig(interval=args.refresh_metrics_interval,
+                              path=args.model_server_metrics_path,
+                              port=args.model_server_metrics_port),
+    )
 
-    hit_ratio = m.HitRatio()
-    hooks = SchedulerHooks(
+
+def load_config(args: Any, path: str | None = None) -> EndpointPickerConfig:
+    """The EndpointPickerConfig the flags name (``path`` first); ConfigError if unusable."""
+    path = path or args.config_file
+    if path:
+        return load_config_file(path)
+    return parse_config_text(args.config_text, source="--config-text")
+
+
+def check_config(args: Any) -> None:
+    """``--check-config``: build everything a config names (no serving) and exit 0 or 1."""
+    try:
+        build(load_config(args, args.check_config), settings=settings(args))
+    except ConfigError as e:
+        die("epp", f"bad EndpointPickerConfig: {e}")
+    print("epp: EndpointPickerConfig is valid")
+    sys.exit(0)
+
+
+def metrics_hooks(hit_ratio: m.HitRatio) -> SchedulerHooks:
+    """The scheduler's timings and prefix hits, into the exported metrics."""
+    return SchedulerHooks(
         e2e_duration=m.SCHEDULER_E2E.observe,
         prefix_hit_ratio=hit_ratio.observe,
         plugin_duration=lambda point, kind, name, s: m.PLUGIN_DURATION.labels(
             point, kind, name).observe(s),
     )
+
+
+async def run(args: Any) -> None:
+    """Build everything, serve until SIGTERM."""
+    datastore = Datastore()
+    hit_ratio = m.HitRatio()
     try:
-        scheduler = build_scheduler(config, hooks=hooks)
+        runtime = build(load_config(args), datastore, settings(args),
+                        rng=random.Random(), hooks=metrics_hooks(hit_ratio))
     except ConfigError as e:
         die("epp", f"bad EndpointPickerConfig: {e}")
-    datastore.subscribe(
-        lambda s: scheduler.retain_endpoints(frozenset(e.key for e in s.endpoints)))
-    director = Director(
-        datastore, scheduler, build_saturation_detector(config),
-        reject_unknown_models=args.reject_unknown_models,
-        subset_filter=not args.disable_endpoint_subset_filter,
-        staleness=args.metrics_staleness_threshold, rng=random.Random(),
-    )
-    # In Kubernetes mode the pool arrives after start; the flag names it either way.
-    pool = datastore.snapshot.pool
-    pool_name = args.pool_name or (pool.name if pool else "unknown")
-    m.register_pool(m.PoolCollector(
-        pool_name, datastore, staleness=args.metrics_staleness_threshold,
-        prefix_stats=lambda: (scheduler.prefix_indexer_size, hit_ratio.value)))
+    stop = asyncio.Event()
+    source, elector = start_source(args, datastore)
+    datastore.subscribe(lambda s: runtime.retain_endpoints(frozenset(e.key for e in s.endpoints)))
+    director = Director.of(runtime)
+    register_pool_metrics(args, runtime, hit_ratio)
     try:
         token = read_token(args.metrics_bearer_token_file)
     except OSError as e:
@@ -166,20 +183,13 @@ async def run(args: Any) -> None:
                         secure=args.secure_serving, cert_path=args.cert_path,
                         grace=args.grace_period,
                         max_message_bytes=args.max_body_bytes + 1024 * 1024)
-    scraper = Scraper(datastore, ScraperConfig(
-        interval=args.refresh_metrics_interval, path=args.model_server_metrics_path,
-        port=args.model_server_metrics_port))
 
     async def ready(health: Health) -> None:
         await report_readiness(health.set_serving, datastore.synced, elector)
 
-    async def scraping() -> None:
-        async with scraper:
-            await asyncio.Event().wait()
-
     background: list[Awaitable[None]] = [
-        scraping(),
-        source.watch() if isinstance(source, ManifestSource) else source.run(),
+        *(s.run(datastore) for s in runtime.data_sources),
+        source.run(),
         run_metrics_server(args.metrics_port, token=token,
                            routes={"/debug/pool": debug_pool_route(datastore)}),
     ]
@@ -189,7 +199,18 @@ async def run(args: Any) -> None:
     await serve(servicer, opts, ready=ready, background=background, stop=stop)
 
 
-def start_source(args: Any, datastore: Datastore) -> tuple[Any, Any]:
+def register_pool_metrics(args: Any, runtime: Runtime, hit_ratio: m.HitRatio) -> None:
+    """The pool gauges, computed from the datastore when Prometheus scrapes."""
+    # In Kubernetes mode the pool arrives after start; the flag names it either way.
+    pool = runtime.datastore.snapshot.pool
+    pool_name = args.pool_name or (pool.name if pool else "unknown")
+    scheduler = runtime.scheduler
+    m.register_pool(m.PoolCollector(
+        pool_name, runtime.datastore, staleness=args.metrics_staleness_threshold,
+        prefix_stats=lambda: (scheduler.prefix_indexer_size, hit_ratio.value)))
+
+
+def start_source(args: Any, datastore: Datastore) -> tuple[Source, LeaderElector | None]:
     """The manifests file, or the Kubernetes API (plus a leader elector with HA); exits with
     one line when either can't be set up."""
     if args.manifests is not None:
@@ -203,8 +224,8 @@ def start_source(args: Any, datastore: Datastore) -> tuple[Any, Any]:
             die("epp", str(e))
         return manifests, None
     # Imported here so --manifests never loads the Kubernetes client.
+    from epp.leader import lease_name_for
     from epp.sources.kubernetes import KubernetesSource
-    from epp.sources.leader import LeaderElector, lease_name_for
     from shared.reflector import KubernetesConfigError, load_api_client
 
     if not args.pool_name and not args.endpoint_selector:
@@ -226,6 +247,8 @@ def start_source(args: Any, datastore: Datastore) -> tuple[Any, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
+    if args.check_config is not None:
+        check_config(args)
     if args.endpoint_selector and not args.endpoint_target_ports:
         die("epp", "--endpoint-selector needs --endpoint-target-ports")
     logs.configure(args.verbosity)

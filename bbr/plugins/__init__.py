@@ -1,62 +1,47 @@
-"""BBR plugins, registered by upstream type name.
+"""BBR plugins, registered by upstream type name in the shared registry
+(:mod:`shared.plugins`; third-party ones through the ``inference_gateway.plugins`` entry
+points).
 
 A plugin looks at the parsed request body and returns the headers to set. Adding one: a file
-here with its parameters dataclass, and an entry in :data:`REGISTRY`.
+here with its parameters dataclass, and an entry in :data:`BUILTIN_PLUGINS`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
+
+import orjson
 
 from bbr.basemodels import BaseModels
+from bbr.plugins.base import BbrHandle, HeaderPlugin
 from bbr.plugins.base_model import BaseModelToHeader
 from bbr.plugins.body_field import BodyFieldToHeader
+from shared.plugins import Plugin, PluginError, PluginRegistry
 
-
-class Plugin(Protocol):
-    """What the router calls for each request with a JSON body."""
-
-    @property
-    def type_name(self) -> str:
-        """The registered type, e.g. ``body-field-to-header``."""
-
-    @property
-    def name(self) -> str:
-        """The instance name given with ``--plugin``."""
-
-    @property
-    def owned_headers(self) -> tuple[str, ...]:
-        """Headers this plugin sets; a client's own copies are removed."""
-
-    def headers(self, body: dict[str, Any]) -> dict[str, str]:
-        """Headers to set for this body (empty: none)."""
-
-
-Factory = Callable[[str, dict[str, Any], BaseModels], Plugin]
-
-REGISTRY: dict[str, Factory] = {
-    BodyFieldToHeader.type_name: lambda name, params, _: BodyFieldToHeader.create(name, params),
-    BaseModelToHeader.type_name: lambda name, params, bm: BaseModelToHeader.create(
-        name, params, bm),
-}
+BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (BodyFieldToHeader, BaseModelToHeader)
+DEFAULT_SPECS = ("body-field-to-header:model-to-header", "base-model-to-header:base-model")
 
 
 class PluginSpecError(ValueError):
     """A ``--plugin`` value that cannot be used."""
 
 
-def parse_spec(spec: str) -> tuple[str, str, dict[str, Any]]:
-    """``type:name[:json]`` → (type, name, parameters)."""
-    import orjson
+def registry() -> PluginRegistry:
+    """The BBR's built-in plugin types (plus entry points, on demand)."""
+    return PluginRegistry(BUILTIN_PLUGINS)
 
+
+def parse_spec(spec: str, types: PluginRegistry | None = None,
+               ) -> tuple[str, str, dict[str, Any]]:
+    """``type:name[:json]`` → (type, name, parameters)."""
     type_name, _, rest = spec.partition(":")
     name, _, params_text = rest.partition(":")
     if not type_name or not name:
         raise PluginSpecError(f"--plugin {spec!r}: expected type:name[:json]")
-    if type_name not in REGISTRY:
-        known = ", ".join(sorted(REGISTRY))
-        raise PluginSpecError(f"--plugin {spec!r}: unknown plugin type {type_name!r} ({known})")
+    try:
+        (types or registry()).get(type_name)
+    except PluginError as e:
+        raise PluginSpecError(f"--plugin {spec!r}: {e}") from None
     params: Any = {}
     if params_text:
         try:
@@ -68,15 +53,22 @@ def parse_spec(spec: str) -> tuple[str, str, dict[str, Any]]:
     return type_name, name, params
 
 
-def build(specs: list[str], base_models: BaseModels) -> list[Plugin]:
+def build(specs: list[str], base_models: BaseModels) -> list[HeaderPlugin]:
     """Plugins from ``--plugin`` values; the upstream defaults when there are none."""
-    if not specs:
-        specs = ["body-field-to-header:model-to-header", "base-model-to-header:base-model"]
+    types = registry()
+    handle = BbrHandle(base_models)
     plugins = []
-    for spec in specs:
-        type_name, name, params = parse_spec(spec)
+    for spec in specs or DEFAULT_SPECS:
+        type_name, name, params = parse_spec(spec, types)
         try:
-            plugins.append(REGISTRY[type_name](name, params, base_models))
-        except (TypeError, ValueError) as e:
+            plugin = types.create(type_name, name, params, handle)
+        except PluginError as e:
             raise PluginSpecError(f"--plugin {spec!r}: {e}") from None
+        if not isinstance(plugin, HeaderPlugin):
+            raise PluginSpecError(f"--plugin {spec!r}: {type_name} is not a BBR plugin")
+        plugins.append(plugin)
     return plugins
+
+
+__all__ = ["BUILTIN_PLUGINS", "BaseModelToHeader", "BbrHandle", "BodyFieldToHeader",
+           "HeaderPlugin", "PluginSpecError", "build", "parse_spec", "registry"]

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import re
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import Counter
 
 from bbr.metrics import FIELD_EMPTY, FIELD_NOT_FOUND
+from bbr.plugins.base import HeaderPlugin
 from bbr.plugins.params import FieldToHeader
 
 MODEL_HEADER = "X-Gateway-Model-Name"
@@ -19,7 +21,14 @@ MAX_HEADER_VALUE = 8192
 _NOT_IN_HEADERS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
 
-class BodyFieldToHeader:
+@dataclass(frozen=True, slots=True)
+class BodyFieldParameters(FieldToHeader):
+    """Default header: ``X-Gateway-Model-Name``."""
+
+    header_name: str = MODEL_HEADER
+
+
+class BodyFieldToHeader(HeaderPlugin):
     """Sets ``header_name`` to the string value of ``field``.
 
     A missing or non-string field sets no header, and neither does an empty string or one no
@@ -27,18 +36,15 @@ class BodyFieldToHeader:
     route, counted in ``bbr_body_field_not_found_total`` / ``bbr_body_field_empty_total``.
     """
 
-    type_name: ClassVar[str] = "body-field-to-header"
+    type_name = "body-field-to-header"
+    parameters_type = BodyFieldParameters
+    params: BodyFieldParameters
 
-    def __init__(self, name: str, params: FieldToHeader) -> None:
-        self.name = name
-        self.params = params
-        self._header = params.header_name.lower()
-        self._not_found: Counter = FIELD_NOT_FOUND.labels(field=params.field)
-        self._empty: Counter = FIELD_EMPTY.labels(field=params.field)
-
-    @classmethod
-    def create(cls, name: str, raw: dict[str, Any]) -> BodyFieldToHeader:
-        return cls(name, FieldToHeader.parse(raw, MODEL_HEADER))
+    def __init__(self, name: str = "", params: BodyFieldParameters | None = None) -> None:
+        super().__init__(name, params)
+        self._header = self.params.header_name.lower()
+        self._not_found: Counter = FIELD_NOT_FOUND.labels(field=self.params.field)
+        self._empty: Counter = FIELD_EMPTY.labels(field=self.params.field)
 
     @property
     def owned_headers(self) -> tuple[str, ...]:

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from epp.datastore.models import Endpoint
+
+A = TypeVar("A")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +71,9 @@ class EndpointView:
     #: False after ``failure_threshold`` scrapes in a row failed; excluded from candidates.
     healthy: bool = True
     consecutive_failures: int = 0
+    #: Typed attributes data-layer extractors add beside the core metrics, keyed by their
+    #: class (read with :meth:`attribute`).
+    attributes: dict[type, Any] = field(default_factory=dict, repr=False)
     _picks: int = field(default=0, repr=False)
     _picks_at_scrape_start: int = field(default=0, repr=False)
     _picks_reflected: int = field(default=0, repr=False)
@@ -81,6 +87,11 @@ class EndpointView:
     def unreflected_picks(self) -> int:
         """Requests routed here after the current metrics' scrape was sent, still running."""
         return min(self._picks - self._picks_reflected, self.inflight_requests)
+
+    def attribute(self, kind: type[A]) -> A | None:
+        """The latest attribute of class ``kind`` an extractor installed (None if none)."""
+        value = self.attributes.get(kind)
+        return value if isinstance(value, kind) else None
 
     def age(self, now: float) -> float:
         """Seconds since the latest successful scrape (``inf`` if never scraped)."""

@@ -20,8 +20,12 @@ class PickerExchange(Exchange):
         self.response_size = 0
 
     async def on_request(self, headers: dict[str, str], body: bytes) -> RequestDecision:
+        director = self.director
         try:
-            decision, self.routed = self.director.route(headers, body, self.filter_metadata)
+            pending = director.prepare(headers, body, self.filter_metadata)
+            if director.runtime.admitters:
+                await director.admit(pending)
+            decision, self.routed = director.dispatch(pending)
         except GatewayError as e:
             self.director.count_error(headers, e)
             raise
@@ -33,6 +37,8 @@ class PickerExchange(Exchange):
             self.status = int(headers.get(":status", "200"))
         except ValueError:
             self.status = 0
+        if self.routed is not None:
+            self.director.response_received(self.routed, self.status or 200, headers)
         sse = headers.get("content-type", "").startswith("text/event-stream")
         return ResponseHeadersDecision(buffer_body=not sse and self.rewriter is not None)
 
@@ -40,7 +46,11 @@ class PickerExchange(Exchange):
         self.response_size += len(chunk)
         if self.rewriter is None:
             return chunk
-        return self.rewriter.chunk(chunk, end_of_stream)
+        out = self.rewriter.chunk(chunk, end_of_stream)
+        if self.routed is not None and (self.routed.response.ttft is None
+                                        or self.director.runtime.response_streaming):
+            self.director.response_chunk(self.routed, chunk, self.rewriter.first_token_seen)
+        return out
 
     def on_response_body(self, body: bytes) -> bytes:
         self.response_size += len(body)

@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import aiohttp
 import structlog
 
 from epp.datastore import Datastore, EndpointView, Snapshot
-from epp.metrics.dialects import Anomaly, MetricsError, parse_metrics
+from epp.metrics.dialects import Anomaly, MetricsError, ParsedMetrics, parse_metrics
 
 log = structlog.get_logger(__name__)
 
@@ -34,6 +36,10 @@ class ScraperConfig:
     #: sooner takes a hung server out of rotation sooner.
     timeout: float = 2.0
     path: str = "/metrics"
+    #: ``http`` or ``https``.
+    scheme: str = "http"
+    #: With https: accept any server certificate (model servers mostly self-sign).
+    insecure_skip_verify: bool = True
     #: Scrape this port instead of the endpoint's target port (metrics on a side port).
     port: int | None = None
     #: A bigger page is a failed scrape (a vLLM page is ~100 KB; an endless one must not
@@ -53,12 +59,23 @@ async def _read_capped(resp: aiohttp.ClientResponse, limit: int) -> bytes:
     return bytes(body)
 
 
-class Scraper:
-    """Keeps one scrape loop per endpoint of ``datastore``, following snapshot changes."""
+#: Reads one page for one endpoint: (page text, endpoint, now) → metrics.
+Extract = Callable[[str, EndpointView, float], ParsedMetrics]
 
-    def __init__(self, datastore: Datastore, config: ScraperConfig | None = None) -> None:
+
+def _by_engine_label(text: str, view: EndpointView, now: float) -> ParsedMetrics:
+    return parse_metrics(text, view.endpoint.engine, now)
+
+
+class Scraper:
+    """Keeps one scrape loop per endpoint of ``datastore``, following snapshot changes;
+    ``extract`` reads each page (default: the dialect of the endpoint's engine label)."""
+
+    def __init__(self, datastore: Datastore, config: ScraperConfig | None = None,
+                 extract: Extract | None = None) -> None:
         self.datastore = datastore
         self.config = config or ScraperConfig()
+        self.extract = extract or _by_engine_label
         self._session: aiohttp.ClientSession | None = None
         self._tasks: dict[str, tuple[EndpointView, asyncio.Task[None]]] = {}
         self._warned: dict[str, set[Anomaly | str]] = {}
@@ -72,11 +89,19 @@ class Scraper:
         self._session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=self.config.timeout),
             # No pool-wide connection cap: one keep-alive connection per endpoint.
-            connector=aiohttp.TCPConnector(limit=0, force_close=False),
+            connector=aiohttp.TCPConnector(limit=0, force_close=False, ssl=self._ssl()),
             headers={"Accept": "text/plain"},
         )
         self.datastore.subscribe(self._on_snapshot)
         self._reconcile()
+
+    def _ssl(self) -> ssl.SSLContext | bool:
+        if self.config.scheme != "https" or not self.config.insecure_skip_verify:
+            return True  # aiohttp's default verification (unused for http)
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        return ctx
 
     async def stop(self) -> None:
         """Stop every loop and close the session."""
@@ -103,7 +128,8 @@ class Scraper:
         """The metrics URL of ``view``."""
         ep = view.endpoint
         host = f"[{ep.address}]" if ":" in ep.address else ep.address
-        return f"http://{host}:{self.config.port or ep.port}{self.config.path}"
+        c = self.config
+        return f"{c.scheme}://{host}:{c.port or ep.port}{c.path}"
 
     def _on_snapshot(self, snapshot: Snapshot) -> None:
         if self._running:
@@ -141,9 +167,7 @@ class Scraper:
                 if resp.status != 200:
                     raise MetricsError(f"HTTP {resp.status}")
                 body = await _read_capped(resp, self.config.max_page_bytes)
-            parsed = parse_metrics(
-                body.decode("utf-8", "replace"), view.endpoint.engine, time.monotonic()
-            )
+            parsed = self.extract(body.decode("utf-8", "replace"), view, time.monotonic())
         except asyncio.CancelledError:
             raise
         except (aiohttp.ClientError, TimeoutError, MetricsError, OSError) as e:

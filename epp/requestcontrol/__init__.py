@@ -1,6 +1,7 @@
-"""Request control: the director that takes one request from parse to picked endpoint, and
-the response handling on the way back."""
+"""Request control: the director that takes one request from parse to picked endpoint and
+back, the extension points it calls (:mod:`epp.requestcontrol.plugin`) and the built-in
+plugins at those points (:mod:`epp.requestcontrol.plugins`)."""
 
-from epp.requestcontrol.director import Director, Routed
+from epp.requestcontrol.director import Director, Pending, Routed, Shed
 
-__all__ = ["Director", "Routed"]
+__all__ = ["Director", "Pending", "Routed", "Shed"]

@@ -1,30 +1,40 @@
 """The director: one request's life, top to bottom.
 
-parse → target model (rewrite) → priority (objective) → candidates (subset hint) →
-admission (saturation) → schedule → commit (in-flight, prefix index) → headers, metadata and
-the rewritten body for Envoy. The response side ends in :meth:`Director.finish`.
+:meth:`Director.prepare`: parse → resolve (rewrite, objective) → candidates (subset hint) →
+saturation shed → the scheduler's request → data producers. :meth:`Director.admit`: the
+admitters (may await). :meth:`Director.dispatch`: schedule → pre-request plugins (in-flight
+accounting, prefix learning, metrics are plugins there) → headers, metadata and the rewritten
+body for Envoy. On the way back: :meth:`response_received`, :meth:`response_chunk` and
+:meth:`finish` run the response plugins. Everything pluggable comes from one
+:class:`epp.config.Runtime`.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
-import random
 import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import structlog
 
-from epp import exported_metrics as m
-from epp.datastore import Datastore, EndpointView, Snapshot
-from epp.scheduling import LLMRequest, Scheduler, UtilizationDetector, estimate_tokens, prefix_input
+from epp import telemetry as m
+from epp.datastore import EndpointView, Snapshot
+from epp.datastore.snapshot import ModelResolution as Resolution
+from epp.requestcontrol.plugin import Response
+from epp.scheduling import LLMRequest, estimate_tokens, prefix_input
+from epp.scheduling.result import SchedulingResult
 from epp.scheduling.scheduler import NoCandidates
 from shared.errors import BadRequest, GatewayError, NotFound, TooManyRequests
 from shared.extproc import RequestDecision
-from shared.openai import parse_request
+from shared.openai import OpenAIRequest
+
+if TYPE_CHECKING:
+    from epp.config import Runtime
 
 log = structlog.get_logger(__name__)
 
@@ -45,62 +55,162 @@ class Shed(TooManyRequests):
 
 
 @dataclass(slots=True)
+class Pending:
+    """A request between :meth:`Director.prepare` and :meth:`Director.dispatch`."""
+
+    request: LLMRequest
+    candidates: Sequence[EndpointView]
+    headers: Mapping[str, str]
+    #: The body to send instead of the client's (the model was rewritten), or None.
+    new_body: bytes | None
+
+
+@dataclass(slots=True)
 class Routed:
     """A request the director sent somewhere; what the response side needs to close it."""
 
-    request_id: str
-    client_model: str
-    target_model: str
+    request: LLMRequest
     endpoint: EndpointView
-    tokens: int
-    request_size: int
+    response: Response
     started: float = field(default_factory=time.monotonic)
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def client_model(self) -> str:
+        return self.request.client_model
+
+    @property
+    def target_model(self) -> str:
+        return self.request.target_model
 
 
 class Director:
-    """Routes requests for one pool."""
+    """Routes requests for one pool, calling the runtime's plugins in upstream's order."""
 
-    def __init__(
-        self,
-        datastore: Datastore,
-        scheduler: Scheduler,
-        saturation: UtilizationDetector,
-        *,
-        reject_unknown_models: bool = False,
-        subset_filter: bool = True,
-        staleness: float = 2.0,
-        rng: random.Random | None = None,
-    ) -> None:
-        self.datastore = datastore
-        self.scheduler = scheduler
-        self.saturation = saturation
-        self.reject_unknown_models = reject_unknown_models
-        self.subset_filter = subset_filter
-        self.staleness = staleness
-        self.rng = rng or random.Random()
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self.datastore = runtime.datastore
+        self.scheduler = runtime.scheduler
+        self.saturation = runtime.saturation
+        self.rng = runtime.rng
+        s = runtime.settings
+        self.reject_unknown_models = s.reject_unknown_models
+        self.subset_filter = s.subset_filter
+        self.staleness = s.staleness
         self._debug = logging.getLogger().isEnabledFor(logging.DEBUG)
         self._served_cache: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())
         self._served_until = 0.0
 
+    @classmethod
+    def of(cls, runtime: Runtime) -> Director:
+        """The director of ``runtime`` (see :func:`epp.config.build`)."""
+        return cls(runtime)
+
+    # -- the request -----------------------------------------------------------------
+
     def route(
         self, headers: Mapping[str, str], body: bytes, filter_metadata: Mapping[str, Any]
     ) -> tuple[RequestDecision, Routed]:
-        """Decide where a complete request goes; raises :class:`GatewayError` when it can't."""
-        req = parse_request(body, headers.get(":path", "/"))
-        snap = self.datastore.snapshot
-        res = snap.resolve(
-            req.model,
-            rng=self.rng,
-            rewrite_header=headers.get(REWRITE_HEADER),
-            objective_header=headers.get(OBJECTIVE_HEADER),
-        )
-        if self.reject_unknown_models and not self._known(snap, req.model, res.rewritten):
-            raise NotFound(f"model {req.model!r} is not served by this pool")
+        """prepare → admit → dispatch, for runtimes whose admitters never wait (the
+        ext_proc exchange uses the three steps itself so that an admitter may await)."""
+        pending = self.prepare(headers, body, filter_metadata)
+        for admitter in self.runtime.admitters:
+            if inspect.isawaitable(waiting := admitter.admit(pending.request,
+                                                             pending.candidates)):
+                waiting.close()  # type: ignore[attr-defined]
+                raise RuntimeError(f"admitter {admitter!r} awaits: use Director.admit")
+        return self.dispatch(pending)
 
+    def prepare(
+        self, headers: Mapping[str, str], body: bytes, filter_metadata: Mapping[str, Any]
+    ) -> Pending:
+        """Everything before admission; raises :class:`GatewayError` when it can't go on."""
+        req = self.runtime.parser.parse(body, headers.get(":path", "/"))
+        res = self._resolve(req, headers)
         candidates = self._candidates(filter_metadata)
         if res.priority < 0 and self.saturation.is_saturated(candidates):
             raise Shed("the pool is saturated; sheddable requests are rejected")
+        request, new_body = self._scheduling_request(req, res, headers, len(body))
+        for producer in self.runtime.producers:
+            producer.produce(request, candidates)
+        return Pending(request, candidates, headers, new_body)
 
+    async def admit(self, pending: Pending) -> None:
+        """Every admitter accepts (an admitter may await, e.g. a queue); else it raised."""
+        for admitter in self.runtime.admitters:
+            waiting = admitter.admit(pending.request, pending.candidates)
+            if waiting is not None:
+                await waiting
+
+    def dispatch(self, pending: Pending) -> tuple[RequestDecision, Routed]:
+        """Schedule, run the pre-request plugins (the commit), answer Envoy."""
+        request = pending.request
+        result = self.scheduler.schedule(request, pending.candidates)
+        for plugin in self.runtime.pre_request:
+            plugin.pre_request(request, result)
+        if self._debug:
+            log.debug("picked", request_id=request.request_id, model=request.client_model,
+                      target_model=request.target_model, endpoint=result.destination,
+                      priority=request.priority, scores=result.primary.scores())
+        routed = Routed(request, result.endpoints[0], Response(request.request_id))
+        return self._decision(pending, result), routed
+
+    # -- the response ----------------------------------------------------------------
+
+    def response_received(self, routed: Routed, status: int,
+                          headers: Mapping[str, str]) -> None:
+        """The endpoint's response headers arrived."""
+        routed.response.status, routed.response.headers = status, headers
+        for plugin in self.runtime.response_received:
+            plugin.response_received(routed.request, routed.response, routed.endpoint)
+
+    def response_chunk(self, routed: Routed, chunk: bytes, first_token: bool) -> None:
+        """A piece of the response body; ``first_token``: a token has been seen by now."""
+        response = routed.response
+        if first_token and response.ttft is None:
+            response.ttft = time.monotonic() - routed.started
+        for plugin in self.runtime.response_streaming:
+            plugin.response_streaming(routed.request, response, chunk, routed.endpoint)
+
+    def finish(self, routed: Routed, *, completed: bool, status: int, response_size: int,
+               prompt_tokens: int, completion_tokens: int) -> None:
+        """The response ended (or the stream broke): the response-complete plugins release
+        the endpoint and record the request."""
+        r = routed.response
+        r.completed, r.status, r.size = completed, status, response_size
+        r.prompt_tokens, r.completion_tokens = prompt_tokens, completion_tokens
+        r.elapsed = time.monotonic() - routed.started
+        if completion_tokens > 1 and r.ttft is not None:
+            r.tpot = (r.elapsed - r.ttft) / (completion_tokens - 1)
+        elif completion_tokens:
+            r.tpot = r.elapsed / completion_tokens
+        for plugin in self.runtime.response_complete:
+            plugin.response_complete(routed.request, r, routed.endpoint)
+
+    @staticmethod
+    def count_error(headers: Mapping[str, str], err: GatewayError) -> None:
+        """A request the director refused (labelled by whatever model it named)."""
+        m.ERRORS.labels(headers.get("x-gateway-model-name", ""), "", err.code).inc()
+
+    # -- steps -------------------------------------------------------------------------
+
+    def _resolve(self, req: OpenAIRequest, headers: Mapping[str, str]) -> Resolution:
+        """Target model (rewrites) and priority (objective); 404 for unknown models when
+        ``--reject-unknown-models``."""
+        snap = self.datastore.snapshot
+        res = snap.resolve(req.model, rng=self.rng, rewrite_header=headers.get(REWRITE_HEADER),
+                           objective_header=headers.get(OBJECTIVE_HEADER))
+        if self.reject_unknown_models and not self._known(snap, req.model, res.rewritten):
+            raise NotFound(f"model {req.model!r} is not served by this pool")
+        return res
+
+    def _scheduling_request(self, req: OpenAIRequest, res: Resolution,
+                            headers: Mapping[str, str], size: int,
+                            ) -> tuple[LLMRequest, bytes | None]:
+        """What the scheduler is asked, and the rewritten body (None when unchanged)."""
         # orjson reads JSON nested up to 1,024 levels but writes only 255: a body between the
         # two would otherwise raise TypeError past the stream (a 500) - or, for the rewrite,
         # after the endpoint was committed (a leaked in-flight count).
@@ -113,69 +223,33 @@ class Director:
         except orjson.JSONEncodeError as e:
             raise BadRequest(f"request body cannot be re-encoded: {e}",
                              code="invalid_body") from None
-        tokens = estimate_tokens(prompt)
-        request_id = headers.get(REQUEST_ID) or str(uuid.uuid4())
         salt = req.body.get("cache_salt")
-        llm = LLMRequest(
-            request_id=request_id,
+        request = LLMRequest(
+            request_id=headers.get(REQUEST_ID) or str(uuid.uuid4()),
             target_model=res.target_model,
             client_model=req.model,
             prompt=prompt,
-            prompt_tokens=tokens,
+            prompt_tokens=estimate_tokens(prompt),
             priority=res.priority,
             headers=headers,
             lora_adapter=None if self._serves_base(res.target_model) else res.target_model,
             cache_salt=salt if isinstance(salt, str) else "",
             objective=res.objective,
+            request_size=size,
         )
-        result = self.scheduler.schedule(llm, candidates)
-        self.scheduler.post_pick(llm, result)
-        endpoint = result.endpoints[0]
-        endpoint.start_request(tokens)
-        m.REQUESTS.labels(req.model, res.target_model).inc()
-        m.RUNNING.labels(req.model).inc()
-        m.REQUEST_SIZES.labels(req.model, res.target_model).observe(len(body))
-        if self._debug:
-            log.debug("picked", request_id=request_id, model=req.model,
-                      target_model=res.target_model, endpoint=result.destination,
-                      priority=res.priority, scores=result.primary.scores())
+        return request, new_body
 
+    def _decision(self, pending: Pending, result: SchedulingResult) -> RequestDecision:
         destination = result.destination
-        decision = RequestDecision(
-            set_headers={DESTINATION: destination, REQUEST_ID: request_id,
+        headers = pending.headers
+        return RequestDecision(
+            set_headers={DESTINATION: destination, REQUEST_ID: pending.request.request_id,
                          **result.extra_headers},
             # A client's own copies of our control headers never reach the proxy's LB.
             remove_headers=[h for h in headers if h.startswith(DESTINATION) and h != DESTINATION],
-            body=new_body,
+            body=pending.new_body,
             metadata={LB_NAMESPACE: {DESTINATION: destination}},
         )
-        return decision, Routed(request_id, req.model, res.target_model, endpoint, tokens,
-                                len(body))
-
-    def finish(self, routed: Routed, *, completed: bool, status: int, response_size: int,
-               prompt_tokens: int, completion_tokens: int) -> None:
-        """The response ended (or the stream broke): release the endpoint and record it."""
-        routed.endpoint.end_request(routed.tokens)
-        labels = (routed.client_model, routed.target_model)
-        m.RUNNING.labels(routed.client_model).dec()
-        if not completed or status >= 400:
-            m.ERRORS.labels(*labels, str(status) if completed else "stream_broken").inc()
-            return
-        elapsed = time.monotonic() - routed.started
-        m.DURATION.labels(*labels).observe(elapsed)
-        m.RESPONSE_SIZES.labels(*labels).observe(response_size)
-        if prompt_tokens:
-            m.INPUT_TOKENS.labels(*labels).observe(prompt_tokens)
-        if completion_tokens:
-            m.OUTPUT_TOKENS.labels(*labels).observe(completion_tokens)
-            m.NTPOT.labels(*labels).observe(elapsed / completion_tokens)
-
-    @staticmethod
-    def count_error(headers: Mapping[str, str], err: GatewayError) -> None:
-        """A request the director refused (labelled by whatever model it named)."""
-        m.ERRORS.labels(headers.get("x-gateway-model-name", ""), "", err.code).inc()
-
-    # -- steps -------------------------------------------------------------------------
 
     def _candidates(self, filter_metadata: Mapping[str, Any]) -> Sequence[EndpointView]:
         """The pool's healthy endpoints, narrowed by the proxy's subset hint (ip:port)."""

@@ -1,8 +1,8 @@
 """Plugin kinds of the scheduling framework.
 
-A plugin is a class with a ``type_name`` (what configs call it), a ``parameters_type``
-dataclass (its YAML ``parameters``, camelCase keys), and one or more of the extension points
-below. Scores are parallel to the candidate sequence (``scores[i]`` belongs to
+A plugin is a :class:`shared.plugins.Plugin` (a ``type_name`` configs call it by, a
+``parameters_type`` dataclass for its YAML ``parameters``) with one or more of the extension
+points below. Scores are parallel to the candidate sequence (``scores[i]`` belongs to
 ``endpoints[i]``), which keeps the hot path free of per-endpoint dicts.
 """
 
@@ -12,19 +12,16 @@ import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from epp.datastore import EndpointView
 from epp.scheduling.request import LLMRequest
+from shared.plugins import NoParameters
+from shared.plugins import Plugin as BasePlugin
 
 if TYPE_CHECKING:
     from epp.scheduling.profile import SchedulingProfile
     from epp.scheduling.result import ProfileResult, SchedulingResult
-
-
-@dataclass(frozen=True, slots=True)
-class NoParameters:
-    """For plugins that take no parameters."""
 
 
 @dataclass(slots=True)
@@ -42,23 +39,11 @@ class SchedulerHooks:
     prefix_hit_ratio: Callable[[float], None] | None = None
 
 
-class Plugin:
-    """Base of every scheduling plugin."""
-
-    #: The ``type`` configs use (``queue-scorer``...).
-    type_name: ClassVar[str] = ""
-    #: Dataclass of the plugin's ``parameters``.
-    parameters_type: ClassVar[type[Any]] = NoParameters
-
-    def __init__(self, name: str = "", params: Any = None) -> None:
-        self.name = name or self.type_name
-        self.params = params if params is not None else self.parameters_type()
+class Plugin(BasePlugin):
+    """Base of every EPP plugin (scheduling, request control, data layer)."""
 
     def attach(self, hooks: SchedulerHooks) -> None:
         """Receive the scheduler's hooks (override to report through them)."""
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(name={self.name!r}, params={self.params!r})"
 
 
 class Filter(Plugin, ABC):
@@ -117,7 +102,9 @@ class ProfileHandler(Plugin, ABC):
 
 
 class PostPick(ABC):
-    """Mixin: learns from the final decision (e.g. the prefix index records the pick)."""
+    """Mixin: learns from the final decision when the scheduler is used on its own
+    (:meth:`Scheduler.post_pick`); behind the director the same learning runs as a
+    request-control ``PreRequest`` plugin."""
 
     @abstractmethod
     def post_pick(self, request: LLMRequest, result: SchedulingResult) -> None:
@@ -130,3 +117,7 @@ class EndpointsRemoved(ABC):
     @abstractmethod
     def retain_endpoints(self, keys: frozenset[str]) -> None:
         """Forget everything about endpoints whose key is not in ``keys``."""
+
+
+__all__ = ["EndpointsRemoved", "Filter", "NoParameters", "Picker", "Plugin", "PostPick",
+           "ProfileHandler", "SchedulerHooks", "Scorer"]

@@ -36,6 +36,8 @@ class LLMRequest:
     #: Token ids when the caller has them; prefix hashing then works on exact token blocks.
     prompt_token_ids: Sequence[int] | None = None
     objective: str | None = None
+    #: Bytes of the request body as the client sent it.
+    request_size: int = 0
     #: Typed data plugins pass to each other within one scheduling cycle, keyed by plugin name.
     plugin_state: dict[str, Any] = field(default_factory=dict)
 

@@ -9,7 +9,6 @@ from time import perf_counter
 from epp.datastore import EndpointView
 from epp.scheduling.plugin import (
     EndpointsRemoved,
-    Plugin,
     PostPick,
     ProfileHandler,
     SchedulerHooks,
@@ -18,6 +17,7 @@ from epp.scheduling.profile import SchedulingProfile
 from epp.scheduling.request import LLMRequest
 from epp.scheduling.result import ProfileResult, SchedulingResult
 from shared.errors import ServiceUnavailable, TooManyRequests
+from shared.plugins import Plugin as BasePlugin
 
 
 class NoCandidates(ServiceUnavailable):
@@ -43,7 +43,7 @@ class Scheduler:
         profiles: Sequence[SchedulingProfile],
         handler: ProfileHandler,
         *,
-        plugins: Sequence[Plugin] = (),
+        plugins: Sequence[BasePlugin] = (),
         rng: random.Random | None = None,
         hooks: SchedulerHooks | None = None,
     ) -> None:
@@ -52,17 +52,19 @@ class Scheduler:
         handler.validate(list(self.profiles))
         self.rng = rng or random.Random()
         self.hooks = hooks or SchedulerHooks()
-        seen: dict[int, Plugin] = {id(handler): handler}
+        seen: dict[int, BasePlugin] = {id(handler): handler}
         for p in profiles:
             for plugin in (*p.filters, *(ws.scorer for ws in p.scorers), p.picker):
                 seen.setdefault(id(plugin), plugin)
-        for plugin in plugins:
-            seen.setdefault(id(plugin), plugin)
+        for extra in plugins:
+            seen.setdefault(id(extra), extra)
         #: Every distinct plugin instance (a plugin shared by two profiles appears once).
-        self.plugins: tuple[Plugin, ...] = tuple(seen.values())
+        self.plugins: tuple[BasePlugin, ...] = tuple(seen.values())
         self._post_pick = tuple(p for p in self.plugins if isinstance(p, PostPick))
-        for plugin in self.plugins:
-            plugin.attach(self.hooks)
+        for each in self.plugins:
+            attach = getattr(each, "attach", None)  # third-party plugins may lack it
+            if attach is not None:
+                attach(self.hooks)
 
     def schedule(
         self, request: LLMRequest, candidates: Sequence[EndpointView]
@@ -109,4 +111,8 @@ class Scheduler:
     @property
     def prefix_indexer_size(self) -> int:
         """Entries in all prefix indexes (``inference_extension_prefix_indexer_size``)."""
-        return sum(getattr(p, "indexer_size", 0) for p in self.plugins)
+        from epp.scheduling.plugins.prefix.prefix_index import PrefixIndex
+
+        indexes = {id(i): i for p in self.plugins
+                   if isinstance(i := getattr(p, "index", None), PrefixIndex)}
+        return sum(i.size for i in indexes.values())

@@ -4,9 +4,20 @@
 :meth:`epp.datastore.Datastore.replace`.
 
 Sources: the manifests file (:mod:`epp.sources.manifests`) and the Kubernetes API
-(:mod:`epp.sources.kubernetes`; :mod:`epp.sources.leader` for active-passive replicas). The
-Kubernetes modules are imported on demand so ``--manifests`` never loads the client."""
+(:mod:`epp.sources.kubernetes`). Both are a :class:`Source`. The Kubernetes module is
+imported on demand so ``--manifests`` never loads the client. (Leader election, which is
+not a source, is :mod:`epp.leader`.)"""
+
+from typing import Protocol
 
 from epp.sources.manifests import ManifestError, ManifestSource, load_snapshot
 
-__all__ = ["ManifestError", "ManifestSource", "load_snapshot"]
+
+class Source(Protocol):
+    """Keeps the datastore's snapshot current while :meth:`run` runs."""
+
+    async def run(self) -> None:
+        """Follow changes until cancelled."""
+
+
+__all__ = ["ManifestError", "ManifestSource", "Source", "load_snapshot"]

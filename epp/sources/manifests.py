@@ -183,7 +183,7 @@ class ManifestSource:
         log.info("manifests reloaded", path=str(self.path), endpoints=len(snapshot.endpoints))
         return True
 
-    async def watch(self) -> None:
+    async def run(self) -> None:
         """Poll for changes forever (cancel the task to stop)."""
         if self._fingerprint is None:
             self.reload_if_changed()

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from epp.sources.leader import LeaderElector, report_readiness
+from epp.leader import LeaderElector, report_readiness
 from tests.k8s.fake_apiserver import FakeApiServer
 
 LEASE = "epp-llm-pool-a.inference-gateway"

@@ -13,12 +13,12 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from bench.manifests import pool_manifests
+from epp.config import build
 from epp.datastore import Datastore, EndpointMetrics
 from epp.datastore.objects import parse_object
 from epp.datastore.snapshot import build_snapshot
 from epp.handlers.exchange import PickerExchange
 from epp.requestcontrol import Director
-from epp.scheduling import build_saturation_detector, build_scheduler, parse_config
 from shared.extproc import BodyMode, ExtProcServicer
 
 #: The pool every in-process director serves.
@@ -36,9 +36,7 @@ def director(max_queue: int = 0) -> Director:
         view.begin_scrape()
         store.record_scrape(view, EndpointMetrics(waiting=max_queue, running=0, kv_usage=0.0,
                                                   updated_at=time.monotonic() + 3600))
-    config = parse_config(None)
-    return Director(store, build_scheduler(config), build_saturation_detector(config),
-                    rng=random.Random(0))
+    return Director.of(build(datastore=store, rng=random.Random(0)))
 
 
 def headers_msg(headers: Iterable[tuple[str, str | bytes]], *, end_of_stream: bool = False,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from epp.scheduling import (
+from epp.config import (
     ConfigError,
     build_saturation_detector,
     build_scheduler,

@@ -13,7 +13,7 @@ from epp.scheduling.plugins import (
     LegacyDecisionTreeFilter,
     LowQueueFilter,
 )
-from epp.scheduling.plugins.label_selector_filter import LabelSelectorParameters
+from epp.scheduling.plugins.filter.label_selector_filter import LabelSelectorParameters
 
 
 def req(priority: int = 0, adapter: str | None = None) -> LLMRequest:

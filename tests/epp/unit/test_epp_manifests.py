@@ -102,7 +102,7 @@ async def test_watch_applies_an_edit_live(tmp_path: Path) -> None:
     ds = Datastore()
     source = ManifestSource(f, ds, poll_interval=0.02)
     source.load()
-    task = asyncio.create_task(source.watch())
+    task = asyncio.create_task(source.run())
     try:
         write(f, POOL, pod("a", "10.0.0.1"), pod("b", "10.0.0.2"))
         await wait_for(lambda: len(ds.views()) == 2)
@@ -115,7 +115,7 @@ async def test_broken_edit_keeps_the_last_good_state(tmp_path: Path) -> None:
     ds = Datastore()
     source = ManifestSource(f, ds, poll_interval=0.02)
     source.load()
-    task = asyncio.create_task(source.watch())
+    task = asyncio.create_task(source.run())
     try:
         write(f, POOL.replace("number: 8000", "number: -1"), pod("b", "10.0.0.2"))
         await asyncio.sleep(0.2)  # several polls see the broken file

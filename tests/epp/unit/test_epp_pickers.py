@@ -7,8 +7,8 @@ from collections import Counter
 
 from epp.scheduling import LLMRequest
 from epp.scheduling.plugins import MaxScorePicker, RandomPicker, WeightedRandomPicker
-from epp.scheduling.plugins.max_score_picker import MaxScoreParameters
-from epp.scheduling.plugins.weighted_random_picker import WeightedRandomParameters
+from epp.scheduling.plugins.picker.max_score_picker import MaxScoreParameters
+from epp.scheduling.plugins.picker.weighted_random_picker import WeightedRandomParameters
 
 REQ = LLMRequest(request_id="r", target_model="m")
 
@@ -37,7 +37,7 @@ def test_max_score_picker_returns_top_n_in_score_order(make_view) -> None:
 
 
 def test_random_picker_returns_distinct_endpoints(make_view) -> None:
-    from epp.scheduling.plugins.random_picker import RandomPickerParameters
+    from epp.scheduling.plugins.picker.random_picker import RandomPickerParameters
 
     views = [make_view(i) for i in range(5)]
     picker = RandomPicker("p", RandomPickerParameters(max_num_of_endpoints=5))

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from epp.scheduling import PluginRegistry, build_scheduler, parse_config
-from epp.scheduling.plugins import BUILTIN_PLUGINS
+from epp.config import BUILTIN_PLUGINS, build_scheduler, parse_config
+from epp.scheduling import PluginRegistry
 
 PLUGIN_SOURCE = '''
 from epp.scheduling import Scorer

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import random
 
-from epp.scheduling import LLMRequest, build_scheduler, parse_config
+from epp.config import build_scheduler, parse_config
+from epp.scheduling import LLMRequest
 from epp.scheduling.plugins import PrefixCacheScorer
-from epp.scheduling.plugins.prefix_cache_scorer import PrefixCacheParameters
-from epp.scheduling.plugins.prefix_index import PrefixIndex
+from epp.scheduling.plugins.prefix.prefix_cache_scorer import PrefixCacheParameters
+from epp.scheduling.plugins.prefix.prefix_index import PrefixIndex
 from epp.scheduling.result import ProfileResult, SchedulingResult
 
 PROMPT = bytes(range(32, 96)) * 4  # 256 bytes = 4 blocks of 64

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from epp.scheduling import SaturationDetectorConfig, UtilizationDetector
+from epp.requestcontrol.plugins import SaturationDetectorConfig, UtilizationDetector
 
 
 def test_idle_fresh_pool_is_not_saturated(make_view) -> None:

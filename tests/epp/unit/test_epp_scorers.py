@@ -14,7 +14,7 @@ from epp.scheduling.plugins import (
     RunningRequestsSizeScorer,
     TokenLoadScorer,
 )
-from epp.scheduling.plugins.token_load_scorer import TokenLoadParameters
+from epp.scheduling.plugins.scorer.token_load_scorer import TokenLoadParameters
 
 REQ = LLMRequest(request_id="r", target_model="m")
 

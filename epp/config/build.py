@@ -1,0 +1,316 @@
+"""A validated :class:`EndpointPickerConfig` → a :class:`Runtime`: every plugin instantiated
+through the registry with the EPP handle, the scheduler assembled, and each request-control
+and data-layer extension point listed in call order.
+
+System defaults, as upstream's loader adds them when a config is silent: the
+``single-profile-handler``; ``max-score-picker`` in a profile without a picker (weight 1 for
+scorers without one); ``openai-parser``; ``utilization-detector``; ``metrics-data-source`` with
+``core-metrics-extractor`` when there is no ``dataLayer`` section; an
+``approx-prefix-cache-producer`` for a ``prefix-cache-scorer`` without one. Ours on top:
+``inflight-load-producer`` and ``request-metrics-recorder`` (in-flight accounting and the
+per-request metrics) always run, last among the pre-request and response-complete plugins.
+With plugins but no profiles, one profile ``default`` uses every filter, scorer and picker.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from epp.config.builtins import builtin_registry
+from epp.config.loader import (
+    DEFAULT_PROFILE,
+    FLOW_CONTROL_UNSUPPORTED,
+    ConfigError,
+    EndpointPickerConfig,
+    PluginRef,
+    ProfileSpec,
+    parse_config,
+)
+from epp.datalayer import CoreMetricsExtractor, DataSource, Extractor, MetricsDataSource
+from epp.datastore import Datastore
+from epp.handle import EppHandle, Settings
+from epp.requestcontrol.plugin import (
+    Admitter,
+    DataProducer,
+    Parser,
+    PreRequest,
+    ResponseComplete,
+    ResponseReceived,
+    ResponseStreaming,
+    SaturationDetector,
+)
+from epp.requestcontrol.plugins import (
+    InflightLoadProducer,
+    OpenAIParser,
+    RequestMetricsRecorder,
+    UtilizationDetector,
+)
+from epp.scheduling import (
+    EndpointsRemoved,
+    Filter,
+    Picker,
+    ProfileHandler,
+    Scheduler,
+    SchedulerHooks,
+    SchedulingProfile,
+    Scorer,
+    WeightedScorer,
+)
+from shared.plugins import Plugin, PluginError, PluginRegistry
+
+K = TypeVar("K")
+
+
+@dataclass(frozen=True, slots=True)
+class Runtime:
+    """Everything one EPP runs with, built from one config."""
+
+    config: EndpointPickerConfig
+    handle: EppHandle
+    scheduler: Scheduler
+    parser: Parser
+    producers: tuple[DataProducer, ...]
+    saturation: SaturationDetector
+    admitters: tuple[Admitter, ...]
+    pre_request: tuple[PreRequest, ...]
+    response_received: tuple[ResponseReceived, ...]
+    response_streaming: tuple[ResponseStreaming, ...]
+    response_complete: tuple[ResponseComplete, ...]
+    data_sources: tuple[DataSource, ...]
+    rng: random.Random
+
+    @property
+    def datastore(self) -> Datastore:
+        return self.handle.datastore
+
+    @property
+    def settings(self) -> Settings:
+        return self.handle.settings
+
+    def retain_endpoints(self, keys: frozenset[str]) -> None:
+        """Drop plugin state of endpoints no longer in the pool (every plugin that keeps
+        some, scheduling or not)."""
+        for plugin in self.handle.find(EndpointsRemoved):
+            plugin.retain_endpoints(keys)
+
+
+def build(
+    config: EndpointPickerConfig | None = None,
+    datastore: Datastore | None = None,
+    settings: Settings | None = None,
+    *,
+    registry: PluginRegistry | None = None,
+    rng: random.Random | None = None,
+    hooks: SchedulerHooks | None = None,
+) -> Runtime:
+    """Instantiate ``config`` (the default config when None); :class:`ConfigError` names the
+    file, the place in it and the reason when it cannot be used."""
+    config = config or parse_config(None)
+    src = config.source
+    if config.flow_control is not None or "flowControl" in config.feature_gates:
+        raise ConfigError(f"{src}: flowControl: {FLOW_CONTROL_UNSUPPORTED}")
+    registry = registry or builtin_registry()
+    handle = EppHandle(datastore, settings)
+    _instantiate(config, registry, handle)
+    rng = rng or random.Random()
+    scheduler = _scheduler(config, registry, handle, rng, hooks)
+    parser = _parser(config, registry, handle)
+    saturation = _saturation(config, registry, handle)
+    sources = _data_layer(config, registry, handle)
+    for cls in (InflightLoadProducer, RequestMetricsRecorder):
+        if not handle.find(cls):
+            _default(registry, handle, cls.type_name, src)
+    for plugin in handle:  # plugins added by defaults get the scheduler's hooks too
+        if plugin not in scheduler.plugins and hasattr(plugin, "attach"):
+            plugin.attach(scheduler.hooks)
+    return Runtime(
+        config=config, handle=handle, scheduler=scheduler, parser=parser,
+        producers=tuple(handle.find(DataProducer)), saturation=saturation,
+        admitters=tuple(handle.find(Admitter)), pre_request=_last(handle, PreRequest),
+        response_received=tuple(handle.find(ResponseReceived)),
+        response_streaming=tuple(handle.find(ResponseStreaming)),
+        response_complete=_last(handle, ResponseComplete), data_sources=sources, rng=rng,
+    )
+
+
+def build_scheduler(config: EndpointPickerConfig | None = None, *,
+                    registry: PluginRegistry | None = None, rng: random.Random | None = None,
+                    hooks: SchedulerHooks | None = None) -> Scheduler:
+    """Only the scheduler of ``config`` (for tools and tests that schedule on their own)."""
+    return build(config, registry=registry, rng=rng, hooks=hooks).scheduler
+
+
+def build_saturation_detector(config: EndpointPickerConfig | None = None) -> Any:
+    """Only the saturation detector of ``config``."""
+    return build(config).saturation
+
+
+# -- steps ---------------------------------------------------------------------------------
+
+
+def _instantiate(config: EndpointPickerConfig, registry: PluginRegistry,
+                 handle: EppHandle) -> None:
+    """Every ``plugins`` entry, data producers and data-layer plugins first so that the
+    plugins reading them find them through the handle."""
+    def rank(spec: Any) -> int:
+        cls = _type(registry, spec.type, spec.where or config.source)
+        return 0 if issubclass(cls, DataProducer | DataSource | Extractor) else 1
+
+    for spec in sorted(config.plugins, key=rank):
+        try:
+            registry.create(spec.type, spec.name, spec.parameters, handle)
+        except PluginError as e:
+            raise ConfigError(f"{spec.where or config.source}: {e}") from None
+
+
+def _type(registry: PluginRegistry, type_name: str, where: str) -> type[Plugin]:
+    try:
+        return registry.get(type_name)
+    except PluginError as e:
+        raise ConfigError(f"{where}: {e}") from None
+
+
+def _default(registry: PluginRegistry, handle: EppHandle, type_name: str, src: str,
+             parameters: Mapping[str, Any] | None = None) -> Plugin:
+    name = type_name if type_name not in handle else f"default/{type_name}"
+    try:
+        return registry.create(type_name, name, parameters, handle)
+    except PluginError as e:
+        raise ConfigError(f"{src}: {e}") from None
+
+
+def _last(handle: EppHandle, kind: type[K]) -> tuple[K, ...]:
+    """Plugins of ``kind``, with the in-flight accounting and metrics recorder last (so a
+    failing user hook never leaves a count behind)."""
+    found = handle.find(kind)
+    own = [p for p in found if isinstance(p, InflightLoadProducer | RequestMetricsRecorder)]
+    return (*[p for p in found if p not in own], *own)
+
+
+def _parser(config: EndpointPickerConfig, registry: PluginRegistry,
+            handle: EppHandle) -> Parser:
+    src = config.source
+    if config.parser is not None:
+        try:
+            return handle.plugin(config.parser, Parser)
+        except PluginError as e:
+            raise ConfigError(f"{src}: parser.pluginRef: {e}") from None
+    found = handle.find(OpenAIParser)
+    parser = found[0] if found else _default(registry, handle, OpenAIParser.type_name, src)
+    assert isinstance(parser, Parser)
+    return parser
+
+
+def _saturation(config: EndpointPickerConfig, registry: PluginRegistry,
+                handle: EppHandle) -> SaturationDetector:
+    src = config.source
+    if config.saturation_ref is not None:
+        try:
+            return handle.plugin(config.saturation_ref, SaturationDetector)
+        except PluginError as e:
+            raise ConfigError(f"{src}: saturationDetector.pluginRef: {e}") from None
+    found = handle.find(UtilizationDetector)
+    if found and config.saturation_parameters:
+        raise ConfigError(f"{src}: saturationDetector: thresholds given beside a configured "
+                          f"utilization-detector; set them in its parameters")
+    if found:
+        return found[0]
+    try:
+        detector = _default(registry, handle, UtilizationDetector.type_name, src,
+                            config.saturation_parameters)
+    except ConfigError as e:
+        raise ConfigError(str(e).replace("plugin 'utilization-detector'",
+                                         "saturationDetector")) from None
+    assert isinstance(detector, SaturationDetector)
+    return detector
+
+
+def _data_layer(config: EndpointPickerConfig, registry: PluginRegistry,
+                handle: EppHandle) -> tuple[DataSource, ...]:
+    src = config.source
+    specs = config.data_layer
+    if specs is None or "enableLegacyMetrics" in config.feature_gates:
+        source = next(iter(handle.find(MetricsDataSource)), None) or _default(
+            registry, handle, MetricsDataSource.type_name, src)
+        extractor = next(iter(handle.find(CoreMetricsExtractor)), None) or _default(
+            registry, handle, CoreMetricsExtractor.type_name, src)
+        assert isinstance(source, MetricsDataSource) and isinstance(extractor, Extractor)
+        source.extractors = [extractor]
+        return (source,)
+    sources: list[DataSource] = []
+    for i, spec in enumerate(specs):
+        where = f"{src}: dataLayer.sources[{i}]"
+        try:
+            found = handle.plugin(spec.plugin_ref, DataSource)
+            if found in sources:
+                raise PluginError(f"plugin {spec.plugin_ref!r} is listed twice")
+            found.extractors = []
+            for ref in spec.extractors:
+                found.add_extractor(handle.plugin(ref, Extractor))
+        except (PluginError, ValueError) as e:
+            raise ConfigError(f"{where}: {e}") from None
+        if isinstance(found, MetricsDataSource) and not any(
+                isinstance(e, CoreMetricsExtractor) for e in found.extractors):
+            raise ConfigError(f"{where}.extractors: {spec.plugin_ref} needs a "
+                              f"core-metrics-extractor")
+        sources.append(found)
+    return tuple(sources)
+
+
+def _scheduler(config: EndpointPickerConfig, registry: PluginRegistry, handle: EppHandle,
+               rng: random.Random, hooks: SchedulerHooks | None) -> Scheduler:
+    src = config.source
+    handlers = handle.find(ProfileHandler)
+    if len(handlers) > 1:
+        raise ConfigError(f"{src}: plugins: more than one profile handler: "
+                          + ", ".join(h.name for h in handlers))
+    handler = handlers[0] if handlers else _default(
+        registry, handle, "single-profile-handler", src)
+    assert isinstance(handler, ProfileHandler)
+    specs = config.profiles or (ProfileSpec(DEFAULT_PROFILE, tuple(
+        PluginRef(s.name) for s in config.plugins
+        if isinstance(handle.plugin(s.name, Plugin), Filter | Scorer | Picker))),)
+    default_picker: Picker | None = None
+    profiles: list[SchedulingProfile] = []
+    for pspec in specs:
+        filters, scorers, picker = _profile_plugins(pspec, handle, src)
+        if picker is None:
+            if default_picker is None:
+                created = _default(registry, handle, "max-score-picker", src)
+                assert isinstance(created, Picker)
+                default_picker = created
+            picker = default_picker
+        profiles.append(SchedulingProfile(pspec.name, picker, filters, scorers))
+    try:
+        return Scheduler(profiles, handler, plugins=list(handle), rng=rng, hooks=hooks)
+    except ValueError as e:
+        raise ConfigError(f"{src}: schedulingProfiles: {e}") from None
+
+
+def _profile_plugins(pspec: ProfileSpec, handle: EppHandle, src: str,
+                     ) -> tuple[list[Filter], list[WeightedScorer], Picker | None]:
+    where = f"{src}: schedulingProfiles: {pspec.name}"
+    filters: list[Filter] = []
+    scorers: list[WeightedScorer] = []
+    picker: Picker | None = None
+    for ref in pspec.plugins:
+        plugin = handle.plugin(ref.plugin_ref, Plugin)
+        used = False
+        if isinstance(plugin, Filter):
+            filters.append(plugin)
+            used = True
+        if isinstance(plugin, Scorer):
+            scorers.append(WeightedScorer(plugin, 1.0 if ref.weight is None else ref.weight))
+            used = True
+        if isinstance(plugin, Picker):
+            if picker is not None:
+                raise ConfigError(f"{where}: two pickers ({picker.name}, {plugin.name}); use one")
+            picker = plugin
+            used = True
+        if not used:
+            raise ConfigError(f"{where}: plugin {plugin.name!r} ({plugin.type_name}) is not a "
+                              f"filter, scorer or picker")
+    return filters, scorers, picker

@@ -1,0 +1,41 @@
+"""What every EPP plugin factory gets: the pool, a datastore view, the settings the flags
+chose, and the other plugins by name (:class:`shared.plugins.Handle`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from epp.datastore import Datastore, Pool
+from epp.metrics.scraper import ScraperConfig
+from shared.plugins import Handle
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Flag-given settings of one EPP (defaults = the flags' defaults)."""
+
+    #: ``--reject-unknown-models``: 404 for a model no rewrite, legacy model or server names.
+    reject_unknown_models: bool = False
+    #: Honour the proxy's ``envoy.lb.subset_hint`` (``--disable-endpoint-subset-filter``).
+    subset_filter: bool = True
+    #: ``--metrics-staleness-threshold``: older metrics make an endpoint a second choice.
+    staleness: float = 2.0
+    #: Defaults of ``metrics-data-source`` from the ``--model-server-metrics-*`` and
+    #: ``--refresh-metrics-interval`` flags.
+    scraper: ScraperConfig = field(default_factory=ScraperConfig)
+
+
+class EppHandle(Handle):
+    """The EPP's handle. ``datastore`` is live: read ``datastore.snapshot`` (immutable) or
+    the endpoint views, never keep a snapshot across requests."""
+
+    def __init__(self, datastore: Datastore | None = None,
+                 settings: Settings | None = None) -> None:
+        super().__init__()
+        self.datastore = datastore if datastore is not None else Datastore()
+        self.settings = settings or Settings()
+
+    @property
+    def pool(self) -> Pool | None:
+        """The InferencePool as of the latest snapshot (None before it is known)."""
+        return self.datastore.snapshot.pool

@@ -1,0 +1,21 @@
+"""Built-in request-control plugins, one per file. Register a new one in
+:data:`BUILTIN_PLUGINS`."""
+
+from epp.requestcontrol.plugins.concurrency_detector import (
+    ConcurrencyDetector,
+    ConcurrencyParameters,
+)
+from epp.requestcontrol.plugins.inflight_load import InflightLoadProducer
+from epp.requestcontrol.plugins.metrics_recorder import RequestMetricsRecorder
+from epp.requestcontrol.plugins.openai_parser import OpenAIParser
+from epp.requestcontrol.plugins.utilization_detector import (
+    SaturationDetectorConfig,
+    UtilizationDetector,
+)
+
+BUILTIN_PLUGINS = (OpenAIParser, InflightLoadProducer, RequestMetricsRecorder,
+                   UtilizationDetector, ConcurrencyDetector)
+
+__all__ = ["BUILTIN_PLUGINS", "ConcurrencyDetector", "ConcurrencyParameters",
+           "InflightLoadProducer", "OpenAIParser", "RequestMetricsRecorder",
+           "SaturationDetectorConfig", "UtilizationDetector"]

@@ -1,0 +1,147 @@
+"""``approx-prefix-cache-producer``: learns which prompt blocks were sent where, and before
+scheduling tells ``prefix-cache-scorer`` how much of each request's prefix every endpoint
+probably holds.
+
+Approximate: the EPP does not see the servers' caches. It remembers which blocks it sent
+where (after each pick) and assumes each server keeps them LRU-style.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+import xxhash
+
+from epp.datastore import EndpointView
+from epp.requestcontrol.plugin import DataProducer, PreRequest
+from epp.scheduling.plugin import EndpointsRemoved, Plugin, SchedulerHooks
+from epp.scheduling.plugins.prefix.prefix_index import PrefixIndex
+from epp.scheduling.request import CHARS_PER_TOKEN, LLMRequest
+from epp.scheduling.result import SchedulingResult
+
+_hash = xxhash.xxh64_intdigest
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixCacheParameters:
+    """Upstream parameter names.
+
+    ``blockSize``: block length in prompt bytes (64 ~ 16 tokens; ``hashBlockSize`` is its
+    older upstream name). ``blockSizeTokens``: when set, the block is this many tokens: token
+    ids are hashed in blocks of that size when the request carries them, otherwise
+    ``blockSizeTokens * 4`` bytes. ``autoTune``: use a server's reported ``num_gpu_blocks``
+    as its LRU capacity. ``maxPrefixBlocksToMatch``: blocks hashed per request.
+    ``lruCapacityPerServer``: blocks remembered per endpoint.
+    """
+
+    ALIASES: ClassVar[dict[str, str]] = {"hashBlockSize": "block_size"}
+
+    auto_tune: bool = True
+    block_size: int = 64
+    block_size_tokens: int | None = None
+    max_prefix_blocks_to_match: int = 256
+    lru_capacity_per_server: int = 31_250
+
+
+@dataclass(slots=True)
+class PrefixMatch:
+    """What the producer made for one request: its block hashes and, per endpoint key, how
+    many leading blocks that endpoint probably holds."""
+
+    hashes: list[int]
+    matched: dict[str, int]
+
+
+class ApproxPrefixCacheProducer(Plugin, DataProducer, PreRequest, EndpointsRemoved):
+    """Blocks are chain-hashed: h_0 = xxh64(model + NUL + cache_salt), h_i = xxh64(block_i,
+    seed=h_{i-1}), so a block's hash names the whole prefix up to it and the model (salt)
+    keeps namespaces apart. Only full blocks count, at most ``maxPrefixBlocksToMatch``. A
+    chat request hashes ``json(messages)``. After the pick the primary endpoint is recorded
+    as holding every block.
+    """
+
+    type_name = "approx-prefix-cache-producer"
+    parameters_type = PrefixCacheParameters
+    params: PrefixCacheParameters
+
+    def __init__(self, name: str = "", params: PrefixCacheParameters | None = None) -> None:
+        super().__init__(name, params)
+        self.index = PrefixIndex()
+        self._hooks = SchedulerHooks()
+        self._matched_blocks = 0
+        self._total_blocks = 0
+
+    def attach(self, hooks: SchedulerHooks) -> None:
+        self._hooks = hooks
+
+    @property
+    def indexer_size(self) -> int:
+        """Entries in the index (``inference_extension_prefix_indexer_size``)."""
+        return self.index.size
+
+    @property
+    def hit_ratio(self) -> float:
+        """Matched / total blocks over every committed request so far (0 before any)."""
+        return self._matched_blocks / self._total_blocks if self._total_blocks else 0.0
+
+    def block_hashes(self, request: LLMRequest) -> list[int]:
+        """The chained block hashes of ``request``'s prompt (see the class docstring)."""
+        p = self.params
+        h = _hash(f"{request.target_model}\x00{request.cache_salt}".encode())
+        out: list[int] = []
+        ids = request.prompt_token_ids
+        if ids is not None and p.block_size_tokens:
+            bs = p.block_size_tokens
+            n = min(len(ids) // bs, p.max_prefix_blocks_to_match)
+            packed = array("q", ids[: n * bs]).tobytes()
+            step = bs * 8
+            for i in range(0, n * step, step):
+                h = _hash(packed[i : i + step], h)
+                out.append(h)
+            return out
+        bs = p.block_size_tokens * CHARS_PER_TOKEN if p.block_size_tokens else p.block_size
+        data = memoryview(request.prompt)
+        n = min(len(data) // bs, p.max_prefix_blocks_to_match) if bs > 0 else 0
+        for i in range(0, n * bs, bs):
+            h = _hash(data[i : i + bs], h)
+            out.append(h)
+        return out
+
+    def match(self, request: LLMRequest) -> PrefixMatch:
+        """This request's :class:`PrefixMatch` (computed once, kept in its plugin state)."""
+        state = request.plugin_state.get(self.name)
+        if not isinstance(state, PrefixMatch):
+            hashes = self.block_hashes(request)
+            state = PrefixMatch(hashes, self.index.match(hashes) if hashes else {})
+            request.plugin_state[self.name] = state
+        return state
+
+    def produce(self, request: LLMRequest, endpoints: Sequence[EndpointView]) -> None:
+        self.match(request)
+
+    def pre_request(self, request: LLMRequest, result: SchedulingResult) -> None:
+        picked = result.primary.picked
+        if picked:
+            self.record(request, picked[0])
+
+    def record(self, request: LLMRequest, target: EndpointView) -> None:
+        """Remember that ``target`` now holds every block of ``request``."""
+        state = self.match(request)
+        if not state.hashes:
+            return
+        key = target.endpoint.key
+        capacity = self.params.lru_capacity_per_server
+        if self.params.auto_tune and target.metrics.num_gpu_blocks:
+            capacity = target.metrics.num_gpu_blocks
+        hit = state.matched.get(key, 0)
+        self.index.add(key, state.hashes, capacity)
+        self._matched_blocks += hit
+        self._total_blocks += len(state.hashes)
+        if self._hooks.prefix_hit_ratio is not None:
+            self._hooks.prefix_hit_ratio(hit / len(state.hashes))
+
+    def retain_endpoints(self, keys: frozenset[str]) -> None:
+        self.index.retain(keys)

@@ -1,0 +1,1 @@
+"""scorer plugins."""
