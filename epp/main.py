@@ -18,6 +18,7 @@ from epp import telemetry as m
 from epp.config import ConfigError, EndpointPickerConfig, Runtime, build, load_config_file
 from epp.config import parse_config as parse_config_text
 from epp.datastore import Datastore
+from epp.flowcontrol import FlowController
 from epp.handle import Settings
 from epp.handlers.exchange import PickerExchange
 from epp.leader import LeaderElector, report_readiness
@@ -88,13 +89,14 @@ def parser() -> Parser:
     return p
 
 
-def debug_pool_route(datastore: Datastore) -> Any:
-    """``/debug/pool``: every endpoint, its latest metrics and age, and in-flight counts."""
+def debug_pool_route(datastore: Datastore, flow_control: FlowController | None = None) -> Any:
+    """``/debug/pool``: every endpoint, its latest metrics and age, and in-flight counts;
+    with flow control, its queues."""
 
     async def handler(_: web.Request) -> web.Response:
         now = time.monotonic()
         snap = datastore.snapshot
-        body = {
+        body: dict[str, Any] = {
             "pool": snap.pool.name if snap.pool else None,
             "synced": datastore.is_synced,
             "endpoints": [
@@ -111,6 +113,8 @@ def debug_pool_route(datastore: Datastore) -> Any:
                 for v in datastore.views()
             ],
         }
+        if flow_control is not None:
+            body["flowControl"] = flow_control.snapshot()
         return web.json_response(body)
 
     return handler
@@ -191,7 +195,8 @@ async def run(args: Any) -> None:
         *(s.run(datastore) for s in runtime.data_sources),
         source.run(),
         run_metrics_server(args.metrics_port, token=token,
-                           routes={"/debug/pool": debug_pool_route(datastore)}),
+                           routes={"/debug/pool": debug_pool_route(datastore,
+                                                                   runtime.flow_control)}),
     ]
     if elector is not None:
         # Sharing ``stop``: a draining leader hands the Lease back at once.
@@ -204,6 +209,8 @@ def register_pool_metrics(args: Any, runtime: Runtime, hit_ratio: m.HitRatio) ->
     # In Kubernetes mode the pool arrives after start; the flag names it either way.
     pool = runtime.datastore.snapshot.pool
     pool_name = args.pool_name or (pool.name if pool else "unknown")
+    if runtime.flow_control is not None:
+        runtime.flow_control.pool_name = pool_name
     scheduler = runtime.scheduler
     m.register_pool(m.PoolCollector(
         pool_name, runtime.datastore, staleness=args.metrics_staleness_threshold,

@@ -12,17 +12,20 @@ Three tiers pick the next request to dispatch (upstream's "3-tier dispatch hiera
    (enqueue time + TTL; no TTL sorts last) or ``slo-deadline-ordering-policy`` (arrival +
    ``x-slo-ttft-ms``; no or bad header sorts last). Ties fall back to arrival order.
 
-None of these take parameters except the usage-limit policy (``threshold``, default 1.0).
+They are plugins (``plugins:`` entries referenced by name from ``flowControl``); none takes
+parameters except the usage-limit policy (``threshold``, default 1.0).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from epp.flowcontrol.config import FlowControlConfigError
 from epp.flowcontrol.types import QueueItem
+from shared.plugins import Plugin
 
 if TYPE_CHECKING:
     from epp.flowcontrol.queues import Band, FlowQueue
@@ -61,7 +64,7 @@ class UsageLimitPolicy(Protocol):
     def ceilings(self, saturation: float, priorities: Sequence[int]) -> Sequence[float]: ...
 
 
-class FCFSOrdering:
+class FCFSOrdering(Plugin):
     """First come, first served: key = logical enqueue time."""
 
     type_name: ClassVar[str] = "fcfs-ordering-policy"
@@ -70,7 +73,7 @@ class FCFSOrdering:
         return (item.enqueued_at, 0.0)
 
 
-class EDFOrdering:
+class EDFOrdering(Plugin):
     """Earliest deadline first: key = enqueue time + effective TTL (∞ without a TTL)."""
 
     type_name: ClassVar[str] = "edf-ordering-policy"
@@ -80,7 +83,7 @@ class EDFOrdering:
         return (deadline, item.enqueued_at)
 
 
-class SLODeadlineOrdering:
+class SLODeadlineOrdering(Plugin):
     """Earliest SLO deadline first: key = arrival + ``x-slo-ttft-ms`` (∞ when absent/bad)."""
 
     type_name: ClassVar[str] = "slo-deadline-ordering-policy"
@@ -93,7 +96,7 @@ class SLODeadlineOrdering:
         return (deadline, item.received_at)
 
 
-class GlobalStrictFairness:
+class GlobalStrictFairness(Plugin):
     """The flow whose head is the band's best item: the band behaves as one queue."""
 
     type_name: ClassVar[str] = "global-strict-fairness-policy"
@@ -121,7 +124,7 @@ class _Cursor:
         self.last: str | None = None
 
 
-class RoundRobinFairness:
+class RoundRobinFairness(Plugin):
     """Flows in turn: sorted by fairness id, starting after the one served last."""
 
     type_name: ClassVar[str] = "round-robin-fairness-policy"
@@ -144,66 +147,53 @@ class RoundRobinFairness:
         return band.flows[chosen]
 
 
-class StaticUsageLimit:
+@dataclass(frozen=True, slots=True)
+class StaticUsageLimitParameters:
+    """``static-usage-limit-policy`` parameters (upstream's)."""
+
+    #: Bands dispatch while the pool's saturation is below this.
+    threshold: float = 1.0
+
+    def __post_init__(self) -> None:
+        t = self.threshold
+        if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t) \
+                or t <= 0:
+            raise ValueError(f"threshold: must be a positive number, got {t!r}")
+
+
+class StaticUsageLimit(Plugin):
     """The same ceiling for every band: dispatch while saturation < ``threshold``."""
 
     type_name: ClassVar[str] = "static-usage-limit-policy"
+    parameters_type = StaticUsageLimitParameters
+    params: StaticUsageLimitParameters
 
-    def __init__(self, threshold: float = 1.0) -> None:
-        self.threshold = threshold
+    def __init__(self, name: str | float = "", params: Any = None) -> None:
+        if isinstance(name, int | float):  # StaticUsageLimit(0.5)
+            name, params = "", StaticUsageLimitParameters(float(name))
+        super().__init__(name, params)
+
+    @property
+    def threshold(self) -> float:
+        return self.params.threshold
 
     def ceilings(self, saturation: float, priorities: Sequence[int]) -> Sequence[float]:
         return [self.threshold] * len(priorities)
 
 
-def _no_params(cls: Callable[[], Any]) -> Callable[[Mapping[str, Any], str], Any]:
-    def factory(params: Mapping[str, Any], where: str) -> Any:
-        if params:
-            raise FlowControlConfigError(
-                f"{where}: {cls.type_name} takes no parameters, "  # type: ignore[attr-defined]
-                f"got {', '.join(map(str, params))}")
-        return cls()
-    return factory
-
-
-def _static_usage_limit(params: Mapping[str, Any], where: str) -> StaticUsageLimit:
-    for key in params:
-        if key != "threshold":
-            raise FlowControlConfigError(f"{where}.{key}: unknown parameter (known: threshold)")
-    threshold = params.get("threshold", 1.0)
-    if (not isinstance(threshold, int | float) or isinstance(threshold, bool)
-            or not math.isfinite(threshold) or threshold <= 0):
-        raise FlowControlConfigError(
-            f"{where}.threshold: must be a positive number, got {threshold!r}")
-    return StaticUsageLimit(float(threshold))
-
-
-#: Plugin type → factory(parameters, config path). The EPP's plugin registry exposes these.
-POLICY_TYPES: dict[str, Callable[[Mapping[str, Any], str], Any]] = {
-    FCFSOrdering.type_name: _no_params(FCFSOrdering),
-    EDFOrdering.type_name: _no_params(EDFOrdering),
-    SLODeadlineOrdering.type_name: _no_params(SLODeadlineOrdering),
-    GlobalStrictFairness.type_name: _no_params(GlobalStrictFairness),
-    RoundRobinFairness.type_name: _no_params(RoundRobinFairness),
-    StaticUsageLimit.type_name: _static_usage_limit,
-}
-
-
-def new_policy(type_name: str, params: Mapping[str, Any] | None = None,
-               where: str = "plugins") -> Any:
-    """Instantiate a policy by plugin type, validating its parameters."""
-    factory = POLICY_TYPES.get(type_name)
-    if factory is None:
-        raise FlowControlConfigError(f"{where}: unknown flow-control policy type {type_name!r}")
-    return factory(params or {}, where)
+#: The built-in policy plugin types (the EPP's registry includes them).
+POLICY_PLUGINS: tuple[type[Plugin], ...] = (
+    FCFSOrdering, EDFOrdering, SLODeadlineOrdering, GlobalStrictFairness, RoundRobinFairness,
+    StaticUsageLimit)
+_BY_TYPE = {cls.type_name: cls for cls in POLICY_PLUGINS}
 
 
 def resolve(ref: str, kind: type[Any], plugins: Mapping[str, object], where: str) -> Any:
     """The policy ``ref`` names: a configured plugin instance of that name, else (as upstream's
     loader does for its defaults) a fresh instance of the built-in type of that name."""
     found = plugins.get(ref)
-    if found is None and ref in POLICY_TYPES:
-        found = new_policy(ref, where=where)
+    if found is None and ref in _BY_TYPE:
+        found = _BY_TYPE[ref]()
     if found is None:
         raise FlowControlConfigError(f"{where}: no plugin named {ref!r}")
     if not isinstance(found, kind):

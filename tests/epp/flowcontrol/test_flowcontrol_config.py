@@ -7,6 +7,7 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
+from epp.config import builtin_registry
 from epp.flowcontrol import (
     FlowControlConfig,
     FlowControlConfigError,
@@ -15,7 +16,8 @@ from epp.flowcontrol import (
     PriorityBandConfig,
 )
 from epp.flowcontrol.config import DEFAULT_BAND_MAX_BYTES, parse_go_duration, parse_quantity
-from epp.flowcontrol.policies import RoundRobinFairness, StaticUsageLimit, new_policy
+from epp.flowcontrol.policies import RoundRobinFairness, StaticUsageLimit
+from shared.plugins import PluginError
 
 # Upstream's documented example (site-src/guides/epp-configuration/config-text.md).
 UPSTREAM_EXAMPLE = """
@@ -169,15 +171,18 @@ def test_refs_resolve_to_configured_plugin_instances_by_name() -> None:
     assert fc._bands[1].fairness is rr
 
 
-def test_policy_parameters_are_strict() -> None:
-    assert new_policy("static-usage-limit-policy", {"threshold": 0.8}).threshold == 0.8
-    assert new_policy("static-usage-limit-policy").threshold == 1.0
-    with pytest.raises(FlowControlConfigError, match="takes no parameters"):
-        new_policy("fcfs-ordering-policy", {"x": 1})
-    with pytest.raises(FlowControlConfigError, match=r"\.thresh: unknown parameter"):
-        new_policy("static-usage-limit-policy", {"thresh": 1})
+def test_policy_plugins_are_registered_with_strict_parameters() -> None:
+    registry = builtin_registry()
+    limit = registry.create("static-usage-limit-policy", "gentle", {"threshold": 0.8})
+    assert isinstance(limit, StaticUsageLimit) and limit.threshold == 0.8
+    assert registry.create("static-usage-limit-policy", "", None).threshold == 1.0
+    for t in ("fcfs-ordering-policy", "edf-ordering-policy", "slo-deadline-ordering-policy",
+              "global-strict-fairness-policy", "round-robin-fairness-policy"):
+        assert registry.create(t, "", None).type_name == t
+        with pytest.raises(PluginError, match="unknown parameter"):
+            registry.create(t, "", {"x": 1})
+    with pytest.raises(PluginError, match="threshold"):
+        registry.create("static-usage-limit-policy", "", {"thresh": 1})
     for bad in (0, -1, "1", True, float("nan")):
-        with pytest.raises(FlowControlConfigError, match="must be a positive number"):
-            new_policy("static-usage-limit-policy", {"threshold": bad})
-    with pytest.raises(FlowControlConfigError, match="unknown flow-control policy type"):
-        new_policy("lifo-ordering-policy")
+        with pytest.raises(PluginError, match="threshold"):
+            registry.create("static-usage-limit-policy", "", {"threshold": bad})
