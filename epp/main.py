@@ -201,7 +201,16 @@ async def run(args: Any) -> None:
     if elector is not None:
         # Sharing ``stop``: a draining leader hands the Lease back at once.
         background.append(elector.run(stop))
+    if runtime.flow_control is not None:
+        background.append(close_on_stop(runtime.flow_control, stop))
     await serve(servicer, opts, ready=ready, background=background, stop=stop)
+
+
+async def close_on_stop(flow_control: FlowController, stop: asyncio.Event) -> None:
+    """When draining starts, queued requests get their 503 at once (they would otherwise wait
+    out the grace period and be cut off)."""
+    await stop.wait()
+    await flow_control.aclose()
 
 
 def register_pool_metrics(args: Any, runtime: Runtime, hit_ratio: m.HitRatio) -> None:

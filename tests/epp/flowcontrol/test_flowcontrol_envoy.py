@@ -188,3 +188,16 @@ def test_tenants_of_a_round_robin_band_take_turns(gw: Gateway,
     server.waiting = 0
     assert [f.result().status_code for f in futures] == [200] * 4
     assert [r["body"]["prompt"] for r in server.requests] == ["n0", "q0", "n1", "n2"]
+
+
+def test_epp_shutdown_answers_queued_requests_with_503(gw: Gateway,
+                                                       server: FakeModelServer) -> None:
+    gw.saturate(server)
+    queued = gw.send_async("standard", "queued at shutdown")
+    until(lambda: gw.debug()["queued"] == 1, "queued")
+    gw.epp.proc.terminate()  # SIGTERM: the EPP drains
+    r = queued.result()
+    assert r.status_code == 503
+    assert r.json()["error"]["code"] == "flow_control_unavailable"
+    assert int(r.headers["retry-after"]) >= 1
+    assert server.requests == []
