@@ -116,6 +116,7 @@ def per_tenant(specs: list[RequestSpec], outcomes: list[Outcome], time_scale: fl
 
 
 def spread(values: list[float]) -> str:
+    values = [v for v in values if v == v]  # drop NaN
     if not values:
         return "n/a"
     return f"{statistics.median(values):.2f} [{min(values):.2f}, {max(values):.2f}]"
@@ -157,7 +158,9 @@ def main(argv: list[str] | None = None) -> int:
                               for t in (*QUIET, NOISY)}
                     goodput = {t: done.get(t, 0) / args.duration for t in demand}
                     fair = max_min_shares(demand, sum(goodput.values()))
-                    row["jain"] = jain([goodput[t] / fair[t] for t in demand])
+                    # Nothing completed within the window: no share to compare (NaN).
+                    row["jain"] = (jain([goodput[t] / fair[t] for t in demand])
+                                   if all(fair.values()) else float("nan"))
                     row["noisy_goodput_share"] = goodput[NOISY] / max(1e-9,
                                                                       sum(goodput.values()))
             row["ratio"] = row["noisy_quiet_p90"] / row["quiet_quiet_p90"]
