@@ -99,7 +99,8 @@ async def one_request(session: aiohttp.ClientSession, url: str, spec: dict[str, 
     try:
         async with asyncio.timeout(timeout):
             async with session.post(url + spec["path"], data=orjson.dumps(spec["body"]),
-                                    headers={"content-type": "application/json"}) as resp:
+                                    headers={"content-type": "application/json",
+                                             **spec.get("headers", {})}) as resp:
                 out.status = resp.status
                 out.pod = resp.headers.get("x-inference-pod", "")
                 if resp.status != 200:

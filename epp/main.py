@@ -18,6 +18,7 @@ from epp import telemetry as m
 from epp.config import ConfigError, EndpointPickerConfig, Runtime, build, load_config_file
 from epp.config import parse_config as parse_config_text
 from epp.datastore import Datastore
+from epp.flowcontrol import FlowController
 from epp.handle import Settings
 from epp.handlers.exchange import PickerExchange
 from epp.leader import LeaderElector, report_readiness
@@ -88,13 +89,14 @@ def parser() -> Parser:
     return p
 
 
-def debug_pool_route(datastore: Datastore) -> Any:
-    """``/debug/pool``: every endpoint, its latest metrics and age, and in-flight counts."""
+def debug_pool_route(datastore: Datastore, flow_control: FlowController | None = None) -> Any:
+    """``/debug/pool``: every endpoint, its latest metrics and age, and in-flight counts;
+    with flow control, its queues."""
 
     async def handler(_: web.Request) -> web.Response:
         now = time.monotonic()
         snap = datastore.snapshot
-        body = {
+        body: dict[str, Any] = {
             "pool": snap.pool.name if snap.pool else None,
             "synced": datastore.is_synced,
             "endpoints": [
@@ -114,6 +116,8 @@ def debug_pool_route(datastore: Datastore) -> Any:
                 for v in datastore.views()
             ],
         }
+        if flow_control is not None:
+            body["flowControl"] = flow_control.snapshot()
         return web.json_response(body)
 
     return handler
@@ -194,12 +198,22 @@ async def run(args: Any) -> None:
         *(s.run(datastore) for s in runtime.data_sources),
         source.run(),
         run_metrics_server(args.metrics_port, token=token,
-                           routes={"/debug/pool": debug_pool_route(datastore)}),
+                           routes={"/debug/pool": debug_pool_route(datastore,
+                                                                   runtime.flow_control)}),
     ]
     if elector is not None:
         # Sharing ``stop``: a draining leader hands the Lease back at once.
         background.append(elector.run(stop))
+    if runtime.flow_control is not None:
+        background.append(close_on_stop(runtime.flow_control, stop))
     await serve(servicer, opts, ready=ready, background=background, stop=stop)
+
+
+async def close_on_stop(flow_control: FlowController, stop: asyncio.Event) -> None:
+    """When draining starts, queued requests get their 503 at once (they would otherwise wait
+    out the grace period and be cut off)."""
+    await stop.wait()
+    await flow_control.aclose()
 
 
 def register_pool_metrics(args: Any, runtime: Runtime, hit_ratio: m.HitRatio) -> None:
@@ -207,6 +221,8 @@ def register_pool_metrics(args: Any, runtime: Runtime, hit_ratio: m.HitRatio) ->
     # In Kubernetes mode the pool arrives after start; the flag names it either way.
     pool = runtime.datastore.snapshot.pool
     pool_name = args.pool_name or (pool.name if pool else "unknown")
+    if runtime.flow_control is not None:
+        runtime.flow_control.pool_name = pool_name
     scheduler = runtime.scheduler
     m.register_pool(m.PoolCollector(
         pool_name, runtime.datastore, staleness=args.metrics_staleness_threshold,

@@ -140,12 +140,13 @@ def immediate(
     *,
     content_type: str = "application/json",
     details: str = "",
+    headers: Mapping[str, str] | None = None,
 ) -> pb.ProcessingResponse:
     """Ends the request at Envoy with ``status`` and ``body``; nothing goes upstream."""
     return pb.ProcessingResponse(
         immediate_response=pb.ImmediateResponse(
             status=http_status_pb2.HttpStatus(code=status),
-            headers=header_mutation({"content-type": content_type}),
+            headers=header_mutation({"content-type": content_type, **(headers or {})}),
             body=body,
             details=details,
         )
@@ -153,5 +154,8 @@ def immediate(
 
 
 def immediate_error(err: GatewayError) -> pb.ProcessingResponse:
-    """The one place a :class:`GatewayError` becomes what the client sees."""
-    return immediate(err.status, orjson.dumps(err.to_json()), details=err.code)
+    """The one place a :class:`GatewayError` becomes what the client sees; an error with a
+    ``retry_after`` (seconds, e.g. flow control's 429/503) also sends ``retry-after``."""
+    retry_after: int | None = getattr(err, "retry_after", None)
+    headers = {"retry-after": str(retry_after)} if retry_after is not None else None
+    return immediate(err.status, orjson.dumps(err.to_json()), details=err.code, headers=headers)

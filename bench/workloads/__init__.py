@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,8 @@ class RequestSpec:
     path: str
     body: dict[str, Any]
     tag: str = ""   # prefix group / adapter, for per-class analysis
+    #: Extra request headers (e.g. a tenant's fairness id, an objective).
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 def _words(rng: random.Random, tokens: int) -> str:
@@ -309,7 +311,8 @@ WORKLOADS: dict[str, Workload] = load_workloads()
 def write_specs(specs: list[RequestSpec], path: Path) -> None:
     """Write a schedule as JSONL for :mod:`bench.openloop`."""
     path.write_bytes(b"".join(orjson.dumps(
-        {"at": s.at, "path": s.path, "body": s.body, "tag": s.tag}) + b"\n" for s in specs))
+        {"at": s.at, "path": s.path, "body": s.body, "tag": s.tag, "headers": s.headers})
+        + b"\n" for s in specs))
 
 
 def iter_tags(specs: list[RequestSpec]) -> Iterator[str]:

@@ -22,7 +22,6 @@ from typing import Any, TypeVar
 from epp.config.builtins import builtin_registry
 from epp.config.loader import (
     DEFAULT_PROFILE,
-    FLOW_CONTROL_UNSUPPORTED,
     ConfigError,
     EndpointPickerConfig,
     PluginRef,
@@ -31,6 +30,9 @@ from epp.config.loader import (
 )
 from epp.datalayer import CoreMetricsExtractor, DataSource, Extractor, MetricsDataSource
 from epp.datastore import Datastore
+from epp.flowcontrol import FEATURE_GATE as FLOW_CONTROL_GATE
+from epp.flowcontrol import FlowControlConfig, FlowControlConfigError, FlowController
+from epp.flowcontrol.admitter import FlowControlAdmitter, pool_saturation
 from epp.handle import EppHandle, Settings
 from epp.requestcontrol.plugin import (
     Admitter,
@@ -81,6 +83,8 @@ class Runtime:
     response_complete: tuple[ResponseComplete, ...]
     data_sources: tuple[DataSource, ...]
     rng: random.Random
+    #: The flow controller when ``featureGates`` has ``flowControl`` (None: off, the default).
+    flow_control: FlowController | None = None
 
     @property
     def datastore(self) -> Datastore:
@@ -110,8 +114,6 @@ def build(
     file, the place in it and the reason when it cannot be used."""
     config = config or parse_config(None)
     src = config.source
-    if config.flow_control is not None or "flowControl" in config.feature_gates:
-        raise ConfigError(f"{src}: flowControl: {FLOW_CONTROL_UNSUPPORTED}")
     registry = registry or builtin_registry()
     handle = EppHandle(datastore, settings)
     _instantiate(config, registry, handle)
@@ -120,6 +122,7 @@ def build(
     parser = _parser(config, registry, handle)
     saturation = _saturation(config, registry, handle)
     sources = _data_layer(config, registry, handle)
+    flow = _flow_control(config, handle, saturation)
     for cls in (InflightLoadProducer, RequestMetricsRecorder):
         if not handle.find(cls):
             _default(registry, handle, cls.type_name, src)
@@ -133,6 +136,7 @@ def build(
         response_received=tuple(handle.find(ResponseReceived)),
         response_streaming=tuple(handle.find(ResponseStreaming)),
         response_complete=_last(handle, ResponseComplete), data_sources=sources, rng=rng,
+        flow_control=flow,
     )
 
 
@@ -226,6 +230,24 @@ def _saturation(config: EndpointPickerConfig, registry: PluginRegistry,
                                          "saturationDetector")) from None
     assert isinstance(detector, SaturationDetector)
     return detector
+
+
+def _flow_control(config: EndpointPickerConfig, handle: EppHandle,
+                  saturation: SaturationDetector) -> FlowController | None:
+    """With the ``flowControl`` gate: the controller (over the ``flowControl`` section, or
+    upstream's defaults) and its admitter. Without the gate the section is only validated,
+    as upstream ignores it then."""
+    if FLOW_CONTROL_GATE not in config.feature_gates:
+        return None
+    try:
+        controller = FlowController(
+            config.flow_control or FlowControlConfig(),
+            pool_saturation(saturation, handle.datastore),
+            plugins={p.name: p for p in handle})
+    except FlowControlConfigError as e:
+        raise ConfigError(f"{config.source}: {e}") from None
+    handle.add(FlowControlAdmitter(controller))
+    return controller
 
 
 def _data_layer(config: EndpointPickerConfig, registry: PluginRegistry,

@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 from epp.datalayer import BUILTIN_PLUGINS as DATA_LAYER
+from epp.flowcontrol.policies import POLICY_PLUGINS as FLOW_CONTROL
 from epp.requestcontrol.plugins import BUILTIN_PLUGINS as REQUEST_CONTROL
 from epp.scheduling.plugins import BUILTIN_PLUGINS as SCHEDULING
 from epp.scheduling.plugins.prefix.producer import ApproxPrefixCacheProducer
 from shared.plugins import Plugin, PluginRegistry
 
 BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
-    *SCHEDULING, ApproxPrefixCacheProducer, *REQUEST_CONTROL, *DATA_LAYER)
+    *SCHEDULING, ApproxPrefixCacheProducer, *REQUEST_CONTROL, *DATA_LAYER, *FLOW_CONTROL)
 
 
 def builtin_registry() -> PluginRegistry:

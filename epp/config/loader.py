@@ -23,7 +23,7 @@ an error naming the file and the path (``config.yaml: dataLayer.sources[0].extra
       - pluginRef: metrics-data-source
         extractors: [{pluginRef: core-metrics-extractor}]
     saturationDetector: {pluginRef: utilization-detector}
-    flowControl: {...}                      # parsed; enabling it is not supported yet
+    flowControl: {...}                      # used with featureGates: [flowControl]
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from typing import Any, Final
 
 import yaml
 
+from epp.flowcontrol.config import FlowControlConfig, FlowControlConfigError
 from shared.flags import duration
 
 API_VERSIONS: Final = ("inference.networking.x-k8s.io/v1alpha1", "llm-d.ai/v1alpha1")
@@ -44,11 +45,10 @@ SECTIONS: Final = ("apiVersion", "kind", "featureGates", "plugins", "schedulingP
                    "parser", "dataLayer", "flowControl", "saturationDetector")
 #: Feature gates upstream v1.5 registers, plus ``prepareDataPlugins`` (v1.1-v1.3).
 #: ``dataLayer`` and ``prepareDataPlugins`` are always on here; ``enableLegacyMetrics``
-#: ignores the ``dataLayer`` section and scrapes as the flags say; ``flowControl`` is refused
-#: until flow control exists (issue #14).
+#: ignores the ``dataLayer`` section and scrapes as the flags say; ``flowControl`` turns on
+#: flow control (:mod:`epp.flowcontrol`) with the ``flowControl`` section.
 FEATURE_GATES: Final = frozenset(
     {"dataLayer", "enableLegacyMetrics", "flowControl", "prepareDataPlugins"})
-FLOW_CONTROL_UNSUPPORTED: Final = "flow control: not yet supported (issue #14)"
 DEFAULT_PROFILE: Final = "default"
 DEFAULT_CONFIG_YAML: Final = f"""\
 apiVersion: {API_VERSIONS[0]}
@@ -113,18 +113,6 @@ class DataSourceSpec:
 
 
 @dataclass(frozen=True, slots=True)
-class FlowControlSpec:
-    """``flowControl``, shape-checked (upstream v1.5 fields)."""
-
-    max_bytes: int | None = None
-    max_requests: int | None = None
-    default_request_ttl: float | None = None
-    priority_bands: tuple[Mapping[str, Any], ...] = ()
-    default_priority_band: Mapping[str, Any] | None = None
-    usage_limit_policy_plugin_ref: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
 class EndpointPickerConfig:
     """A parsed, validated EndpointPickerConfig (plugins not yet instantiated)."""
 
@@ -140,7 +128,9 @@ class EndpointPickerConfig:
     saturation_ref: str | None = None
     #: Legacy ``saturationDetector`` thresholds (parameters of the default detector).
     saturation_parameters: Mapping[str, Any] = field(default_factory=dict)
-    flow_control: FlowControlSpec | None = None
+    #: The ``flowControl`` section (None when absent); used only with the ``flowControl``
+    #: feature gate, as upstream.
+    flow_control: FlowControlConfig | None = None
     #: The file (or ``--config-text``) it came from; every error message starts with it.
     source: str = "config"
 
@@ -343,40 +333,13 @@ def _saturation(raw: Any, source: str,
     return None, legacy
 
 
-def _flow_control(raw: Any, source: str) -> FlowControlSpec | None:
+def _flow_control(raw: Any, source: str) -> FlowControlConfig | None:
     if raw is None:
         return None
-    where = f"{source}: flowControl"
-    keys = ("maxBytes", "maxRequests", "defaultRequestTTL", "defaultPriorityBand",
-            "priorityBands", "usageLimitPolicyPluginRef")
-    band_keys = ("priority", "maxBytes", "maxRequests", "fairnessPolicyRef",
-                 "orderingPolicyRef")
-    fc = _mapping(raw, where, keys)
-    bands = []
-    for i, b in enumerate(_list(fc.get("priorityBands"), f"{where}.priorityBands")):
-        bwhere = f"{where}.priorityBands[{i}]"
-        b = _mapping(b, bwhere, band_keys)
-        p = b.get("priority")
-        if isinstance(p, bool) or not isinstance(p, int):
-            raise ConfigError(f"{bwhere}.priority: must be an integer, got {p!r}")
-        _count(b.get("maxBytes"), f"{bwhere}.maxBytes")
-        _count(b.get("maxRequests"), f"{bwhere}.maxRequests")
-        bands.append(b)
-    default_band = fc.get("defaultPriorityBand")
-    if default_band is not None:
-        _mapping(default_band, f"{where}.defaultPriorityBand", band_keys)
-    ttl = fc.get("defaultRequestTTL")
-    policy = fc.get("usageLimitPolicyPluginRef")
-    return FlowControlSpec(
-        max_bytes=_count(fc.get("maxBytes"), f"{where}.maxBytes"),
-        max_requests=_count(fc.get("maxRequests"), f"{where}.maxRequests"),
-        default_request_ttl=None if ttl is None else parse_duration(
-            ttl, f"{where}.defaultRequestTTL"),
-        priority_bands=tuple(bands),
-        default_priority_band=default_band,
-        usage_limit_policy_plugin_ref=None if policy is None else _str(
-            policy, f"{where}.usageLimitPolicyPluginRef"),
-    )
+    try:
+        return FlowControlConfig.from_dict(raw, f"{source}: flowControl")
+    except FlowControlConfigError as e:
+        raise ConfigError(str(e)) from None
 
 
 def load_config_file(path: str | Path) -> EndpointPickerConfig:

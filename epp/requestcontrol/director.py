@@ -63,6 +63,7 @@ class Pending:
     headers: Mapping[str, str]
     #: The body to send instead of the client's (the model was rewritten), or None.
     new_body: bytes | None
+    filter_metadata: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -131,19 +132,25 @@ class Director:
         req = self.runtime.parser.parse(body, headers.get(":path", "/"))
         res = self._resolve(req, headers)
         candidates = self._candidates(filter_metadata)
-        if res.priority < 0 and self.saturation.is_saturated(candidates):
+        # With flow control, sheddable requests wait in its queues instead (as upstream).
+        if (res.priority < 0 and self.runtime.flow_control is None
+                and self.saturation.is_saturated(candidates)):
             raise Shed("the pool is saturated; sheddable requests are rejected")
         request, new_body = self._scheduling_request(req, res, headers, len(body))
         for producer in self.runtime.producers:
             producer.produce(request, candidates)
-        return Pending(request, candidates, headers, new_body)
+        return Pending(request, candidates, headers, new_body, filter_metadata)
 
     async def admit(self, pending: Pending) -> None:
         """Every admitter accepts (an admitter may await, e.g. a queue); else it raised."""
+        waited = False
         for admitter in self.runtime.admitters:
             waiting = admitter.admit(pending.request, pending.candidates)
             if waiting is not None:
                 await waiting
+                waited = True
+        if waited:  # late binding: schedule over the pool as it is now, not at arrival
+            pending.candidates = self._candidates(pending.filter_metadata)
 
     def dispatch(self, pending: Pending) -> tuple[RequestDecision, Routed]:
         """Schedule, run the pre-request plugins (the commit), answer Envoy."""

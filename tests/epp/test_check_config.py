@@ -7,8 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from epp.config import FLOW_CONTROL_UNSUPPORTED
-
 UPSTREAM_V15 = Path(__file__).parent / "data" / "upstream-v1.5.0-default-plugins.yaml"
 
 
@@ -33,9 +31,11 @@ def test_a_typod_parameter_fails_with_one_line_naming_file_and_parameter(tmp_pat
 
 
 def test_config_text_is_checked_too() -> None:
-    proc = check("--config-text", "featureGates: [flowControl]\n")
+    proc = check("--config-text", "flowControl: {defaultRequestTTL: '30'}\n")
     assert proc.returncode == 1
-    assert proc.stderr.strip().endswith(f"--config-text: flowControl: {FLOW_CONTROL_UNSUPPORTED}")
+    assert proc.stderr.strip().endswith(
+        "--config-text: flowControl.defaultRequestTTL: missing unit in duration '30' "
+        "(use e.g. 30s, 500ms, 1m30s)")
 
 
 def test_an_unreadable_file_fails_naming_it() -> None:

@@ -13,7 +13,6 @@ from aiohttp import web
 
 from epp.config import (
     BUILTIN_PLUGINS,
-    FLOW_CONTROL_UNSUPPORTED,
     ConfigError,
     build,
     load_config_file,
@@ -81,12 +80,9 @@ def test_an_unknown_feature_gate_is_an_error() -> None:
         parse_config("featureGates: [fast]\n")
 
 
-@pytest.mark.parametrize("text", [
-    "featureGates: [flowControl]\n",
-    "flowControl:\n  maxRequests: 100\n  priorityBands: [{priority: 1, maxBytes: 64Mi}]\n",
-])
-def test_flow_control_is_refused_until_it_exists(text: str) -> None:
-    assert error(text).endswith(FLOW_CONTROL_UNSUPPORTED)
+def test_flow_control_errors_name_the_path() -> None:
+    assert error("featureGates: [flowControl]\nflowControl:\n  maxBytes: -1\n").endswith(
+        "flowControl.maxBytes: must be non-negative, got -1")
 
 
 def test_flow_control_shape_errors_name_the_field() -> None:

@@ -18,6 +18,7 @@ from bbr.plugins import build as build_bbr
 from bbr.router import BodyRouter
 from epp import telemetry as m
 from epp.config import build, parse_config
+from epp.flowcontrol.metrics import default_metrics as default_flow_control_metrics
 from epp.main import metrics_hooks
 from epp.requestcontrol import Director
 from epp.statestore import metrics as _state_store_series  # noqa: F401  (an EPP with a store)
@@ -56,6 +57,14 @@ def exercise_both_services() -> list[object]:
     with pytest.raises(GatewayError):
         router.decide(b"not json")
     bbr_metrics.INFO.labels(version="test").set(1)
+    # Flow control's series, through the object its controller records with (one request
+    # queued, one finished, one dispatch cycle); tests/epp/flowcontrol drive the real thing.
+    fc = default_flow_control_metrics()
+    fc.queued(("t", "0", "pool", "m", "m"), 10)
+    fc.outcome(("t", "0", "Dispatched", "pool", "m", "m"), 0.01)
+    fc.enqueued("t", "0", "Dispatched", 0.0001)
+    fc.saturation("pool", 0.5)
+    fc.dispatch_cycle.observe(0.0001)
     pool = m.PoolCollector("pool", runtime.datastore,
                            prefix_stats=lambda: (runtime.scheduler.prefix_indexer_size,
                                                  hit_ratio.value))

@@ -1,0 +1,64 @@
+"""Flow control at the director's admission point (on with ``featureGates: [flowControl]``).
+
+The admitter turns the request into a :class:`FlowControlRequest` — flow = its priority and
+its ``x-gateway-inference-fairness-id`` header (``default-flow`` without one) — and awaits the
+controller: it returns when the request is released, or raises the client's 429/503. It is
+also a response-complete plugin: every finished response tells the dispatcher that capacity
+may have freed.
+
+It is not a plugin type users configure: the feature gate builds it (as upstream swaps its
+admission controller), with the pool's saturation detector as the dispatch signal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from epp.datastore import Datastore, EndpointView
+from epp.flowcontrol.controller import FlowController
+from epp.flowcontrol.types import DEFAULT_FAIRNESS_ID, FAIRNESS_ID_HEADER, FlowControlRequest
+from epp.requestcontrol.plugin import Admitter, Response, ResponseComplete, SaturationDetector
+from epp.scheduling.request import LLMRequest
+from shared.plugins import Plugin
+
+
+def pool_saturation(detector: SaturationDetector, datastore: Datastore) -> Callable[[], float]:
+    """The dispatch signal: ``detector``'s saturation of the pool's ready endpoints (its
+    ``saturation()`` when it has one; else 1 when it says saturated, 0 otherwise). The
+    utilization detector counts picks the servers' metrics do not show yet."""
+    measure = getattr(detector, "saturation", None)
+
+    def read() -> float:
+        views = datastore.candidates()
+        if measure is not None:
+            return float(measure(views))
+        return 1.0 if detector.is_saturated(views) else 0.0
+
+    return read
+
+
+class FlowControlAdmitter(Plugin, Admitter, ResponseComplete):
+    """Holds each request in the flow controller until it may be scheduled."""
+
+    type_name = "flow-control-admitter"
+
+    def __init__(self, controller: FlowController, name: str = "") -> None:
+        super().__init__(name)
+        self.controller = controller
+
+    def admit(self, request: LLMRequest, endpoints: Sequence[EndpointView]) -> Any:
+        headers = request.headers
+        return self.controller.admit(FlowControlRequest(
+            request_id=request.request_id,
+            fairness_id=headers.get(FAIRNESS_ID_HEADER) or DEFAULT_FAIRNESS_ID,
+            priority=request.priority,
+            byte_size=request.request_size,
+            model_name=request.client_model,
+            target_model_name=request.target_model,
+            headers=headers,
+        ))
+
+    def response_complete(self, request: LLMRequest, response: Response,
+                          endpoint: EndpointView) -> None:
+        self.controller.notify()

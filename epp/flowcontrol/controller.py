@@ -1,0 +1,355 @@
+"""The flow controller: requests wait here by priority and tenant until the pool has room.
+
+A caller (the flow-control admitter) awaits :meth:`FlowController.enqueue_and_wait` and gets
+exactly one :class:`Outcome`:
+
+- **fast path**: nothing waits at its priority or above and the pool is below the band's usage
+  limit → ``Dispatched`` at once, without queueing (and without yielding to the event loop,
+  so the caller commits its pick before the next request reads saturation);
+- **full**: a band's own ``maxBytes``/``maxRequests`` is met → ``RejectedCapacity`` (429);
+  a global limit is met → lower-priority requests are displaced, lowest band first, newest
+  request of its heaviest flow first (``EvictedDisplaced``, 429) if that frees enough room,
+  otherwise the newcomer is rejected (``RejectedCapacity``);
+- **queued**: the dispatcher releases it (``Dispatched``) when the saturation callable says
+  there is room; or its TTL passes (``EvictedTTL``, 503); or the caller is cancelled — the
+  client went away — and it leaves the queue at once (``EvictedContextCancelled``); or the
+  controller shuts down (``EvictedOther``, 503).
+
+The dispatcher runs one cycle per release: read saturation once, walk bands from the highest
+priority, stop at the first band whose usage limit the pool has reached (head-of-line blocking,
+as upstream), else let the band's fairness policy choose a flow and release that flow's head.
+After a release it yields once to the event loop so the released request can commit its pick
+before saturation is read again. While saturated it sleeps until :meth:`notify` (call it when
+capacity may have freed: a response ended, metrics were refreshed) or ``poll_interval``.
+
+The saturation callable must be synchronous and cheap, and should count requests the EPP has
+sent but the servers' metrics do not show yet (the utilization detector's queue does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import itertools
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import structlog
+
+from epp.flowcontrol.config import FlowControlConfig, PriorityBandConfig
+from epp.flowcontrol.metrics import FlowControlMetrics, GaugeKey, default_metrics
+from epp.flowcontrol.policies import FairnessPolicy, OrderingPolicy, UsageLimitPolicy, resolve
+from epp.flowcontrol.queues import Band
+from epp.flowcontrol.types import FlowControlRequest, Outcome, QueueItem, error_for
+
+log = structlog.get_logger(__name__)
+
+SaturationFn = Callable[[], float]
+
+#: How far back dispatches count for the retry-after estimate (seconds).
+RATE_WINDOW = 10.0
+#: Retry-after bounds (seconds); the longer one is used when nothing was dispatched lately.
+MIN_RETRY_AFTER, MAX_RETRY_AFTER, IDLE_RETRY_AFTER = 1, 60, 10
+
+
+class FlowController:
+    """Queues for one pool, and the dispatcher that drains them."""
+
+    def __init__(
+        self,
+        config: FlowControlConfig,
+        saturation: SaturationFn,
+        *,
+        pool_name: str = "",
+        plugins: Mapping[str, object] | None = None,
+        metrics: FlowControlMetrics | None = None,
+        poll_interval: float = 0.005,
+    ) -> None:
+        """``plugins`` are configured plugin instances by name, for the policy refs; refs to
+        built-in types not among them get a default instance (upstream's loader does the same).
+        Raises :class:`~epp.flowcontrol.config.FlowControlConfigError` for a bad ref."""
+        self.config = config
+        self.saturation = saturation
+        self.pool_name = pool_name
+        self.poll_interval = poll_interval
+        self.metrics = metrics or default_metrics()
+        self._plugins: Mapping[str, object] = plugins or {}
+        self.usage_limit: UsageLimitPolicy = resolve(
+            config.usage_limit_policy_ref, UsageLimitPolicy, self._plugins,
+            "flowControl.usageLimitPolicyPluginRef")
+        self._bands: dict[int, Band] = {}
+        #: Bands, highest priority first.
+        self._order: list[Band] = []
+        for i, bc in enumerate(config.priority_bands):
+            self._add_band(bc, f"flowControl.priorityBands[{i}]")
+        # Check the template's refs now, so a dynamically provisioned band cannot fail later.
+        self._policies(config.default_priority_band, "flowControl.defaultPriorityBand")
+        #: Requests and bytes held in all queues.
+        self.length = 0
+        self.nbytes = 0
+        self._seq = itertools.count()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+        self._dispatched: deque[float] = deque(maxlen=256)
+
+    # --- the caller's side -------------------------------------------------------------
+
+    async def enqueue_and_wait(self, req: FlowControlRequest) -> Outcome:
+        """Hold ``req`` until it may go (``Dispatched``) or must not (any other outcome)."""
+        loop = self._loop = asyncio.get_running_loop()
+        now = loop.time()
+        started = time.perf_counter()
+        if self._closed:
+            return self._decided(req, Outcome.REJECTED_OTHER, started)
+        band = self._band(req.priority)
+        if self._may_bypass(band):
+            self._dispatched.append(now)
+            return self._decided(req, Outcome.DISPATCHED, started)
+        if not self._make_room(band, req.byte_size):
+            return self._decided(req, Outcome.REJECTED_CAPACITY, started)
+
+        ttl = req.ttl or self.config.default_request_ttl
+        item = QueueItem(req, now, now + ttl if ttl > 0 else None, next(self._seq),
+                         loop.create_future())
+        band.flow(req.fairness_id).push(item)
+        self.length += 1
+        self.nbytes += req.byte_size
+        self.metrics.queued(self._gauge_key(req), req.byte_size)
+        self.metrics.enqueued(req.fairness_id, str(req.priority), "NotYetFinalized",
+                              time.perf_counter() - started)
+        self._ensure_dispatcher()
+        self._wake.set()
+        try:
+            if item.deadline is None:
+                await item.future
+            else:
+                async with asyncio.timeout_at(item.deadline):
+                    await item.future
+        except TimeoutError:
+            self._finalize(item, Outcome.EVICTED_TTL)
+        except asyncio.CancelledError:
+            self._finalize(item, Outcome.EVICTED_CONTEXT_CANCELLED)
+            raise
+        assert item.outcome is not None
+        return item.outcome
+
+    async def admit(self, req: FlowControlRequest) -> None:
+        """:meth:`enqueue_and_wait`, raising the client's error unless dispatched."""
+        outcome = await self.enqueue_and_wait(req)
+        err = error_for(outcome, self.retry_after())
+        if err is not None:
+            raise err
+
+    def notify(self) -> None:
+        """Capacity may have freed (a response ended, metrics refreshed): try to dispatch."""
+        self._wake.set()
+
+    def retry_after(self, now: float | None = None) -> int:
+        """Seconds a refused client should wait: the queue's length over the recent dispatch
+        rate, within [1, 60]; 10 when nothing was dispatched in the last 10 s."""
+        if now is None:
+            now = self._loop.time() if self._loop is not None else time.monotonic()
+        recent = [t for t in self._dispatched if now - t <= RATE_WINDOW]
+        if len(recent) < 2 or recent[-1] <= recent[0]:
+            return IDLE_RETRY_AFTER if self.length else MIN_RETRY_AFTER
+        rate = (len(recent) - 1) / (recent[-1] - recent[0])
+        return int(min(MAX_RETRY_AFTER, max(MIN_RETRY_AFTER, math.ceil(self.length / rate))))
+
+    # --- lifecycle ---------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        """Stop dispatching; every queued request ends ``EvictedOther``, new ones are refused."""
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        for band in self._order:
+            for flow in list(band.flows.values()):
+                while (item := flow.head()) is not None:
+                    self._finalize(item, Outcome.EVICTED_OTHER)
+
+    def snapshot(self) -> dict[str, Any]:
+        """The queues as JSON-ready data (for ``/debug/pool``)."""
+        return {
+            "queued": self.length,
+            "bytes": self.nbytes,
+            "bands": [
+                {
+                    "priority": b.priority,
+                    "queued": b.length,
+                    "bytes": b.nbytes,
+                    "maxBytes": b.config.effective_max_bytes,
+                    "maxRequests": b.config.max_requests,
+                    "fairnessPolicy": b.fairness.type_name,
+                    "orderingPolicy": b.ordering.type_name,
+                    "flows": {f.fairness_id: {"queued": f.length, "bytes": f.nbytes}
+                              for f in b.flows.values()},
+                }
+                for b in self._order
+            ],
+        }
+
+    # --- dispatch ----------------------------------------------------------------------
+
+    def dispatch_cycle(self) -> bool:
+        """Release at most one request; True if one was released."""
+        started = time.perf_counter()
+        try:
+            sat = self._read_saturation()
+            ceilings = self.usage_limit.ceilings(sat, [b.priority for b in self._order])
+            for band, ceiling in zip(self._order, ceilings, strict=True):
+                if sat >= ceiling:
+                    return False  # head-of-line blocking: lower bands wait too
+                if band.length == 0:
+                    continue
+                flow = band.fairness.pick(band)
+                item = flow.head() if flow is not None else None
+                if item is None:
+                    continue
+                self._finalize(item, Outcome.DISPATCHED)
+                self._dispatched.append(item.future.get_loop().time())
+                return True
+            return False
+        finally:
+            self.metrics.dispatch_cycle.observe(time.perf_counter() - started)
+
+    async def _run(self) -> None:
+        while True:
+            if self.length == 0:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            self._wake.clear()
+            try:
+                released = self.dispatch_cycle()
+            except Exception:
+                log.exception("flow control dispatch cycle failed")
+                released = False
+            if released:
+                await asyncio.sleep(0)  # the released request commits its pick first
+                continue
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.poll_interval):
+                    await self._wake.wait()
+
+    def _ensure_dispatcher(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(
+                self._run(), name="flow-control-dispatcher")
+
+    # --- internals ---------------------------------------------------------------------
+
+    def _read_saturation(self) -> float:
+        try:
+            sat = float(self.saturation())
+        except Exception:
+            log.warning("saturation detector failed; treating the pool as saturated",
+                        exc_info=True)
+            sat = math.inf
+        if math.isnan(sat):
+            sat = math.inf
+        self.metrics.saturation(self.pool_name, sat)
+        return sat
+
+    def _may_bypass(self, band: Band) -> bool:
+        """Fast path: nothing waits at this priority or above, and the pool has room for it."""
+        for b in self._order:
+            if b.priority < band.priority:
+                break
+            if b.length:
+                return False
+        sat = self._read_saturation()
+        ceilings = self.usage_limit.ceilings(sat, [b.priority for b in self._order])
+        for b, ceiling in zip(self._order, ceilings, strict=True):
+            if sat >= ceiling:
+                return False
+            if b is band:
+                return True
+        return False
+
+    def _make_room(self, band: Band, nbytes: int) -> bool:
+        """True if a request of ``nbytes`` fits in ``band``, displacing lower bands if the
+        global limits need it and that suffices; False (nothing displaced) otherwise."""
+        if not band.fits(nbytes):
+            return False
+        c = self.config
+        need_n = self.length + 1 - c.max_requests if c.max_requests else 0
+        need_b = self.nbytes + nbytes - c.max_bytes if c.max_bytes else 0
+        if need_n <= 0 and need_b <= 0:
+            return True
+        lower = [b for b in reversed(self._order) if b.priority < band.priority and b.length]
+        if (sum(b.length for b in lower) < need_n
+                or sum(b.nbytes for b in lower) < need_b):
+            return False
+        for b in lower:
+            while b.length and (need_n > 0 or need_b > 0):
+                heaviest = max(b.flows.values(), key=lambda f: (f.length, f.nbytes))
+                victim = heaviest.tail()
+                assert victim is not None
+                self._finalize(victim, Outcome.EVICTED_DISPLACED)
+                need_n -= 1
+                need_b -= victim.request.byte_size
+        return True
+
+    def _finalize(self, item: QueueItem, outcome: Outcome) -> bool:
+        """Give ``item`` its one outcome (False if it already had one) and free its place."""
+        if item.outcome is not None:
+            return False
+        item.outcome = outcome
+        req = item.request
+        q = item.queue
+        if q is not None:
+            q.remove(item)
+            q.band.drop_if_empty(q)
+            self.length -= 1
+            self.nbytes -= req.byte_size
+            self.metrics.left(self._gauge_key(req), req.byte_size)
+        waited = item.future.get_loop().time() - item.enqueued_at
+        self.metrics.outcome((req.fairness_id, str(req.priority), outcome.value, self.pool_name,
+                              req.model_name, req.target_model_name), max(0.0, waited))
+        if not item.future.done():
+            item.future.set_result(outcome)
+        return True
+
+    def _decided(self, req: FlowControlRequest, outcome: Outcome, started: float) -> Outcome:
+        """Record an outcome decided without queueing (fast path or rejection)."""
+        prio = str(req.priority)
+        self.metrics.enqueued(req.fairness_id, prio, outcome.value,
+                              time.perf_counter() - started)
+        self.metrics.outcome((req.fairness_id, prio, outcome.value, self.pool_name,
+                              req.model_name, req.target_model_name), 0.0)
+        return outcome
+
+    def _gauge_key(self, req: FlowControlRequest) -> GaugeKey:
+        return (req.fairness_id, str(req.priority), self.pool_name, req.model_name,
+                req.target_model_name)
+
+    def _band(self, priority: int) -> Band:
+        band = self._bands.get(priority)
+        if band is None:
+            band = self._add_band(self.config.band(priority), "flowControl.defaultPriorityBand")
+        return band
+
+    def _add_band(self, bc: PriorityBandConfig, where: str) -> Band:
+        ordering, fairness = self._policies(bc, where)
+        band = Band(bc, ordering, fairness)
+        self._bands[bc.priority] = band
+        keys = [-b.priority for b in self._order]
+        self._order.insert(bisect.bisect(keys, -bc.priority), band)
+        return band
+
+    def _policies(self, bc: PriorityBandConfig,
+                  where: str) -> tuple[OrderingPolicy, FairnessPolicy]:
+        ordering = resolve(bc.ordering_policy_ref, OrderingPolicy, self._plugins,
+                           f"{where}.orderingPolicyRef")
+        fairness = resolve(bc.fairness_policy_ref, FairnessPolicy, self._plugins,
+                           f"{where}.fairnessPolicyRef")
+        return ordering, fairness

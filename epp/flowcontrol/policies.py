@@ -1,0 +1,202 @@
+"""Flow-control policies under upstream v1.5's plugin type names.
+
+Three tiers pick the next request to dispatch (upstream's "3-tier dispatch hierarchy"):
+
+1. priority: the highest non-empty band first; a band may go only while the pool's saturation
+   is below its usage limit (``static-usage-limit-policy``), else dispatch stops there
+   (head-of-line blocking, so lower bands never take what a higher one waits for);
+2. fairness, between the flows (tenants) of a band: ``global-strict-fairness-policy`` (the best
+   head across all flows, as if the band were one queue) or ``round-robin-fairness-policy``
+   (flows in turn, sorted by fairness id, resuming after the last one served);
+3. ordering, inside a flow: ``fcfs-ordering-policy`` (arrival), ``edf-ordering-policy``
+   (enqueue time + TTL; no TTL sorts last) or ``slo-deadline-ordering-policy`` (arrival +
+   ``x-slo-ttft-ms``; no or bad header sorts last). Ties fall back to arrival order.
+
+They are plugins (``plugins:`` entries referenced by name from ``flowControl``); none takes
+parameters except the usage-limit policy (``threshold``, default 1.0).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+
+from epp.flowcontrol.config import FlowControlConfigError
+from epp.flowcontrol.types import QueueItem
+from shared.plugins import Plugin
+
+if TYPE_CHECKING:
+    from epp.flowcontrol.queues import Band, FlowQueue
+
+SLO_TTFT_HEADER = "x-slo-ttft-ms"
+
+
+@runtime_checkable
+class OrderingPolicy(Protocol):
+    """Orders requests inside one flow: smaller key goes first (ties: arrival order)."""
+
+    type_name: ClassVar[str]
+
+    def key(self, item: QueueItem) -> tuple[float, float]: ...
+
+
+@runtime_checkable
+class FairnessPolicy(Protocol):
+    """Chooses which flow of a band dispatches next."""
+
+    type_name: ClassVar[str]
+
+    def new_state(self) -> Any:
+        """Per-band mutable state (e.g. a round-robin cursor)."""
+        ...
+
+    def pick(self, band: Band) -> FlowQueue | None: ...
+
+
+@runtime_checkable
+class UsageLimitPolicy(Protocol):
+    """Per priority (highest first), the saturation below which that band may dispatch."""
+
+    type_name: ClassVar[str]
+
+    def ceilings(self, saturation: float, priorities: Sequence[int]) -> Sequence[float]: ...
+
+
+class FCFSOrdering(Plugin):
+    """First come, first served: key = logical enqueue time."""
+
+    type_name: ClassVar[str] = "fcfs-ordering-policy"
+
+    def key(self, item: QueueItem) -> tuple[float, float]:
+        return (item.enqueued_at, 0.0)
+
+
+class EDFOrdering(Plugin):
+    """Earliest deadline first: key = enqueue time + effective TTL (∞ without a TTL)."""
+
+    type_name: ClassVar[str] = "edf-ordering-policy"
+
+    def key(self, item: QueueItem) -> tuple[float, float]:
+        deadline = math.inf if item.deadline is None else item.deadline
+        return (deadline, item.enqueued_at)
+
+
+class SLODeadlineOrdering(Plugin):
+    """Earliest SLO deadline first: key = arrival + ``x-slo-ttft-ms`` (∞ when absent/bad)."""
+
+    type_name: ClassVar[str] = "slo-deadline-ordering-policy"
+
+    def key(self, item: QueueItem) -> tuple[float, float]:
+        raw = item.request.headers.get(SLO_TTFT_HEADER, "").strip()
+        deadline = math.inf
+        if raw.isdigit():
+            deadline = item.received_at + int(raw) / 1000.0
+        return (deadline, item.received_at)
+
+
+class GlobalStrictFairness(Plugin):
+    """The flow whose head is the band's best item: the band behaves as one queue."""
+
+    type_name: ClassVar[str] = "global-strict-fairness-policy"
+
+    def new_state(self) -> None:
+        return None
+
+    def pick(self, band: Band) -> FlowQueue | None:
+        best: FlowQueue | None = None
+        best_key: tuple[float, float, int] | None = None
+        for flow in band.flows.values():
+            head = flow.head()
+            if head is None:
+                continue
+            k = (*head.key, head.seq)
+            if best_key is None or k < best_key:
+                best, best_key = flow, k
+        return best
+
+
+class _Cursor:
+    __slots__ = ("last",)
+
+    def __init__(self) -> None:
+        self.last: str | None = None
+
+
+class RoundRobinFairness(Plugin):
+    """Flows in turn: sorted by fairness id, starting after the one served last."""
+
+    type_name: ClassVar[str] = "round-robin-fairness-policy"
+
+    def new_state(self) -> _Cursor:
+        return _Cursor()
+
+    def pick(self, band: Band) -> FlowQueue | None:
+        cursor: _Cursor = band.fairness_state
+        ids = sorted(fid for fid, f in band.flows.items() if f.length)
+        if not ids:
+            cursor.last = None
+            return None
+        start = 0
+        if cursor.last is not None:
+            # The first id after the last one served (wrapping); works even if that flow is gone.
+            start = next((i for i, fid in enumerate(ids) if fid > cursor.last), 0)
+        chosen = ids[start]
+        cursor.last = chosen
+        return band.flows[chosen]
+
+
+@dataclass(frozen=True, slots=True)
+class StaticUsageLimitParameters:
+    """``static-usage-limit-policy`` parameters (upstream's)."""
+
+    #: Bands dispatch while the pool's saturation is below this.
+    threshold: float = 1.0
+
+    def __post_init__(self) -> None:
+        t = self.threshold
+        if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t) \
+                or t <= 0:
+            raise ValueError(f"threshold: must be a positive number, got {t!r}")
+
+
+class StaticUsageLimit(Plugin):
+    """The same ceiling for every band: dispatch while saturation < ``threshold``."""
+
+    type_name: ClassVar[str] = "static-usage-limit-policy"
+    parameters_type = StaticUsageLimitParameters
+    params: StaticUsageLimitParameters
+
+    def __init__(self, name: str | float = "", params: Any = None) -> None:
+        if isinstance(name, int | float):  # StaticUsageLimit(0.5)
+            name, params = "", StaticUsageLimitParameters(float(name))
+        super().__init__(name, params)
+
+    @property
+    def threshold(self) -> float:
+        return self.params.threshold
+
+    def ceilings(self, saturation: float, priorities: Sequence[int]) -> Sequence[float]:
+        return [self.threshold] * len(priorities)
+
+
+#: The built-in policy plugin types (the EPP's registry includes them).
+POLICY_PLUGINS: tuple[type[Plugin], ...] = (
+    FCFSOrdering, EDFOrdering, SLODeadlineOrdering, GlobalStrictFairness, RoundRobinFairness,
+    StaticUsageLimit)
+_BY_TYPE = {cls.type_name: cls for cls in POLICY_PLUGINS}
+
+
+def resolve(ref: str, kind: type[Any], plugins: Mapping[str, object], where: str) -> Any:
+    """The policy ``ref`` names: a configured plugin instance of that name, else (as upstream's
+    loader does for its defaults) a fresh instance of the built-in type of that name."""
+    found = plugins.get(ref)
+    if found is None and ref in _BY_TYPE:
+        found = _BY_TYPE[ref]()
+    if found is None:
+        raise FlowControlConfigError(f"{where}: no plugin named {ref!r}")
+    if not isinstance(found, kind):
+        raise FlowControlConfigError(
+            f"{where}: plugin {ref!r} is not a {kind.__name__} ({type(found).__name__})")
+    return found

@@ -1,0 +1,149 @@
+"""What goes into the flow controller and what comes out of it.
+
+A request enters as a :class:`FlowControlRequest` and leaves with exactly one :class:`Outcome`.
+Outcomes carry upstream v1.5's names (they are the ``outcome`` label of the flow-control
+metrics); :func:`error_for` turns a non-dispatched outcome into the error the client sees.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from shared.errors import GatewayError, ServiceUnavailable, TooManyRequests
+
+if TYPE_CHECKING:
+    from epp.flowcontrol.queues import FlowQueue
+
+#: Header that names a request's flow (tenant) inside its priority band (upstream's name).
+FAIRNESS_ID_HEADER = "x-gateway-inference-fairness-id"
+#: The flow of requests without that header (upstream's value).
+DEFAULT_FAIRNESS_ID = "default-flow"
+
+
+class Outcome(enum.Enum):
+    """The one final state of a request in flow control (upstream's ``QueueOutcome`` names)."""
+
+    DISPATCHED = "Dispatched"
+    #: Refused before queueing: a capacity limit was met (429).
+    REJECTED_CAPACITY = "RejectedCapacity"
+    #: Refused before queueing for another reason, e.g. the controller is shutting down (503).
+    REJECTED_OTHER = "RejectedOther"
+    #: Waited longer than its TTL (503, as upstream).
+    EVICTED_TTL = "EvictedTTL"
+    #: The client went away while it waited (no one is left to answer).
+    EVICTED_CONTEXT_CANCELLED = "EvictedContextCancelled"
+    #: Removed while queued for another reason, e.g. shutdown (503).
+    EVICTED_OTHER = "EvictedOther"
+    #: Ours, not upstream's: pushed out of a full queue by a higher-priority request (429).
+    EVICTED_DISPLACED = "EvictedDisplaced"
+
+
+@dataclass(frozen=True, slots=True)
+class FlowKey:
+    """A flow: one fairness id (tenant) inside one priority band."""
+
+    fairness_id: str
+    priority: int
+
+
+@dataclass(slots=True)
+class FlowControlRequest:
+    """A request as flow control sees it (upstream's ``FlowControlRequest``)."""
+
+    request_id: str
+    fairness_id: str = DEFAULT_FAIRNESS_ID
+    priority: int = 0
+    #: Request body bytes; counts against ``maxBytes``.
+    byte_size: int = 0
+    model_name: str = ""
+    target_model_name: str = ""
+    #: Event-loop time the request arrived at the EPP (``None``: when it reaches flow control).
+    received_at: float | None = None
+    #: Seconds this request may wait; ``None`` or 0 uses ``defaultRequestTTL``.
+    ttl: float | None = None
+    #: Request headers; the SLO-deadline ordering reads ``x-slo-ttft-ms`` from them.
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def flow_key(self) -> FlowKey:
+        return FlowKey(self.fairness_id, self.priority)
+
+
+@dataclass(slots=True, eq=False)
+class QueueItem:
+    """A request while flow control holds it. Finalized exactly once (see ``outcome``)."""
+
+    request: FlowControlRequest
+    #: Event-loop time the request entered flow control (its logical enqueue time).
+    enqueued_at: float
+    #: Absolute event-loop deadline, or ``None`` when it may wait until cancelled.
+    deadline: float | None
+    #: Arrival order; breaks every ordering tie so equal keys stay first-come first-served.
+    seq: int
+    future: asyncio.Future[Outcome]
+    outcome: Outcome | None = None
+    #: The queue holding it, or ``None`` once it left (dispatched, evicted) or before it entered.
+    queue: FlowQueue | None = None
+    #: Ordering key given by the band's ordering policy when it was queued.
+    key: tuple[float, float] = (0.0, 0.0)
+
+    @property
+    def received_at(self) -> float:
+        r = self.request.received_at
+        return self.enqueued_at if r is None else r
+
+
+class FlowControlQueueFull(TooManyRequests):
+    """429: the queue for this priority is full (or the request was displaced from it)."""
+
+    code = "flow_control_queue_full"
+
+    def __init__(self, message: str, *, retry_after: int, code: str | None = None) -> None:
+        super().__init__(message, code=code)
+        #: Seconds; sent as the ``retry-after`` header.
+        self.retry_after = retry_after
+
+
+class FlowControlUnavailable(ServiceUnavailable):
+    """503: the request waited too long, or flow control is shutting down."""
+
+    code = "flow_control_unavailable"
+
+    def __init__(self, message: str, *, retry_after: int, code: str | None = None) -> None:
+        super().__init__(message, code=code)
+        self.retry_after = retry_after
+
+
+def error_for(outcome: Outcome, retry_after: int) -> GatewayError | None:
+    """The error a non-dispatched ``outcome`` ends the request with (``None`` when dispatched).
+
+    Status codes follow upstream's admission controller: capacity → 429, TTL and client
+    cancellation → 503; shutdown and other evictions → 503 (upstream answers 500 there; a 503
+    tells the client to retry, which is what a restarting EPP wants).
+    """
+    match outcome:
+        case Outcome.DISPATCHED:
+            return None
+        case Outcome.REJECTED_CAPACITY:
+            return FlowControlQueueFull(
+                "flow control queue is full for this priority; retry later",
+                retry_after=retry_after)
+        case Outcome.EVICTED_DISPLACED:
+            return FlowControlQueueFull(
+                "displaced from the flow control queue by higher-priority requests; retry later",
+                retry_after=retry_after, code="flow_control_displaced")
+        case Outcome.EVICTED_TTL:
+            return FlowControlUnavailable(
+                "request timed out in the flow control queue", retry_after=retry_after,
+                code="flow_control_ttl_expired")
+        case Outcome.EVICTED_CONTEXT_CANCELLED:
+            return FlowControlUnavailable(
+                "client disconnected while queued", retry_after=retry_after,
+                code="client_disconnected")
+        case _:
+            return FlowControlUnavailable(
+                "flow control is not running (shutting down)", retry_after=retry_after)

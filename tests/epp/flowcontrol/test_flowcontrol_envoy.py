@@ -1,0 +1,203 @@
+"""Flow control end to end: real Envoy → real ``epp`` (``featureGates: [flowControl]``) →
+a small real model server whose scraped queue the test sets, which makes the pool saturated
+or not. Requests wait in the EPP, are released in band order, and get 429/503 answers with
+``retry-after``; a client that goes away frees its place at once."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from bench.manifests import pool_manifests, write_yaml
+from shared import envoy as e
+from tests.picker.conftest import start_servers
+from tests.support import BackgroundLoop, EppProcess, FakeModelServer, pool_gateway_config
+
+pytestmark = pytest.mark.envoy
+
+X = "inference.networking.x-k8s.io/v1alpha2"
+OBJECTIVES = [
+    {"apiVersion": X, "kind": "InferenceObjective", "metadata": {"name": name},
+     "spec": {"poolRef": {"name": "pool"}, "priority": prio}}
+    for name, prio in (("critical", 10), ("standard", 0), ("batch", -1))
+]
+# One waiting request on the server saturates the pool (queue / 1 >= 1).
+CONFIG = """\
+featureGates: [flowControl]
+plugins:
+- type: utilization-detector
+  parameters: {queueDepthThreshold: 1}
+- {type: round-robin-fairness-policy, name: tenants}
+saturationDetector: {pluginRef: utilization-detector}
+flowControl:
+  defaultRequestTTL: %s
+  priorityBands:
+  - {priority: 0, maxRequests: 2}
+  - {priority: 10, fairnessPolicyRef: tenants}
+"""
+
+
+class Gateway:
+    def __init__(self, bg: BackgroundLoop, tmp: Path, server: FakeModelServer,
+                 ttl: str = "60s") -> None:
+        manifests = tmp / "pool.yaml"
+        write_yaml(manifests, pool_manifests("pool", [(server.name, server.host)],
+                                             server.port, OBJECTIVES))
+        self.epp = EppProcess(manifests, "--config-text", CONFIG % ttl,
+                              "--refresh-metrics-interval", "20ms",
+                              log_path=tmp / "epp.log").wait_serving()
+        admin, self.port = e.free_port(), e.free_port()
+        self.envoy = e.Envoy(pool_gateway_config(self.epp.port, admin, self.port),
+                             admin_port=admin, workdir=tmp / "envoy").start()
+        self.pool = ThreadPoolExecutor(8)
+
+    def send(self, objective: str, tag: str, *, timeout: float = 60,
+             tenant: str | None = None) -> httpx.Response:
+        headers = {"x-gateway-inference-objective": objective}
+        if tenant:
+            headers["x-gateway-inference-fairness-id"] = tenant
+        body = orjson.dumps({"model": "base-model", "prompt": tag, "max_tokens": 1})
+        return httpx.post(f"http://127.0.0.1:{self.port}/v1/completions", content=body,
+                          headers=headers, timeout=timeout)
+
+    def send_async(self, *args: Any, **kw: Any) -> Future[httpx.Response]:
+        return self.pool.submit(self.send, *args, **kw)
+
+    def debug(self) -> dict[str, Any]:
+        fc: dict[str, Any] = self.debug_pool()["flowControl"]
+        return fc
+
+    def debug_pool(self) -> dict[str, Any]:
+        r = httpx.get(f"http://127.0.0.1:{self.epp.metrics}/debug/pool", timeout=5)
+        body: dict[str, Any] = r.json()
+        return body
+
+    def saturate(self, server: FakeModelServer) -> None:
+        """Make the server report a queue, and wait until the EPP has scraped it."""
+        server.waiting = 3
+        until(lambda: [ep["waiting"] for ep in self.debug_pool()["endpoints"]] == [3],
+              "the EPP to see the saturated pool")
+
+    def metric(self, name: str, **labels: str) -> float:
+        text = httpx.get(f"http://127.0.0.1:{self.epp.metrics}/metrics", timeout=5).text
+        total = 0.0
+        for line in text.splitlines():
+            if line.startswith(name + "{") and all(f'{k}="{v}"' in line
+                                                   for k, v in labels.items()):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+    def stop(self) -> None:
+        self.pool.shutdown(cancel_futures=True)
+        self.envoy.stop()
+        self.epp.stop()
+
+
+def until(cond: Callable[[], bool], what: str, timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def server(bg: BackgroundLoop) -> Iterator[FakeModelServer]:
+    [s] = start_servers(bg, 1)
+    yield s
+    bg.run(s.stop())
+
+
+@pytest.fixture
+def gw(bg: BackgroundLoop, tmp_path: Path, server: FakeModelServer,
+       request: pytest.FixtureRequest) -> Iterator[Gateway]:
+    g = Gateway(bg, tmp_path, server, getattr(request, "param", "60s"))
+    yield g
+    g.stop()
+
+
+def test_queued_requests_complete_in_band_order(gw: Gateway, server: FakeModelServer) -> None:
+    gw.saturate(server)
+    futures = []
+    for objective, tag in (("batch", "low"), ("standard", "mid"), ("critical", "high")):
+        n = gw.debug()["queued"]
+        futures.append(gw.send_async(objective, tag))
+        until(lambda n=n: gw.debug()["queued"] == n + 1, f"{tag} to be queued")
+    assert server.requests == []  # everything waits in the EPP
+    server.waiting = 0
+    assert [f.result().status_code for f in futures] == [200, 200, 200]
+    assert [r["body"]["prompt"] for r in server.requests] == ["high", "mid", "low"]
+
+
+def test_full_band_answers_429_with_retry_after(gw: Gateway, server: FakeModelServer) -> None:
+    gw.saturate(server)
+    waiting = [gw.send_async("standard", f"q{i}") for i in range(2)]
+    until(lambda: gw.debug()["queued"] == 2, "two queued")
+    r = gw.send("standard", "one too many")
+    assert r.status_code == 429
+    assert int(r.headers["retry-after"]) >= 1
+    assert r.json()["error"]["code"] == "flow_control_queue_full"
+    server.waiting = 0
+    assert [f.result().status_code for f in waiting] == [200, 200]
+
+
+@pytest.mark.parametrize("gw", ["300ms"], indirect=True)
+def test_ttl_expiry_answers_503_with_retry_after(gw: Gateway, server: FakeModelServer) -> None:
+    gw.saturate(server)
+    r = gw.send("standard", "too patient")
+    assert r.status_code == 503
+    assert r.json()["error"]["code"] == "flow_control_ttl_expired"
+    assert int(r.headers["retry-after"]) >= 1
+    assert gw.debug()["queued"] == 0
+    assert server.requests == []
+
+
+def test_client_disconnect_frees_its_place(gw: Gateway, server: FakeModelServer) -> None:
+    gw.saturate(server)
+    gone = gw.send_async("standard", "impatient", timeout=1.0)
+    stays = gw.send_async("standard", "stays")
+    until(lambda: gw.debug()["queued"] == 2, "two queued")
+    with pytest.raises(httpx.TimeoutException):
+        gone.result()
+    until(lambda: gw.debug()["queued"] == 1, "the gone client's request to leave the queue")
+    assert gw.metric("inference_extension_flow_control_request_queue_duration_seconds_count",
+                     outcome="EvictedContextCancelled") == 1
+    # Its place is free: another request queues instead of getting 429.
+    third = gw.send_async("standard", "third")
+    until(lambda: gw.debug()["queued"] == 2, "the third request queued")
+    server.waiting = 0
+    assert stays.result().status_code == 200 and third.result().status_code == 200
+    assert "impatient" not in [r["body"]["prompt"] for r in server.requests]
+
+
+def test_tenants_of_a_round_robin_band_take_turns(gw: Gateway,
+                                                  server: FakeModelServer) -> None:
+    gw.saturate(server)
+    futures = []
+    for tenant, tag in (("noisy", "n0"), ("noisy", "n1"), ("noisy", "n2"), ("quiet", "q0")):
+        n = gw.debug()["queued"]
+        futures.append(gw.send_async("critical", tag, tenant=tenant))
+        until(lambda n=n: gw.debug()["queued"] == n + 1, f"{tag} queued")
+    server.waiting = 0
+    assert [f.result().status_code for f in futures] == [200] * 4
+    assert [r["body"]["prompt"] for r in server.requests] == ["n0", "q0", "n1", "n2"]
+
+
+def test_epp_shutdown_answers_queued_requests_with_503(gw: Gateway,
+                                                       server: FakeModelServer) -> None:
+    gw.saturate(server)
+    queued = gw.send_async("standard", "queued at shutdown")
+    until(lambda: gw.debug()["queued"] == 1, "queued")
+    gw.epp.proc.terminate()  # SIGTERM: the EPP drains
+    r = queued.result()
+    assert r.status_code == 503
+    assert r.json()["error"]["code"] == "flow_control_unavailable"
+    assert int(r.headers["retry-after"]) >= 1
+    assert server.requests == []

@@ -1,0 +1,118 @@
+"""The ``flowControl`` feature gate: off by default (nothing changes), on → the controller
+sits at the director's admission point with the pool's saturation detector as its signal."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+
+import orjson
+import pytest
+
+from bench.manifests import pool_manifests
+from epp.config import ConfigError, build, parse_config
+from epp.datastore import Datastore, EndpointMetrics
+from epp.datastore.objects import parse_object
+from epp.datastore.snapshot import build_snapshot
+from epp.flowcontrol import FlowController, FlowControlUnavailable
+from epp.flowcontrol.admitter import FlowControlAdmitter
+from epp.requestcontrol import Director
+from shared.errors import TooManyRequests
+
+X = "inference.networking.x-k8s.io/v1alpha2"
+BATCH = {"apiVersion": X, "kind": "InferenceObjective", "metadata": {"name": "batch"},
+         "spec": {"poolRef": {"name": "pool"}, "priority": -1}}
+HEADERS = {":path": "/v1/completions", "x-request-id": "r1",
+           "x-gateway-inference-objective": "batch", "x-gateway-inference-fairness-id": "t1"}
+BODY = orjson.dumps({"model": "m", "prompt": "hello"})
+
+
+def store(waiting: int) -> Datastore:
+    docs = pool_manifests("pool", [("pod-0", "10.1.0.1")], 8000, [BATCH])
+    ds = Datastore()
+    ds.replace(build_snapshot([o for d in docs if (o := parse_object(d)) is not None],
+                              pool_name="pool", pool_namespace="default"))
+    for view in ds.views():
+        view.begin_scrape()
+        ds.record_scrape(view, EndpointMetrics(waiting=waiting, running=0, kv_usage=0.0,
+                                               updated_at=time.monotonic() + 3600))
+    return ds
+
+
+def director(text: str, waiting: int = 0) -> Director:
+    return Director.of(build(parse_config(text), store(waiting), rng=random.Random(0)))
+
+
+def test_off_by_default_even_with_a_flow_control_section() -> None:
+    d = director("flowControl: {maxRequests: 5}\n", waiting=10)
+    assert d.runtime.flow_control is None
+    assert not [a for a in d.runtime.admitters if isinstance(a, FlowControlAdmitter)]
+    # the legacy behaviour stays: a sheddable request on a saturated pool is shed
+    with pytest.raises(TooManyRequests, match="saturated"):
+        d.prepare(HEADERS, BODY, {})
+
+
+def test_section_is_validated_without_the_gate() -> None:
+    with pytest.raises(ConfigError, match=r"flowControl\.maxRequests: must be non-negative"):
+        parse_config("flowControl: {maxRequests: -5}\n")
+
+
+def test_gate_builds_controller_and_admitter_with_upstream_defaults() -> None:
+    runtime = director("featureGates: [flowControl]\n").runtime
+    fc = runtime.flow_control
+    assert isinstance(fc, FlowController)
+    assert fc.config.default_request_ttl == 0 and fc.config.max_requests == 0
+    [admitter] = [a for a in runtime.admitters if isinstance(a, FlowControlAdmitter)]
+    assert admitter.controller is fc
+    assert admitter in runtime.response_complete  # a finished response wakes the dispatcher
+
+
+def test_bad_policy_ref_names_the_path() -> None:
+    text = ("featureGates: [flowControl]\nflowControl:\n"
+            "  priorityBands: [{priority: 1, orderingPolicyRef: lifo}]\n")
+    with pytest.raises(ConfigError, match=r"cfg: flowControl\.priorityBands\[0\]"
+                                          r"\.orderingPolicyRef: no plugin named 'lifo'"):
+        build(parse_config(text, source="cfg"))
+
+
+async def test_sheddable_request_waits_instead_of_being_shed_then_goes_when_room() -> None:
+    d = director("featureGates: [flowControl]\n", waiting=10)  # saturated
+    fc = d.runtime.flow_control
+    assert fc is not None
+    pending = d.prepare(HEADERS, BODY, {})  # no 429 from the legacy shed
+    admitted = asyncio.create_task(d.admit(pending))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    snap = fc.snapshot()
+    assert snap["queued"] == 1
+    assert snap["bands"][0]["priority"] == -1 and list(snap["bands"][0]["flows"]) == ["t1"]
+    view = d.datastore.views()[0]
+    view.begin_scrape()
+    d.datastore.record_scrape(view, EndpointMetrics(waiting=0, running=0, kv_usage=0.0,
+                                                    updated_at=time.monotonic() + 3600))
+    fc.notify()
+    await admitted
+    decision, routed = d.dispatch(pending)
+    assert decision.set_headers["x-gateway-destination-endpoint"] == "10.1.0.1:8000"
+    d.finish(routed, completed=True, status=200, response_size=1, prompt_tokens=1,
+             completion_tokens=1)
+    await fc.aclose()
+
+
+async def test_refusal_reaches_the_client_as_the_controllers_error() -> None:
+    d = director("featureGates: [flowControl]\nflowControl:\n"
+                 "  defaultPriorityBand: {maxRequests: 1}\n", waiting=10)
+    fc = d.runtime.flow_control
+    assert fc is not None
+    first = asyncio.create_task(d.admit(d.prepare(HEADERS, BODY, {})))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    with pytest.raises(TooManyRequests) as e:
+        await d.admit(d.prepare(HEADERS, BODY, {}))
+    assert e.value.code == "flow_control_queue_full"
+    await fc.aclose()  # the queued one is evicted: 503
+    with pytest.raises(FlowControlUnavailable) as e2:
+        await first
+    assert e2.value.status == 503
+    assert fc.snapshot()["queued"] == 0
