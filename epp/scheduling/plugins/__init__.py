@@ -19,6 +19,7 @@ from epp.scheduling.plugins.scorer.load_aware_scorer import LoadAwareScorer
 from epp.scheduling.plugins.scorer.lora_affinity_scorer import LoraAffinityScorer
 from epp.scheduling.plugins.scorer.queue_scorer import QueueScorer
 from epp.scheduling.plugins.scorer.running_requests_scorer import RunningRequestsSizeScorer
+from epp.scheduling.plugins.scorer.session_affinity_scorer import SessionAffinityScorer
 from epp.scheduling.plugins.scorer.token_load_scorer import TokenLoadScorer
 
 BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
@@ -29,6 +30,7 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     LoraAffinityScorer,
     LoadAwareScorer,
     PrefixCacheScorer,
+    SessionAffinityScorer,
     MaxScorePicker,
     RandomPicker,
     WeightedRandomPicker,
@@ -57,6 +59,7 @@ __all__ = [
     "QueueScorer",
     "RandomPicker",
     "RunningRequestsSizeScorer",
+    "SessionAffinityScorer",
     "SingleProfileHandler",
     "TokenLoadScorer",
     "WeightedRandomPicker",
