@@ -53,6 +53,20 @@ TPOT = Histogram("inference_objective_request_tpot_seconds",
                  "Time per output token after the first.", MODEL, buckets=_TPOT)
 REQUEST_METRIC = Gauge("inference_objective_inference_request_metric",
                        "Latest TTFT / TPOT (seconds) per model, by type.", [*MODEL, "type"])
+# Predicted latency (issue #17): what the latency model said for the endpoint that was picked.
+PREDICTED_TTFT = Histogram("inference_objective_request_predicted_ttft_seconds",
+                           "Predicted TTFT of the picked endpoint.", MODEL, buckets=_LATENCY)
+PREDICTED_TPOT = Histogram("inference_objective_request_predicted_tpot_seconds",
+                           "Predicted TPOT of the picked endpoint.", MODEL, buckets=_TPOT)
+TTFT_PREDICTION_DURATION = Histogram(
+    "inference_objective_request_ttft_prediction_duration_seconds",
+    "Time to predict TTFT for every candidate of one request.", MODEL, buckets=_PREDICTION)
+TPOT_PREDICTION_DURATION = Histogram(
+    "inference_objective_request_tpot_prediction_duration_seconds",
+    "Time to predict TPOT for every candidate of one request.", MODEL, buckets=_PREDICTION)
+SLO_VIOLATIONS = Counter("inference_objective_request_slo_violation_total",
+                         "Requests that missed their SLO, by type (ttft, tpot).",
+                         [*MODEL, "type"])
 SCHEDULER_E2E = Histogram("inference_extension_scheduler_e2e_duration_seconds",
                           "Time to pick an endpoint.", buckets=_SCHED)
 PLUGIN_DURATION = Histogram("inference_extension_plugin_duration_seconds",

@@ -1,0 +1,172 @@
+"""``predicted-latency-producer`` (upstream v1.5): the request's SLO from its headers, a
+TTFT/TPOT prediction for every candidate before scheduling, and the training data after the
+response. Also records the predicted series and SLO violations (``epp.telemetry``).
+
+Upstream trains in a sidecar; here the model lives in process (:mod:`epp.latency.predictor`),
+retrained in a background thread, served as a dot product.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from epp import telemetry as m
+from epp.datastore import EndpointView
+from epp.latency.predictions import PREDICTIONS_KEY, Prediction, RequestPredictions
+from epp.latency.predictor import EndpointState, LatencyPredictor, PredictorConfig
+from epp.latency.slo import parse_slo
+from epp.requestcontrol.plugin import DataProducer, PreRequest, Response, ResponseComplete
+from epp.scheduling.plugin import Plugin
+from epp.scheduling.plugins.prefix.producer import ApproxPrefixCacheProducer
+from epp.scheduling.request import LLMRequest
+from epp.scheduling.result import SchedulingResult
+from shared.plugins import Duration, Handle
+
+
+@dataclass(frozen=True, slots=True)
+class PredictedLatencyParameters:
+    """Upstream's ``sloBufferFactor`` (> 0; the SLO the headroom is measured against is
+    SLO * factor), ``streamingMode`` (false: train TTFT on the whole duration and no TPOT;
+    true: TTFT to the first streamed token and TPOT of streamed responses),
+    ``predictInPrepareData`` (false: collect training data only). Ours, for the in-process
+    model: ``retrainInterval``, ``maxTrainingSamples``, ``minTrainingSamples``."""
+
+    slo_buffer_factor: float = 1.0
+    streaming_mode: bool = False
+    predict_in_prepare_data: bool = True
+    retrain_interval: Duration = Duration(1.0)  # noqa: RUF009 (immutable)
+    max_training_samples: int = 5000
+    min_training_samples: int = 20
+
+    def __post_init__(self) -> None:
+        if not self.slo_buffer_factor > 0:
+            raise ValueError(f"sloBufferFactor: must be > 0, got {self.slo_buffer_factor!r}")
+        if not self.retrain_interval > 0:
+            raise ValueError(f"retrainInterval: must be > 0, got {self.retrain_interval!r}")
+        if self.max_training_samples < 1:
+            raise ValueError("maxTrainingSamples: must be >= 1")
+        if not 1 <= self.min_training_samples <= self.max_training_samples:
+            raise ValueError("minTrainingSamples: must be in [1, maxTrainingSamples]")
+
+
+class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseComplete):
+    """Before scheduling: SLO = (``x-slo-ttft-ms``, ``x-slo-tpot-ms``) (400 when bad); per
+    candidate, TTFT/TPOT predicted from its state and headroom = SLO * factor - predicted.
+    After the response: the dispatch-time state and the measured TTFT/TPOT become a training
+    sample; a measured value over its SLO counts a violation."""
+
+    type_name = "predicted-latency-producer"
+    parameters_type = PredictedLatencyParameters
+    params: PredictedLatencyParameters
+
+    def __init__(self, name: str = "", params: Any = None,
+                 predictor: LatencyPredictor | None = None, handle: Handle | None = None,
+                 ) -> None:
+        super().__init__(name, params)
+        p = self.params
+        self.predictor = predictor or LatencyPredictor(PredictorConfig(
+            retrain_interval=p.retrain_interval, max_samples=p.max_training_samples,
+            min_samples=p.min_training_samples))
+        self._handle = handle
+        self._prefix: list[ApproxPrefixCacheProducer] | None = None  # looked up once
+
+    @classmethod
+    def create(cls, name: str, params: Any, handle: Handle) -> PredictedLatencyProducer:
+        plugin = cls(name, params, handle=handle)
+        plugin.predictor.start()
+        return plugin
+
+    def _prefix_producer(self) -> ApproxPrefixCacheProducer | None:
+        if self._prefix is None:
+            self._prefix = self._handle.find(ApproxPrefixCacheProducer) if self._handle else []
+        return self._prefix[0] if self._prefix else None
+
+    def state(self, request: LLMRequest, view: EndpointView, prefix_score: float
+              ) -> EndpointState:
+        """What the model sees of ``view`` for ``request``."""
+        tokens = float(request.prompt_tokens)
+        return EndpointState(tokens, tokens * (1.0 - prefix_score), float(view.queue),
+                             float(view.metrics.running), view.metrics.kv_usage,
+                             float(view.inflight_tokens))
+
+    def produce(self, request: LLMRequest, endpoints: Sequence[EndpointView]) -> None:
+        slo = parse_slo(request.headers)
+        out = RequestPredictions(slo)
+        request.plugin_state[PREDICTIONS_KEY] = out
+        prefix = self._prefix_producer()
+        blocks: dict[str, int] = {}
+        total = 0
+        if prefix is not None:
+            match = prefix.match(request)
+            blocks, total = match.matched, len(match.hashes)
+        for v in endpoints:
+            score = blocks.get(v.key, 0) / total if total else 0.0
+            out.prefix_scores[v.key] = score
+            out.states[v.key] = self.state(request, v, score)
+        if not self.params.predict_in_prepare_data:
+            return
+        predictor = self.predictor
+        ttft_model, tpot_model = predictor.ttft_model, predictor.tpot_model
+        out.predicted = ttft_model is not None
+        if not out.predicted:
+            return
+        factor = self.params.slo_buffer_factor
+        started = time.perf_counter()
+        for v in endpoints:
+            s = out.states[v.key]
+            ttft, tpot = predictor.predict(s)
+            out.by_endpoint[v.key] = Prediction(
+                ttft, tpot, _headroom(slo.ttft, slo.any, ttft, factor),
+                _headroom(slo.tpot, slo.any, tpot, factor),
+                out.prefix_scores[v.key], v.inflight_requests,
+                v.metrics.kv_usage, v.queue)
+        elapsed = time.perf_counter() - started
+        pair = (request.client_model, request.target_model)
+        m.TTFT_PREDICTION_DURATION.labels(*pair).observe(elapsed)
+        if tpot_model is not None:
+            m.TPOT_PREDICTION_DURATION.labels(*pair).observe(elapsed)
+
+    def pre_request(self, request: LLMRequest, result: SchedulingResult) -> None:
+        out = request.plugin_state.get(PREDICTIONS_KEY)
+        if not isinstance(out, RequestPredictions):
+            return
+        prediction = out.by_endpoint.get(result.endpoints[0].key)
+        if prediction is None:
+            return
+        pair = (request.client_model, request.target_model)
+        if prediction.ttft is not None:
+            m.PREDICTED_TTFT.labels(*pair).observe(prediction.ttft)
+        if prediction.tpot is not None:
+            m.PREDICTED_TPOT.labels(*pair).observe(prediction.tpot)
+
+    def response_complete(self, request: LLMRequest, response: Response,
+                          endpoint: EndpointView) -> None:
+        out = request.plugin_state.get(PREDICTIONS_KEY)
+        if not isinstance(out, RequestPredictions) or response.failed:
+            return
+        if self.params.streaming_mode:
+            ttft = response.ttft if response.streamed else None
+            tpot = response.tpot if response.streamed and response.completion_tokens > 1 \
+                else None
+        else:
+            ttft, tpot = response.elapsed, None
+        state = out.states.get(endpoint.key)
+        if state is not None:
+            self.predictor.observe(state, ttft, tpot)
+        slo, pair = out.slo, (request.client_model, request.target_model)
+        if slo.ttft is not None and response.ttft is not None and response.ttft > slo.ttft:
+            m.SLO_VIOLATIONS.labels(*pair, "ttft").inc()
+        if slo.tpot is not None and response.tpot is not None and response.tpot > slo.tpot:
+            m.SLO_VIOLATIONS.labels(*pair, "tpot").inc()
+
+
+def _headroom(slo: float | None, any_slo: bool, predicted: float | None,
+              factor: float) -> float:
+    if predicted is None:
+        return 0.0
+    if slo is None:
+        return -predicted if not any_slo else 0.0
+    return slo * factor - predicted
