@@ -45,6 +45,8 @@ class RequestPredictions:
     #: Per endpoint key: matched / total prompt blocks (approximate prefix index).
     prefix_scores: dict[str, float] = field(default_factory=dict)
     states: dict[str, EndpointState] = field(default_factory=dict)
+    #: The endpoint key whose prefill count holds this request (producer bookkeeping).
+    prefilling_at: str | None = None
 
 
 def predictions_of(request: LLMRequest) -> RequestPredictions | None:

@@ -8,8 +8,10 @@ prompt tokens, waiting queue, running requests, KV-cache use, tokens in flight.
 
 Model: scikit-learn's ``BayesianRidge`` (one of upstream's predictor's model types), fitted
 with weights 1/y² so that it minimises *relative* error, the way the model is judged (MAPE).
-Fitting runs in a background thread every ``retrain_interval`` seconds on the latest
-``max_samples`` completed requests; the fitted scaler and weights are folded into one weight
+Fitting is scheduled by a background thread every ``retrain_interval`` seconds on the latest
+``max_samples`` completed requests and, given an executor (the plugin gives it a one-worker
+process pool), runs in another process, so it does not compete with the request path for
+the GIL either; the fitted scaler and weights are folded into one weight
 vector and swapped in with a single assignment, so the request path never waits on training
 and a prediction is a dot product (microseconds, no scikit-learn call on the hot path).
 """
@@ -17,13 +19,15 @@ and a prediction is a dot product (microseconds, no scikit-learn call on the hot
 from __future__ import annotations
 
 import threading
-from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass
+from typing import Any
 
 TTFT_FEATURES = ("prompt_tokens", "uncached_tokens", "uncached_x_running", "waiting",
-                 "running", "kv_usage", "inflight_tokens")
-TPOT_FEATURES = ("prompt_tokens", "waiting", "running", "kv_usage", "inflight_tokens")
+                 "running", "kv_usage", "inflight_tokens", "prefill_tokens")
+TPOT_FEATURES = ("prompt_tokens", "waiting", "running", "kv_usage", "inflight_tokens",
+                 "prefill_tokens")
 #: Predictions never go below this (seconds): a linear model can extrapolate below zero.
 FLOOR = 1e-4
 
@@ -47,15 +51,18 @@ class EndpointState:
     running: float
     kv_usage: float
     inflight_tokens: float
+    #: Prompt tokens sent to the endpoint whose first token has not come back yet
+    #: (upstream's prefill tokens in flight).
+    prefill_tokens: float = 0.0
 
     def ttft_x(self) -> tuple[float, ...]:
         return (self.prompt_tokens, self.uncached_tokens,
                 self.uncached_tokens * (self.running + 1.0), self.waiting, self.running,
-                self.kv_usage, self.inflight_tokens)
+                self.kv_usage, self.inflight_tokens, self.prefill_tokens)
 
     def tpot_x(self) -> tuple[float, ...]:
         return (self.prompt_tokens, self.waiting, self.running, self.kv_usage,
-                self.inflight_tokens)
+                self.inflight_tokens, self.prefill_tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,18 +97,21 @@ def fit_linear(xs: Sequence[Sequence[float]], ys: Sequence[float]) -> Linear:
 class LatencyPredictor:
     """Learns TTFT and TPOT from completed requests; predicts them for candidates.
 
-    ``fit`` is the fitting function (tests wrap the real one to hold a retrain open).
+    ``fit`` is the fitting function (tests wrap the real one to hold a retrain open); with
+    an ``executor`` it runs there (it must then be picklable, as :func:`fit_linear` is).
     """
 
     def __init__(self, config: PredictorConfig | None = None,
                  fit: Callable[[Sequence[Sequence[float]], Sequence[float]], Linear] = fit_linear,
-                 ) -> None:
+                 executor: Executor | None = None) -> None:
         self.config = config or PredictorConfig()
         self._fit = fit
-        self._ttft_samples: deque[tuple[tuple[float, ...], float]] = deque(
-            maxlen=self.config.max_samples)
-        self._tpot_samples: deque[tuple[tuple[float, ...], float]] = deque(
-            maxlen=self.config.max_samples)
+        self.executor = executor
+        n = self.config.max_samples
+        # Ring buffers of the latest samples, as arrays: a retrain copies them out in one
+        # memcpy instead of walking Python objects while holding the GIL.
+        self._ttft = _Ring(n, len(TTFT_FEATURES))
+        self._tpot = _Ring(n, len(TPOT_FEATURES))
         self._lock = threading.Lock()  # guards the sample buffers only, never a fit
         self._new_samples = 0
         #: The models in use (replaced whole by the trainer; None until trained).
@@ -123,33 +133,37 @@ class LatencyPredictor:
         """A completed request: its endpoint's state at dispatch and what it measured."""
         with self._lock:
             if ttft is not None and ttft > 0:
-                self._ttft_samples.append((state.ttft_x(), ttft))
+                self._ttft.add(state.ttft_x(), ttft)
             if tpot is not None and tpot > 0:
-                self._tpot_samples.append((state.tpot_x(), tpot))
+                self._tpot.add(state.tpot_x(), tpot)
             self._new_samples += 1
 
     # -- training, off the request path ----------------------------------------------------
 
     def retrain(self) -> bool:
-        """Fit both models on the current samples now (in the caller's thread); True when a
-        model changed."""
+        """Fit both models on the current samples now (the fit in the executor, else in the
+        caller's thread); True when a model changed."""
         with self._lock:
             if not self._new_samples:
                 return False
             self._new_samples = 0
-            ttft = list(self._ttft_samples)
-            tpot = list(self._tpot_samples)
+            ttft, tpot = self._ttft.copy(), self._tpot.copy()
         changed = False
         n = self.config.min_samples
-        if len(ttft) >= n:
-            self.ttft_model = self._fit([x for x, _ in ttft], [y for _, y in ttft])
+        if len(ttft[1]) >= n:
+            self.ttft_model = self._run_fit(*ttft)
             changed = True
-        if len(tpot) >= n:
-            self.tpot_model = self._fit([x for x, _ in tpot], [y for _, y in tpot])
+        if len(tpot[1]) >= n:
+            self.tpot_model = self._run_fit(*tpot)
             changed = True
         if changed:
             self.retrains += 1
         return changed
+
+    def _run_fit(self, xs: Any, ys: Any) -> Linear:
+        if self.executor is None:
+            return self._fit(xs, ys)
+        return self.executor.submit(self._fit, xs, ys).result()
 
     def start(self) -> None:
         """Retrain every ``retrain_interval`` seconds in a daemon thread."""
@@ -160,6 +174,7 @@ class LatencyPredictor:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop the retraining schedule (the executor is left to its owner)."""
         self._stop.set()
 
     def _loop(self) -> None:
@@ -171,7 +186,30 @@ class LatencyPredictor:
 
     @property
     def samples(self) -> int:
-        return len(self._ttft_samples)
+        """TTFT samples held (at most ``max_samples``)."""
+        return self._ttft.size
+
+
+class _Ring:
+    """The latest ``capacity`` (x, y) rows in preallocated arrays."""
+
+    def __init__(self, capacity: int, width: int) -> None:
+        import numpy as np
+
+        self.x = np.zeros((capacity, width))
+        self.y = np.zeros(capacity)
+        self.size = 0
+        self._next = 0
+
+    def add(self, x: Sequence[float], y: float) -> None:
+        i = self._next
+        self.x[i] = x
+        self.y[i] = y
+        self._next = (i + 1) % len(self.y)
+        self.size = min(self.size + 1, len(self.y))
+
+    def copy(self) -> tuple[Any, Any]:
+        return self.x[: self.size].copy(), self.y[: self.size].copy()
 
 
 def _log_fit_failure(e: Exception) -> None:

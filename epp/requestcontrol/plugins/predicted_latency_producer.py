@@ -8,8 +8,10 @@ retrained in a background thread, served as a dot product.
 
 from __future__ import annotations
 
+import multiprocessing
 import time
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,8 +20,14 @@ from epp.datastore import EndpointView
 from epp.latency.predictions import PREDICTIONS_KEY, Prediction, RequestPredictions
 from epp.latency.predictor import EndpointState, LatencyPredictor, PredictorConfig
 from epp.latency.slo import parse_slo
-from epp.requestcontrol.plugin import DataProducer, PreRequest, Response, ResponseComplete
-from epp.scheduling.plugin import Plugin
+from epp.requestcontrol.plugin import (
+    DataProducer,
+    PreRequest,
+    Response,
+    ResponseComplete,
+    ResponseStreaming,
+)
+from epp.scheduling.plugin import EndpointsRemoved, Plugin
 from epp.scheduling.plugins.prefix.producer import ApproxPrefixCacheProducer
 from epp.scheduling.request import LLMRequest
 from epp.scheduling.result import SchedulingResult
@@ -52,7 +60,8 @@ class PredictedLatencyParameters:
             raise ValueError("minTrainingSamples: must be in [1, maxTrainingSamples]")
 
 
-class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseComplete):
+class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseStreaming,
+                               ResponseComplete, EndpointsRemoved):
     """Before scheduling: SLO = (``x-slo-ttft-ms``, ``x-slo-tpot-ms``) (400 when bad); per
     candidate, TTFT/TPOT predicted from its state and headroom = SLO * factor - predicted.
     After the response: the dispatch-time state and the measured TTFT/TPOT become a training
@@ -72,10 +81,16 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseComplet
             min_samples=p.min_training_samples))
         self._handle = handle
         self._prefix: list[ApproxPrefixCacheProducer] | None = None  # looked up once
+        #: Per endpoint key: prompt tokens dispatched there with no first token back yet.
+        self._prefilling: dict[str, int] = {}
 
     @classmethod
     def create(cls, name: str, params: Any, handle: Handle) -> PredictedLatencyProducer:
         plugin = cls(name, params, handle=handle)
+        # Fits run in one spawned worker process (no GIL shared with the request path;
+        # spawn, not fork: the EPP runs gRPC threads). It starts at the first fit.
+        plugin.predictor.executor = ProcessPoolExecutor(
+            max_workers=1, mp_context=multiprocessing.get_context("spawn"))
         plugin.predictor.start()
         return plugin
 
@@ -90,7 +105,8 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseComplet
         tokens = float(request.prompt_tokens)
         return EndpointState(tokens, tokens * (1.0 - prefix_score), float(view.queue),
                              float(view.metrics.running), view.metrics.kv_usage,
-                             float(view.inflight_tokens))
+                             float(view.inflight_tokens),
+                             float(self._prefilling.get(view.key, 0)))
 
     def produce(self, request: LLMRequest, endpoints: Sequence[EndpointView]) -> None:
         slo = parse_slo(request.headers)
@@ -133,7 +149,10 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseComplet
         out = request.plugin_state.get(PREDICTIONS_KEY)
         if not isinstance(out, RequestPredictions):
             return
-        prediction = out.by_endpoint.get(result.endpoints[0].key)
+        key = result.endpoints[0].key
+        out.prefilling_at = key
+        self._prefilling[key] = self._prefilling.get(key, 0) + request.prompt_tokens
+        prediction = out.by_endpoint.get(key)
         if prediction is None:
             return
         pair = (request.client_model, request.target_model)
@@ -142,8 +161,29 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseComplet
         if prediction.tpot is not None:
             m.PREDICTED_TPOT.labels(*pair).observe(prediction.tpot)
 
+    def response_streaming(self, request: LLMRequest, response: Response, chunk: bytes,
+                           endpoint: EndpointView) -> None:
+        if response.ttft is not None:
+            self._prefilled(request)
+
+    def _prefilled(self, request: LLMRequest) -> None:
+        """The request's prompt is no longer in prefill (first token, or the end)."""
+        out = request.plugin_state.get(PREDICTIONS_KEY)
+        if isinstance(out, RequestPredictions) and out.prefilling_at is not None:
+            key, out.prefilling_at = out.prefilling_at, None
+            left = self._prefilling.get(key, 0) - request.prompt_tokens
+            if left > 0:
+                self._prefilling[key] = left
+            else:
+                self._prefilling.pop(key, None)
+
+    def retain_endpoints(self, keys: frozenset[str]) -> None:
+        for key in [k for k in self._prefilling if k not in keys]:
+            del self._prefilling[key]
+
     def response_complete(self, request: LLMRequest, response: Response,
                           endpoint: EndpointView) -> None:
+        self._prefilled(request)
         out = request.plugin_state.get(PREDICTIONS_KEY)
         if not isinstance(out, RequestPredictions) or response.failed:
             return
