@@ -354,3 +354,21 @@ def test_a_bad_producer_parameter_names_the_field() -> None:
     with pytest.raises(ConfigError, match="samplingMeen"):
         build(parse_config(LATENCY_CONFIG.replace("{streamingMode: true}",
                                                   "{samplingMeen: 3}")), store())
+
+
+def test_prompt_tokens_count_as_in_prefill_until_the_first_token() -> None:
+    d = Director.of(build(parse_config(LATENCY_CONFIG), store(), rng=random.Random(0)))
+    _, first = d.route(HEADERS, body(), {})
+    key, tokens = first.endpoint.key, first.request.prompt_tokens
+    _, second = d.route(HEADERS, body(), {})
+    assert second.request.plugin_state[PREDICTIONS_KEY].states[key].prefill_tokens == tokens
+    d.response_received(first, 200, {"content-type": "text/event-stream"})
+    d.response_chunk(first, b"data: {}\n\n", True)
+    _, third = d.route(HEADERS, body(), {})
+    expected = tokens if second.endpoint.key == key else 0
+    assert third.request.plugin_state[PREDICTIONS_KEY].states[key].prefill_tokens == expected
+    for routed in (second, third):
+        d.finish(routed, completed=False, status=200, response_size=0, prompt_tokens=0,
+                 completion_tokens=0)
+    _, fourth = d.route(HEADERS, body(), {})
+    assert fourth.request.plugin_state[PREDICTIONS_KEY].states[key].prefill_tokens == 0
