@@ -29,7 +29,8 @@ from epp.requestcontrol import Director
 from epp.requestcontrol.plugins.predicted_latency_producer import PredictedLatencyProducer
 
 
-def director(n: int, rng: random.Random) -> tuple[Director, PredictedLatencyProducer]:
+def director(n: int, rng: random.Random, config: str | None = LATENCY,
+             ) -> tuple[Director, PredictedLatencyProducer | None]:
     pods = [(f"pod-{i}", f"10.8.{i // 256}.{i % 256}") for i in range(n)]
     objects = [parse_object(d) for d in pool_manifests("pool", pods, 8000)]
     ds = Datastore()
@@ -40,7 +41,9 @@ def director(n: int, rng: random.Random) -> tuple[Director, PredictedLatencyProd
         ds.record_scrape(v, EndpointMetrics(waiting=rng.randrange(0, 5),
                                             running=rng.randrange(0, 64), kv_usage=rng.random(),
                                             updated_at=time.monotonic() + 3600))
-    runtime = build(parse_config(LATENCY), ds, rng=rng)
+    runtime = build(parse_config(config), ds, rng=rng)
+    if config is None:
+        return Director.of(runtime), None
     (producer,) = runtime.handle.find(PredictedLatencyProducer)
     producer.predictor.stop()  # this bench schedules the fits itself (every 100 ms)
     for _ in range(5000):
@@ -78,7 +81,11 @@ def main() -> None:
     ap.add_argument("--endpoints", type=int, default=100)
     args = ap.parse_args()
     rng = random.Random(0)
+    base, _ = director(args.endpoints, rng, None)
+    measure(base, 300, rng)
+    default = measure(base, args.requests, rng)
     d, producer = director(args.endpoints, rng)
+    assert producer is not None
     measure(d, 300, rng)  # warm-up
     idle = measure(d, args.requests, rng)
     stop = threading.Event()
@@ -95,7 +102,8 @@ def main() -> None:
     busy = measure(d, args.requests, rng)
     stop.set()
     t.join()
-    print(f"{args.endpoints} endpoints, route() in process: model idle {pcts(idle)}; "
+    print(f"{args.endpoints} endpoints, route() in process: default profile {pcts(default)}; "
+          f"latency profile, model idle {pcts(idle)}; "
           f"retraining ({producer.predictor.retrains - before} fits during the phase) "
           f"{pcts(busy)}")
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from epp.latency.predictor import EndpointState
 from epp.latency.slo import SLO
 from epp.scheduling.request import LLMRequest
 
@@ -44,7 +43,8 @@ class RequestPredictions:
     by_endpoint: dict[str, Prediction] = field(default_factory=dict)
     #: Per endpoint key: matched / total prompt blocks (approximate prefix index).
     prefix_scores: dict[str, float] = field(default_factory=dict)
-    states: dict[str, EndpointState] = field(default_factory=dict)
+    #: Per endpoint key: the model's TTFT feature row (:meth:`EndpointState.ttft_x`).
+    states: dict[str, tuple[float, ...]] = field(default_factory=dict)
     #: The endpoint key whose prefill count holds this request (producer bookkeeping).
     prefilling_at: str | None = None
 

@@ -30,6 +30,8 @@ TPOT_FEATURES = ("prompt_tokens", "waiting", "running", "kv_usage", "inflight_to
                  "prefill_tokens")
 #: Predictions never go below this (seconds): a linear model can extrapolate below zero.
 FLOOR = 1e-4
+#: Columns of a TTFT feature row that make the TPOT row.
+TPOT_COLUMNS = (0, 3, 4, 5, 6, 7)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +62,11 @@ class EndpointState:
                 self.uncached_tokens * (self.running + 1.0), self.waiting, self.running,
                 self.kv_usage, self.inflight_tokens, self.prefill_tokens)
 
+    @classmethod
+    def from_ttft_row(cls, row: Sequence[float]) -> EndpointState:
+        """The state a :meth:`ttft_x` row was made from."""
+        return cls(row[0], row[1], row[3], row[4], row[5], row[6], row[7])
+
     def tpot_x(self) -> tuple[float, ...]:
         return (self.prompt_tokens, self.waiting, self.running, self.kv_usage,
                 self.inflight_tokens, self.prefill_tokens)
@@ -77,6 +84,12 @@ class Linear:
         for w, v in zip(self.weights, x, strict=True):
             y += w * v
         return y if y > FLOOR else FLOOR
+
+    def many(self, x: Any) -> list[float]:
+        """Predictions for the rows of the matrix ``x``."""
+        import numpy as np
+
+        return np.maximum(x @ np.asarray(self.weights) + self.intercept, FLOOR).tolist()
 
 
 def fit_linear(xs: Sequence[Sequence[float]], ys: Sequence[float]) -> Linear:
@@ -128,6 +141,17 @@ class LatencyPredictor:
         ttft, tpot = self.ttft_model, self.tpot_model
         return (ttft(state.ttft_x()) if ttft is not None else None,
                 tpot(state.tpot_x()) if tpot is not None else None)
+
+    def predict_rows(self, rows: Sequence[Sequence[float]],
+                     ) -> tuple[list[float] | None, list[float] | None]:
+        """(TTFTs, TPOTs) for many :meth:`EndpointState.ttft_x` rows at once (one matrix
+        product each; None for a model not trained yet)."""
+        import numpy as np
+
+        ttft, tpot = self.ttft_model, self.tpot_model
+        x = np.array(rows, dtype=float)
+        return (ttft.many(x) if ttft is not None else None,
+                tpot.many(x[:, TPOT_COLUMNS]) if tpot is not None else None)
 
     def observe(self, state: EndpointState, ttft: float | None, tpot: float | None) -> None:
         """A completed request: its endpoint's state at dispatch and what it measured."""

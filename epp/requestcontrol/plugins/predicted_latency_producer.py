@@ -99,15 +99,6 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseStreami
             self._prefix = self._handle.find(ApproxPrefixCacheProducer) if self._handle else []
         return self._prefix[0] if self._prefix else None
 
-    def state(self, request: LLMRequest, view: EndpointView, prefix_score: float
-              ) -> EndpointState:
-        """What the model sees of ``view`` for ``request``."""
-        tokens = float(request.prompt_tokens)
-        return EndpointState(tokens, tokens * (1.0 - prefix_score), float(view.queue),
-                             float(view.metrics.running), view.metrics.kv_usage,
-                             float(view.inflight_tokens),
-                             float(self._prefilling.get(view.key, 0)))
-
     def produce(self, request: LLMRequest, endpoints: Sequence[EndpointView]) -> None:
         slo = parse_slo(request.headers)
         out = RequestPredictions(slo)
@@ -118,27 +109,36 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseStreami
         if prefix is not None:
             match = prefix.match(request)
             blocks, total = match.matched, len(match.hashes)
-        for v in endpoints:
-            score = blocks.get(v.key, 0) / total if total else 0.0
-            out.prefix_scores[v.key] = score
-            out.states[v.key] = self.state(request, v, score)
+        tokens = float(request.prompt_tokens)
+        prefilling = self._prefilling
+        keys = [v.key for v in endpoints]
+        rows = []
+        for key, v in zip(keys, endpoints, strict=True):
+            score = blocks.get(key, 0) / total if total else 0.0
+            out.prefix_scores[key] = score
+            uncached, running = tokens * (1.0 - score), float(v.metrics.running)
+            row = (tokens, uncached, uncached * (running + 1.0), float(v.queue), running,
+                   v.metrics.kv_usage, float(v.inflight_tokens), float(prefilling.get(key, 0)))
+            out.states[key] = row
+            rows.append(row)
         if not self.params.predict_in_prepare_data:
             return
         predictor = self.predictor
-        ttft_model, tpot_model = predictor.ttft_model, predictor.tpot_model
-        out.predicted = ttft_model is not None
-        if not out.predicted:
+        tpot_model = predictor.tpot_model
+        out.predicted = predictor.ttft_model is not None
+        if not out.predicted or not rows:
             return
         factor = self.params.slo_buffer_factor
         started = time.perf_counter()
-        for v in endpoints:
-            s = out.states[v.key]
-            ttft, tpot = predictor.predict(s)
-            out.by_endpoint[v.key] = Prediction(
-                ttft, tpot, _headroom(slo.ttft, slo.any, ttft, factor),
-                _headroom(slo.tpot, slo.any, tpot, factor),
-                out.prefix_scores[v.key], v.inflight_requests,
-                v.metrics.kv_usage, v.queue)
+        ttfts, tpots = predictor.predict_rows(rows)
+        assert ttfts is not None
+        ttft_slo, tpot_slo, any_slo = slo.ttft, slo.tpot, slo.any
+        for i, (key, v) in enumerate(zip(keys, endpoints, strict=True)):
+            ttft, tpot = ttfts[i], tpots[i] if tpots is not None else None
+            out.by_endpoint[key] = Prediction(
+                ttft, tpot, _headroom(ttft_slo, any_slo, ttft, factor),
+                _headroom(tpot_slo, any_slo, tpot, factor),
+                out.prefix_scores[key], v.inflight_requests, v.metrics.kv_usage, v.queue)
         elapsed = time.perf_counter() - started
         pair = (request.client_model, request.target_model)
         m.TTFT_PREDICTION_DURATION.labels(*pair).observe(elapsed)
@@ -193,9 +193,9 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseStreami
                 else None
         else:
             ttft, tpot = response.elapsed, None
-        state = out.states.get(endpoint.key)
-        if state is not None:
-            self.predictor.observe(state, ttft, tpot)
+        row = out.states.get(endpoint.key)
+        if row is not None:
+            self.predictor.observe(EndpointState.from_ttft_row(row), ttft, tpot)
         slo, pair = out.slo, (request.client_model, request.target_model)
         if slo.ttft is not None and response.ttft is not None and response.ttft > slo.ttft:
             m.SLO_VIOLATIONS.labels(*pair, "ttft").inc()

@@ -186,10 +186,11 @@ def test_the_producer_retrains_in_the_background_from_what_requests_measured() -
         d.finish(routed, completed=True, status=200, response_size=1, prompt_tokens=5,
                  completion_tokens=4)
     assert producer.predictor.samples == 6
+    # The daemon thread picks the samples up on its schedule and fits them in the spawned
+    # worker process (which imports scikit-learn first: slow on a loaded machine).
     done = threading.Event()
-    for _ in range(3000):  # the daemon thread picks the samples up on its schedule
+    for _ in range(12_000):
         if producer.predictor.ttft_model is not None:
-            done.set()
             break
         done.wait(0.01)
     assert producer.predictor.ttft_model is not None and producer.predictor.retrains >= 1
@@ -361,14 +362,24 @@ def test_prompt_tokens_count_as_in_prefill_until_the_first_token() -> None:
     _, first = d.route(HEADERS, body(), {})
     key, tokens = first.endpoint.key, first.request.prompt_tokens
     _, second = d.route(HEADERS, body(), {})
-    assert second.request.plugin_state[PREDICTIONS_KEY].states[key].prefill_tokens == tokens
+    assert second.request.plugin_state[PREDICTIONS_KEY].states[key][7] == tokens
     d.response_received(first, 200, {"content-type": "text/event-stream"})
     d.response_chunk(first, b"data: {}\n\n", True)
     _, third = d.route(HEADERS, body(), {})
     expected = tokens if second.endpoint.key == key else 0
-    assert third.request.plugin_state[PREDICTIONS_KEY].states[key].prefill_tokens == expected
+    assert third.request.plugin_state[PREDICTIONS_KEY].states[key][7] == expected
     for routed in (second, third):
         d.finish(routed, completed=False, status=200, response_size=0, prompt_tokens=0,
                  completion_tokens=0)
     _, fourth = d.route(HEADERS, body(), {})
-    assert fourth.request.plugin_state[PREDICTIONS_KEY].states[key].prefill_tokens == 0
+    assert fourth.request.plugin_state[PREDICTIONS_KEY].states[key][7] == 0
+
+
+def test_predicting_many_rows_at_once_equals_predicting_each() -> None:
+    p = trained()
+    states = [state(100, 0, 2), state(1500, 4, 10), state(800, 1, 0, 0.5)]
+    ttfts, tpots = p.predict_rows([s.ttft_x() for s in states])
+    assert ttfts is not None and tpots is not None
+    for s, ttft, tpot in zip(states, ttfts, tpots, strict=True):
+        assert (ttft, tpot) == pytest.approx(p.predict(s))
+        assert EndpointState.from_ttft_row(s.ttft_x()) == s
