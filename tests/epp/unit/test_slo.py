@@ -190,10 +190,12 @@ def test_the_producer_retrains_in_the_background_from_what_requests_measured() -
     # worker process (which imports scikit-learn first: slow on a loaded machine).
     done = threading.Event()
     for _ in range(12_000):
-        if producer.predictor.ttft_model is not None:
+        if producer.predictor.retrains >= 1:  # counted once both models are in place
             break
         done.wait(0.01)
-    assert producer.predictor.ttft_model is not None and producer.predictor.retrains >= 1
+    assert producer.predictor.retrains >= 1
+    assert producer.predictor.ttft_model is not None
+    assert producer.predictor.tpot_model is not None
 
 
 # -- plugins --------------------------------------------------------------------------------
