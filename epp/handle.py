@@ -23,6 +23,9 @@ class Settings:
     #: Defaults of ``metrics-data-source`` from the ``--model-server-metrics-*`` and
     #: ``--refresh-metrics-interval`` flags.
     scraper: ScraperConfig = field(default_factory=ScraperConfig)
+    #: ``--session-token-key-file``: the HMAC key of ``session-affinity-scorer`` tokens
+    #: (None: a random key per process, so tokens do not survive a restart).
+    session_token_key: bytes | None = None
 
 
 class EppHandle(Handle):

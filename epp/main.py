@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Awaitable
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -84,6 +85,9 @@ def parser() -> Parser:
                    help="seconds in-flight streams get to finish on SIGTERM")
     p.add_argument("--metrics-bearer-token-file", default=None,
                    help="require 'Authorization: Bearer <token>' on the metrics port")
+    p.add_argument("--session-token-key-file", default=None, metavar="FILE",
+                   help="HMAC key for session-affinity-scorer tokens (a mounted Secret; "
+                        "default: random per process)")
     p.add_argument("-v", "--v", dest="verbosity", type=int, nargs="?", const=4, default=0,
                    help="log verbosity (4 and above: debug)")
     return p
@@ -132,7 +136,21 @@ def settings(args: Any) -> Settings:
         scraper=ScraperConfig(interval=args.refresh_metrics_interval,
                               path=args.model_server_metrics_path,
                               port=args.model_server_metrics_port),
+        session_token_key=read_session_key(args.session_token_key_file),
     )
+
+
+def read_session_key(path: str | None) -> bytes | None:
+    """The session-token HMAC key in ``path`` (surrounding whitespace dropped)."""
+    if path is None:
+        return None
+    try:
+        key = Path(path).read_bytes().strip()
+    except OSError as e:
+        die("epp", f"cannot read --session-token-key-file {path}: {e.strerror or e}")
+    if len(key) < 16:
+        die("epp", f"--session-token-key-file {path}: the key must be at least 16 bytes")
+    return key
 
 
 def load_config(args: Any, path: str | None = None) -> EndpointPickerConfig:

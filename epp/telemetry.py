@@ -22,6 +22,12 @@ _TOKENS = tuple(float(2**i) for i in range(0, 20))
 _NTPOT = (0.001, 0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)
 _SCHED = (1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.1)
 
+_TPOT = (0.0005, 0.00205, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.125, 0.15, 0.2, 0.3,
+         0.4, 0.5, 0.6, 0.8, 1, 1.5, 2, 3, 4.5, 6, 12, 18, 24, 30, 36, 48, 60, 120, 180, 240,
+         300, 360, 480, 600, 900, 1200, 1800, 2700, 3600)
+_PREDICTION = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0,
+               5.0)
+
 MODEL = ["model_name", "target_model_name"]
 
 REQUESTS = Counter("inference_objective_request_total", "Requests per model.", MODEL)
@@ -41,6 +47,26 @@ RUNNING = Gauge("inference_objective_running_requests", "Requests in flight per 
                 ["model_name"])
 NTPOT = Histogram("inference_objective_normalized_time_per_output_token_seconds",
                   "Request latency divided by output tokens.", MODEL, buckets=_NTPOT)
+TTFT = Histogram("inference_objective_request_ttft_seconds",
+                 "Time from the pick to the first streamed token.", MODEL, buckets=_LATENCY)
+TPOT = Histogram("inference_objective_request_tpot_seconds",
+                 "Time per output token after the first.", MODEL, buckets=_TPOT)
+REQUEST_METRIC = Gauge("inference_objective_inference_request_metric",
+                       "Latest TTFT / TPOT (seconds) per model, by type.", [*MODEL, "type"])
+# Predicted latency (issue #17): what the latency model said for the endpoint that was picked.
+PREDICTED_TTFT = Histogram("inference_objective_request_predicted_ttft_seconds",
+                           "Predicted TTFT of the picked endpoint.", MODEL, buckets=_LATENCY)
+PREDICTED_TPOT = Histogram("inference_objective_request_predicted_tpot_seconds",
+                           "Predicted TPOT of the picked endpoint.", MODEL, buckets=_TPOT)
+TTFT_PREDICTION_DURATION = Histogram(
+    "inference_objective_request_ttft_prediction_duration_seconds",
+    "Time to predict TTFT for every candidate of one request.", MODEL, buckets=_PREDICTION)
+TPOT_PREDICTION_DURATION = Histogram(
+    "inference_objective_request_tpot_prediction_duration_seconds",
+    "Time to predict TPOT for every candidate of one request.", MODEL, buckets=_PREDICTION)
+SLO_VIOLATIONS = Counter("inference_objective_request_slo_violation_total",
+                         "Requests that missed their SLO, by type (ttft, tpot).",
+                         [*MODEL, "type"])
 SCHEDULER_E2E = Histogram("inference_extension_scheduler_e2e_duration_seconds",
                           "Time to pick an endpoint.", buckets=_SCHED)
 PLUGIN_DURATION = Histogram("inference_extension_plugin_duration_seconds",

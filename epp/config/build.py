@@ -332,6 +332,8 @@ def _profile_plugins(pspec: ProfileSpec, handle: EppHandle, src: str,
                 raise ConfigError(f"{where}: two pickers ({picker.name}, {plugin.name}); use one")
             picker = plugin
             used = True
+        if not used and isinstance(plugin, DataProducer):
+            used = True  # upstream lists producers in profiles; they run before scheduling
         if not used:
             raise ConfigError(f"{where}: plugin {plugin.name!r} ({plugin.type_name}) is not a "
                               f"filter, scorer or picker")

@@ -168,11 +168,15 @@ class Director:
     # -- the response ----------------------------------------------------------------
 
     def response_received(self, routed: Routed, status: int,
-                          headers: Mapping[str, str]) -> None:
-        """The endpoint's response headers arrived."""
-        routed.response.status, routed.response.headers = status, headers
+                          headers: Mapping[str, str]) -> dict[str, str]:
+        """The endpoint's response headers arrived; returns the headers plugins add to the
+        client's response."""
+        r = routed.response
+        r.status, r.headers = status, headers
+        r.streamed = headers.get("content-type", "").startswith("text/event-stream")
         for plugin in self.runtime.response_received:
-            plugin.response_received(routed.request, routed.response, routed.endpoint)
+            plugin.response_received(routed.request, r, routed.endpoint)
+        return r.set_headers
 
     def response_chunk(self, routed: Routed, chunk: bytes, first_token: bool) -> None:
         """A piece of the response body; ``first_token``: a token has been seen by now."""
@@ -194,6 +198,8 @@ class Director:
             r.tpot = (r.elapsed - r.ttft) / (completion_tokens - 1)
         elif completion_tokens:
             r.tpot = r.elapsed / completion_tokens
+        if r.ttft is None and completed and not r.streamed:
+            r.ttft = r.elapsed  # not streamed: the first token arrives with the last
         for plugin in self.runtime.response_complete:
             plugin.response_complete(routed.request, r, routed.endpoint)
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from epp.datastore import EndpointView
 from epp.scheduling.request import LLMRequest
@@ -74,9 +74,11 @@ class PreRequest(ABC):
 class Response:
     """The response as request-control plugins see it.
 
-    ``ttft`` (time to the first streamed token, seconds from the pick) is None for a
-    non-streamed response; ``tpot`` (seconds per output token after the first) is None until
-    usage is known. ``completed`` is False when the stream broke before the response ended.
+    ``ttft``: seconds from the pick to the first streamed token; for a non-streamed response
+    it is set at the end to the whole duration (upstream's ``streamingMode: false``: the
+    first token reaches the client with the last). ``tpot`` (seconds per output token after
+    the first; duration / tokens when not streamed) is None until usage is known.
+    ``completed`` is False when the stream broke before the response ended.
     """
 
     request_id: str
@@ -89,6 +91,10 @@ class Response:
     elapsed: float = 0.0
     ttft: float | None = None
     tpot: float | None = None
+    #: The response is an SSE stream (``text/event-stream``).
+    streamed: bool = False
+    #: Headers response-received plugins add to the client's response.
+    set_headers: dict[str, str] = field(default_factory=dict)
 
     @property
     def failed(self) -> bool:

@@ -6,16 +6,20 @@ from epp.requestcontrol.plugins.concurrency_detector import (
     ConcurrencyParameters,
 )
 from epp.requestcontrol.plugins.inflight_load import InflightLoadProducer
+from epp.requestcontrol.plugins.latency_slo_admitter import LatencySloAdmitter
 from epp.requestcontrol.plugins.metrics_recorder import RequestMetricsRecorder
 from epp.requestcontrol.plugins.openai_parser import OpenAIParser
+from epp.requestcontrol.plugins.predicted_latency_producer import PredictedLatencyProducer
 from epp.requestcontrol.plugins.utilization_detector import (
     SaturationDetectorConfig,
     UtilizationDetector,
 )
 
 BUILTIN_PLUGINS = (OpenAIParser, InflightLoadProducer, RequestMetricsRecorder,
-                   UtilizationDetector, ConcurrencyDetector)
+                   UtilizationDetector, ConcurrencyDetector, PredictedLatencyProducer,
+                   LatencySloAdmitter)
 
 __all__ = ["BUILTIN_PLUGINS", "ConcurrencyDetector", "ConcurrencyParameters",
-           "InflightLoadProducer", "OpenAIParser", "RequestMetricsRecorder",
+           "InflightLoadProducer", "LatencySloAdmitter", "OpenAIParser",
+           "PredictedLatencyProducer", "RequestMetricsRecorder",
            "SaturationDetectorConfig", "UtilizationDetector"]

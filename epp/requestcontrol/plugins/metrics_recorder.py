@@ -28,12 +28,18 @@ class _Series(NamedTuple):
     input_tokens: Any
     output_tokens: Any
     ntpot: Any
+    ttft: Any
+    tpot: Any
+    ttft_latest: Any
+    tpot_latest: Any
 
 
 class RequestMetricsRecorder(PreRequest, ResponseComplete, Plugin):
     """At the pick: request count, running gauge, request size. At the end: running gauge
     back; an error (status or ``stream_broken``), or duration, response size, usage tokens
-    and normalized time per output token (duration / completion tokens)."""
+    normalized time per output token (duration / completion tokens), TTFT and TPOT
+    (histograms, and the latest value in ``inference_objective_inference_request_metric``
+    ``{type=ttft|tpot}``)."""
 
     type_name = "request-metrics-recorder"
 
@@ -49,7 +55,10 @@ class RequestMetricsRecorder(PreRequest, ResponseComplete, Plugin):
             s = _Series(m.REQUESTS.labels(*pair), m.RUNNING.labels(client),
                         m.REQUEST_SIZES.labels(*pair), m.DURATION.labels(*pair),
                         m.RESPONSE_SIZES.labels(*pair), m.INPUT_TOKENS.labels(*pair),
-                        m.OUTPUT_TOKENS.labels(*pair), m.NTPOT.labels(*pair))
+                        m.OUTPUT_TOKENS.labels(*pair), m.NTPOT.labels(*pair),
+                        m.TTFT.labels(*pair), m.TPOT.labels(*pair),
+                        m.REQUEST_METRIC.labels(*pair, "ttft"),
+                        m.REQUEST_METRIC.labels(*pair, "tpot"))
             if len(self._series) < MAX_CACHED_PAIRS:
                 self._series[pair] = s
         return s
@@ -75,3 +84,9 @@ class RequestMetricsRecorder(PreRequest, ResponseComplete, Plugin):
         if response.completion_tokens:
             s.output_tokens.observe(response.completion_tokens)
             s.ntpot.observe(response.elapsed / response.completion_tokens)
+        if response.ttft is not None:
+            s.ttft.observe(response.ttft)
+            s.ttft_latest.set(response.ttft)
+        if response.tpot is not None:
+            s.tpot.observe(response.tpot)
+            s.tpot_latest.set(response.tpot)

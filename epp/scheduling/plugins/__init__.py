@@ -9,16 +9,20 @@ from epp.scheduling.plugins.filter.least_queue_filter import LeastQueueFilter
 from epp.scheduling.plugins.filter.legacy_decision_tree_filter import LegacyDecisionTreeFilter
 from epp.scheduling.plugins.filter.lora_affinity_filter import LoraAffinityFilter
 from epp.scheduling.plugins.filter.low_queue_filter import LowQueueFilter
+from epp.scheduling.plugins.filter.prefix_cache_affinity_filter import PrefixCacheAffinityFilter
+from epp.scheduling.plugins.filter.slo_headroom_tier_filter import SloHeadroomTierFilter
 from epp.scheduling.plugins.picker.max_score_picker import MaxScorePicker
 from epp.scheduling.plugins.picker.random_picker import RandomPicker
 from epp.scheduling.plugins.picker.weighted_random_picker import WeightedRandomPicker
 from epp.scheduling.plugins.prefix.prefix_cache_scorer import PrefixCacheScorer
 from epp.scheduling.plugins.profile.single_profile_handler import SingleProfileHandler
 from epp.scheduling.plugins.scorer.kv_cache_scorer import KVCacheUtilizationScorer
+from epp.scheduling.plugins.scorer.latency_scorer import LatencyScorer
 from epp.scheduling.plugins.scorer.load_aware_scorer import LoadAwareScorer
 from epp.scheduling.plugins.scorer.lora_affinity_scorer import LoraAffinityScorer
 from epp.scheduling.plugins.scorer.queue_scorer import QueueScorer
 from epp.scheduling.plugins.scorer.running_requests_scorer import RunningRequestsSizeScorer
+from epp.scheduling.plugins.scorer.session_affinity_scorer import SessionAffinityScorer
 from epp.scheduling.plugins.scorer.token_load_scorer import TokenLoadScorer
 
 BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
@@ -29,6 +33,7 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     LoraAffinityScorer,
     LoadAwareScorer,
     PrefixCacheScorer,
+    SessionAffinityScorer,
     MaxScorePicker,
     RandomPicker,
     WeightedRandomPicker,
@@ -39,12 +44,16 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     LeastKVCacheFilter,
     LoraAffinityFilter,
     LegacyDecisionTreeFilter,
+    LatencyScorer,
+    SloHeadroomTierFilter,
+    PrefixCacheAffinityFilter,
 )
 
 __all__ = [
     "BUILTIN_PLUGINS",
     "KVCacheUtilizationScorer",
     "LabelSelectorFilter",
+    "LatencyScorer",
     "LeastKVCacheFilter",
     "LeastQueueFilter",
     "LegacyDecisionTreeFilter",
@@ -53,11 +62,14 @@ __all__ = [
     "LoraAffinityScorer",
     "LowQueueFilter",
     "MaxScorePicker",
+    "PrefixCacheAffinityFilter",
     "PrefixCacheScorer",
     "QueueScorer",
     "RandomPicker",
     "RunningRequestsSizeScorer",
+    "SessionAffinityScorer",
     "SingleProfileHandler",
+    "SloHeadroomTierFilter",
     "TokenLoadScorer",
     "WeightedRandomPicker",
 ]

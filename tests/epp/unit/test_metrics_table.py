@@ -21,9 +21,11 @@ from epp.config import build, parse_config
 from epp.flowcontrol.metrics import default_metrics as default_flow_control_metrics
 from epp.main import metrics_hooks
 from epp.requestcontrol import Director
+from epp.requestcontrol.plugins.predicted_latency_producer import PredictedLatencyProducer
 from epp.statestore import metrics as _state_store_series  # noqa: F401  (an EPP with a store)
 from shared.errors import GatewayError
 from tests.epp.unit.test_director import HEADERS, body, store
+from tests.epp.unit.test_slo import LATENCY_CONFIG, trained
 
 TABLE = Path(__file__).parents[3] / "docs" / "metrics.md"
 ROW = re.compile(r"^\| (epp|bbr) \| `([a-z0-9_:]+)` \| (\w+) \|([^|]*)\|")
@@ -50,6 +52,7 @@ def exercise_both_services() -> list[object]:
         d.finish(routed, completed=completed, status=status, response_size=10,
                  prompt_tokens=5, completion_tokens=3)
     d.count_error({"x-gateway-model-name": "m"}, GatewayError("refused"))
+    exercise_slo_plugins()
     m.INFO.labels(commit="test", build_ref="").set(1)
     router = BodyRouter(build_bbr([], StaticBaseModels()))
     for raw in (b'{"model": "m"}', b'{"model": ""}', b"{}"):
@@ -69,6 +72,21 @@ def exercise_both_services() -> list[object]:
                            prefix_stats=lambda: (runtime.scheduler.prefix_indexer_size,
                                                  hit_ratio.value))
     return list(pool.collect())
+
+
+def exercise_slo_plugins() -> None:
+    """A request with an SLO it misses, through upstream's predicted-latency config with a
+    trained model: the predicted series and the violation counter."""
+    runtime = build(parse_config(LATENCY_CONFIG), store(), rng=random.Random(0))
+    (producer,) = runtime.handle.find(PredictedLatencyProducer)
+    producer.predictor = trained()
+    d = Director.of(runtime)
+    _, routed = d.route({**HEADERS, "x-slo-ttft-ms": "0.001", "x-slo-tpot-ms": "0.001"},
+                        body(), {})
+    d.response_received(routed, 200, {"content-type": "text/event-stream"})
+    d.response_chunk(routed, b"data: {}\n\n", True)
+    d.finish(routed, completed=True, status=200, response_size=1, prompt_tokens=5,
+             completion_tokens=3)
 
 
 def exported() -> dict[str, tuple[str, set[frozenset[str]]]]:
