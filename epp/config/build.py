@@ -59,6 +59,7 @@ from epp.scheduling import (
     Scorer,
     WeightedScorer,
 )
+from epp.statestore import StateStore
 from shared.plugins import Plugin, PluginError, PluginRegistry
 
 K = TypeVar("K")
@@ -105,15 +106,17 @@ def build(
     registry: PluginRegistry | None = None,
     rng: random.Random | None = None,
     hooks: SchedulerHooks | None = None,
+    state_store: StateStore | None = None,
 ) -> Runtime:
     """Instantiate ``config`` (the default config when None); :class:`ConfigError` names the
-    file, the place in it and the reason when it cannot be used."""
+    file, the place in it and the reason when it cannot be used. ``state_store`` is what the
+    handle shares with plugins (a private in-memory store when None)."""
     config = config or parse_config(None)
     src = config.source
     if config.flow_control is not None or "flowControl" in config.feature_gates:
         raise ConfigError(f"{src}: flowControl: {FLOW_CONTROL_UNSUPPORTED}")
     registry = registry or builtin_registry()
-    handle = EppHandle(datastore, settings)
+    handle = EppHandle(datastore, settings, state_store)
     _instantiate(config, registry, handle)
     rng = rng or random.Random()
     scheduler = _scheduler(config, registry, handle, rng, hooks)

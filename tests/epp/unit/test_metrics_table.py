@@ -4,6 +4,7 @@ the way the services make them: requests through a real director and a real BBR 
 
 from __future__ import annotations
 
+import asyncio
 import random
 import re
 from pathlib import Path
@@ -17,9 +18,11 @@ from bbr.basemodels import StaticBaseModels
 from bbr.plugins import build as build_bbr
 from bbr.router import BodyRouter
 from epp import telemetry as m
+from devkit.valkey import ValkeyServer
 from epp.config import build, parse_config
 from epp.main import metrics_hooks
 from epp.requestcontrol import Director
+from epp.statestore import ValkeyStateStore, parse_store_url
 from shared.errors import GatewayError
 from tests.epp.unit.test_director import HEADERS, body, store
 
@@ -34,6 +37,18 @@ def documented() -> dict[str, tuple[str, frozenset[str]]]:
             _, name, kind, labels = match.groups()
             rows[name] = (kind, frozenset(re.findall(r"`(\w+)`", labels)))
     return rows
+
+
+async def exercise_state_store() -> None:
+    """A Valkey store that syncs with a real server, and one whose server is gone."""
+    with ValkeyServer() as server:
+        url = server.url
+        store = ValkeyStateStore(parse_store_url(url), pool="metrics-table")
+        await store.start()
+        await store.close()
+    gone = ValkeyStateStore(parse_store_url(url + "?timeout=0.2"), pool="metrics-table")
+    await gone.start()
+    await gone.close()
 
 
 def exercise_both_services() -> list[object]:
@@ -55,6 +70,7 @@ def exercise_both_services() -> list[object]:
     with pytest.raises(GatewayError):
         router.decide(b"not json")
     bbr_metrics.INFO.labels(version="test").set(1)
+    asyncio.run(exercise_state_store())
     pool = m.PoolCollector("pool", runtime.datastore,
                            prefix_stats=lambda: (runtime.scheduler.prefix_indexer_size,
                                                  hit_ratio.value))
@@ -78,7 +94,7 @@ def exported() -> dict[str, tuple[str, set[frozenset[str]]]]:
 
 def test_every_documented_metric_is_exported_with_its_type_and_labels() -> None:
     table, live = documented(), exported()
-    assert len(table) == 24
+    assert len(table) == 29
     for name, (kind, labels) in table.items():
         assert name in live, f"{name} is documented but not exported"
         live_kind, label_sets = live[name]
