@@ -9,8 +9,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 
-from epp.statestore.prefix_index import PrefixIndex
 from epp.statestore.base import NO_INFLIGHT, InFlight, RemoteListener, StateStore
+from epp.statestore.prefix_index import PrefixIndex
 
 #: Session entries kept at most; the least recently written go first.
 MAX_SESSIONS = 100_000

@@ -49,7 +49,7 @@ import valkey.asyncio as avalkey
 from valkey.exceptions import ValkeyError
 
 from epp.statestore import metrics
-from epp.statestore.base import RemoteListener, InFlight, StateStore
+from epp.statestore.base import InFlight, RemoteListener, StateStore
 from epp.statestore.memory import MemoryStateStore
 from epp.statestore.url import StoreURL
 

@@ -17,8 +17,8 @@ from bbr import metrics as bbr_metrics
 from bbr.basemodels import StaticBaseModels
 from bbr.plugins import build as build_bbr
 from bbr.router import BodyRouter
-from epp import telemetry as m
 from devkit.valkey import ValkeyServer
+from epp import telemetry as m
 from epp.config import build, parse_config
 from epp.main import metrics_hooks
 from epp.requestcontrol import Director
