@@ -65,7 +65,7 @@ class EppReplicas(Contender):
                 from devkit.valkey import ValkeyServer
 
                 url = stack.enter_context(ValkeyServer()).url
-            procs, grpc_ports = [], []
+            procs, ports = [], []
             self._replicas = []
             for i in range(self.n):
                 grpc, health = e.free_port(), e.free_port()
@@ -80,14 +80,13 @@ class EppReplicas(Contender):
                     "--ha-mode", "active-active", "--state-store", url], log))
                 stack.callback(_stop, procs[-1])
                 probe._wait_ready(procs[-1], log, fleet.size)
-                grpc_ports.append(grpc)
+                ports.append((grpc, health))
                 self._replicas.append(probe)
             admin, listen = e.free_port(), e.free_port()
-            config = pool_gateway_config(grpc_ports[0], admin, listen)
-            cluster = next(c for c in config["static_resources"]["clusters"]
-                           if c["name"] == "epp")
-            cluster["load_assignment"] = e.static_cluster(
-                "epp", [("127.0.0.1", p) for p in grpc_ports])["load_assignment"]
+            config = pool_gateway_config(ports[0][0], admin, listen)
+            clusters = config["static_resources"]["clusters"]
+            clusters[:] = [c for c in clusters if c["name"] != "epp"]
+            clusters.append(e.replica_cluster("epp", ports, tls=False))
             with e.Envoy(config, admin_port=admin, workdir=workdir / "envoy"):
                 yield f"http://127.0.0.1:{listen}"
 

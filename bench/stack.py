@@ -224,12 +224,13 @@ def envoy_config(spec: StackSpec) -> dict[str, Any]:
     listener = e.listener(spec.port, routes, [bbr, epp])
     clusters = [e.grpc_cluster("bbr", spec.bbr["grpc_port"], tls=True)]
     for p in spec.pools:
-        cluster = e.grpc_cluster(f"epp-{p.name}", p.epp["grpc_port"], tls=True)
-        # Every replica in one cluster: Envoy balances the ext_proc streams over them.
-        cluster["load_assignment"] = e.static_cluster(
-            f"epp-{p.name}", [("127.0.0.1", r["grpc_port"]) for r in p.replicas or [p.epp]]
-        )["load_assignment"]
-        clusters.append(cluster)
+        if len(p.replicas) > 1:
+            # Every replica in one cluster: Envoy balances the ext_proc streams over them.
+            clusters.append(e.replica_cluster(
+                f"epp-{p.name}", [(r["grpc_port"], r["health_port"]) for r in p.replicas],
+                tls=True))
+        else:
+            clusters.append(e.grpc_cluster(f"epp-{p.name}", p.epp["grpc_port"], tls=True))
         clusters.append(e.original_dst_cluster(f"pool-{p.name}"))
     return e.bootstrap(spec.admin_port, [listener], clusters, runtime=e.GRACEFUL_CLOSE)
 

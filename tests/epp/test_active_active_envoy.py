@@ -6,6 +6,7 @@ flight, and losing Valkey degrades to local state with a warning, then re-joins.
 from __future__ import annotations
 
 import re
+import signal
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -59,9 +60,10 @@ class ActiveActive:
             epp.wait_serving()
         admin, self.port = e.free_port(), e.free_port()
         config = pool_gateway_config(self.epps[0].port, admin, self.port)
-        cluster = next(c for c in config["static_resources"]["clusters"] if c["name"] == "epp")
-        both = e.static_cluster("epp", [("127.0.0.1", p.port) for p in self.epps])
-        cluster["load_assignment"] = both["load_assignment"]
+        clusters = config["static_resources"]["clusters"]
+        clusters[:] = [c for c in clusters if c["name"] != "epp"]
+        clusters.append(e.replica_cluster("epp", [(p.port, p.health) for p in self.epps],
+                                          tls=False))
         self.envoy = e.Envoy(config, admin_port=admin, workdir=tmp / "envoy").start()
 
     def complete(self, prompt: str, *, stream: bool = False) -> httpx.Response:
@@ -176,3 +178,21 @@ def test_losing_valkey_degrades_to_local_state_and_recovers(
     learnt = gateway.learn_everywhere(PREFIXES[2])
     for i in range(4):
         assert gateway.complete(f"{PREFIXES[2]} again {i}").json()["served_by"] == learnt
+
+
+def test_a_killed_replica_leaves_the_rotation_and_the_survivor_has_the_shared_state(
+        gateway: ActiveActive) -> None:
+    learnt = {p: gateway.learn_everywhere(p) for p in PREFIXES[:2]}
+    dead = gateway.epps[0]
+    dead.proc.send_signal(signal.SIGKILL)
+    dead.proc.wait()
+    codes = [gateway.complete(f"{PREFIXES[0]} after the kill {i}") for i in range(12)]
+    # At most the one stream Envoy opened on the dead replica before ejecting it fails.
+    failed = [r for r in codes if r.status_code != 200]
+    assert len(failed) <= 1, [r.status_code for r in codes]
+    assert all(r.status_code == 200 for r in codes[2:])
+    # Every later request goes through the survivor, which learnt from both replicas.
+    for prefix, endpoint in learnt.items():
+        for i in range(3):
+            r = gateway.complete(f"{prefix} survivor {i}")
+            assert r.status_code == 200 and r.json()["served_by"] == endpoint

@@ -118,6 +118,7 @@ def test_two_active_active_epp_replicas_share_a_valkey_the_stack_runs(tmp_path: 
     cluster = next(c for c in envoy_cfg["static_resources"]["clusters"]
                    if c["name"] == "epp-llama")
     assert len(cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]) == 2
+    assert cluster["health_checks"][0]["grpc_health_check"] == {}
     # The stack stopped the Valkey it started.
     port = int(line.rsplit(":", 1)[1].split("/")[0])
     with socket.socket() as s:
