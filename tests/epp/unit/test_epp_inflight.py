@@ -85,3 +85,19 @@ def test_inflight_producer_installs_the_others_counts_on_the_views() -> None:
     shared.set_remote({})
     assert a.inflight_requests == 0
     assert producer.store is shared
+
+
+def test_the_handle_gives_every_stateful_plugin_the_same_store() -> None:
+    from epp.config import build, parse_config
+    from epp.requestcontrol.plugins import InflightLoadProducer
+    from epp.scheduling.plugins.prefix.producer import ApproxPrefixCacheProducer
+    from epp.statestore import MemoryStateStore
+
+    shared = MemoryStateStore()
+    rt = build(parse_config(None), state_store=shared)
+    assert rt.handle.state_store is shared
+    (inflight,) = rt.handle.find(InflightLoadProducer)
+    (prefix,) = rt.handle.find(ApproxPrefixCacheProducer)
+    assert inflight.store is shared and prefix.store is shared
+    # Without one, each EPP gets a private store (nothing shared, as before).
+    assert build(parse_config(None)).handle.state_store is not shared
