@@ -11,7 +11,8 @@ FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 RUN python -m venv /opt/venv
-# Only what the two services import; the simulator and benchmarks stay out of the image.
+# Only what the two services import: no extras (the Envoy binary and the terminal UI are the
+# `local` extra), and the simulator, sidecar and benchmarks stay out of the image.
 COPY pyproject.toml README.md ./
 COPY shared shared
 COPY bbr bbr

@@ -5,12 +5,13 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 LINT_PATHS := shared bbr epp sim sidecar bench devkit tests examples/plugin-package
 
-.PHONY: venv run test lint bench bench-quick bench-compare bench-compare-quick clean
+.PHONY: venv run test test-vllm lint bench bench-quick bench-compare bench-compare-quick bench-twin \
+	bench-twin-quick bench-agreement bench-inference-perf clean
 
 $(STAMP): pyproject.toml examples/plugin-package/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,bench]'
+	$(PY) -m pip install -q -e '.[test,bench,local]'
 	# the example third-party plugin package the tests schedule through Envoy with
 	$(PY) -m pip install -q --no-deps -e examples/plugin-package
 	@touch $(STAMP)
@@ -24,6 +25,14 @@ run: venv
 ## test: lint, type-check and the whole default test suite (real Envoy included)
 test: venv lint
 	$(PY) -m pytest -q
+
+## test-vllm: the gateway in front of real vLLM servers (CPU build, tiny local model); not in
+## `make test`. The vLLM venv is cached in .cache/. VLLM_ARGS="--vllm-url http://H:P ..." uses
+## servers you run instead (docs/real-vllm.md).
+VLLM_VENV ?= .cache/vllm-venv
+test-vllm: venv
+	bash tests/vllm/setup_venv.sh $(VLLM_VENV)
+	$(PY) -m pytest -q -p no:cacheprovider tests/vllm --real-vllm --vllm-venv $(VLLM_VENV) $(VLLM_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check $(LINT_PATHS)
@@ -40,13 +49,34 @@ bench-quick: venv
 	$(PY) -m bench.bbr_overhead --quick
 	$(PY) -m bench.epp_overhead --quick
 
-## bench-compare: routing quality vs Envoy and the peer routers (~25 min; writes RESULTS.md)
+## bench-compare: routing quality vs Envoy and the peer routers, 5 seeds x 8 servers, medians
+## and 95% intervals (~85 min on 2 shared CPUs; writes RESULTS.md)
 bench-compare: venv
 	$(PY) -m bench.peers install
-	$(PY) -m bench.compare
+	$(PY) -m bench.compare $(COMPARE_ARGS)
 
 bench-compare-quick: venv
 	$(PY) -m bench.compare --quick
+
+## bench-twin: the same matrix in virtual time, real EPP scheduler (4 workloads x 10 seeds x
+## {8, 32} servers; TWIN_ARGS="--config my-epc.yaml --servers 32 --workload shared-prefix
+## --load 0.9" answers "what would this config do on my fleet")
+bench-twin: venv
+	$(PY) -m bench.twin $(TWIN_ARGS)
+
+bench-twin-quick: venv
+	$(PY) -m bench.twin --quick
+
+## bench-agreement: twin vs the real-time stack on a short live case (< 1 min); with
+## AGREEMENT_ARGS="--from-run .cache/bench-compare/<ts>" it replays a saved full comparison
+bench-agreement: venv
+	$(PY) -m bench.twin.agreement $(AGREEMENT_ARGS)
+
+## bench-inference-perf: inference-perf (own Python >= 3.12 venv, local tokenizer) against a
+## running `make run`; IP_ARGS="--workload sharegpt --rate 4 --duration 30"
+bench-inference-perf: venv
+	$(PY) -m bench.inference_perf install
+	$(PY) -m bench.inference_perf run $(IP_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

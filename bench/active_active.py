@@ -14,7 +14,7 @@ gives, per contender, the median over seeds and [min-max] across seeds of the pr
 hit rate the servers report (cached / prompt tokens), TTFT p90 and client errors.
 
     python -m bench.active_active [--seeds 0,1,2] [--load 0.5] [--duration 20]
-                                  [--time-scale 0.5] [--replicas 2]
+                                  [--time-scale 0.5] [--replicas 2] [--servers 4]
 """
 
 from __future__ import annotations
@@ -124,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=20.0, help="model seconds per run")
     p.add_argument("--time-scale", type=float, default=0.5, help="simulator time scale")
     p.add_argument("--replicas", type=int, default=2)
+    p.add_argument("--servers", type=int, default=4, help="simulated servers in the fleet")
     p.add_argument("--timeout", type=float, default=90.0)
     args = p.parse_args(argv)
     n = args.replicas
@@ -139,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         order = contenders if k % 2 == 0 else contenders[::-1]  # drift falls on all
         for c in order:
             res = run_one(workload, args.load, c, duration=args.duration, seed=seed,
-                          time_scale=args.time_scale, workdir=run_dir / str(seed) / c.name,
+                          servers=args.servers, time_scale=args.time_scale,
+                          workdir=run_dir / str(seed) / c.name,
                           progress=False, timeout=args.timeout)
             if res.skipped:
                 print(f"{c.name} seed {seed}: {res.skipped}", file=sys.stderr)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
@@ -133,24 +134,47 @@ def _ok(gw: Gateway) -> bool:
     return httpx.post(gw.url(), content=body, timeout=5).status_code == 200
 
 
+def ext_proc_streams(gw: Gateway, cluster: str) -> int:
+    """ext_proc streams Envoy holds open to ``cluster``: one per request in that filter."""
+    key = f"cluster.{cluster}.upstream_rq_active"
+    return gw.envoy.stats(key).get(key, 0)
+
+
 def test_slow_loris_and_mid_stream_disconnects_release_everything(gateway: Gateway) -> None:
     epp_pid = gateway.epps["sim"].proc.pid  # type: ignore[union-attr]
     _ok(gateway)
+    def streams(cluster: str) -> int:
+        return ext_proc_streams(gateway, cluster)
+
+    wait_until(lambda: streams("bbr") == streams("epp-sim") == inflight(gateway) == 0, 5)
     fds_before, threads_before = open_fds(epp_pid), threads(epp_pid)
-    body = orjson.dumps({"model": MODEL, "prompt": "x" * 200, "max_tokens": 200,
+    body = orjson.dumps({"model": MODEL, "prompt": "x" * 200, "max_tokens": 900,
                          "stream": True})
     head = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
             f"content-length: {len(body)}\r\n\r\n").encode()
     lorises = [socket.create_connection(("127.0.0.1", gateway.listen)) for _ in range(10)]
     for s in lorises:
         s.sendall(head + body[:20])  # then nothing: a slow-loris body
-    for _ in range(10):  # read the first event of a stream, then hang up
-        with httpx.stream("POST", gateway.url(), content=body, timeout=10) as r:
-            next(r.iter_bytes())
-    wait_until(lambda: inflight(gateway) > 0 or True, 1)
+    # BBR must read the whole body to learn the model, so a slow-loris body stalls there and
+    # never reaches the EPP's filter: Envoy holds a BBR stream open for each, none to the EPP.
+    wait_until(lambda: streams("bbr") >= 10, 5)
+    assert streams("epp-sim") == 0
+    with ExitStack() as clients:
+        readers = []  # kept: dropping a reader closes its response
+        for _ in range(8):  # streams that are routed and running: read a first event
+            r = clients.enter_context(httpx.stream("POST", gateway.url(), content=body,
+                                                   timeout=10))
+            readers.append(r.iter_bytes())
+            next(readers[-1])
+            assert r.status_code == 200
+        # Most of them are still streaming when their clients hang up (a slow machine may
+        # finish the first few before the last one starts).
+        wait_until(lambda: inflight(gateway) >= 4 and streams("epp-sim") >= 4, 5)
+    # ... and now every client hangs up mid-body or mid-stream.
     for s in lorises:
         s.close()
     wait_until(lambda: inflight(gateway) == 0, 5)
+    wait_until(lambda: streams("bbr") == streams("epp-sim") == 0, 5)
     wait_until(lambda: open_fds(epp_pid) <= fds_before + 2, 5)
     assert threads(epp_pid) <= threads_before + 2
 
