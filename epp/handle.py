@@ -1,5 +1,6 @@
 """What every EPP plugin factory gets: the pool, a datastore view, the settings the flags
-chose, and the other plugins by name (:class:`shared.plugins.Handle`)."""
+chose, the state store replicas share, and the other plugins by name
+(:class:`shared.plugins.Handle`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from dataclasses import dataclass, field
 
 from epp.datastore import Datastore, Pool
 from epp.metrics.scraper import ScraperConfig
+from epp.statestore import MemoryStateStore, StateStore
 from shared.plugins import Handle
 
 
@@ -30,13 +32,20 @@ class Settings:
 
 class EppHandle(Handle):
     """The EPP's handle. ``datastore`` is live: read ``datastore.snapshot`` (immutable) or
-    the endpoint views, never keep a snapshot across requests."""
+    the endpoint views, never keep a snapshot across requests.
+
+    ``state_store`` is what active-active replicas share (``--state-store``; a private
+    in-memory store otherwise). A plugin whose state should follow the pool rather than this
+    replica keeps it there; its request-path methods never wait on the network.
+    """
 
     def __init__(self, datastore: Datastore | None = None,
-                 settings: Settings | None = None) -> None:
+                 settings: Settings | None = None,
+                 state_store: StateStore | None = None) -> None:
         super().__init__()
         self.datastore = datastore if datastore is not None else Datastore()
         self.settings = settings or Settings()
+        self.state_store = state_store if state_store is not None else MemoryStateStore()
 
     @property
     def pool(self) -> Pool | None:

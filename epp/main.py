@@ -27,6 +27,7 @@ from epp.metrics import ScraperConfig
 from epp.requestcontrol import Director
 from epp.scheduling import SchedulerHooks
 from epp.sources import ManifestError, ManifestSource, Source
+from epp.statestore import StoreURL, StoreURLError, open_store, parse_store_url
 from shared import logs
 from shared.extproc import DEFAULT_MAX_BODY, BodyMode, ExtProcServicer
 from shared.flags import Parser, die, duration
@@ -70,6 +71,14 @@ def parser() -> Parser:
                help="ignore the proxy's envoy.lb.subset_hint")
     p.add_bool("--ha-enable-leader-election", default=False,
                help="active-passive replicas: only the Lease holder reports ready")
+    p.add_argument("--ha-mode", choices=HA_MODES, default=None,
+                   help="active-passive: same as --ha-enable-leader-election; active-active: "
+                        "every replica serves and they share routing state through "
+                        "--state-store (docs/active-active.md)")
+    p.add_argument("--state-store", default="memory://", metavar="URL",
+                   help="where replicas share the prefix index and in-flight counts: "
+                        "memory:// (default, nothing shared), valkey://[user:pw@]host:port/db, "
+                        "valkeys:// (TLS); redis:// and rediss:// are aliases")
     p.add_argument("--endpoint-selector", default=None,
                    help="pods by label (k=v,...) instead of an InferencePool")
     p.add_argument("--endpoint-target-ports", default=None,
@@ -93,6 +102,27 @@ def parser() -> Parser:
     return p
 
 
+HA_MODES = ("active-passive", "active-active")
+
+
+def state_store_url(args: Any) -> StoreURL:
+    """The parsed ``--state-store``, after checking it fits ``--ha-mode``; one-line exit
+    otherwise."""
+    if args.ha_mode == "active-passive":
+        args.ha_enable_leader_election = True
+    elif args.ha_mode == "active-active" and args.ha_enable_leader_election:
+        die("epp", "--ha-mode active-active: every replica serves; drop "
+                   "--ha-enable-leader-election (that is --ha-mode active-passive)")
+    try:
+        url = parse_store_url(args.state_store)
+    except StoreURLError as e:
+        die("epp", f"--state-store: {e}")
+    if url.kind != "memory" and args.ha_mode != "active-active":
+        die("epp", f"--state-store {url.redacted()} shares state between active-active "
+                   "replicas: add --ha-mode active-active")
+    return url
+
+
 def debug_pool_route(datastore: Datastore, flow_control: FlowController | None = None) -> Any:
     """``/debug/pool``: every endpoint, its latest metrics and age, and in-flight counts;
     with flow control, its queues."""
@@ -111,6 +141,8 @@ def debug_pool_route(datastore: Datastore, flow_control: FlowController | None =
                     "kv_usage": v.metrics.kv_usage, "queue": v.queue,
                     "inflight_requests": v.inflight_requests,
                     "inflight_tokens": v.inflight_tokens,
+                    "remote_inflight_requests": v.remote_requests,
+                    "remote_inflight_tokens": v.remote_tokens,
                     "lora_running": sorted(v.metrics.lora.running) if v.metrics.lora else [],
                     "lora_waiting": sorted(v.metrics.lora.waiting) if v.metrics.lora else [],
                     "max_lora": v.metrics.lora.max_lora if v.metrics.lora else None,
@@ -181,17 +213,19 @@ def metrics_hooks(hit_ratio: m.HitRatio) -> SchedulerHooks:
     )
 
 
-async def run(args: Any) -> None:
+async def run(args: Any, store_url: StoreURL) -> None:
     """Build everything, serve until SIGTERM."""
     datastore = Datastore()
     hit_ratio = m.HitRatio()
+    source, elector = start_source(args, datastore)
+    store = open_store(store_url, pool=store_pool(args, datastore))
     try:
         runtime = build(load_config(args), datastore, settings(args),
-                        rng=random.Random(), hooks=metrics_hooks(hit_ratio))
+                        rng=random.Random(), hooks=metrics_hooks(hit_ratio),
+                        state_store=store)
     except ConfigError as e:
         die("epp", f"bad EndpointPickerConfig: {e}")
     stop = asyncio.Event()
-    source, elector = start_source(args, datastore)
     datastore.subscribe(lambda s: runtime.retain_endpoints(frozenset(e.key for e in s.endpoints)))
     director = Director.of(runtime)
     register_pool_metrics(args, runtime, hit_ratio)
@@ -224,7 +258,22 @@ async def run(args: Any) -> None:
         background.append(elector.run(stop))
     if runtime.flow_control is not None:
         background.append(close_on_stop(runtime.flow_control, stop))
-    await serve(servicer, opts, ready=ready, background=background, stop=stop)
+    if args.ha_mode == "active-active" and store_url.kind == "memory":
+        log.warning("active-active without a shared --state-store: each replica routes on "
+                    "the picks it made itself")
+    # Not fatal when the store is down: the replica routes on local state until it answers.
+    await store.start()
+    try:
+        await serve(servicer, opts, ready=ready, background=background, stop=stop)
+    finally:
+        await store.close()
+
+
+def store_pool(args: Any, datastore: Datastore) -> str:
+    """``<namespace>/<pool>``: the part of the store's keys that keeps pools apart."""
+    pool = datastore.snapshot.pool
+    name = args.pool_name or (pool.name if pool else None) or args.endpoint_selector or "pool"
+    return f"{args.pool_namespace}/{name}"
 
 
 async def close_on_stop(flow_control: FlowController, stop: asyncio.Event) -> None:
@@ -293,9 +342,10 @@ def main(argv: list[str] | None = None) -> None:
         m.INFO.labels(commit=version("inference-gateway-py"), build_ref="").set(1)
     except PackageNotFoundError:
         m.INFO.labels(commit="dev", build_ref="").set(1)
+    store_url = state_store_url(args)
     install_uvloop()
     try:
-        asyncio.run(run(args))
+        asyncio.run(run(args, store_url))
     except OSError as e:
         die("epp", f"cannot serve: {e}")
     sys.exit(0)

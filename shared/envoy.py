@@ -26,6 +26,7 @@ HCM = ("type.googleapis.com/envoy.extensions.filters.network.http_connection_man
        ".HttpConnectionManager")
 ROUTER = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
 HTTP_OPTIONS = "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+RAW_BUFFER = "type.googleapis.com/envoy.extensions.transport_sockets.raw_buffer.v3.RawBuffer"
 UPSTREAM_TLS = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
 
@@ -116,6 +117,34 @@ def grpc_cluster(name: str, port: int, *, tls: bool, host: str = "127.0.0.1") ->
                 "common_tls_context": {"alpn_protocols": ["h2"]},
             },
         }
+    return cluster
+
+
+def replica_cluster(name: str, replicas: Sequence[tuple[int, int]], *, tls: bool,
+                    host: str = "127.0.0.1") -> dict[str, Any]:
+    """An ext_proc cluster of several service replicas, given as ``(grpc_port, health_port)``:
+    Envoy balances the streams over them, health-checks each one's gRPC health port (a dead
+    or draining replica leaves the rotation within 0.5 s) and ejects a replica whose
+    connection fails before the health check notices (docs/active-active.md)."""
+    cluster = grpc_cluster(name, replicas[0][0], tls=tls, host=host)
+    cluster["load_assignment"] = static_cluster(
+        name, [(host, p) for p, _ in replicas])["load_assignment"]
+    for lb_endpoint, (_, health) in zip(cluster["load_assignment"]["endpoints"][0]
+                                        ["lb_endpoints"], replicas, strict=True):
+        lb_endpoint["endpoint"]["health_check_config"] = {"port_value": health}
+    check: dict[str, Any] = {"timeout": "0.5s", "interval": "0.5s", "unhealthy_threshold": 1,
+                             "healthy_threshold": 1, "no_traffic_interval": "0.5s",
+                             "grpc_health_check": {}}
+    if tls:  # the health port is plaintext while the streams use TLS
+        check["transport_socket_match_criteria"] = {"health": "plaintext"}
+        cluster["transport_socket_matches"] = [{
+            "name": "health", "match": {"health": "plaintext"},
+            "transport_socket": {"name": "envoy.transport_sockets.raw_buffer",
+                                 "typed_config": {"@type": RAW_BUFFER}}}]
+    cluster["health_checks"] = [check]
+    cluster["outlier_detection"] = {"split_external_local_origin_errors": True,
+                                    "consecutive_local_origin_failure": 1,
+                                    "base_ejection_time": "5s", "max_ejection_percent": 100}
     return cluster
 
 

@@ -61,6 +61,7 @@ from epp.scheduling import (
     Scorer,
     WeightedScorer,
 )
+from epp.statestore import StateStore
 from shared.plugins import Plugin, PluginError, PluginRegistry
 
 K = TypeVar("K")
@@ -109,13 +110,15 @@ def build(
     registry: PluginRegistry | None = None,
     rng: random.Random | None = None,
     hooks: SchedulerHooks | None = None,
+    state_store: StateStore | None = None,
 ) -> Runtime:
     """Instantiate ``config`` (the default config when None); :class:`ConfigError` names the
-    file, the place in it and the reason when it cannot be used."""
+    file, the place in it and the reason when it cannot be used. ``state_store`` is what the
+    handle shares with plugins (a private in-memory store when None)."""
     config = config or parse_config(None)
     src = config.source
     registry = registry or builtin_registry()
-    handle = EppHandle(datastore, settings)
+    handle = EppHandle(datastore, settings, state_store)
     _instantiate(config, registry, handle)
     rng = rng or random.Random()
     scheduler = _scheduler(config, registry, handle, rng, hooks)

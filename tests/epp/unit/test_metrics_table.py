@@ -4,6 +4,7 @@ the way the services make them: requests through a real director and a real BBR 
 
 from __future__ import annotations
 
+import asyncio
 import random
 import re
 from pathlib import Path
@@ -16,13 +17,14 @@ from bbr import metrics as bbr_metrics
 from bbr.basemodels import StaticBaseModels
 from bbr.plugins import build as build_bbr
 from bbr.router import BodyRouter
+from devkit.valkey import ValkeyServer
 from epp import telemetry as m
 from epp.config import build, parse_config
 from epp.flowcontrol.metrics import default_metrics as default_flow_control_metrics
 from epp.main import metrics_hooks
 from epp.requestcontrol import Director
 from epp.requestcontrol.plugins.predicted_latency_producer import PredictedLatencyProducer
-from epp.statestore import metrics as _state_store_series  # noqa: F401  (an EPP with a store)
+from epp.statestore import ValkeyStateStore, parse_store_url
 from shared.errors import GatewayError
 from tests.epp.unit.test_director import HEADERS, body, store
 from tests.epp.unit.test_slo import LATENCY_CONFIG, trained
@@ -38,6 +40,18 @@ def documented() -> dict[str, tuple[str, frozenset[str]]]:
             _, name, kind, labels = match.groups()
             rows[name] = (kind, frozenset(re.findall(r"`(\w+)`", labels)))
     return rows
+
+
+async def exercise_state_store() -> None:
+    """A Valkey store that syncs with a real server, and one whose server is gone."""
+    with ValkeyServer() as server:
+        url = server.url
+        store = ValkeyStateStore(parse_store_url(url), pool="metrics-table")
+        await store.start()
+        await store.close()
+    gone = ValkeyStateStore(parse_store_url(url + "?timeout=0.2"), pool="metrics-table")
+    await gone.start()
+    await gone.close()
 
 
 def exercise_both_services() -> list[object]:
@@ -68,6 +82,7 @@ def exercise_both_services() -> list[object]:
     fc.enqueued("t", "0", "Dispatched", 0.0001)
     fc.saturation("pool", 0.5)
     fc.dispatch_cycle.observe(0.0001)
+    asyncio.run(exercise_state_store())
     pool = m.PoolCollector("pool", runtime.datastore,
                            prefix_stats=lambda: (runtime.scheduler.prefix_indexer_size,
                                                  hit_ratio.value))
