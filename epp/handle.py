@@ -3,6 +3,7 @@ chose, and the other plugins by name (:class:`shared.plugins.Handle`)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from epp.datastore import Datastore, Pool
@@ -23,6 +24,10 @@ class Settings:
     #: Defaults of ``metrics-data-source`` from the ``--model-server-metrics-*`` and
     #: ``--refresh-metrics-interval`` flags.
     scraper: ScraperConfig = field(default_factory=ScraperConfig)
+    #: The deprecated ``--total-queued-requests-metric`` & co.: metric specifications
+    #: replacing families of the default engine's dialect (keys ``queued``, ``running``,
+    #: ``kv_usage``, ``lora``, ``cache_info``).
+    metric_overrides: Mapping[str, str] = field(default_factory=dict)
 
 
 class EppHandle(Handle):

@@ -67,5 +67,6 @@ class PickerExchange(Exchange):
             response_size=self.response_size,
             prompt_tokens=usage.prompt_tokens if usage else 0,
             completion_tokens=usage.completion_tokens if usage else 0,
+            cached_tokens=usage.cached_tokens if usage else 0,
         )
         self.routed = None

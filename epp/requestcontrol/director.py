@@ -130,6 +130,8 @@ class Director:
         """Everything before admission; raises :class:`GatewayError` when it can't go on."""
         req = self.runtime.parser.parse(body, headers.get(":path", "/"))
         res = self._resolve(req, headers)
+        if res.rewrite_name is not None:
+            m.REWRITE_DECISIONS.labels(res.rewrite_name, req.model, res.target_model).inc()
         candidates = self._candidates(filter_metadata)
         if res.priority < 0 and self.saturation.is_saturated(candidates):
             raise Shed("the pool is saturated; sheddable requests are rejected")
@@ -148,7 +150,12 @@ class Director:
     def dispatch(self, pending: Pending) -> tuple[RequestDecision, Routed]:
         """Schedule, run the pre-request plugins (the commit), answer Envoy."""
         request = pending.request
-        result = self.scheduler.schedule(request, pending.candidates)
+        try:
+            result = self.scheduler.schedule(request, pending.candidates)
+        except GatewayError:
+            m.scheduler_attempt(request.target_model, None)
+            raise
+        m.scheduler_attempt(request.target_model, result.endpoints[0])
         for plugin in self.runtime.pre_request:
             plugin.pre_request(request, result)
         if self._debug:
@@ -176,12 +183,13 @@ class Director:
             plugin.response_streaming(routed.request, response, chunk, routed.endpoint)
 
     def finish(self, routed: Routed, *, completed: bool, status: int, response_size: int,
-               prompt_tokens: int, completion_tokens: int) -> None:
+               prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> None:
         """The response ended (or the stream broke): the response-complete plugins release
         the endpoint and record the request."""
         r = routed.response
         r.completed, r.status, r.size = completed, status, response_size
         r.prompt_tokens, r.completion_tokens = prompt_tokens, completion_tokens
+        r.cached_tokens = cached_tokens
         r.elapsed = time.monotonic() - routed.started
         if completion_tokens > 1 and r.ttft is not None:
             r.tpot = (r.elapsed - r.ttft) / (completion_tokens - 1)

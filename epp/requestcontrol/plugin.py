@@ -86,6 +86,8 @@ class Response:
     size: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    #: ``usage.prompt_tokens_details.cached_tokens`` (0 when the server did not say).
+    cached_tokens: int = 0
     elapsed: float = 0.0
     ttft: float | None = None
     tpot: float | None = None

@@ -14,6 +14,8 @@ class Usage:
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    #: ``prompt_tokens_details.cached_tokens`` (vLLM reports it with prefix caching).
+    cached_tokens: int = 0
 
     def read(self, usage: object) -> None:
         if isinstance(usage, dict):
@@ -22,6 +24,10 @@ class Usage:
                 self.prompt_tokens = p
             if isinstance(c, int):
                 self.completion_tokens = c
+            details = usage.get("prompt_tokens_details")
+            if isinstance(details, dict) and isinstance(
+                    cached := details.get("cached_tokens"), int):
+                self.cached_tokens = cached
 
 
 class ResponseRewriter:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from bbr.plugins import build as build_bbr
 from bbr.router import BodyRouter
 from epp import telemetry as m
 from epp.config import build, parse_config
+from epp.datastore import parse_object
 from epp.main import metrics_hooks
 from epp.requestcontrol import Director
 from shared.errors import GatewayError
@@ -39,14 +41,27 @@ def documented() -> dict[str, tuple[str, frozenset[str]]]:
 def exercise_both_services() -> list[object]:
     """Requests of every outcome through the EPP's director and the BBR's router; returns
     the pool collector's families (collected at scrape time, like the metrics port does)."""
-    hit_ratio = m.HitRatio()
-    runtime = build(parse_config(None), store(), hooks=metrics_hooks(hit_ratio),
-                    rng=random.Random(0))
+    ds = store()
+    rewrite = parse_object({
+        "apiVersion": "inference.networking.x-k8s.io/v1alpha2", "kind": "InferenceModelRewrite",
+        "metadata": {"name": "rw", "namespace": "default"},
+        "spec": {"poolRef": {"name": "pool"}, "rules": [
+            {"matches": [{"model": {"type": "Exact", "value": "m"}}],
+             "targets": [{"modelRewrite": "m-v2"}]}]}})
+    snap = ds.snapshot
+    ds.replace(replace(snap, rewrites=(rewrite,), _exact={"m": rewrite.rules[0].targets},
+                       _exact_names={"m": "rw"}))
+    runtime = build(parse_config(None), ds, hooks=metrics_hooks(), rng=random.Random(0))
     d = Director.of(runtime)
     for completed, status in ((True, 200), (True, 500), (False, 200)):
         _, routed = d.route(HEADERS, body(), {})
+        d.response_chunk(routed, b"data: {}\n\n", True)
         d.finish(routed, completed=completed, status=status, response_size=10,
-                 prompt_tokens=5, completion_tokens=3)
+                 prompt_tokens=5, completion_tokens=3, cached_tokens=2)
+    pending = d.prepare(HEADERS, body(), {})
+    pending.candidates = ()
+    with pytest.raises(GatewayError):
+        d.dispatch(pending)  # a scheduling failure
     d.count_error({"x-gateway-model-name": "m"}, GatewayError("refused"))
     m.INFO.labels(commit="test", build_ref="").set(1)
     router = BodyRouter(build_bbr([], StaticBaseModels()))
@@ -56,8 +71,7 @@ def exercise_both_services() -> list[object]:
         router.decide(b"not json")
     bbr_metrics.INFO.labels(version="test").set(1)
     pool = m.PoolCollector("pool", runtime.datastore,
-                           prefix_stats=lambda: (runtime.scheduler.prefix_indexer_size,
-                                                 hit_ratio.value))
+                           prefix_stats=lambda: runtime.scheduler.prefix_indexer_size)
     return list(pool.collect())
 
 
@@ -78,7 +92,7 @@ def exported() -> dict[str, tuple[str, set[frozenset[str]]]]:
 
 def test_every_documented_metric_is_exported_with_its_type_and_labels() -> None:
     table, live = documented(), exported()
-    assert len(table) == 24
+    assert len(table) == 32
     for name, (kind, labels) in table.items():
         assert name in live, f"{name} is documented but not exported"
         live_kind, label_sets = live[name]
