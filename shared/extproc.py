@@ -95,6 +95,9 @@ class Exchange:
     """
 
     filter_metadata: Mapping[str, Any] = _NO_METADATA
+    #: The namespaces Envoy forwarded with the response headers (e.g. ``envoy.lb`` with the
+    #: endpoint it served), set before :meth:`on_response_headers` runs.
+    response_metadata: Mapping[str, Any] = _NO_METADATA
 
     wants_response: bool = True
     """False for a service with nothing to do on the response path (BBR): its streams end
@@ -220,11 +223,14 @@ class _Stream:
         if msg.HasField("protocol_config"):
             self.req_mode = BodyMode(msg.protocol_config.request_body_mode)
             self.resp_mode = BodyMode(msg.protocol_config.response_body_mode)
-        if msg.HasField("metadata_context") and self.ex.filter_metadata is _NO_METADATA:
-            self.ex.filter_metadata = {
-                ns: MessageToDict(st) for ns, st in msg.metadata_context.filter_metadata.items()
-            }
         kind = msg.WhichOneof("request")
+        if msg.HasField("metadata_context"):
+            found = {ns: MessageToDict(st)
+                     for ns, st in msg.metadata_context.filter_metadata.items()}
+            if kind == "response_headers":
+                self.ex.response_metadata = found
+            elif self.ex.filter_metadata is _NO_METADATA:
+                self.ex.filter_metadata = found
         if kind == "request_headers":
             return await self._on_request_headers(msg.request_headers)
         if kind == "request_body":

@@ -37,10 +37,13 @@ class PickerExchange(Exchange):
             self.status = int(headers.get(":status", "200"))
         except ValueError:
             self.status = 0
+        added: dict[str, str] = {}
         if self.routed is not None:
-            self.director.response_received(self.routed, self.status or 200, headers)
+            added = self.director.response_received(self.routed, self.status or 200, headers,
+                                                    self.response_metadata)
         sse = headers.get("content-type", "").startswith("text/event-stream")
-        return ResponseHeadersDecision(buffer_body=not sse and self.rewriter is not None)
+        return ResponseHeadersDecision(set_headers=dict(added),
+                                       buffer_body=not sse and self.rewriter is not None)
 
     def on_response_chunk(self, chunk: bytes, end_of_stream: bool) -> bytes:
         self.response_size += len(chunk)

@@ -167,12 +167,16 @@ class Director:
 
     # -- the response ----------------------------------------------------------------
 
-    def response_received(self, routed: Routed, status: int,
-                          headers: Mapping[str, str]) -> None:
-        """The endpoint's response headers arrived."""
+    def response_received(self, routed: Routed, status: int, headers: Mapping[str, str],
+                          metadata: Mapping[str, Any] | None = None) -> dict[str, str]:
+        """The endpoint's response headers arrived (with the proxy's forwarded metadata);
+        returns the headers plugins add to the response."""
         routed.response.status, routed.response.headers = status, headers
+        if metadata:
+            routed.response.metadata = metadata
         for plugin in self.runtime.response_received:
             plugin.response_received(routed.request, routed.response, routed.endpoint)
+        return routed.response.set_headers
 
     def response_chunk(self, routed: Routed, chunk: bytes, first_token: bool) -> None:
         """A piece of the response body; ``first_token``: a token has been seen by now."""
@@ -225,7 +229,7 @@ class Director:
         try:
             prompt = prefix_input(req.prompt, req.messages)
             new_body = None
-            if res.target_model != req.model:
+            if res.target_model != req.model and req.model:  # no model: passthrough body
                 req.body["model"] = res.target_model
                 new_body = orjson.dumps(req.body)
         except orjson.JSONEncodeError as e:

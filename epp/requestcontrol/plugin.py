@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from epp.datastore import EndpointView
 from epp.scheduling.request import LLMRequest
@@ -91,6 +92,10 @@ class Response:
     elapsed: float = 0.0
     ttft: float | None = None
     tpot: float | None = None
+    #: Dynamic metadata the proxy forwarded with the response headers, by namespace.
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    #: Headers response-received plugins add to the client's response.
+    set_headers: dict[str, str] = field(default_factory=dict)
 
     @property
     def failed(self) -> bool:

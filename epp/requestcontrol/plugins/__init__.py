@@ -8,14 +8,19 @@ from epp.requestcontrol.plugins.concurrency_detector import (
 from epp.requestcontrol.plugins.inflight_load import InflightLoadProducer
 from epp.requestcontrol.plugins.metrics_recorder import RequestMetricsRecorder
 from epp.requestcontrol.plugins.openai_parser import OpenAIParser
+from epp.requestcontrol.plugins.passthrough_parser import PassthroughParser
+from epp.requestcontrol.plugins.probabilistic_admitter import ProbabilisticAdmitter
+from epp.requestcontrol.plugins.served_verifier import DestinationEndpointServedVerifier
 from epp.requestcontrol.plugins.utilization_detector import (
     SaturationDetectorConfig,
     UtilizationDetector,
 )
 
 BUILTIN_PLUGINS = (OpenAIParser, InflightLoadProducer, RequestMetricsRecorder,
-                   UtilizationDetector, ConcurrencyDetector)
+                   UtilizationDetector, ConcurrencyDetector, PassthroughParser,
+                   ProbabilisticAdmitter, DestinationEndpointServedVerifier)
 
 __all__ = ["BUILTIN_PLUGINS", "ConcurrencyDetector", "ConcurrencyParameters",
-           "InflightLoadProducer", "OpenAIParser", "RequestMetricsRecorder",
+           "DestinationEndpointServedVerifier", "InflightLoadProducer", "OpenAIParser",
+           "PassthroughParser", "ProbabilisticAdmitter", "RequestMetricsRecorder",
            "SaturationDetectorConfig", "UtilizationDetector"]
