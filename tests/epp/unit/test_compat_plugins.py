@@ -324,3 +324,30 @@ def test_types_of_other_issues_are_unknown_naming_the_issue(type_name: str, issu
 
 def test_no_pending_type_is_also_registered() -> None:
     assert set(PENDING) & set(builtin_registry().types) == set()
+
+
+def test_served_verifier_through_the_ext_proc_stream() -> None:
+    """Envoy forwards ``envoy.lb`` with the response headers; the verifier's header goes
+    back as a response header mutation."""
+    from google.protobuf import struct_pb2
+
+    from epp.handlers.exchange import PickerExchange
+    from shared.extproc import BodyMode, ExtProcServicer
+    from tests.reliability.inprocess import body_msgs, headers_msg, run_stream
+
+    text = "plugins:\n- type: destination-endpoint-served-verifier\n- type: queue-scorer\n"
+    d = Director.of(build(parse_config(text), store(), rng=random.Random(0)))
+    servicer = ExtProcServicer(lambda: PickerExchange(d), request_mode=BodyMode.BUFFERED,
+                               response_mode=BodyMode.BUFFERED)
+    served = struct_pb2.Struct()
+    served.update({"x-gateway-destination-endpoint-served": "10.9.9.9:8000"})
+    response_headers = headers_msg([(":status", "200"), ("content-type", "text/plain")],
+                                   response=True, end_of_stream=True)
+    response_headers.metadata_context.filter_metadata["envoy.lb"].CopyFrom(served)
+    msgs = [headers_msg([(":path", "/v1/completions"), ("content-type", "application/json")]),
+            *body_msgs(body(), []), response_headers]
+    out = run_stream(servicer, msgs)
+    (resp,) = [r for r in out if r.HasField("response_headers")]
+    mutation = resp.response_headers.response.header_mutation.set_headers
+    assert {h.header.key: h.header.raw_value.decode() for h in mutation} == {
+        "x-conformance-test-served-endpoint": "10.9.9.9:8000"}
