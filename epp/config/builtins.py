@@ -40,8 +40,7 @@ PENDING: dict[str, str] = {
     "session-affinity-scorer": _SESSION,
     **dict.fromkeys((
         "vllmgrpc-parser", "vertexai-parser", "request-attribute-reporter",
-        "k8s-notification-source", "endpoint-notification-source", "models-data-source",
-        "models-data-extractor"), _LATER),
+        "k8s-notification-source", "endpoint-notification-source"), _LATER),
 }
 
 

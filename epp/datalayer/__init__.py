@@ -4,9 +4,12 @@ of ``/metrics``) with ``core-metrics-extractor`` (engine dialects)."""
 
 from epp.datalayer.core_metrics import CoreMetricsExtractor, CoreMetricsParameters
 from epp.datalayer.metrics_source import MetricsDataSource, MetricsSourceParameters
+from epp.datalayer.models_source import ModelsDataExtractor, ModelsDataSource, ServedModels
 from epp.datalayer.plugin import DataSource, Extractor
 
-BUILTIN_PLUGINS = (MetricsDataSource, CoreMetricsExtractor)
+BUILTIN_PLUGINS = (MetricsDataSource, CoreMetricsExtractor, ModelsDataSource,
+                   ModelsDataExtractor)
 
 __all__ = ["BUILTIN_PLUGINS", "CoreMetricsExtractor", "CoreMetricsParameters", "DataSource",
-           "Extractor", "MetricsDataSource", "MetricsSourceParameters"]
+           "Extractor", "MetricsDataSource", "MetricsSourceParameters", "ModelsDataExtractor",
+           "ModelsDataSource", "ServedModels"]

@@ -23,6 +23,7 @@ import orjson
 import structlog
 
 from epp import telemetry as m
+from epp.datalayer.models_source import ServedModels
 from epp.datastore import EndpointView, Snapshot
 from epp.datastore.snapshot import ModelResolution as Resolution
 from epp.requestcontrol.plugin import Response
@@ -291,6 +292,9 @@ class Director:
                 base |= v.metrics.models
                 if v.metrics.lora is not None:
                     adapters |= v.metrics.lora.running | v.metrics.lora.waiting
+                if (listed := v.attribute(ServedModels)) is not None:  # models-data-source
+                    base |= listed.base_models
+                    adapters |= listed.adapters
             self._served_cache = (frozenset(base), frozenset(adapters))
             self._served_until = now + SERVED_TTL
         return self._served_cache

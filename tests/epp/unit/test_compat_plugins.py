@@ -351,3 +351,87 @@ def test_served_verifier_through_the_ext_proc_stream() -> None:
     mutation = resp.response_headers.response.header_mutation.set_headers
     assert {h.header.key: h.header.raw_value.decode() for h in mutation} == {
         "x-conformance-test-served-endpoint": "10.9.9.9:8000"}
+
+
+# -- models-data-source / models-data-extractor ------------------------------------------------
+
+
+def test_models_listing_becomes_what_the_pool_serves() -> None:
+    """A real simulated vLLM with a LoRA adapter: its /v1/models listing lands on the
+    endpoint, and the director then knows the adapter (a LoRA request) and the base model."""
+    import asyncio
+
+    import aiohttp
+
+    from bench.manifests import pool_manifests
+    from epp.datalayer import ModelsDataSource, ServedModels
+    from epp.datastore import Datastore, EndpointMetrics, build_snapshot, parse_object
+    from sim import ServerConfig, start_fleet
+    from sim.profiles import TINY
+
+    text = """
+plugins:
+- type: metrics-data-source
+- type: core-metrics-extractor
+- type: models-data-source
+  parameters: {refreshInterval: 1s}
+- type: models-data-extractor
+- type: queue-scorer
+dataLayer:
+  sources:
+  - pluginRef: metrics-data-source
+    extractors: [{pluginRef: core-metrics-extractor}]
+  - pluginRef: models-data-source
+    extractors: [{pluginRef: models-data-extractor}]
+"""
+
+    async def go() -> None:
+        cfg = ServerConfig(profile=TINY, model="base", lora_modules={"sql-lora": "/p"})
+        async with start_fleet([cfg]) as fleet:
+            port = fleet.ports[0]
+            ds = Datastore()
+            objs = [parse_object(d) for d in pool_manifests("pool", [("p0", "127.0.0.1")], port)]
+            ds.replace(build_snapshot([o for o in objs if o is not None], pool_name="pool",
+                                      pool_namespace="default"))
+            for view in ds.views():
+                view.begin_scrape()
+                ds.record_scrape(view, EndpointMetrics(updated_at=time.monotonic() + 3600))
+            runtime = build(parse_config(text), ds, rng=random.Random(0))
+            source = next(s for s in runtime.data_sources if isinstance(s, ModelsDataSource))
+            async with aiohttp.ClientSession() as session:
+                await source.poll_once(ds, session)
+            (view,) = ds.views()
+            listed = view.attribute(ServedModels)
+            assert listed is not None
+            assert (listed.base_models, listed.adapters) == ({"base"}, {"sql-lora"})
+            d = Director.of(runtime)
+            _, routed = d.route(HEADERS, b'{"model": "sql-lora", "prompt": "x"}', {})
+            assert routed.request.lora_adapter == "sql-lora"
+            _, routed = d.route(HEADERS, b'{"model": "base", "prompt": "x"}', {})
+            assert routed.request.lora_adapter is None
+
+    asyncio.run(go())
+
+
+def test_models_listing_parse_errors_are_refused() -> None:
+    from epp.datalayer.models_source import ModelEntry, parse_listing
+
+    assert parse_listing(b'{"data": [{"id": "a"}, {"id": "b", "parent": "a"}, {"x": 1}]}') == (
+        ModelEntry("a"), ModelEntry("b", "a"))
+    for bad in (b"nope", b'{"data": 3}', b"[]"):
+        with pytest.raises(ValueError):
+            parse_listing(bad)
+
+
+def test_models_extractor_only_reads_the_models_source() -> None:
+    text = """
+plugins:
+- type: metrics-data-source
+- type: models-data-extractor
+dataLayer:
+  sources:
+  - pluginRef: metrics-data-source
+    extractors: [{pluginRef: models-data-extractor}]
+"""
+    with pytest.raises(ConfigError, match="reads openai-models"):
+        build(parse_config(text))
