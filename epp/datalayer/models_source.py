@@ -82,7 +82,7 @@ class ModelsSourceParameters:
     scheme: Literal["http", "https"] = "http"
     path: str = "/v1/models"
     insecure_skip_verify: bool = True
-    refresh_interval: Duration = Duration(2.0)
+    refresh_interval: Duration = Duration(2.0)  # noqa: RUF009 (immutable)
 
     def __post_init__(self) -> None:
         if not self.path.startswith("/"):
@@ -132,7 +132,7 @@ class ModelsDataSource(Plugin, DataSource):
                 if len(body) > MAX_LISTING_BYTES:
                     raise ValueError(f"listing over {MAX_LISTING_BYTES} bytes")
             entries = parse_listing(body)
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
+        except (TimeoutError, aiohttp.ClientError, ValueError) as e:
             if view.key not in self._failing:
                 self._failing.add(view.key)
                 log.warning("cannot read the models listing", endpoint=view.key,
