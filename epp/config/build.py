@@ -38,6 +38,7 @@ from epp.requestcontrol.plugin import (
     Parser,
     PreRequest,
     ResponseComplete,
+    ResponseMetadata,
     ResponseReceived,
     ResponseStreaming,
     SaturationDetector,
@@ -80,6 +81,7 @@ class Runtime:
     response_complete: tuple[ResponseComplete, ...]
     data_sources: tuple[DataSource, ...]
     rng: random.Random
+    response_metadata: tuple[ResponseMetadata, ...] = ()
 
     @property
     def datastore(self) -> Datastore:
@@ -130,6 +132,7 @@ def build(
         response_received=tuple(handle.find(ResponseReceived)),
         response_streaming=tuple(handle.find(ResponseStreaming)),
         response_complete=_last(handle, ResponseComplete), data_sources=sources, rng=rng,
+        response_metadata=tuple(handle.find(ResponseMetadata)),
     )
 
 

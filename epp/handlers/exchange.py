@@ -3,6 +3,8 @@ rewritten back to the client's model and its usage is recorded when the stream e
 
 from __future__ import annotations
 
+from typing import Any
+
 from epp.requestcontrol import Director, Routed
 from epp.requestcontrol.response import ResponseRewriter
 from shared.errors import GatewayError
@@ -60,6 +62,12 @@ class PickerExchange(Exchange):
         if self.rewriter is None:
             return body
         return self.rewriter.body(body)
+
+    def response_end_metadata(self) -> dict[str, dict[str, Any]] | None:
+        if self.routed is None or not self.director.runtime.response_metadata:
+            return None
+        usage = self.rewriter.usage.raw if self.rewriter is not None else None
+        return self.director.response_metadata(self.routed, usage)
 
     def on_close(self, completed: bool) -> None:
         if self.routed is None:

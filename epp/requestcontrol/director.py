@@ -187,6 +187,17 @@ class Director:
         for plugin in self.runtime.response_streaming:
             plugin.response_streaming(routed.request, response, chunk, routed.endpoint)
 
+    def response_metadata(self, routed: Routed,
+                          usage: Mapping[str, Any] | None) -> dict[str, dict[str, Any]] | None:
+        """The whole response was seen: metadata the response-metadata plugins give the
+        proxy, merged by namespace (None when there is none)."""
+        out: dict[str, dict[str, Any]] = {}
+        for plugin in self.runtime.response_metadata:
+            for ns, values in (plugin.response_metadata(
+                    routed.request, routed.response, usage or {}) or {}).items():
+                out.setdefault(ns, {}).update(values)
+        return out or None
+
     def finish(self, routed: Routed, *, completed: bool, status: int, response_size: int,
                prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> None:
         """The response ended (or the stream broke): the response-complete plugins release

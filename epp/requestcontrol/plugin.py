@@ -122,6 +122,17 @@ class ResponseStreaming(ABC):
         """``response.ttft`` is set from the first chunk carrying a token."""
 
 
+class ResponseMetadata(ABC):
+    """The response body has been seen whole (its ``usage`` included): return dynamic
+    metadata for the proxy, ``{namespace: {key: value}}`` (upstream's response-body plugins
+    writing ``DynamicMetadata``), or None."""
+
+    @abstractmethod
+    def response_metadata(self, request: LLMRequest, response: Response,
+                          usage: Mapping[str, Any]) -> Mapping[str, Mapping[str, Any]] | None:
+        """``usage``: the response's ``usage`` object ({} when it had none)."""
+
+
 class ResponseComplete(ABC):
     """The exchange ended (response end, error or broken stream); called exactly once for
     every request that reached pre-request."""
@@ -139,6 +150,7 @@ __all__ = [
     "PreRequest",
     "Response",
     "ResponseComplete",
+    "ResponseMetadata",
     "ResponseReceived",
     "ResponseStreaming",
     "SaturationDetector",

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from typing import Any
+
 import orjson
 
 
@@ -16,9 +18,12 @@ class Usage:
     completion_tokens: int = 0
     #: ``prompt_tokens_details.cached_tokens`` (vLLM reports it with prefix caching).
     cached_tokens: int = 0
+    #: The ``usage`` object as the server wrote it (for plugins reading other fields).
+    raw: dict[str, Any] | None = None
 
     def read(self, usage: object) -> None:
         if isinstance(usage, dict):
+            self.raw = usage
             p, c = usage.get("prompt_tokens"), usage.get("completion_tokens")
             if isinstance(p, int):
                 self.prompt_tokens = p

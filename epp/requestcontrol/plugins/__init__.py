@@ -1,6 +1,7 @@
 """Built-in request-control plugins, one per file. Register a new one in
 :data:`BUILTIN_PLUGINS`."""
 
+from epp.requestcontrol.plugins.attribute_reporter import RequestAttributeReporter
 from epp.requestcontrol.plugins.concurrency_detector import (
     ConcurrencyDetector,
     ConcurrencyParameters,
@@ -18,9 +19,11 @@ from epp.requestcontrol.plugins.utilization_detector import (
 
 BUILTIN_PLUGINS = (OpenAIParser, InflightLoadProducer, RequestMetricsRecorder,
                    UtilizationDetector, ConcurrencyDetector, PassthroughParser,
-                   ProbabilisticAdmitter, DestinationEndpointServedVerifier)
+                   ProbabilisticAdmitter, DestinationEndpointServedVerifier,
+                   RequestAttributeReporter)
 
 __all__ = ["BUILTIN_PLUGINS", "ConcurrencyDetector", "ConcurrencyParameters",
            "DestinationEndpointServedVerifier", "InflightLoadProducer", "OpenAIParser",
-           "PassthroughParser", "ProbabilisticAdmitter", "RequestMetricsRecorder",
+           "PassthroughParser", "ProbabilisticAdmitter", "RequestAttributeReporter",
+           "RequestMetricsRecorder",
            "SaturationDetectorConfig", "UtilizationDetector"]

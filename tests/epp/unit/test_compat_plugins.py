@@ -435,3 +435,87 @@ dataLayer:
 """
     with pytest.raises(ConfigError, match="reads openai-models"):
         build(parse_config(text))
+
+
+# -- request-attribute-reporter ----------------------------------------------------------------
+
+
+REPORTER = """
+plugins:
+- type: queue-scorer
+- type: request-attribute-reporter
+  parameters:
+    attributes:
+    - key: {name: x-gateway-inference-request-cost}
+      expression: usage.prompt_tokens + usage.completion_tokens
+      condition: has(usage.prompt_tokens) && has(usage.completion_tokens)
+"""
+
+
+def reporter_director() -> Director:
+    return Director.of(build(parse_config(REPORTER), store(), rng=random.Random(0)))
+
+
+def test_reporter_computes_the_cost_into_envoy_lb_metadata() -> None:
+    d = reporter_director()
+    _, routed = d.route(HEADERS, body(), {})
+    assert d.response_metadata(routed, {"prompt_tokens": 10, "completion_tokens": 5}) == {
+        "envoy.lb": {"x-gateway-inference-request-cost": 15}}
+    # the condition is false: nothing is reported
+    assert d.response_metadata(routed, {"prompt_tokens": 10}) is None
+    assert d.response_metadata(routed, None) is None
+
+
+def test_reporter_truncates_numbers_and_skips_zero_and_non_numbers() -> None:
+    reg = builtin_registry()
+
+    def reporter(expression: str) -> object:
+        return reg.create("request-attribute-reporter", "r", {"attributes": [
+            {"key": {"name": "k", "namespace": "my.ns"}, "expression": expression}]})
+
+    assert reporter("usage.total_tokens * 1.5").value({"total_tokens": 3}) == 4  # type: ignore[attr-defined]
+    assert reporter("usage.total_tokens - 3.0").value({"total_tokens": 3}) is None  # type: ignore[attr-defined]
+    assert reporter("'text'").value({}) is None  # type: ignore[attr-defined]
+    assert reporter("usage.missing + 1").value({}) is None  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("attributes", "message"), [
+    ([], "exactly one entry"),
+    ([{"key": {"name": "a"}, "expression": "1"}, {"key": {"name": "b"}, "expression": "2"}],
+     "exactly one entry"),
+    ([{"key": {}, "expression": "1"}], "key.name"),
+    ([{"key": {"name": "a"}}], "expression must not be empty"),
+    ([{"key": {"name": "a"}, "expression": "usage.x +"}], "not valid CEL"),
+    ([{"key": {"name": "a"}, "expression": "1", "condition": "&&"}], "condition: not valid CEL"),
+])
+def test_reporter_refuses_bad_parameters(attributes: list[object], message: str) -> None:
+    with pytest.raises(PluginError, match=message):
+        builtin_registry().create("request-attribute-reporter", "r", {"attributes": attributes})
+
+
+def test_reporter_metadata_reaches_envoy_with_the_last_body_answer() -> None:
+    """Through the ext_proc stream (FULL_DUPLEX both ways, as the EPP runs): the answer to
+    the response's last body message carries the dynamic metadata."""
+    from epp.handlers.exchange import PickerExchange
+    from shared.extproc import BodyMode, ExtProcServicer
+    from tests.reliability.inprocess import body_msgs, headers_msg, run_stream
+
+    d = reporter_director()
+    servicer = ExtProcServicer(lambda: PickerExchange(d),
+                               request_mode=BodyMode.FULL_DUPLEX_STREAMED,
+                               response_mode=BodyMode.FULL_DUPLEX_STREAMED)
+    answer = (b'{"id":"x","model":"m","choices":[],'
+              b'"usage":{"prompt_tokens":7,"completion_tokens":2,"total_tokens":9}}')
+    msgs = [headers_msg([(":path", "/v1/completions"), ("content-type", "application/json")]),
+            *body_msgs(body(), [10]),
+            headers_msg([(":status", "200"), ("content-type", "application/json")],
+                        response=True),
+            *body_msgs(answer, [20], response=True)]
+    out = run_stream(servicer, msgs)
+    with_metadata = [r for r in out if r.HasField("dynamic_metadata")
+                     and "envoy.lb" in r.dynamic_metadata.fields
+                     and r.HasField("response_body")]
+    (last,) = with_metadata
+    assert last is [r for r in out if r.HasField("response_body")][-1]
+    lb = last.dynamic_metadata.fields["envoy.lb"].struct_value
+    assert lb.fields["x-gateway-inference-request-cost"].number_value == 9
