@@ -4,7 +4,6 @@ usage read, from JSON bodies and from SSE streams alike."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-
 from typing import Any
 
 import orjson
