@@ -252,6 +252,9 @@ def _data_layer(config: EndpointPickerConfig, registry: PluginRegistry,
                 found.add_extractor(handle.plugin(ref, Extractor))
         except (PluginError, ValueError) as e:
             raise ConfigError(f"{where}: {e}") from None
+        if not found.extractors and not isinstance(found, MetricsDataSource):
+            raise ConfigError(f"{where}.extractors: {spec.plugin_ref} does nothing without "
+                              f"an extractor; name at least one")
         if isinstance(found, MetricsDataSource) and not any(
                 isinstance(e, CoreMetricsExtractor) for e in found.extractors):
             raise ConfigError(f"{where}.extractors: {spec.plugin_ref} needs a "

@@ -519,3 +519,62 @@ def test_reporter_metadata_reaches_envoy_with_the_last_body_answer() -> None:
     assert last is [r for r in out if r.HasField("response_body")][-1]
     lb = last.dynamic_metadata.fields["envoy.lb"].struct_value
     assert lb.fields["x-gateway-inference-request-cost"].number_value == 9
+
+
+# -- endpoint-notification-source ---------------------------------------------------------------
+
+
+def test_endpoint_events_reach_a_third_party_extractor() -> None:
+    """A plugin author's extractor (registered like an entry-point plugin) hears endpoints
+    join, change and leave the pool."""
+    from dataclasses import replace
+
+    from epp.datalayer import EndpointEvent, EndpointExtractor, EndpointNotificationSource
+    from epp.scheduling.plugin import Plugin as EppPlugin
+    from shared.plugins import PluginRegistry
+
+    heard: list[tuple[str, str]] = []
+
+    class Recorder(EppPlugin, EndpointExtractor):
+        type_name = "event-recorder"
+
+        def on_endpoint_event(self, event: EndpointEvent) -> None:
+            heard.append((event.kind.value, event.endpoint.key))
+
+    from epp.config import BUILTIN_PLUGINS
+
+    text = """
+plugins:
+- type: endpoint-notification-source
+- type: event-recorder
+- type: queue-scorer
+dataLayer:
+  sources:
+  - pluginRef: endpoint-notification-source
+    extractors: [{pluginRef: event-recorder}]
+"""
+    ds = store()
+    runtime = build(parse_config(text), ds, registry=PluginRegistry((*BUILTIN_PLUGINS, Recorder)))
+    (source,) = runtime.data_sources
+    assert isinstance(source, EndpointNotificationSource)
+    source.on_snapshot(ds, ds.snapshot)
+    first = sorted(heard)
+    assert first and all(kind == "added" for kind, _ in first)
+    heard.clear()
+    snap = ds.snapshot
+    gone, changed, *rest = snap.endpoints
+    relabelled = replace(changed, labels={**changed.labels, "tier": "gold"})
+    ds.replace(replace(snap, endpoints=(relabelled, *rest)))
+    source.on_snapshot(ds, ds.snapshot)
+    assert sorted(heard) == sorted([("deleted", gone.key), ("updated", changed.key)])
+
+
+def test_a_notification_source_without_extractors_is_refused() -> None:
+    text = """
+plugins:
+- type: endpoint-notification-source
+dataLayer:
+  sources: [{pluginRef: endpoint-notification-source}]
+"""
+    with pytest.raises(ConfigError, match="does nothing without an extractor"):
+        build(parse_config(text))
