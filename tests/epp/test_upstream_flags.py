@@ -186,14 +186,18 @@ def test_zap_flags_choose_format_level_and_time(capsys: pytest.CaptureFixture[st
                                 "--zap-time-encoding=epoch"])
     ls = log_settings(args)
     assert (ls.level, ls.json, ls.time_format) == (logging.ERROR, True, "epoch")
-    logs.configure(args.verbosity, json=ls.json, level=ls.level, time_format=ls.time_format)
-    log = structlog.get_logger("t")
-    log.warning("dropped")
-    log.error("kept")
+    saved = structlog.get_config()
+    try:
+        logs.configure(args.verbosity, json=ls.json, level=ls.level,
+                       time_format=ls.time_format)
+        log = structlog.get_logger("t")
+        log.warning("dropped")
+        log.error("kept")
+    finally:
+        structlog.configure(**saved)  # later tests must not write to this test's stderr
     lines = [json.loads(x) for x in capsys.readouterr().err.strip().splitlines()]
     assert [x["event"] for x in lines] == ["kept"]
     assert isinstance(lines[0]["timestamp"], float)
-    logs.configure()
 
 
 def test_zap_log_level_integer_is_a_verbosity_and_devel_means_console_debug() -> None:
