@@ -247,6 +247,7 @@ async def run(args: Any) -> None:
     except ConfigError as e:
         die("epp", f"bad EndpointPickerConfig: {e}")
     stop = asyncio.Event()
+    connect_notification_sources(args, runtime)
     source, elector = start_source(args, datastore)
     datastore.subscribe(lambda s: runtime.retain_endpoints(frozenset(e.key for e in s.endpoints)))
     director = Director.of(runtime)
@@ -278,6 +279,27 @@ async def run(args: Any) -> None:
         # Sharing ``stop``: a draining leader hands the Lease back at once.
         background.append(elector.run(stop))
     await serve(servicer, opts, ready=ready, background=background, stop=stop)
+
+
+def connect_notification_sources(args: Any, runtime: Runtime) -> None:
+    """Give ``k8s-notification-source`` plugins the Kubernetes API (one line and exit when
+    there is none)."""
+    from epp.datalayer import K8sNotificationSource
+
+    wanted = [s for s in runtime.data_sources if isinstance(s, K8sNotificationSource)]
+    if not wanted:
+        return
+    if args.manifests is not None:
+        die("epp", f"{wanted[0].name} (k8s-notification-source) needs the Kubernetes API, "
+                   f"not --manifests")
+    from shared.reflector import KubernetesConfigError, load_api_client
+
+    try:
+        api = load_api_client()
+        for s in wanted:
+            s.connect(api, args.pool_namespace)
+    except (KubernetesConfigError, ValueError) as e:
+        die("epp", str(e))
 
 
 def register_pool_metrics(args: Any, runtime: Runtime) -> None:

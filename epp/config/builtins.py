@@ -39,7 +39,7 @@ PENDING: dict[str, str] = {
         "latency-scorer", "prefix-cache-affinity-filter", "slo-headroom-tier-filter"), _SLO),
     "session-affinity-scorer": _SESSION,
     **dict.fromkeys((
-        "vllmgrpc-parser", "vertexai-parser", "k8s-notification-source"), _LATER),
+        "vllmgrpc-parser", "vertexai-parser"), _LATER),
 }
 
 

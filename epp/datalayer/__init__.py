@@ -9,14 +9,34 @@ from epp.datalayer.endpoint_events import (
     EndpointNotificationSource,
     EventKind,
 )
+from epp.datalayer.k8s_events import (
+    K8sNotificationSource,
+    NotificationEvent,
+    NotificationExtractor,
+)
 from epp.datalayer.metrics_source import MetricsDataSource, MetricsSourceParameters
 from epp.datalayer.models_source import ModelsDataExtractor, ModelsDataSource, ServedModels
 from epp.datalayer.plugin import DataSource, Extractor
 
 BUILTIN_PLUGINS = (MetricsDataSource, CoreMetricsExtractor, ModelsDataSource,
-                   ModelsDataExtractor, EndpointNotificationSource)
+                   ModelsDataExtractor, EndpointNotificationSource, K8sNotificationSource)
 
-__all__ = ["BUILTIN_PLUGINS", "CoreMetricsExtractor", "CoreMetricsParameters", "DataSource",
-           "EndpointEvent", "EndpointExtractor", "EndpointNotificationSource", "EventKind",
-           "Extractor", "MetricsDataSource", "MetricsSourceParameters", "ModelsDataExtractor",
-           "ModelsDataSource", "ServedModels"]
+__all__ = [
+    "BUILTIN_PLUGINS",
+    "CoreMetricsExtractor",
+    "CoreMetricsParameters",
+    "DataSource",
+    "EndpointEvent",
+    "EndpointExtractor",
+    "EndpointNotificationSource",
+    "EventKind",
+    "Extractor",
+    "K8sNotificationSource",
+    "MetricsDataSource",
+    "MetricsSourceParameters",
+    "ModelsDataExtractor",
+    "ModelsDataSource",
+    "NotificationEvent",
+    "NotificationExtractor",
+    "ServedModels",
+]
