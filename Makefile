@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
-LINT_PATHS := shared bbr epp sim bench tests examples/plugin-package
+LINT_PATHS := shared bbr epp sim sidecar bench devkit tests examples/plugin-package
 
 .PHONY: venv run test lint bench bench-quick bench-compare bench-compare-quick clean
 

@@ -50,6 +50,7 @@ from epp.requestcontrol.plugins import (
     UtilizationDetector,
 )
 from epp.scheduling import (
+    EndpointsRemoved,
     Filter,
     Picker,
     ProfileHandler,
@@ -92,8 +93,10 @@ class Runtime:
         return self.handle.settings
 
     def retain_endpoints(self, keys: frozenset[str]) -> None:
-        """Drop plugin state of endpoints no longer in the pool."""
-        self.scheduler.retain_endpoints(keys)
+        """Drop plugin state of endpoints no longer in the pool (every plugin that keeps
+        some, scheduling or not)."""
+        for plugin in self.handle.find(EndpointsRemoved):
+            plugin.retain_endpoints(keys)
 
 
 def build(

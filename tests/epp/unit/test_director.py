@@ -195,3 +195,11 @@ def test_a_non_streamed_response_has_no_ttft_and_tpot_over_all_tokens() -> None:
     r = routed.response
     assert r.ttft is None
     assert r.tpot == pytest.approx(r.elapsed / 4)
+
+
+def test_endpoints_leaving_the_pool_are_forgotten_by_every_plugin() -> None:
+    d = Director.of(build(parse_config(None), store(), rng=random.Random(0)))
+    (producer,) = d.runtime.handle.find(ApproxPrefixCacheProducer)
+    d.route(HEADERS, body(), {})
+    d.runtime.retain_endpoints(frozenset())
+    assert producer.indexer_size == 0

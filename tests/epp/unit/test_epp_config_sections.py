@@ -4,14 +4,23 @@ and the one-line error (file, path, reason) for what cannot be used."""
 from __future__ import annotations
 
 import ssl
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiohttp import web
 
-from epp.config import FLOW_CONTROL_UNSUPPORTED, ConfigError, build, load_config_file, parse_config
-from epp.datalayer import CoreMetricsExtractor, MetricsDataSource
-from epp.datastore import Datastore, EngineType
+from epp.config import (
+    BUILTIN_PLUGINS,
+    FLOW_CONTROL_UNSUPPORTED,
+    ConfigError,
+    build,
+    load_config_file,
+    parse_config,
+)
+from epp.datalayer import CoreMetricsExtractor, Extractor, MetricsDataSource
+from epp.datastore import Datastore, EndpointView, EngineType
 from epp.handle import Settings
 from epp.metrics import ScraperConfig
 from epp.requestcontrol.plugins import (
@@ -21,8 +30,10 @@ from epp.requestcontrol.plugins import (
     RequestMetricsRecorder,
     UtilizationDetector,
 )
+from epp.scheduling import Plugin
 from epp.scheduling.plugins import PrefixCacheScorer
 from epp.scheduling.plugins.prefix.producer import ApproxPrefixCacheProducer
+from shared.plugins import PluginRegistry
 from shared.tls import self_signed
 from tests.epp.unit.test_epp_scraper import datastore_for, eventually
 
@@ -241,3 +252,39 @@ def test_concurrency_detector_saturates_at_capacity_and_filters_above_headroom(
     b.start_request(10)
     assert detector.saturation([a, b]) == 1.0 and detector.is_saturated([a, b])
     assert list(detector.filter(None, [a, b])) == [b]  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class RunningLoras:
+    """An attribute a third-party extractor makes from the same /metrics page."""
+
+    count: int
+
+
+class LoraCountExtractor(Plugin, Extractor):
+    type_name = "lora-count-extractor"
+    input_type = "prometheus-text"
+
+    def extract(self, data: Any, view: EndpointView, now: float) -> RunningLoras:
+        return RunningLoras(data.count("vllm:lora_requests_info"))
+
+
+def test_extractors_beside_the_core_one_install_typed_attributes(make_view) -> None:
+    text = """\
+plugins:
+- type: metrics-data-source
+- type: core-metrics-extractor
+- type: lora-count-extractor
+dataLayer:
+  sources:
+  - pluginRef: metrics-data-source
+    extractors: [{pluginRef: core-metrics-extractor}, {pluginRef: lora-count-extractor}]
+"""
+    registry = PluginRegistry((*BUILTIN_PLUGINS, LoraCountExtractor))
+    (source,) = build(parse_config(text), registry=registry).data_sources
+    assert isinstance(source, MetricsDataSource)
+    view = make_view(1)
+    page = "vllm:num_requests_waiting 2\nvllm:lora_requests_info{a=\"b\"} 1\n"
+    parsed = source.scraper(Datastore()).extract(page, view, 0.0)
+    assert parsed.metrics.waiting == 2
+    assert view.attribute(RunningLoras) == RunningLoras(1)
