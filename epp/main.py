@@ -159,6 +159,8 @@ def metric_spec(text: str) -> str:
 
     from epp.metrics.dialects import parse_spec
 
+    if not text.strip():
+        return ""  # upstream: an empty spec reads nothing (its chart renders --lora-info-metric=)
     try:
         parse_spec(text)
     except ValueError as e:

@@ -173,10 +173,12 @@ def dialect_from_specs(engine: EngineType | str, specs: EngineSpecs) -> Dialect:
 
 def with_overrides(base: Dialect, specs: Mapping[str, str]) -> Dialect:
     """``base`` with some families replaced (the deprecated metric-name flags: keys
-    ``queued``, ``running``, ``kv_usage``, ``lora``, ``cache_info``)."""
+    ``queued``, ``running``, ``kv_usage``, ``lora``, ``cache_info``; an empty spec turns
+    that metric off)."""
     changes: dict[str, object] = {}
     for key, text in specs.items():
-        family, labels = parse_spec(text)
+        # An empty spec means "not read", as upstream's empty flag value does.
+        family, labels = parse_spec(text) if text.strip() else ("-", {})
         where = _labels_are(labels)
         if key == "queued":
             changes.update(waiting=family, waiting_where=where)
@@ -185,9 +187,9 @@ def with_overrides(base: Dialect, specs: Mapping[str, str]) -> Dialect:
         elif key == "kv_usage":
             changes.update(kv_usage=(family,), kv_where=where)
         elif key == "lora":
-            changes.update(lora_info=family)
+            changes.update(lora_info=None if family == "-" else family)
         elif key == "cache_info":
-            changes.update(cache_config=family)
+            changes.update(cache_config=None if family == "-" else family)
         else:
             raise ValueError(f"unknown metric {key!r}")
     return replace(base, **changes)  # type: ignore[arg-type]

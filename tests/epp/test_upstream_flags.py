@@ -248,3 +248,15 @@ def test_bbr_takes_upstreams_field_name_parameter() -> None:
     (plugin,) = build_bbr(['body-field-to-header:m:{"fieldName":"target",'
                            '"headerName":"X-Target"}'], StaticBaseModels())
     assert plugin.headers({"target": "a", "model": "b"}) == {"x-target": "a"}  # type: ignore[attr-defined]
+
+
+def test_an_empty_metric_flag_turns_that_metric_off() -> None:
+    """Upstream's chart renders ``--lora-info-metric=`` for engines without LoRA metrics."""
+    args = parser().parse_args(["--lora-info-metric=", "--cache-info-metric="])
+    (extractor,) = build(parse_config(None),
+                         settings=settings(args)).handle.find(CoreMetricsExtractor)
+    assert (extractor.default.lora_info, extractor.default.cache_config) == (None, None)
+    page = ('vllm:num_requests_waiting 1\nvllm:num_requests_running 2\n'
+            'vllm:kv_cache_usage_perc 0.5\nvllm:lora_requests_info{max_lora="1",'
+            'running_lora_adapters="a",waiting_lora_adapters=""} 1\n')
+    assert extractor.extract(page, build_view(1, labels={}), 1.0).metrics.lora is None
