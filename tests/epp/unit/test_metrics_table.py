@@ -63,6 +63,15 @@ def exercise_both_services() -> list[object]:
     with pytest.raises(GatewayError):
         d.dispatch(pending)  # a scheduling failure
     d.count_error({"x-gateway-model-name": "m"}, GatewayError("refused"))
+    # The state store's series exist only with a store configured; make one of each so the
+    # table is checked whatever ran before (tests/epp/statestore/ runs real ones).
+    from epp.statestore import metrics as store_metrics
+
+    for metric in (store_metrics.OPERATIONS, store_metrics.ERRORS):
+        metric.labels("valkey", "push").inc(0)
+    store_metrics.LATENCY.labels("valkey", "push").observe(0.001)
+    store_metrics.UP.labels("valkey").set(1)
+    store_metrics.BACKLOG.labels("valkey").set(0)
     m.INFO.labels(commit="test", build_ref="").set(1)
     router = BodyRouter(build_bbr([], StaticBaseModels()))
     for raw in (b'{"model": "m"}', b'{"model": ""}', b"{}"):
@@ -92,7 +101,7 @@ def exported() -> dict[str, tuple[str, set[frozenset[str]]]]:
 
 def test_every_documented_metric_is_exported_with_its_type_and_labels() -> None:
     table, live = documented(), exported()
-    assert len(table) == 32
+    assert len(table) == 37
     for name, (kind, labels) in table.items():
         assert name in live, f"{name} is documented but not exported"
         live_kind, label_sets = live[name]
