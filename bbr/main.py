@@ -18,6 +18,7 @@ from shared.extproc import DEFAULT_MAX_BODY, BodyMode, ExtProcServicer
 from shared.flags import Parser, die
 from shared.metrics_server import read_token, run_metrics_server
 from shared.server import Health, ServeOptions, install_uvloop, serve
+from shared.upstream_flags import add_diagnostics_flags, add_logging_flags, log_settings, report
 
 
 def parser() -> Parser:
@@ -46,6 +47,8 @@ def parser() -> Parser:
                    help="seconds in-flight streams get to finish on SIGTERM")
     p.add_argument("-v", "--v", dest="verbosity", type=int, nargs="?", const=4, default=0,
                    help="log verbosity (4 and above: debug)")
+    add_diagnostics_flags(p)
+    add_logging_flags(p)
     return p
 
 
@@ -61,7 +64,9 @@ def ready_when_synced(watch: configmaps.ConfigMapWatch) -> Callable[[Health], Aw
 
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
-    logs.configure(args.verbosity)
+    ls = log_settings(args)
+    logs.configure(args.verbosity, json=ls.json, level=ls.level, time_format=ls.time_format)
+    report(args, structlog.get_logger("bbr"))
     if args.base_models and args.base_models_from_configmaps:
         die("bbr", "--base-models and --base-models-from-configmaps exclude each other")
     try:

@@ -4,6 +4,7 @@ chose, the state store replicas share, and the other plugins by name
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from epp.datastore import Datastore, Pool
@@ -28,6 +29,10 @@ class Settings:
     #: ``--session-token-key-file``: the HMAC key of ``session-affinity-scorer`` tokens
     #: (None: a random key per process, so tokens do not survive a restart).
     session_token_key: bytes | None = None
+    #: The deprecated ``--total-queued-requests-metric`` & co.: metric specifications
+    #: replacing families of the default engine's dialect (keys ``queued``, ``running``,
+    #: ``kv_usage``, ``lora``, ``cache_info``).
+    metric_overrides: Mapping[str, str] = field(default_factory=dict)
 
 
 class EppHandle(Handle):

@@ -33,6 +33,13 @@ from shared.extproc import DEFAULT_MAX_BODY, BodyMode, ExtProcServicer
 from shared.flags import Parser, die, duration
 from shared.metrics_server import read_token, run_metrics_server
 from shared.server import Health, ServeOptions, install_uvloop, serve
+from shared.upstream_flags import (
+    IGNORED,
+    add_diagnostics_flags,
+    add_logging_flags,
+    log_settings,
+    report,
+)
 
 log = structlog.get_logger("epp")
 
@@ -64,9 +71,32 @@ def parser() -> Parser:
     p.add_argument("--metrics-staleness-threshold", type=duration, default=2.0,
                    help="metrics older than this don't count in pool gauges (default 2s)")
     p.add_argument("--model-server-metrics-path", default="/metrics",
-                   help="path of the model servers' Prometheus metrics")
+                   help="path of the model servers' Prometheus metrics (deprecated upstream: "
+                        "metrics-data-source's path parameter)")
     p.add_argument("--model-server-metrics-port", type=int, default=None,
-                   help="scrape this port instead of each endpoint's target port")
+                   help="scrape this port instead of each endpoint's target port "
+                        "(deprecated upstream)")
+    p.add_argument("--model-server-metrics-scheme", choices=("http", "https"), default="http",
+                   help="scrape over http or https (deprecated upstream: metrics-data-source's "
+                        "scheme parameter)")
+    p.add_bool("--model-server-metrics-https-insecure-skip-verify", default=True,
+               help="with https, accept any model-server certificate (deprecated upstream: "
+                    "metrics-data-source's insecureSkipVerify parameter)")
+    for flag, what in METRIC_FLAGS.items():
+        p.add_argument(f"--{flag}", type=metric_spec, default=None, metavar="SPEC",
+                       help=f"metric {what} of pods without an engine-type label, e.g. "
+                            f"name{{label=value}} (deprecated upstream: core-metrics-"
+                            f"extractor's engineConfigs)")
+    p.add_argument("--refresh-prometheus-metrics-interval", type=duration, default=5.0,
+                   help="accepted for upstream compatibility; pool gauges are computed when "
+                        "Prometheus scrapes")
+    p.add_bool("--health-checking", default=False,
+               help="also serve the gRPC health service on the ext_proc port")
+    p.add_bool("--enable-cert-reload", default=False,
+               help="accepted for upstream compatibility; --cert-path files are always "
+                    "re-read when they change")
+    add_diagnostics_flags(p)
+    add_logging_flags(p)
     p.add_bool("--disable-endpoint-subset-filter", default=False,
                help="ignore the proxy's envoy.lb.subset_hint")
     p.add_bool("--ha-enable-leader-election", default=False,
@@ -123,6 +153,56 @@ def state_store_url(args: Any) -> StoreURL:
     return url
 
 
+#: The deprecated metric-name flags → what they name (keys of ``Settings.metric_overrides``).
+METRIC_FLAGS: dict[str, str] = {
+    "total-queued-requests-metric": "queued requests",
+    "total-running-requests-metric": "running requests",
+    "kv-cache-usage-percentage-metric": "KV-cache usage (0 to 1)",
+    "lora-info-metric": "LoRA adapters (vLLM label format)",
+    "cache-info-metric": "cache configuration (block_size, num_gpu_blocks labels)",
+}
+_OVERRIDE_KEYS = {"total_queued_requests_metric": "queued",
+                  "total_running_requests_metric": "running",
+                  "kv_cache_usage_percentage_metric": "kv_usage",
+                  "lora_info_metric": "lora", "cache_info_metric": "cache_info"}
+_REPLACED_BY = "configure the metrics-data-source plugin's parameters instead"
+DEPRECATED: dict[str, str] = {
+    "model_server_metrics_scheme": f"--model-server-metrics-scheme: {_REPLACED_BY} (scheme)",
+    "model_server_metrics_path": f"--model-server-metrics-path: {_REPLACED_BY} (path)",
+    "model_server_metrics_port": "--model-server-metrics-port: will be removed upstream; "
+                                 "give the InferencePool's target port the metrics",
+    "model_server_metrics_https_insecure_skip_verify":
+        f"--model-server-metrics-https-insecure-skip-verify: {_REPLACED_BY} "
+        f"(insecureSkipVerify)",
+    **{dest: f"--{dest.replace('_', '-')}: use core-metrics-extractor's engineConfigs, or "
+              f"label the pods inference.networking.k8s.io/engine-type"
+       for dest in _OVERRIDE_KEYS},
+}
+EPP_IGNORED: dict[str, str] = {
+    **IGNORED,
+    "refresh_prometheus_metrics_interval":
+        "--refresh-prometheus-metrics-interval: pool gauges are computed from the datastore "
+        "each time Prometheus scrapes, so there is nothing to flush",
+    "enable_cert_reload": "--enable-cert-reload: files in --cert-path are always re-read "
+                          "when they change",
+}
+
+
+def metric_spec(text: str) -> str:
+    """Validate a metric specification flag (``name{label=value,...}``)."""
+    from argparse import ArgumentTypeError
+
+    from epp.metrics.dialects import parse_spec
+
+    if not text.strip():
+        return ""  # upstream: an empty spec reads nothing (its chart renders --lora-info-metric=)
+    try:
+        parse_spec(text)
+    except ValueError as e:
+        raise ArgumentTypeError(str(e)) from None
+    return text
+
+
 def debug_pool_route(datastore: Datastore, flow_control: FlowController | None = None) -> Any:
     """``/debug/pool``: every endpoint, its latest metrics and age, and in-flight counts;
     with flow control, its queues."""
@@ -165,9 +245,12 @@ def settings(args: Any) -> Settings:
         reject_unknown_models=args.reject_unknown_models,
         subset_filter=not args.disable_endpoint_subset_filter,
         staleness=args.metrics_staleness_threshold,
-        scraper=ScraperConfig(interval=args.refresh_metrics_interval,
-                              path=args.model_server_metrics_path,
-                              port=args.model_server_metrics_port),
+        scraper=ScraperConfig(
+            interval=args.refresh_metrics_interval, path=args.model_server_metrics_path,
+            port=args.model_server_metrics_port, scheme=args.model_server_metrics_scheme,
+            insecure_skip_verify=args.model_server_metrics_https_insecure_skip_verify),
+        metric_overrides={key: getattr(args, dest) for dest, key in _OVERRIDE_KEYS.items()
+                          if getattr(args, dest) is not None},
         session_token_key=read_session_key(args.session_token_key_file),
     )
 
@@ -203,11 +286,12 @@ def check_config(args: Any) -> None:
     sys.exit(0)
 
 
-def metrics_hooks(hit_ratio: m.HitRatio) -> SchedulerHooks:
+def metrics_hooks() -> SchedulerHooks:
     """The scheduler's timings and prefix hits, into the exported metrics."""
     return SchedulerHooks(
         e2e_duration=m.SCHEDULER_E2E.observe,
-        prefix_hit_ratio=hit_ratio.observe,
+        prefix_hit_ratio=m.PREFIX_HIT_RATIO.observe,
+        prefix_hit_bytes=m.PREFIX_HIT_BYTES.observe,
         plugin_duration=lambda point, kind, name, s: m.PLUGIN_DURATION.labels(
             point, kind, name).observe(s),
     )
@@ -216,19 +300,19 @@ def metrics_hooks(hit_ratio: m.HitRatio) -> SchedulerHooks:
 async def run(args: Any, store_url: StoreURL) -> None:
     """Build everything, serve until SIGTERM."""
     datastore = Datastore()
-    hit_ratio = m.HitRatio()
+    flag_settings = settings(args)  # flag files (e.g. the session key) fail before the pool
     source, elector = start_source(args, datastore)
     store = open_store(store_url, pool=store_pool(args, datastore))
     try:
-        runtime = build(load_config(args), datastore, settings(args),
-                        rng=random.Random(), hooks=metrics_hooks(hit_ratio),
-                        state_store=store)
+        runtime = build(load_config(args), datastore, flag_settings,
+                        rng=random.Random(), hooks=metrics_hooks(), state_store=store)
     except ConfigError as e:
         die("epp", f"bad EndpointPickerConfig: {e}")
     stop = asyncio.Event()
+    connect_notification_sources(args, runtime)
     datastore.subscribe(lambda s: runtime.retain_endpoints(frozenset(e.key for e in s.endpoints)))
     director = Director.of(runtime)
-    register_pool_metrics(args, runtime, hit_ratio)
+    register_pool_metrics(args, runtime)
     try:
         token = read_token(args.metrics_bearer_token_file)
     except OSError as e:
@@ -240,7 +324,7 @@ async def run(args: Any, store_url: StoreURL) -> None:
                                max_body=args.max_body_bytes)
     opts = ServeOptions(grpc_port=args.grpc_port, health_port=args.grpc_health_port,
                         secure=args.secure_serving, cert_path=args.cert_path,
-                        grace=args.grace_period,
+                        grace=args.grace_period, health_on_grpc_port=args.health_checking,
                         max_message_bytes=args.max_body_bytes + 1024 * 1024)
 
     async def ready(health: Health) -> None:
@@ -283,7 +367,28 @@ async def close_on_stop(flow_control: FlowController, stop: asyncio.Event) -> No
     await flow_control.aclose()
 
 
-def register_pool_metrics(args: Any, runtime: Runtime, hit_ratio: m.HitRatio) -> None:
+def connect_notification_sources(args: Any, runtime: Runtime) -> None:
+    """Give ``k8s-notification-source`` plugins the Kubernetes API (one line and exit when
+    there is none)."""
+    from epp.datalayer import K8sNotificationSource
+
+    wanted = [s for s in runtime.data_sources if isinstance(s, K8sNotificationSource)]
+    if not wanted:
+        return
+    if args.manifests is not None:
+        die("epp", f"{wanted[0].name} (k8s-notification-source) needs the Kubernetes API, "
+                   f"not --manifests")
+    from shared.reflector import KubernetesConfigError, load_api_client
+
+    try:
+        api = load_api_client()
+        for s in wanted:
+            s.connect(api, args.pool_namespace)
+    except (KubernetesConfigError, ValueError) as e:
+        die("epp", str(e))
+
+
+def register_pool_metrics(args: Any, runtime: Runtime) -> None:
     """The pool gauges, computed from the datastore when Prometheus scrapes."""
     # In Kubernetes mode the pool arrives after start; the flag names it either way.
     pool = runtime.datastore.snapshot.pool
@@ -293,7 +398,7 @@ def register_pool_metrics(args: Any, runtime: Runtime, hit_ratio: m.HitRatio) ->
     scheduler = runtime.scheduler
     m.register_pool(m.PoolCollector(
         pool_name, runtime.datastore, staleness=args.metrics_staleness_threshold,
-        prefix_stats=lambda: (scheduler.prefix_indexer_size, hit_ratio.value)))
+        prefix_stats=lambda: scheduler.prefix_indexer_size))
 
 
 def start_source(args: Any, datastore: Datastore) -> tuple[Source, LeaderElector | None]:
@@ -337,7 +442,9 @@ def main(argv: list[str] | None = None) -> None:
         check_config(args)
     if args.endpoint_selector and not args.endpoint_target_ports:
         die("epp", "--endpoint-selector needs --endpoint-target-ports")
-    logs.configure(args.verbosity)
+    ls = log_settings(args)
+    logs.configure(args.verbosity, json=ls.json, level=ls.level, time_format=ls.time_format)
+    report(args, log, EPP_IGNORED, DEPRECATED)
     try:
         m.INFO.labels(commit=version("inference-gateway-py"), build_ref="").set(1)
     except PackageNotFoundError:

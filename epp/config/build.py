@@ -40,6 +40,7 @@ from epp.requestcontrol.plugin import (
     Parser,
     PreRequest,
     ResponseComplete,
+    ResponseMetadata,
     ResponseReceived,
     ResponseStreaming,
     SaturationDetector,
@@ -86,6 +87,7 @@ class Runtime:
     rng: random.Random
     #: The flow controller when ``featureGates`` has ``flowControl`` (None: off, the default).
     flow_control: FlowController | None = None
+    response_metadata: tuple[ResponseMetadata, ...] = ()
 
     @property
     def datastore(self) -> Datastore:
@@ -140,6 +142,7 @@ def build(
         response_streaming=tuple(handle.find(ResponseStreaming)),
         response_complete=_last(handle, ResponseComplete), data_sources=sources, rng=rng,
         flow_control=flow,
+        response_metadata=tuple(handle.find(ResponseMetadata)),
     )
 
 
@@ -277,6 +280,9 @@ def _data_layer(config: EndpointPickerConfig, registry: PluginRegistry,
                 found.add_extractor(handle.plugin(ref, Extractor))
         except (PluginError, ValueError) as e:
             raise ConfigError(f"{where}: {e}") from None
+        if not found.extractors and not isinstance(found, MetricsDataSource):
+            raise ConfigError(f"{where}.extractors: {spec.plugin_ref} does nothing without "
+                              f"an extractor; name at least one")
         if isinstance(found, MetricsDataSource) and not any(
                 isinstance(e, CoreMetricsExtractor) for e in found.extractors):
             raise ConfigError(f"{where}.extractors: {spec.plugin_ref} needs a "

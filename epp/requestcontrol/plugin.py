@@ -16,6 +16,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from epp.datastore import EndpointView
 from epp.scheduling.request import LLMRequest
@@ -88,11 +89,15 @@ class Response:
     size: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    #: ``usage.prompt_tokens_details.cached_tokens`` (0 when the server did not say).
+    cached_tokens: int = 0
     elapsed: float = 0.0
     ttft: float | None = None
     tpot: float | None = None
     #: The response is an SSE stream (``text/event-stream``).
     streamed: bool = False
+    #: Dynamic metadata the proxy forwarded with the response headers, by namespace.
+    metadata: Mapping[str, Any] = field(default_factory=dict)
     #: Headers response-received plugins add to the client's response.
     set_headers: dict[str, str] = field(default_factory=dict)
 
@@ -121,6 +126,17 @@ class ResponseStreaming(ABC):
         """``response.ttft`` is set from the first chunk carrying a token."""
 
 
+class ResponseMetadata(ABC):
+    """The response body has been seen whole (its ``usage`` included): return dynamic
+    metadata for the proxy, ``{namespace: {key: value}}`` (upstream's response-body plugins
+    writing ``DynamicMetadata``), or None."""
+
+    @abstractmethod
+    def response_metadata(self, request: LLMRequest, response: Response,
+                          usage: Mapping[str, Any]) -> Mapping[str, Mapping[str, Any]] | None:
+        """``usage``: the response's ``usage`` object ({} when it had none)."""
+
+
 class ResponseComplete(ABC):
     """The exchange ended (response end, error or broken stream); called exactly once for
     every request that reached pre-request."""
@@ -138,6 +154,7 @@ __all__ = [
     "PreRequest",
     "Response",
     "ResponseComplete",
+    "ResponseMetadata",
     "ResponseReceived",
     "ResponseStreaming",
     "SaturationDetector",

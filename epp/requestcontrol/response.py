@@ -4,6 +4,7 @@ usage read, from JSON bodies and from SSE streams alike."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 
@@ -14,14 +15,23 @@ class Usage:
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    #: ``prompt_tokens_details.cached_tokens`` (vLLM reports it with prefix caching).
+    cached_tokens: int = 0
+    #: The ``usage`` object as the server wrote it (for plugins reading other fields).
+    raw: dict[str, Any] | None = None
 
     def read(self, usage: object) -> None:
         if isinstance(usage, dict):
+            self.raw = usage
             p, c = usage.get("prompt_tokens"), usage.get("completion_tokens")
             if isinstance(p, int):
                 self.prompt_tokens = p
             if isinstance(c, int):
                 self.completion_tokens = c
+            details = usage.get("prompt_tokens_details")
+            if isinstance(details, dict) and isinstance(
+                    cached := details.get("cached_tokens"), int):
+                self.cached_tokens = cached
 
 
 class ResponseRewriter:

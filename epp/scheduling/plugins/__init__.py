@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from epp.scheduling.plugin import Plugin
+from epp.scheduling.plugins.filter.by_label_filter import ByLabelFilter, ByLabelSelectorFilter
+from epp.scheduling.plugins.filter.header_based_testing_filter import HeaderBasedTestingFilter
 from epp.scheduling.plugins.filter.label_selector_filter import LabelSelectorFilter
 from epp.scheduling.plugins.filter.least_kv_cache_filter import LeastKVCacheFilter
 from epp.scheduling.plugins.filter.least_queue_filter import LeastQueueFilter
@@ -15,11 +17,17 @@ from epp.scheduling.plugins.picker.max_score_picker import MaxScorePicker
 from epp.scheduling.plugins.picker.random_picker import RandomPicker
 from epp.scheduling.plugins.picker.weighted_random_picker import WeightedRandomPicker
 from epp.scheduling.plugins.prefix.prefix_cache_scorer import PrefixCacheScorer
+from epp.scheduling.plugins.profile.data_parallel_profile_handler import (
+    DataParallelProfileHandler,
+)
 from epp.scheduling.plugins.profile.single_profile_handler import SingleProfileHandler
+from epp.scheduling.plugins.scorer.active_request_scorer import ActiveRequestScorer
+from epp.scheduling.plugins.scorer.context_length_aware import ContextLengthAware
 from epp.scheduling.plugins.scorer.kv_cache_scorer import KVCacheUtilizationScorer
 from epp.scheduling.plugins.scorer.latency_scorer import LatencyScorer
 from epp.scheduling.plugins.scorer.load_aware_scorer import LoadAwareScorer
 from epp.scheduling.plugins.scorer.lora_affinity_scorer import LoraAffinityScorer
+from epp.scheduling.plugins.scorer.no_hit_lru_scorer import NoHitLRUScorer
 from epp.scheduling.plugins.scorer.queue_scorer import QueueScorer
 from epp.scheduling.plugins.scorer.running_requests_scorer import RunningRequestsSizeScorer
 from epp.scheduling.plugins.scorer.session_affinity_scorer import SessionAffinityScorer
@@ -47,10 +55,23 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     LatencyScorer,
     SloHeadroomTierFilter,
     PrefixCacheAffinityFilter,
+    HeaderBasedTestingFilter,
+    ByLabelFilter,
+    ByLabelSelectorFilter,
+    ActiveRequestScorer,
+    NoHitLRUScorer,
+    ContextLengthAware,
+    DataParallelProfileHandler,
 )
 
 __all__ = [
     "BUILTIN_PLUGINS",
+    "ActiveRequestScorer",
+    "ByLabelFilter",
+    "ByLabelSelectorFilter",
+    "ContextLengthAware",
+    "DataParallelProfileHandler",
+    "HeaderBasedTestingFilter",
     "KVCacheUtilizationScorer",
     "LabelSelectorFilter",
     "LatencyScorer",
@@ -62,6 +83,7 @@ __all__ = [
     "LoraAffinityScorer",
     "LowQueueFilter",
     "MaxScorePicker",
+    "NoHitLRUScorer",
     "PrefixCacheAffinityFilter",
     "PrefixCacheScorer",
     "QueueScorer",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import random
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from bbr.router import BodyRouter
 from devkit.valkey import ValkeyServer
 from epp import telemetry as m
 from epp.config import build, parse_config
+from epp.datastore import parse_object
 from epp.flowcontrol.metrics import default_metrics as default_flow_control_metrics
 from epp.main import metrics_hooks
 from epp.requestcontrol import Director
@@ -57,14 +59,27 @@ async def exercise_state_store() -> None:
 def exercise_both_services() -> list[object]:
     """Requests of every outcome through the EPP's director and the BBR's router; returns
     the pool collector's families (collected at scrape time, like the metrics port does)."""
-    hit_ratio = m.HitRatio()
-    runtime = build(parse_config(None), store(), hooks=metrics_hooks(hit_ratio),
-                    rng=random.Random(0))
+    ds = store()
+    rewrite = parse_object({
+        "apiVersion": "inference.networking.x-k8s.io/v1alpha2", "kind": "InferenceModelRewrite",
+        "metadata": {"name": "rw", "namespace": "default"},
+        "spec": {"poolRef": {"name": "pool"}, "rules": [
+            {"matches": [{"model": {"type": "Exact", "value": "m"}}],
+             "targets": [{"modelRewrite": "m-v2"}]}]}})
+    snap = ds.snapshot
+    ds.replace(replace(snap, rewrites=(rewrite,), _exact={"m": rewrite.rules[0].targets},
+                       _exact_names={"m": "rw"}))
+    runtime = build(parse_config(None), ds, hooks=metrics_hooks(), rng=random.Random(0))
     d = Director.of(runtime)
     for completed, status in ((True, 200), (True, 500), (False, 200)):
         _, routed = d.route(HEADERS, body(), {})
+        d.response_chunk(routed, b"data: {}\n\n", True)
         d.finish(routed, completed=completed, status=status, response_size=10,
-                 prompt_tokens=5, completion_tokens=3)
+                 prompt_tokens=5, completion_tokens=3, cached_tokens=2)
+    pending = d.prepare(HEADERS, body(), {})
+    pending.candidates = ()
+    with pytest.raises(GatewayError):
+        d.dispatch(pending)  # a scheduling failure
     d.count_error({"x-gateway-model-name": "m"}, GatewayError("refused"))
     exercise_slo_plugins()
     m.INFO.labels(commit="test", build_ref="").set(1)
@@ -84,8 +99,7 @@ def exercise_both_services() -> list[object]:
     fc.dispatch_cycle.observe(0.0001)
     asyncio.run(exercise_state_store())
     pool = m.PoolCollector("pool", runtime.datastore,
-                           prefix_stats=lambda: (runtime.scheduler.prefix_indexer_size,
-                                                 hit_ratio.value))
+                           prefix_stats=lambda: runtime.scheduler.prefix_indexer_size)
     return list(pool.collect())
 
 

@@ -153,6 +153,10 @@ class ApproxPrefixCacheProducer(Plugin, DataProducer, PreRequest, EndpointsRemov
         self._total_blocks += len(state.hashes)
         if self._hooks.prefix_hit_ratio is not None:
             self._hooks.prefix_hit_ratio(hit / len(state.hashes))
+        if self._hooks.prefix_hit_bytes is not None:
+            p = self.params
+            block = p.block_size_tokens * CHARS_PER_TOKEN if p.block_size_tokens else p.block_size
+            self._hooks.prefix_hit_bytes(hit * block)
 
     def retain_endpoints(self, keys: frozenset[str]) -> None:
         self.store.prefix_retain(keys)
