@@ -72,11 +72,13 @@ def main() -> None:
     listeners = [
         e.listener(listen["direct"], [e.route("pods")], [], name="direct"),
         e.listener(listen["noop"], [e.route("pods")], [filters["noop"]], name="noop"),
-        e.listener(listen["epp"], [e.route("pool")], [filters["epp"]], name="epp"),
+        e.listener(listen["epp"], [e.route("pool", retry_policy=e.fallback_retry_policy())],
+                   [filters["epp"]], name="epp"),
     ]
     admin = e.free_port()
     cfg = e.bootstrap(admin, listeners, [
-        e.static_cluster("pods", pods), e.original_dst_cluster("pool"),
+        e.static_cluster("pods", pods),
+        e.pool_cluster("pool", [f"{ip}:{port}" for ip, port in pods]),
         e.grpc_cluster("noop", ports["noop"], tls=False),
         e.grpc_cluster("epp", ports["epp"], tls=False)])
     contenders = {

@@ -168,7 +168,8 @@ def sim_config(p: PoolSpec) -> dict[str, Any]:
 
 
 def envoy_config(spec: StackSpec) -> dict[str, Any]:
-    """Envoy: BBR for every request, then the matched pool's EPP, then ORIGINAL_DST."""
+    """Envoy: BBR for every request, then the matched pool's EPP, then the pool's
+    ``override_host`` cluster, retrying down the EPP's fallback endpoints."""
     bbr = e.ext_proc_filter("bbr", request_body_mode="FULL_DUPLEX_STREAMED", name=BBR_FILTER)
     first = spec.pools[0].name
     epp = e.ext_proc_filter(f"epp-{first}", request_body_mode="FULL_DUPLEX_STREAMED",
@@ -180,7 +181,7 @@ def envoy_config(spec: StackSpec) -> dict[str, Any]:
             "grpc_service": {"envoy_grpc": {"cluster_name": f"epp-{p.name}"}}}}}
         for model in p.model_names:
             routes.append(e.route(f"pool-{p.name}", header=("x-gateway-model-name", model),
-                                  per_filter=per_route))
+                                  per_filter=per_route, retry_policy=e.fallback_retry_policy()))
     routes.append({
         "match": {"prefix": "/"},
         "direct_response": {"status": 404, "body": {"inline_string": orjson.dumps({"error": {
@@ -193,7 +194,8 @@ def envoy_config(spec: StackSpec) -> dict[str, Any]:
     clusters = [e.grpc_cluster("bbr", spec.bbr["grpc_port"], tls=True)]
     for p in spec.pools:
         clusters.append(e.grpc_cluster(f"epp-{p.name}", p.epp["grpc_port"], tls=True))
-        clusters.append(e.original_dst_cluster(f"pool-{p.name}"))
+        clusters.append(e.pool_cluster(f"pool-{p.name}",
+                                       [f"{ip}:{p.server_port}" for ip in p.pod_ips]))
     return e.bootstrap(spec.admin_port, [listener], clusters, runtime=e.GRACEFUL_CLOSE)
 
 
