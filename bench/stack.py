@@ -167,6 +167,14 @@ def sim_config(p: PoolSpec) -> dict[str, Any]:
         for i, ip in enumerate(p.pod_ips)]}
 
 
+def base_models(spec: StackSpec) -> list[dict[str, Any]]:
+    """BBR's ``--base-models`` file: each pool's model with every other name it serves (LoRA
+    adapters, rewrite names), as the ``bbr-managed`` ConfigMaps hold them in a cluster. BBR
+    answers ``GET /v1/models`` from it."""
+    return [{"baseModel": p.model, "adapters": [m for m in p.model_names if m != p.model]}
+            for p in spec.pools]
+
+
 def envoy_config(spec: StackSpec) -> dict[str, Any]:
     """Envoy: BBR for every request, then the matched pool's EPP, then the pool's
     ``override_host`` cluster, retrying down the EPP's fallback endpoints."""
@@ -243,7 +251,10 @@ class Stack:
                 "--grpc-health-port", str(p.epp["health_port"]),
                 "--metrics-port", str(p.epp["metrics_port"]), "--grace-period", "3"])
         b = self.spec.bbr
+        (self.run_dir / "base-models.yaml").write_text(
+            yaml.safe_dump(base_models(self.spec), sort_keys=False))
         self._spawn("bbr", [py, "-m", "bbr.main", "--streaming",
+                            "--base-models", str(self.run_dir / "base-models.yaml"),
                             "--grpc-port", str(b["grpc_port"]),
                             "--grpc-health-port", str(b["health_port"]),
                             "--metrics-port", str(b["metrics_port"]), "--grace-period", "3"])
@@ -372,6 +383,13 @@ def target_models(spec: StackSpec) -> Counter[tuple[str, str]]:
     return out
 
 
+def models_listing(spec: StackSpec) -> list[str]:
+    """The model ids the gateway's own ``GET /v1/models`` answers (BBR's listing)."""
+    url = f"http://127.0.0.1:{spec.port}/v1/models"
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return [m["id"] for m in orjson.loads(r.read())["data"]]
+
+
 def report(spec: StackSpec, results: list[DemoResult], stack: Stack) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -391,6 +409,8 @@ def report(spec: StackSpec, results: list[DemoResult], stack: Stack) -> None:
     for label, values in (("TTFT", [r.ttft for r in ok]), ("latency", [r.latency for r in ok])):
         lat.add_row(label, *(f"{percentile(values, q) * 1e3:.0f}" for q in (0.5, 0.9, 0.99)))
     console.print(pods, targets, lat)
+    listed = models_listing(spec)
+    print(f"GET /v1/models lists: {', '.join(listed)}")
     model = spec.pools[0].model
     print(f"""Talk to it (gateway on http://127.0.0.1:{spec.port}):
   curl -s http://127.0.0.1:{spec.port}/v1/chat/completions -H 'content-type: application/json' \\

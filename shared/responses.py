@@ -15,7 +15,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
 
-from shared.errors import GatewayError
+from shared.errors import DirectResponse, GatewayError
 
 #: Envoy forwards a streamed body chunk as one gRPC message; Envoy's own limit on a
 #: streamed chunk is 64 KiB, so re-sent bodies are cut below it.
@@ -154,4 +154,6 @@ def immediate(
 
 def immediate_error(err: GatewayError) -> pb.ProcessingResponse:
     """The one place a :class:`GatewayError` becomes what the client sees."""
+    if isinstance(err, DirectResponse):
+        return immediate(err.status, err.payload, details=err.code)
     return immediate(err.status, orjson.dumps(err.to_json()), details=err.code)
