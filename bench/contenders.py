@@ -10,9 +10,9 @@ Contenders (each is a context manager yielding the base URL the client talks to)
 - ``envoy-rr`` / ``envoy-lr`` / ``envoy-random``: Envoy with a STATIC cluster of the fleet and
   ``ROUND_ROBIN`` / ``LEAST_REQUEST`` / ``RANDOM`` (what a Kubernetes Service gives, plus
   Envoy's own load-aware policy);
-- ``epp-default`` / ``epp-tuned``: Envoy + our EPP (FULL_DUPLEX_STREAMED both ways, ORIGINAL_DST
-  to the picked endpoint, as the Gateway API Inference Extension deploys it), default
-  scheduling profile or :data:`TUNED_CONFIG`;
+- ``epp-default`` / ``epp-tuned``: Envoy + our EPP (FULL_DUPLEX_STREAMED both ways, the
+  pool's ``override_host`` cluster to the picked endpoint, as the Gateway API Inference
+  Extension deploys it), default scheduling profile or :data:`TUNED_CONFIG`;
 - ``vllm-router:<policy>`` / ``sglang-router:<policy>``: the peer routers (``bench/peers.py``).
 """
 

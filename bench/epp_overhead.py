@@ -1,7 +1,8 @@
 """The EPP's cost on the request path: the same chat workload through Envoy straight to a
 4-pod pool (round robin), through Envoy + a no-op ext_proc on the same stack (the floor),
-and through Envoy + the EPP (default profile, ORIGINAL_DST), all FULL_DUPLEX_STREAMED both
-ways as upstream runs it. The model servers answer at once, so only the gateway is measured.
+and through Envoy + the EPP (default profile, ``override_host`` pool cluster), all
+FULL_DUPLEX_STREAMED both ways as upstream runs it. The model servers answer at once, so only
+the gateway is measured.
 
     python -m bench.epp_overhead [--seconds 5] [--rounds 3] [--concurrency 32] [--quick]
 """

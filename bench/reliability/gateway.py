@@ -1,6 +1,7 @@
 """A real two-pool gateway for the reliability tests: Envoy → BBR → the matched pool's EPP →
-ORIGINAL_DST, with the real ``bbr`` and ``epp`` commands (TLS on, as by default) and model
-servers the test owns. Mirrors ``bench.stack.envoy_config`` with the body mode as a parameter.
+the pool's ``override_host`` cluster, with the real ``bbr`` and ``epp`` commands (TLS on, as
+by default) and model servers the test owns. Mirrors ``bench.stack.envoy_config`` with the body
+mode as a parameter.
 """
 
 from __future__ import annotations
