@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import threading
-from collections.abc import Awaitable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
@@ -168,6 +168,8 @@ class FakeModelServer(_AppServer):
         self.model = "base-model"
         self.metrics_status = 200
         self.stream_delay = 0.05
+        #: How response JSON is written (one line per SSE event); compact, as vLLM writes it.
+        self.dumps: Callable[[Any], bytes] = orjson.dumps
         self.requests: list[dict[str, Any]] = []
 
     @property
@@ -201,16 +203,16 @@ class FakeModelServer(_AppServer):
             for i in range(3):
                 event = {"id": "x", "model": body["model"],
                          "choices": [{"index": 0, "text": f"t{i}"}]}
-                await resp.write(b"data: " + orjson.dumps(event) + b"\n\n")
+                await resp.write(b"data: " + self.dumps(event) + b"\n\n")
                 await asyncio.sleep(self.stream_delay)
             final = {"id": "x", "model": body["model"], "choices": [], "usage": usage}
-            await resp.write(b"data: " + orjson.dumps(final) + b"\n\ndata: [DONE]\n\n")
+            await resp.write(b"data: " + self.dumps(final) + b"\n\ndata: [DONE]\n\n")
             await resp.write_eof()
             return resp
         payload = {"id": "x", "object": "text_completion", "model": body["model"],
                    "choices": [{"index": 0, "text": "ok"}], "usage": usage,
                    "served_by": self.name, "seen_headers": headers}
-        return web.Response(body=orjson.dumps(payload), content_type="application/json",
+        return web.Response(body=self.dumps(payload), content_type="application/json",
                             headers=who)
 
     async def start(self) -> FakeModelServer:
