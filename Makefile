@@ -3,9 +3,10 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
-LINT_PATHS := shared bbr epp sim bench tests examples/plugin-package
+LINT_PATHS := shared bbr epp sim sidecar bench devkit tests examples/plugin-package
 
-.PHONY: venv run test lint bench bench-quick bench-compare bench-compare-quick clean
+.PHONY: venv run test lint bench bench-quick bench-compare bench-compare-quick bench-twin \
+	bench-twin-quick bench-agreement bench-inference-perf clean
 
 $(STAMP): pyproject.toml examples/plugin-package/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,13 +41,34 @@ bench-quick: venv
 	$(PY) -m bench.bbr_overhead --quick
 	$(PY) -m bench.epp_overhead --quick
 
-## bench-compare: routing quality vs Envoy and the peer routers (~25 min; writes RESULTS.md)
+## bench-compare: routing quality vs Envoy and the peer routers, 5 seeds x 8 servers, medians
+## and 95% intervals (~85 min on 2 shared CPUs; writes RESULTS.md)
 bench-compare: venv
 	$(PY) -m bench.peers install
-	$(PY) -m bench.compare
+	$(PY) -m bench.compare $(COMPARE_ARGS)
 
 bench-compare-quick: venv
 	$(PY) -m bench.compare --quick
+
+## bench-twin: the same matrix in virtual time, real EPP scheduler (4 workloads x 10 seeds x
+## {8, 32} servers; TWIN_ARGS="--config my-epc.yaml --servers 32 --workload shared-prefix
+## --load 0.9" answers "what would this config do on my fleet")
+bench-twin: venv
+	$(PY) -m bench.twin $(TWIN_ARGS)
+
+bench-twin-quick: venv
+	$(PY) -m bench.twin --quick
+
+## bench-agreement: twin vs the real-time stack on a short live case (< 1 min); with
+## AGREEMENT_ARGS="--from-run .cache/bench-compare/<ts>" it replays a saved full comparison
+bench-agreement: venv
+	$(PY) -m bench.twin.agreement $(AGREEMENT_ARGS)
+
+## bench-inference-perf: inference-perf (own Python >= 3.12 venv, local tokenizer) against a
+## running `make run`; IP_ARGS="--workload sharegpt --rate 4 --duration 30"
+bench-inference-perf: venv
+	$(PY) -m bench.inference_perf install
+	$(PY) -m bench.inference_perf run $(IP_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -42,22 +42,40 @@ class ServeOptions:
     must exceed the body cap."""
 
 
+#: Health service names that mean "ready for traffic": the server as a whole (``""``), the
+#: ext_proc service, upstream's ``readiness`` (probed with leader election) and
+#: ``inference-extension`` (upstream's inferencepool chart probes it with one replica).
+READINESS_SERVICES = ("", EXT_PROC_SERVICE, "readiness", "inference-extension")
+#: Upstream's liveness name: SERVING while the process answers, so kubelet never restarts
+#: a stand-by replica (not leader, hence not ready) or a draining one.
+LIVENESS_SERVICE = "liveness"
+
+
 class Health:
-    """The gRPC health service; a service flips it to SERVING when it can take traffic."""
+    """The gRPC health service; a service flips it to SERVING when it can take traffic.
+
+    Names in :data:`READINESS_SERVICES` follow :meth:`set_serving`; :data:`LIVENESS_SERVICE`
+    is always SERVING; any other name is answered with gRPC status NOT_FOUND.
+    """
 
     def __init__(self) -> None:
         self.servicer = HealthServicer()
         self.serving = False
 
+    async def start(self) -> None:
+        """Register every name: readiness ones NOT_SERVING, liveness SERVING."""
+        await self.servicer.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
+        await self.set_serving(self.serving)
+
     async def set_serving(self, serving: bool) -> None:
-        """Report SERVING (or NOT_SERVING) for the server and the ext_proc service."""
+        """Report SERVING (or NOT_SERVING) for every readiness name."""
         self.serving = serving
         status = (
             health_pb2.HealthCheckResponse.SERVING
             if serving
             else health_pb2.HealthCheckResponse.NOT_SERVING
         )
-        for name in ("", EXT_PROC_SERVICE):
+        for name in READINESS_SERVICES:
             await self.servicer.set(name, status)
 
 
@@ -99,6 +117,7 @@ async def serve(
     health_pb2_grpc.add_HealthServicer_to_server(health.servicer, health_server)
     health_server.add_insecure_port(f"{opts.host}:{opts.health_port}")
 
+    await health.start()
     await server.start()
     await health_server.start()
     log.info("serving ext_proc", address=address, tls=opts.secure, health_port=opts.health_port)

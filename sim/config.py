@@ -9,6 +9,8 @@ from typing import Any
 
 import yaml
 
+from sim.kvevents import HASH_ALGOS, KVEventsConfig
+from sim.pd import KVTransferConfig, parse_kv_transfer_config
 from sim.profiles import H100_8B, Profile, get_profile
 
 DEFAULT_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -82,8 +84,17 @@ class ServerConfig:
     #: Export ``vllm:gpu_cache_usage_perc`` as well as ``vllm:kv_cache_usage_perc``.
     gpu_cache_usage_metric: bool = False
     faults: Faults = field(default_factory=Faults)
+    #: P/D connector and role (``--kv-transfer-config``); ``None``: no connector.
+    kv_transfer: KVTransferConfig | None = None
+    #: vLLM's ``--kv-events-config`` (``None``: no KV events).
+    kv_events: KVEventsConfig | None = None
+    #: vLLM's ``--prefix-caching-hash-algo``; block hashes follow it when events are on.
+    prefix_caching_hash_algo: str = "sha256"
 
     def __post_init__(self) -> None:
+        if self.prefix_caching_hash_algo not in HASH_ALGOS:
+            raise ValueError(f"unknown prefix_caching_hash_algo {self.prefix_caching_hash_algo!r}"
+                             f" (known: {', '.join(HASH_ALGOS)})")
         if self.engine not in ENGINES:
             raise ValueError(f"unknown engine {self.engine!r} (known: {', '.join(ENGINES)})")
         if self.time_scale <= 0:
@@ -113,7 +124,7 @@ def parse_lora_modules(items: list[str]) -> dict[str, str]:
 _SERVER_KEYS = {
     "port", "host", "name", "model", "served_model_names", "engine", "profile", "overrides",
     "time_scale", "seed", "lora_modules", "random_output_length", "gpu_cache_usage_metric",
-    "faults",
+    "faults", "kv_transfer_config", "kv_events_config", "prefix_caching_hash_algo",
 }
 
 
@@ -124,8 +135,10 @@ def server_from_dict(data: dict[str, Any], base: ServerConfig) -> ServerConfig:
         raise ValueError(f"unknown server key(s): {', '.join(unknown)}")
     cfg = dataclasses.replace(base, faults=dataclasses.replace(base.faults),
                               lora_modules=dict(base.lora_modules))
+    if "kv_events_config" in data:
+        cfg.kv_events = KVEventsConfig.from_json(data["kv_events_config"])
     for key in ("port", "host", "name", "model", "engine", "time_scale", "seed",
-                "random_output_length", "gpu_cache_usage_metric"):
+                "random_output_length", "gpu_cache_usage_metric", "prefix_caching_hash_algo"):
         if key in data:
             setattr(cfg, key, data[key])
     if "served_model_names" in data:
@@ -144,6 +157,10 @@ def server_from_dict(data: dict[str, Any], base: ServerConfig) -> ServerConfig:
         )
     if "faults" in data:
         cfg.faults.update(dict(data["faults"]))
+    if "kv_transfer_config" in data:
+        kv = data["kv_transfer_config"]
+        cfg.kv_transfer = None if kv is None else parse_kv_transfer_config(
+            kv, where="kv_transfer_config")
     cfg.__post_init__()
     return cfg
 

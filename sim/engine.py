@@ -26,15 +26,17 @@ import random
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from sim.kvcache import BlockTable, KVCache
+from sim.kvcache import REMOVED, STORED, BlockTable, KVCache
 from sim.lora import LoraSlots
 from sim.profiles import Profile
-from sim.tokenizer import block_hashes, count_tokens
+from sim.tokenizer import block_hashes, count_tokens, token_ids
 
 if TYPE_CHECKING:
     import asyncio
+
+    from sim.kvevents import BlockHasher, KVEventRecorder
 
 
 class QueueFull(Exception):
@@ -78,10 +80,18 @@ class SimRequest:
     finish_time: float | None = None
     blocks: BlockTable = field(default_factory=BlockTable)
     prefilled: bool = False
+    #: Prompt tokens whose KV a prefill server computed and this server pulled (P/D decode
+    #: side); used at the first admission only (a preempted request recomputes locally).
+    remote_tokens: int = 0
+    #: Keep the blocks after finishing until a decoder pulls them (P/D prefill side).
+    hold_kv: bool = False
     #: Wake the waiter on every token (streaming) or only at the end.
     stream: bool = True
     #: Completed by the engine when new tokens or the end are available (set by the server).
     waiter: asyncio.Future[None] | None = None
+    #: Prompt token ids, kept only when KV events are published (they carry them).
+    token_ids: list[int] | None = None
+    cache_salt: str = ""
 
     @property
     def done(self) -> bool:
@@ -114,6 +124,8 @@ class Engine:
         seed: int = 0,
         random_output_length: bool = False,
         stats: StatsSink | None = None,
+        kv_events: KVEventRecorder | None = None,
+        block_hasher: BlockHasher | None = None,
     ) -> None:
         if time_scale <= 0:
             raise ValueError("time_scale must be positive")
@@ -123,6 +135,11 @@ class Engine:
         self.random_output_length = random_output_length
         self.stats = stats
         self.on_event: EventHook | None = None
+        #: With KV events on, block hashes follow vLLM's scheme (``block_hasher``) and every
+        #: cache change is recorded into ``kv_events``, flushed once per step.
+        self.kv_events = kv_events
+        self.block_hasher = block_hasher
+        self._lora_ids: dict[str, int] = {}
         # Effective (scaled) timing, precomputed because it is used every step.
         self._itl = profile.inter_token_latency * time_scale
         self._overhead = profile.prefill_overhead * time_scale
@@ -135,6 +152,8 @@ class Engine:
         """Forget all requests and cached state (a server restart)."""
         p = self.profile
         self.kv = KVCache(p.num_gpu_blocks, p.block_size)
+        if self.kv_events is not None:
+            self.kv.journal = []
         self.loras = LoraSlots(p.max_loras)
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
@@ -150,6 +169,12 @@ class Engine:
         self.preemptions_total = 0
         self.finished_total = 0
         self.steps_total = 0
+        #: P/D: prompt tokens offered to / loaded from a remote prefiller (vLLM's "external
+        #: prefix cache" counters).
+        self.external_queries_total = 0
+        self.external_hits_total = 0
+        #: P/D prefill side: finished requests whose blocks wait for a decoder, by id.
+        self.held: dict[str, SimRequest] = {}
         #: Bumped whenever the set of running/waiting adapters may have changed.
         self.lora_version = 0
 
@@ -163,16 +188,28 @@ class Engine:
         now: float = 0.0,
         salt: str = "",
         request_id: str | None = None,
+        lora_path: str | None = None,
     ) -> SimRequest:
         """Tokenize ``prompt`` and build a request (not yet queued; see :meth:`add`)."""
         self._counter += 1
         n_out = max_tokens
         if self.random_output_length and max_tokens > 1:
             n_out = self._rng.randint(1, max_tokens)
+        hasher = self.block_hasher
+        ids: list[int] | None = None
+        if hasher is None:
+            hashes = block_hashes(prompt, self.profile.block_size, (lora or "") + salt)
+        else:
+            ids = token_ids(prompt)
+            hashes = [int.from_bytes(h[-8:], "big") for h in hasher.block_hashes(
+                ids, self.profile.block_size, cache_salt=salt,
+                lora=(lora, lora_path or lora) if lora else None)]
         return SimRequest(
             id=request_id or f"req-{self._counter}",
             prompt_tokens=max(1, count_tokens(prompt)),
-            block_hashes=block_hashes(prompt, self.profile.block_size, (lora or "") + salt),
+            block_hashes=hashes,
+            token_ids=ids,
+            cache_salt=salt,
             max_tokens=max_tokens,
             output_tokens=max(1, n_out),
             lora=lora,
@@ -272,6 +309,7 @@ class Engine:
         prefill_tokens = 0
         loads = 0
         admitted = 0
+        local_prefills = 0
         if not preempted and self.waiting:
             max_seqs = self.profile.max_num_seqs
             skipped: list[SimRequest] = []
@@ -289,13 +327,24 @@ class Engine:
                     break
                 waiting.popleft()
                 req.blocks = kv.allocate(hashes, hit, total)
+                if kv.journal:
+                    self._record_kv(req)
                 # vLLM always recomputes at least the last prompt token.
-                cached = min(hit * kv.block_size, tokens - 1)
+                local = min(hit * kv.block_size, tokens - 1)
+                cached = local
+                if req.remote_tokens:
+                    # KV pulled from a prefiller fills what the local cache did not have.
+                    cached = max(local, min(req.remote_tokens, tokens - 1))
+                    self.external_queries_total += tokens - local
+                    self.external_hits_total += cached - local
+                    req.remote_tokens = 0
+                else:
+                    local_prefills += 1
                 prefill_tokens += tokens - cached
                 if req.lora is not None and self.loras.acquire(req.lora):
                     loads += 1
                 self.prefix_queries_total += tokens
-                self.prefix_hits_total += cached
+                self.prefix_hits_total += local
                 if req.first_scheduled is None:
                     req.first_scheduled = now
                     req.cached_tokens = cached
@@ -318,9 +367,15 @@ class Engine:
         if decoding:
             work += self._itl
         if admitted:
-            work += self._overhead + prefill_tokens * self._per_token
+            # A request whose KV was pulled only computes its last prompt token: it rides in
+            # the decode batch without the fixed cost of a prefill step.
+            work += prefill_tokens * self._per_token
+            if local_prefills:
+                work += self._overhead
         duration = factor * work + loads * self._lora_load
         self._batch = list(running)
+        if kv.journal:
+            self._record_kv(None)
         end = now + duration
         self._step_end = end
         self.steps_total += 1
@@ -354,9 +409,14 @@ class Engine:
             elif req.stream:
                 req._wake()
         self._batch = []
+        if self.kv_events is not None:
+            self.kv_events.flush()
         for req in finished:
             self.running.remove(req)
-            self._release(req)
+            if req.hold_kv:
+                self.held[req.id] = req  # freed by release_held (pulled or expired)
+            else:
+                self._release(req)
             req.state = FINISHED
             req.finish_time = end
             self.finished_total += 1
@@ -365,7 +425,74 @@ class Engine:
             self._emit("finish", req, end)
             req._wake()
 
+    def release_held(self, request_id: str) -> SimRequest | None:
+        """Free the blocks a finished prefill kept for a decoder; ``None`` if not held."""
+        req = self.held.pop(request_id, None)
+        if req is not None:
+            self._release(req)
+        return req
+    def reset_prefix_cache(self) -> bool:
+        """Drop every cached block, like vLLM's ``/reset_prefix_cache``.
+
+        Refused (``False``) while requests (or a prefill kept for a decoder) hold blocks,
+        as vLLM refuses it.
+        """
+        if self.running or self.held:
+            return False
+        self.kv.reset()
+        if self.kv.journal:
+            self._record_kv(None)
+        if self.kv_events is not None:
+            self.kv_events.flush()
+        return True
+
     # -- internals -------------------------------------------------------------------------
+    def _record_kv(self, req: SimRequest | None) -> None:
+        """Turn the cache's journal into vLLM events (``req``: whose allocation stored).
+
+        As in vLLM, one allocation's evictions come first, then one ``BlockStored`` per run
+        of consecutive new blocks (a run's parent is the block before it).
+        """
+        rec = self.kv_events
+        journal = self.kv.journal
+        assert rec is not None and journal is not None
+        run: list[int] = []
+        for kind, value in journal:
+            if kind == REMOVED:
+                rec.removed(value)
+            elif kind != STORED:
+                rec.cleared()
+        for kind, value in journal:
+            if kind != STORED:
+                continue
+            if run and value != run[-1] + 1:
+                self._stored(req, run)
+                run = []
+            run.append(value)
+        if run:
+            self._stored(req, run)
+        journal.clear()
+
+    def _stored(self, req: SimRequest | None, run: list[int]) -> None:
+        assert req is not None and req.token_ids is not None and self.kv_events is not None
+        bs = self.profile.block_size
+        first, last = run[0], run[-1] + 1
+        lora = req.lora
+        extra: list[list[Any] | None] | None = None
+        if lora or req.cache_salt:
+            extra = []
+            for i in range(first, last):
+                keys: list[Any] = [lora] if lora else []
+                if i == 0 and req.cache_salt:
+                    keys.append(req.cache_salt)
+                extra.append(keys or None)
+        lora_id = None
+        if lora:
+            lora_id = self._lora_ids.setdefault(lora, len(self._lora_ids) + 1)
+        self.kv_events.stored(
+            req.block_hashes[first:last], req.block_hashes[first - 1] if first else None,
+            req.token_ids[first * bs : last * bs], bs, lora, lora_id, extra)
+
     def _release(self, req: SimRequest) -> None:
         self.kv.free(req.blocks)
         if req.lora is not None:

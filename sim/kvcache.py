@@ -12,6 +12,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+#: Journal entry kinds (see :attr:`KVCache.journal`).
+STORED, REMOVED, CLEARED = 0, 1, 2
+
 
 @dataclass(slots=True)
 class BlockTable:
@@ -38,6 +41,10 @@ class KVCache:
         self._lru: OrderedDict[int, None] = OrderedDict()  # cached, unreferenced (oldest first)
         self._free_anonymous = num_blocks
         self.evictions = 0
+        #: When a list, what the cache did, in order, for KV events: ``(STORED, i)`` = block
+        #: ``i`` of the last :meth:`allocate` call entered the cache, ``(REMOVED, hash)`` =
+        #: evicted, ``(CLEARED, 0)`` = :meth:`reset`. ``None`` (default): nothing is recorded.
+        self.journal: list[tuple[int, int]] | None = None
 
     # -- queries -----------------------------------------------------------------------------
     @property
@@ -95,7 +102,8 @@ class KVCache:
                 del lru[h]
             refs[h] = r + 1
         table = BlockTable(hashed=list(hashes[: min(len(hashes), total_blocks)]))
-        for h in table.hashed[hit:]:
+        journal = self.journal
+        for i, h in enumerate(table.hashed[hit:], start=hit):
             self._take_block()
             if h in refs:  # registered by a request admitted earlier in the same step
                 r = refs[h]
@@ -105,6 +113,8 @@ class KVCache:
                 self._free_anonymous += 1  # the block we took is not needed after all
             else:
                 refs[h] = 1
+                if journal is not None:
+                    journal.append((STORED, i))
         extra = total_blocks - len(table.hashed)
         for _ in range(extra):
             self._take_block()
@@ -139,6 +149,8 @@ class KVCache:
         self._refs.clear()
         self._lru.clear()
         self._free_anonymous = self.num_blocks
+        if self.journal is not None:
+            self.journal.append((CLEARED, 0))
 
     def _take_block(self) -> None:
         if self._free_anonymous > 0:
@@ -147,3 +159,5 @@ class KVCache:
         h, _ = self._lru.popitem(last=False)
         del self._refs[h]
         self.evictions += 1
+        if self.journal is not None:
+            self.journal.append((REMOVED, h))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import json
 import logging
 import signal
 import sys
@@ -19,6 +20,8 @@ from sim.config import (
     parse_lora_modules,
 )
 from sim.fleet import Fleet
+from sim.kvevents import HASH_ALGOS, KVEventsConfig
+from sim.pd import parse_kv_transfer_config
 from sim.profiles import PROFILES, get_profile
 
 log = logging.getLogger("sim")
@@ -80,6 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="names the base model answers to (first one labels metrics)")
     m.add_argument("--lora-modules", nargs="+", default=[], metavar="NAME[=PATH]",
                    help="LoRA adapters known at start")
+    m.add_argument("--kv-events-config", metavar="JSON",
+                   help="vLLM's KV events config, e.g. '{\"enable_kv_cache_events\": true, "
+                   "\"publisher\": \"zmq\", \"endpoint\": \"tcp://*:5557\"}'; with several "
+                   "servers a fixed endpoint port is offset by the server's index")
+    m.add_argument("--prefix-caching-hash-algo", choices=HASH_ALGOS, default="sha256",
+                   help="block hash algorithm (vLLM's flag); used when KV events are on")
     m.add_argument("--engine", choices=ENGINES, default="vllm", help="metrics dialect")
     m.add_argument("--gpu-cache-usage-metric", action="store_true",
                    help="also export vllm:gpu_cache_usage_perc (older vLLM name)")
@@ -108,6 +117,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="output length when a request has no max_tokens")
     t.add_argument("--random-output-length", action="store_true",
                    help="output length uniform in [1, max_tokens] (seeded) instead of exact")
+    k = p.add_argument_group("prefill/decode disaggregation (docs/pd.md)")
+    k.add_argument("--kv-transfer-config", metavar="JSON",
+                   help="vLLM's P/D connector config, e.g. "
+                   "'{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"kv_both\"}'; "
+                   "simulator keys: link (rdma|tcp), bandwidth (GB/s), latency (ms), "
+                   "kv_bytes_per_token, abort_timeout (s)")
     f = p.add_argument_group("fault injection (also live: POST /sim/faults)")
     f.add_argument("--error-rate", type=_nonneg, default=0.0,
                    help="fraction of inference requests failed")
@@ -149,13 +164,24 @@ def configs_from_args(args: argparse.Namespace) -> list[ServerConfig]:
                     added_latency=args.added_latency / 1000.0, hang=args.hang,
                     metrics_hang=args.metrics_hang, metrics_delay=args.metrics_delay / 1000.0,
                     kill_after=args.kill_after, revive_after=args.revive_after)
+    kv_transfer = None
+    if args.kv_transfer_config is not None:
+        try:
+            kv_json = json.loads(args.kv_transfer_config)
+        except ValueError as exc:
+            raise ValueError(f"--kv-transfer-config: not valid JSON: {exc}") from None
+        kv_transfer = parse_kv_transfer_config(kv_json)
     base = ServerConfig(host=args.host, name=args.name, model=args.model,
                         served_model_names=list(args.served_model_name), engine=args.engine,
                         profile=get_profile(args.profile).with_overrides(overrides),
                         time_scale=args.time_scale, seed=args.seed,
                         lora_modules=parse_lora_modules(args.lora_modules),
                         random_output_length=args.random_output_length,
-                        gpu_cache_usage_metric=args.gpu_cache_usage_metric, faults=faults)
+                        gpu_cache_usage_metric=args.gpu_cache_usage_metric, faults=faults,
+                        kv_transfer=kv_transfer,
+                        kv_events=(KVEventsConfig.from_json(args.kv_events_config)
+                                   if args.kv_events_config else None),
+                        prefix_caching_hash_algo=args.prefix_caching_hash_algo)
     ports = list(args.port) + [p for r in args.ports for p in r]
     configs: list[ServerConfig] = []
     if args.config:
@@ -165,6 +191,9 @@ def configs_from_args(args: argparse.Namespace) -> list[ServerConfig]:
                                            faults=dataclasses.replace(faults)))
     if not configs:
         configs = [dataclasses.replace(base, port=8000)]
+    for i, c in enumerate(configs):
+        if c.kv_events is not None:
+            c.kv_events = c.kv_events.for_server(i)
     # Servers on different loopback addresses may share a port (one IP per simulated pod).
     seen: set[tuple[str, int]] = set()
     for c in configs:

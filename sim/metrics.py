@@ -16,12 +16,16 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from sim.engine import Engine, SimRequest
+from sim.pd import KVTransfer
 
 # vLLM's bucket boundaries, so dashboards built for vLLM show sensible quantiles.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
                 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
                7.5, 10.0, 20.0, 40.0, 80.0)
+# vLLM's NIXL transfer-time buckets; bytes: powers of 4 from 64 KiB to 16 GiB.
+XFER_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0)
+BYTES_BUCKETS = tuple(float(65536 * 4**i) for i in range(10))
 E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
                60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 
@@ -32,7 +36,8 @@ class ServerMetrics:
     """Registry, histograms and state collector of one server; also the engine's stats sink."""
 
     def __init__(self, engine: Engine, *, dialect: str, model_name: str,
-                 gpu_cache_usage_metric: bool = False) -> None:
+                 gpu_cache_usage_metric: bool = False,
+                 kv_transfer: KVTransfer | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         p = _PREFIX[dialect]
         labels = ["model_name"]
@@ -52,7 +57,20 @@ class ServerMetrics:
                                 labels, buckets=E2E_BUCKETS,
                                 registry=self.registry).labels(model_name)
         self.registry.register(
-            _StateCollector(engine, dialect, model_name, gpu_cache_usage_metric))
+            _StateCollector(engine, dialect, model_name, gpu_cache_usage_metric, kv_transfer))
+        if kv_transfer is not None and dialect == "vllm":
+            xfer = Histogram("vllm:nixl_xfer_time_seconds",
+                             "Duration of NIXL KV cache transfers (decode side).",
+                             buckets=XFER_BUCKETS, registry=self.registry)
+            size = Histogram("vllm:nixl_bytes_transferred",
+                             "Bytes per NIXL KV cache transfer (decode side).",
+                             buckets=BYTES_BUCKETS, registry=self.registry)
+
+            def observe(seconds: float, nbytes: int) -> None:
+                xfer.observe(seconds)
+                size.observe(nbytes)
+
+            kv_transfer.observer = observe
         engine.stats = self
 
     # -- StatsSink ---------------------------------------------------------------------------
@@ -85,8 +103,9 @@ class _StateCollector(Collector):
     """Gauges and counters computed from the engine when scraped."""
 
     def __init__(self, engine: Engine, dialect: str, model_name: str,
-                 gpu_cache_usage_metric: bool) -> None:
+                 gpu_cache_usage_metric: bool, kv_transfer: KVTransfer | None = None) -> None:
         self.engine = engine
+        self.kv_transfer = kv_transfer
         self.dialect = dialect
         self.model_name = model_name
         self.gpu_cache_usage_metric = gpu_cache_usage_metric
@@ -101,6 +120,12 @@ class _StateCollector(Collector):
     def _counter(self, name: str, doc: str, value: float) -> CounterMetricFamily:
         c = CounterMetricFamily(name, doc, labels=["model_name"])
         c.add_metric([self.model_name], value)
+        return c
+
+    @staticmethod
+    def _plain_counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+        c = CounterMetricFamily(name, doc)
+        c.add_metric([], value)
         return c
 
     def collect(self) -> Iterator[Metric]:
@@ -130,6 +155,20 @@ class _StateCollector(Collector):
                                 e.preemptions_total)
             yield self._counter("vllm:request_success", "Finished requests.",
                                 e.finished_total)
+            pd = self.kv_transfer
+            if pd is not None:
+                yield self._counter("vllm:external_prefix_cache_queries",
+                                    "Prompt tokens offered to the KV connector.",
+                                    e.external_queries_total)
+                yield self._counter("vllm:external_prefix_cache_hits",
+                                    "Prompt tokens loaded through the KV connector.",
+                                    e.external_hits_total)
+                yield self._plain_counter("vllm:nixl_num_failed_transfers",
+                                          "Failed NIXL KV transfers (decode side).",
+                                          pd.failed_transfers_total)
+                yield self._plain_counter("vllm:nixl_num_kv_expired_reqs",
+                                          "Prefills whose KV expired before a decoder read it.",
+                                          pd.expired_total)
         elif self.dialect == "sglang":
             yield self._gauge("sglang:num_running_reqs", "Running requests.", e.num_running)
             yield self._gauge("sglang:num_queue_reqs", "Queued requests.", e.num_waiting)

@@ -43,6 +43,8 @@ class ParsedRequest:
     stream: bool
     include_usage: bool
     cache_salt: str
+    #: P/D connector parameters (vLLM's ``kv_transfer_params``), if the body had any.
+    kv_transfer_params: dict[str, Any] | None = None
 
 
 def parse_request(raw: bytes, *, chat: bool) -> ParsedRequest:
@@ -93,8 +95,27 @@ def parse_request(raw: bytes, *, chat: bool) -> ParsedRequest:
     salt = body.get("cache_salt") or ""
     if not isinstance(salt, str):
         raise ApiError(400, "'cache_salt' must be a string")
+    kv_params = body.get("kv_transfer_params")
+    if kv_params is not None and not isinstance(kv_params, dict):
+        raise ApiError(400, "'kv_transfer_params' must be an object")
     return ParsedRequest(chat=chat, model=model or "", prompt=prompt, max_tokens=max_tokens,
-                         stream=stream, include_usage=include_usage, cache_salt=salt)
+                         stream=stream, include_usage=include_usage, cache_salt=salt,
+                         kv_transfer_params=kv_params)
+
+
+def tokenize_input(body: dict[str, Any]) -> bytes:
+    """The prompt bytes of a vLLM ``/tokenize`` body: ``prompt`` or chat ``messages``."""
+    if "messages" in body:
+        messages = body["messages"]
+        if not isinstance(messages, list) or not messages:
+            raise ApiError(400, "'messages' must be a non-empty list")
+        try:
+            return apply_chat_template(messages).encode()
+        except ValueError as exc:
+            raise ApiError(400, str(exc)) from None
+    if "prompt" in body:
+        return _prompt_bytes(body["prompt"])
+    raise ApiError(400, "either 'prompt' or 'messages' is required")
 
 
 def _prompt_bytes(prompt: Any) -> bytes:
@@ -133,8 +154,10 @@ def output_text(req: SimRequest, start: int = 0, stop: int | None = None) -> str
     return "".join(output_token(seed, i) for i in range(start, end))
 
 
-def full_response(req: SimRequest, *, chat: bool, model: str, rid: str) -> bytes:
-    """The non-streaming JSON body."""
+def full_response(req: SimRequest, *, chat: bool, model: str, rid: str,
+                  kv_transfer_params: dict[str, Any] | None = None) -> bytes:
+    """The non-streaming JSON body (with ``kv_transfer_params`` when a prefill leg kept its
+    KV for a decoder, as vLLM's P/D connectors return it)."""
     text = output_text(req)
     choice: dict[str, Any]
     if chat:
@@ -143,14 +166,17 @@ def full_response(req: SimRequest, *, chat: bool, model: str, rid: str) -> bytes
     else:
         choice = {"index": 0, "text": text, "logprobs": None,
                   "finish_reason": req.finish_reason, "stop_reason": None}
-    return orjson.dumps({
+    body: dict[str, Any] = {
         "id": rid,
         "object": "chat.completion" if chat else "text_completion",
         "created": int(time.time()),
         "model": model,
         "choices": [choice],
         "usage": usage(req),
-    })
+    }
+    if kv_transfer_params is not None:
+        body["kv_transfer_params"] = kv_transfer_params
+    return orjson.dumps(body)
 
 
 #: JSON-escaped vocabulary, so SSE chunks are built by concatenation, not serialisation.

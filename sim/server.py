@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 import socket
 import time
@@ -19,9 +20,19 @@ from aiohttp import web
 
 from sim.config import ServerConfig
 from sim.engine import Engine, QueueFull
+from sim.kvevents import BlockHasher, KVEventPublisher, KVEventRecorder
 from sim.metrics import ServerMetrics
-from sim.openai import ApiError, SseWriter, full_response, new_id, parse_request
+from sim.openai import (
+    ApiError,
+    SseWriter,
+    full_response,
+    new_id,
+    parse_request,
+    tokenize_input,
+)
+from sim.pd import KVTransfer
 from sim.runner import EngineLoop
+from sim.tokenizer import token_ids
 
 if TYPE_CHECKING:
     from sim.fleet import Fleet
@@ -48,11 +59,20 @@ class SimServer:
         self.cfg = cfg
         self.fleet = fleet
         self.faults = cfg.faults
-        self.engine = Engine(cfg.profile, time_scale=cfg.time_scale, seed=cfg.seed,
-                             random_output_length=cfg.random_output_length)
+        kv = cfg.kv_events if cfg.kv_events is not None and cfg.kv_events.active else None
+        #: KV-event publisher (``--kv-events-config``); ``None`` when events are off.
+        self.kv_publisher = KVEventPublisher(kv) if kv is not None else None
+        self.engine = Engine(
+            cfg.profile, time_scale=cfg.time_scale, seed=cfg.seed,
+            random_output_length=cfg.random_output_length,
+            kv_events=KVEventRecorder(self.kv_publisher.publish) if self.kv_publisher else None,
+            block_hasher=BlockHasher(cfg.prefix_caching_hash_algo) if kv is not None else None)
+        self.kv_transfer = (KVTransfer(cfg.kv_transfer, self.engine, time_scale=cfg.time_scale)
+                            if cfg.kv_transfer is not None else None)
         self.metrics = ServerMetrics(self.engine, dialect=cfg.engine,
                                      model_name=cfg.model_names[0],
-                                     gpu_cache_usage_metric=cfg.gpu_cache_usage_metric)
+                                     gpu_cache_usage_metric=cfg.gpu_cache_usage_metric,
+                                     kv_transfer=self.kv_transfer)
         self.loras: dict[str, str] = dict(cfg.lora_modules)
         self.port = cfg.port
         self.name = cfg.pod_name(cfg.port)
@@ -75,6 +95,9 @@ class SimServer:
             self._loop = EngineLoop(self.engine)
         self._loop.start()
         await self._listen()
+        if self.kv_publisher is not None:
+            self.kv_publisher.open(port=str(self.port), name=self.name, host=self.cfg.host,
+                                   model=self.cfg.model_names[0])
         if self.faults.kill_after is not None:
             revive_after = self.faults.revive_after
             self.later(self.faults.kill_after, lambda: self.kill(revive_after))
@@ -120,6 +143,10 @@ class SimServer:
         await self._unlisten()
         if self._loop is not None:
             await self._loop.stop()
+        if self.kv_transfer is not None:
+            await self.kv_transfer.close()
+        if self.kv_publisher is not None:
+            await self.kv_publisher.close()
 
     async def _unlisten(self) -> None:
         self.alive = False
@@ -137,6 +164,9 @@ class SimServer:
             # A step in progress must not finish on the reset engine (it would end the loop).
             await self._loop.stop()
         self.engine.reset()
+        if self.kv_publisher is not None:
+            # A restarted vLLM has a new publisher: its sequence starts again at 0.
+            await self.kv_publisher.close()
         log.info("killed %s (port %d)", self.name, self.port)
         if revive_after is not None:
             self.later(revive_after, self.revive)
@@ -146,6 +176,8 @@ class SimServer:
         if self.alive:
             return
         await self._listen()
+        if self.kv_publisher is not None:
+            self.kv_publisher.open()  # same endpoints and topic as before the kill
         if self._loop is not None:
             self._loop.start()
         log.info("revived %s (port %d)", self.name, self.port)
@@ -169,11 +201,15 @@ class SimServer:
         for path in ("/model_info", "/get_model_info"):
             r.add_get(path, self._model_info)
         r.add_get("/version", self._version)
+        r.add_post("/reset_prefix_cache", self._reset_prefix_cache)
+        r.add_post("/tokenize", self._tokenize)
         r.add_get("/sim/faults", self._get_faults)
         r.add_post("/sim/faults", self._set_faults)
         r.add_get("/sim/state", self._state)
         r.add_post("/sim/kill", self._kill)
         r.add_post("/sim/revive", self._revive)
+        if self.kv_transfer is not None and self.kv_transfer.cfg.produces:
+            r.add_post("/sim/kv/pull", self.kv_transfer.serve_pull)
         return app
 
     async def _stamp(self, request: web.Request, response: web.StreamResponse) -> None:
@@ -213,6 +249,7 @@ class SimServer:
         loop = asyncio.get_running_loop()
         max_tokens = parsed.max_tokens or p.default_max_tokens
         req = engine.new_request(parsed.prompt, max_tokens, lora=lora, now=loop.time(),
+                                 lora_path=self.loras.get(lora) if lora else None,
                                  salt=parsed.cache_salt,
                                  request_id=request.headers.get("x-request-id"))
         if req.prompt_tokens + max_tokens > p.max_model_len:
@@ -222,6 +259,15 @@ class SimServer:
                 f"in the messages, {max_tokens} in the completion). Please reduce the length "
                 "of the messages or completion.")))
         req.stream = parsed.stream
+        kv_out = self._kv_role(parsed.kv_transfer_params, stream=parsed.stream)
+        if kv_out == "decode":
+            assert self.kv_transfer is not None
+            # The pull happens before queueing; TTFT (from arrival) includes it, as in vLLM.
+            req.remote_tokens = await self.kv_transfer.pull(parsed.kv_transfer_params, req)
+        elif kv_out == "prefill":
+            req.hold_kv = True
+            # Held KV is found by request id: make it unique, as vLLM suffixes request ids.
+            req.id = f"{req.id}-{os.urandom(4).hex()}"
         try:
             engine.add(req)
         except QueueFull as exc:
@@ -232,6 +278,7 @@ class SimServer:
         self._loop.notify()
         model = parsed.model or self.cfg.model_names[0]
         rid = new_id(chat)
+        handed_over = False  # a prefill leg's held KV is now the pull's (or expiry's) business
         try:
             if parsed.stream:
                 return await self._stream(request, req, chat=chat, model=model, rid=rid,
@@ -241,12 +288,33 @@ class SimServer:
                 await req.waiter
             if req.state != "finished":
                 return _error(ApiError(503, "Request aborted: server restarting"))
-            return web.Response(body=full_response(req, chat=chat, model=model, rid=rid),
+            kv_params = None
+            if req.hold_kv:
+                assert self.kv_transfer is not None
+                kv_params = self.kv_transfer.held_params(req, self.cfg.host, self.port)
+                handed_over = True
+            return web.Response(body=full_response(req, chat=chat, model=model, rid=rid,
+                                                   kv_transfer_params=kv_params),
                                 content_type=_JSON)
         finally:
             if not req.done:
                 engine.abort(req)
                 self._loop.notify()
+            elif req.hold_kv and not handed_over:
+                engine.release_held(req.id)  # nobody will ever learn where the KV is
+
+    def _kv_role(self, params: dict[str, Any] | None, *, stream: bool) -> str | None:
+        """Which P/D leg this request is for this server: ``prefill``, ``decode`` or ``None``
+        (no connector, no params, or a leg this server's ``kv_role`` does not serve: the
+        request then runs as a normal one, as in vLLM)."""
+        pd = self.kv_transfer
+        if pd is None or not params:
+            return None
+        if params.get("do_remote_decode") is True and pd.cfg.produces and not stream:
+            return "prefill"
+        if params.get("do_remote_prefill") is True and pd.cfg.consumes:
+            return "decode"
+        return None
 
     async def _stream(self, request: web.Request, req: Any, *, chat: bool, model: str,
                       rid: str, include_usage: bool) -> web.StreamResponse:
@@ -377,6 +445,29 @@ class SimServer:
             return _error(exc)
         return _json(self.faults.to_json())
 
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        # vLLM's /tokenize: what llm-d's "tokenizer-vllm-http" token producer calls. The ids
+        # are the simulator tokenizer's (4-byte chunks as uint32), the ones KV events carry.
+        try:
+            body = await self._read_json(request)
+            model = body.get("model")
+            if model is not None:
+                if not isinstance(model, str):
+                    raise ApiError(400, "'model' must be a string")
+                self._resolve_model(model)  # 404 for an unknown model
+            prompt = tokenize_input(body)
+        except ApiError as exc:
+            return _error(exc)
+        ids = token_ids(prompt)
+        return _json({"count": len(ids), "max_model_len": self.cfg.profile.max_model_len,
+                      "tokens": ids, "token_strs": None})
+
+    async def _reset_prefix_cache(self, request: web.Request) -> web.Response:
+        # vLLM answers 200 either way and logs a refusal; a test needs to know, so we say it.
+        if not self.engine.reset_prefix_cache():
+            return _json({"reset": False, "reason": "requests still hold blocks"}, status=409)
+        return _json({"reset": True})
+
     async def _state(self, request: web.Request) -> web.Response:
         e = self.engine
         return _json({
@@ -389,6 +480,8 @@ class SimServer:
             "prefix_cache_queries": e.prefix_queries_total,
             "prefix_cache_hits": e.prefix_hits_total, "resident_loras": e.loras.resident,
             "steps": e.steps_total, "max_lag": self._loop.max_lag if self._loop else 0.0,
+            "kv_held": len(e.held),
+            "kv_pulls_served": self.kv_transfer.transfers_total if self.kv_transfer else 0,
         })
 
     def _target(self, body: dict[str, Any]) -> SimServer:

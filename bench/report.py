@@ -1,0 +1,356 @@
+"""Results of a routing comparison (real time or twin): per-run summaries, tables with
+medians and 95% intervals over seeds, verdicts, plots, and RESULTS.md sections.
+
+One :class:`RunResult` is one (workload, load, seed, contender) run. Its headline figures
+leave out the first :data:`WARMUP` of the requests (by arrival): a fresh fleet starts with
+empty caches, which says little about a long-running pool; those requests are summarised
+apart (``cold_*``). Ratios are paired by seed (:mod:`bench.stats`).
+"""
+
+from __future__ import annotations
+
+import statistics
+import textwrap
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from bench.stats import Interval, bootstrap_median, paired_ratios, quantile, verdict
+
+ROOT = Path(__file__).resolve().parent
+PLOTS = ROOT / "plots"
+RESULTS = ROOT / "RESULTS.md"
+BASELINE = "envoy-rr"
+#: Fraction of each run's requests (first by arrival) reported apart as the cold start.
+WARMUP = 0.2
+
+
+class OutcomeLike(Protocol):
+    """What :func:`summarize` reads of a request's outcome (``bench.openloop.Outcome``)."""
+
+    start: float
+    status: int
+    ttft: float | None
+    e2e: float | None
+    output_tokens: int
+    prompt_tokens: int
+    cached_tokens: int
+    pod: str
+    error: str
+    itl: list[float]
+
+    @property
+    def ok(self) -> bool: ...
+
+
+@dataclass
+class RunResult:
+    """One (workload, load, seed, contender) run, summarised. Times are model seconds;
+    the figures are over the warm requests (all but the first :data:`WARMUP`)."""
+
+    workload: str
+    load: float
+    offered_rps: float
+    contender: str
+    kind: str
+    seed: int = 0
+    servers: int = 0
+    requests: int = 0
+    ok: int = 0
+    errors: int = 0
+    ttft_p50: float = 0.0
+    ttft_p90: float = 0.0
+    ttft_p99: float = 0.0
+    e2e_p90: float = 0.0
+    tpot_p50: float = 0.0
+    itl_p90: float = 0.0
+    output_tps: float = 0.0
+    achieved_rps: float = 0.0
+    cache_hit: float = 0.0
+    cold_requests: int = 0
+    cold_ttft_p50: float = 0.0
+    cold_ttft_p90: float = 0.0
+    wall_seconds: float = 0.0
+    pods: dict[str, int] = field(default_factory=dict)
+    error_samples: list[str] = field(default_factory=list)
+    skipped: str = ""
+
+    @property
+    def error_rate(self) -> float:
+        return self.errors / self.requests if self.requests else 0.0
+
+    @property
+    def usable(self) -> bool:
+        return not self.skipped and self.ok > 0
+
+
+def summarize(res: RunResult, outcomes: Sequence[OutcomeLike], time_scale: float = 1.0,
+              warmup: float = WARMUP) -> RunResult:
+    """Fill ``res`` from per-request outcomes (``start`` etc. in wall seconds)."""
+    ordered = sorted(outcomes, key=lambda o: o.start)
+    n_cold = int(len(ordered) * warmup)
+    cold, warm = ordered[:n_cold], ordered[n_cold:]
+    ok = [o for o in warm if o.ok]
+    res.requests, res.ok = len(warm), len(ok)
+    res.errors = res.requests - res.ok
+    res.error_samples = sorted({o.error or f"HTTP {o.status}" for o in ordered if not o.ok})[:3]
+    ttft = [o.ttft / time_scale for o in ok if o.ttft is not None]
+    e2e = [o.e2e / time_scale for o in ok if o.e2e is not None]
+    res.ttft_p50, res.ttft_p90, res.ttft_p99 = (quantile(ttft, .5), quantile(ttft, .9),
+                                                quantile(ttft, .99))
+    res.e2e_p90 = quantile(e2e, .9)
+    tpots = [(o.e2e - o.ttft) / (o.output_tokens - 1) / time_scale for o in ok
+             if o.e2e is not None and o.ttft is not None and o.output_tokens > 1]
+    res.tpot_p50 = quantile(tpots, .5)
+    res.itl_p90 = quantile([g / time_scale for o in ok for g in o.itl], .9)
+    if ok:
+        first = min(o.start for o in warm)
+        last = max(o.start + (o.e2e or 0.0) for o in ok)
+        span = max(1e-9, (last - first) / time_scale)
+        res.output_tps = sum(o.output_tokens for o in ok) / span
+        res.achieved_rps = len(ok) / span
+        prompt = sum(o.prompt_tokens for o in ok)
+        res.cache_hit = sum(o.cached_tokens for o in ok) / prompt if prompt else 0.0
+    cold_ttft = [o.ttft / time_scale for o in cold if o.ok and o.ttft is not None]
+    res.cold_requests = len(cold)
+    res.cold_ttft_p50, res.cold_ttft_p90 = quantile(cold_ttft, .5), quantile(cold_ttft, .9)
+    pods: dict[str, int] = {}
+    for o in ok:
+        pods[o.pod] = pods.get(o.pod, 0) + 1
+    res.pods = dict(sorted(pods.items()))
+    return res
+
+
+# -- aggregation over seeds ------------------------------------------------------------------
+Point = tuple[str, float]   # (workload, load)
+
+
+def by_point(results: Iterable[RunResult]) -> dict[Point, list[RunResult]]:
+    """Results grouped by (workload, load), in first-seen order."""
+    out: dict[Point, list[RunResult]] = {}
+    for r in results:
+        out.setdefault((r.workload, r.load), []).append(r)
+    return out
+
+
+def per_seed(rows: Iterable[RunResult], contender: str,
+             metric: Callable[[RunResult], float]) -> dict[int, float]:
+    """``{seed: metric}`` of one contender's usable runs."""
+    return {r.seed: metric(r) for r in rows if r.contender == contender and r.usable}
+
+
+def ratio(rows: Sequence[RunResult], ours: str, base: str,
+          metric: Callable[[RunResult], float]) -> Interval | None:
+    """Median over seeds of ``ours / base`` (paired by seed) with its 95% interval."""
+    xs = paired_ratios(per_seed(rows, ours, metric), per_seed(rows, base, metric))
+    return bootstrap_median(xs) if xs else None
+
+
+def best_peer(rows: Sequence[RunResult]) -> str | None:
+    """The peer with the lowest median TTFT p90 over seeds at this point."""
+    meds = {}
+    for name in {r.contender for r in rows if r.kind == "peer"}:
+        vals = list(per_seed(rows, name, lambda r: r.ttft_p90).values())
+        if vals:
+            meds[name] = statistics.median(vals)
+    return min(meds, key=lambda k: meds[k]) if meds else None
+
+
+def _ttft90(r: RunResult) -> float:
+    return r.ttft_p90
+
+
+def _tps(r: RunResult) -> float:
+    return r.output_tps
+
+
+def _med(rows: Sequence[RunResult], name: str, metric: Callable[[RunResult], float],
+         fmt: str = ".3f") -> str:
+    vals = list(per_seed(rows, name, metric).values())
+    return format(statistics.median(vals), fmt) if vals else "n/a"
+
+
+def _iv(iv: Interval | None) -> str:
+    return str(iv) if iv else "n/a"
+
+
+def table(rows: Sequence[RunResult], order: Sequence[str] = ()) -> list[str]:
+    """Markdown table of one (workload, load) point: medians over seeds of each contender's
+    figures, and the paired ratios (median [95% interval]) to round-robin and the best peer."""
+    names = list(dict.fromkeys([*(n for n in order if any(r.contender == n for r in rows)),
+                                *(r.contender for r in rows)]))
+    peer = best_peer(rows)
+    out = [
+        "| contender | seeds | TTFT p50 s | TTFT p90 s | cold TTFT p90 s | out tok/s | errors "
+        "| cache hit | TTFT p90 / RR | TTFT p90 / best peer | tok/s / RR |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name in names:
+        mine = [r for r in rows if r.contender == name]
+        usable = [r for r in mine if r.usable]
+        if not usable:
+            reason = next((r.skipped for r in mine if r.skipped), "no request completed")
+            out.append(f"| {name} | 0 | skipped: {reason} |" + " |" * 8)
+            continue
+        errors = sum(r.errors for r in usable) / max(1, sum(r.requests for r in usable))
+        out.append(
+            f"| {name} | {len(usable)} | {_med(rows, name, lambda r: r.ttft_p50)} "
+            f"| {_med(rows, name, _ttft90)} | {_med(rows, name, lambda r: r.cold_ttft_p90)} "
+            f"| {_med(rows, name, _tps, '.0f')} | {100 * errors:.1f}% "
+            f"| {_med(rows, name, lambda r: 100 * r.cache_hit, '.0f')}% "
+            f"| {_iv(ratio(rows, name, BASELINE, _ttft90))} "
+            f"| {_iv(ratio(rows, name, peer, _ttft90)) if peer else 'n/a'} "
+            f"| {_iv(ratio(rows, name, BASELINE, _tps))} |")
+    if peer:
+        out += ["", f"Best peer here (lowest median TTFT p90): {peer}."]
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """A ratio target: ``metric(ours) / metric(against)`` at a point, at most / at least."""
+
+    workload: str
+    load: float
+    ours: str
+    against: str   # a contender name, or "best-peer"
+    metric: str    # "TTFT p90" | "output tok/s"
+    bound: float
+    at_most: bool
+
+
+#: The project's routing targets (issue #5, kept by issue #12 with intervals).
+TARGETS = (
+    *(Target("shared-prefix", 0.75, o, BASELINE, "TTFT p90", 0.2, True)
+      for o in ("epp-default", "epp-tuned")),
+    *(Target("shared-prefix", 0.75, o, "best-peer", "TTFT p90", 0.8, True)
+      for o in ("epp-default", "epp-tuned")),
+    *(Target("shared-prefix", 0.75, o, "best-peer", "output tok/s", 1.0, False)
+      for o in ("epp-default", "epp-tuned")),
+    *(Target("lora", 0.75, o, BASELINE, "TTFT p90", 0.5, True)
+      for o in ("epp-default", "epp-tuned")),
+)
+_METRICS: dict[str, Callable[[RunResult], float]] = {"TTFT p90": _ttft90, "output tok/s": _tps}
+
+
+def target_lines(results: Sequence[RunResult], targets: Sequence[Target] = TARGETS) -> list[str]:
+    """One line per target that the results cover: ratio, interval, verdict."""
+    points = by_point(results)
+    lines = []
+    for t in targets:
+        rows = next((v for (w, ld), v in points.items()
+                     if w == t.workload and abs(ld - t.load) < 1e-9), None)
+        if rows is None:
+            continue
+        against = best_peer(rows) if t.against == "best-peer" else t.against
+        iv = ratio(rows, t.ours, against, _METRICS[t.metric]) if against else None
+        sign = "<=" if t.at_most else ">="
+        what = f"{t.workload} @ {t.load:g}, {t.ours}: {t.metric} / {against or t.against}"
+        if iv is None:
+            lines.append(f"- {what} (target {sign} {t.bound:g}): no paired runs")
+            continue
+        v = verdict(iv, t.bound, at_most=t.at_most)
+        lines.append(f"- {what} = {iv} over {iv.n} seeds (target {sign} {t.bound:g}): "
+                     f"**{v}**")
+    return lines
+
+
+# -- RESULTS.md --------------------------------------------------------------------------------
+def write_section(section: str, text: str, path: Path = RESULTS) -> None:
+    """Replace (or append) the section starting with the heading ``section`` in ``path``."""
+    old = path.read_text() if path.exists() else "# Benchmark results\n"
+    start = old.find(section + "\n")
+    if start < 0:
+        new = old.rstrip() + "\n\n" + text
+    else:
+        end = old.find("\n## ", start + len(section))
+        new = old[:start] + text + (old[end + 1:] if end >= 0 else "")
+    path.write_text(new)
+
+
+def point_sections(results: Sequence[RunResult], workloads: dict[str, Any],
+                   order: Sequence[str]) -> list[str]:
+    """The per-workload, per-load tables."""
+    lines: list[str] = []
+    points = by_point(results)
+    for wl in workloads.values():
+        loads = sorted(ld for (w, ld) in points if w == wl.name)
+        if not loads:
+            continue
+        lines += [f"### {wl.title}", "", wl.description, f"Source of the shape: {wl.source}.",
+                  ""]
+        for load in loads:
+            rows = points[(wl.name, load)]
+            offered = rows[0].offered_rps
+            lines += [f"#### {wl.name} @ load {load:g} ({offered:.2f} req/s offered, "
+                      f"{rows[0].servers} servers)", "", *table(rows, order), ""]
+    return lines
+
+
+# -- plots ------------------------------------------------------------------------------------
+def plot(results: Sequence[RunResult], prefix: str, title: str, order: Sequence[str],
+         directory: Path = PLOTS) -> list[Path]:
+    """TTFT p90 vs offered load with a band from the 95% interval of the median over seeds
+    (multi-load workloads), and bars with interval whiskers for single-load workloads."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    title = textwrap.fill(title, 90)
+    directory.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    points = by_point(results)
+    workloads = list(dict.fromkeys(w for (w, _) in points))
+    names = list(dict.fromkeys([*order, *(r.contender for r in results)]))
+
+    def stat(rows: Sequence[RunResult], name: str) -> Interval | None:
+        vals = list(per_seed(rows, name, _ttft90).values())
+        return bootstrap_median(vals) if vals else None
+
+    multi = [w for w in workloads if len([p for p in points if p[0] == w]) > 1]
+    single = [w for w in workloads if w not in multi]
+    for wl in multi:
+        fig, ax = plt.subplots(figsize=(7, 4.2))
+        for name in names:
+            pts = []
+            for (w, _ld), rows in sorted(points.items()):
+                iv = stat(rows, name) if w == wl else None
+                if iv:
+                    pts.append((rows[0].offered_rps, iv))
+            if not pts:
+                continue
+            xs = [p[0] for p in pts]
+            line, = ax.plot(xs, [p[1].median for p in pts],
+                            "-o" if name.startswith("epp") else "--.", label=name)
+            ax.fill_between(xs, [p[1].lo for p in pts], [p[1].hi for p in pts],
+                            color=line.get_color(), alpha=0.15)
+        ax.set(xlabel="offered req/s", ylabel="TTFT p90 (s, log)", yscale="log",
+               title=f"{wl}: TTFT p90, median over seeds, 95% band")
+        ax.legend(fontsize=7)
+        fig.suptitle(title, fontsize=8)
+        fig.tight_layout()
+        path = directory / f"{prefix}_{wl.replace('-', '_')}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    if single:
+        fig, axes = plt.subplots(1, len(single), figsize=(4.2 * len(single), 4.2),
+                                 squeeze=False)
+        for ax, wl in zip(axes[0], single, strict=True):
+            rows = next(v for (w, _), v in points.items() if w == wl)
+            bars = [(n, iv) for n in names if (iv := stat(rows, n))]
+            ax.barh([b[0] for b in bars], [b[1].median for b in bars],
+                    xerr=[[b[1].median - b[1].lo for b in bars],
+                          [b[1].hi - b[1].median for b in bars]],
+                    color=["tab:red" if b[0].startswith("epp") else "tab:blue" for b in bars])
+            ax.set(xlabel="TTFT p90 (s), median, 95% interval", title=f"{wl} @ {rows[0].load:g}")
+            ax.invert_yaxis()
+        fig.suptitle(title, fontsize=7)
+        fig.tight_layout()
+        path = directory / f"{prefix}_workloads.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written

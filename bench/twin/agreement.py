@@ -1,0 +1,132 @@
+"""Does the twin agree with the real-time stack? Same workload, seed and fleet, both ways.
+
+    python -m bench.twin.agreement                      # make bench-agreement: a short live case
+    python -m bench.twin.agreement --from-run .cache/bench-compare/<timestamp>
+
+Live: ``envoy-rr`` and ``epp-default`` run for real (``bench.compare.run_one``: simulator
+processes, real Envoy, the EPP process) and in the twin, on the same schedule. ``--from-run``
+replays every ``envoy-rr`` / ``epp-default`` run of a saved ``bench.compare`` run in the twin
+instead (no new real-time runs). Compared: TTFT p50, TTFT p90 and output tok/s of the warm
+requests; the twin agrees when each is within :data:`TOLERANCE` of the real figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench import report as rp
+from bench.report import RunResult
+from bench.twin.cli import run_one
+from bench.workloads import WORKLOADS
+
+TOLERANCE = 0.15
+CONTENDERS = ("envoy-rr", "epp-default")
+SECTION = "## Twin agreement"
+METRICS = (("TTFT p50", "ttft_p50"), ("TTFT p90", "ttft_p90"), ("out tok/s", "output_tps"))
+
+
+@dataclass(frozen=True, slots=True)
+class Pair:
+    """One real run and the twin's run of the same (workload, load, seed, servers)."""
+
+    real: RunResult
+    twin: RunResult
+
+    def diffs(self) -> dict[str, float]:
+        """Relative difference (twin - real) / real per metric."""
+        out = {}
+        for label, attr in METRICS:
+            real = getattr(self.real, attr)
+            out[label] = (getattr(self.twin, attr) - real) / real if real else float("inf")
+        return out
+
+    @property
+    def agrees(self) -> bool:
+        return all(abs(d) <= TOLERANCE for d in self.diffs().values())
+
+
+def twin_of(real: RunResult, duration: float) -> RunResult:
+    """The twin's run matching ``real``."""
+    return run_one(real.workload, real.load, real.servers, real.seed, real.contender, duration)
+
+
+def live(workload: str, load: float, seed: int, servers: int, duration: float,
+         workdir: Path) -> list[Pair]:
+    """Run ``envoy-rr`` and ``epp-default`` for real, then in the twin."""
+    from bench.compare import run_one
+    from bench.contenders import all_contenders
+
+    pairs = []
+    for name in CONTENDERS:
+        real = run_one(WORKLOADS[workload], load, all_contenders()[name], duration=duration,
+                       seed=seed, servers=servers, time_scale=1.0,
+                       workdir=workdir / name, progress=False, timeout=60.0)
+        pairs.append(Pair(real, twin_of(real, duration)))
+    return pairs
+
+
+def table(pairs: list[Pair]) -> list[str]:
+    out = ["| workload | seed | servers | contender | " + " | ".join(
+        f"{label} real / twin / diff" for label, _ in METRICS) + " | within 15% |",
+        "|---|---:|---:|---|" + "---:|" * len(METRICS) + "---|"]
+    for p in pairs:
+        d = p.diffs()
+        cells = " | ".join(f"{getattr(p.real, a):.3f} / {getattr(p.twin, a):.3f} / "
+                           f"{100 * d[label]:+.0f}%" for label, a in METRICS)
+        out.append(f"| {p.real.workload} @ {p.real.load:g} | {p.real.seed} | "
+                   f"{p.real.servers} | {p.real.contender} | {cells} | "
+                   f"{'yes' if p.agrees else '**no**'} |")
+    n = sum(p.agrees for p in pairs)
+    out += ["", f"{n} of {len(pairs)} pairs agree within {100 * TOLERANCE:.0f}% on all three."]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.twin.agreement", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--from-run", type=Path, default=None, metavar="RUN_DIR",
+                    help="replay a saved bench.compare run's envoy-rr/epp-default runs")
+    ap.add_argument("--workload", default="sharegpt")
+    ap.add_argument("--load", type=float, default=0.6)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--servers", type=int, default=4)
+    ap.add_argument("--duration", type=float, default=12.0, help="model seconds")
+    ap.add_argument("--no-write", action="store_true")
+    args = ap.parse_args(argv)
+    command = "python -m bench.twin.agreement " + " ".join(
+        sys.argv[1:] if argv is None else argv)
+    started = time.monotonic()
+    if args.from_run is not None:
+        from bench.compare import load_run
+
+        meta, results = load_run(args.from_run)
+        durations = dict(meta.get("durations", {}))  # type: ignore[call-overload]
+        pairs = [Pair(r, twin_of(r, float(durations.get(r.workload,
+                                                        WORKLOADS[r.workload].duration))))
+                 for r in results if r.contender in CONTENDERS and r.usable]
+        source = f"the real runs of `{meta['command']}`"
+    else:
+        if args.workload not in WORKLOADS:
+            ap.error(f"--workload: unknown workload {args.workload!r}")
+        with tempfile.TemporaryDirectory() as tmp:
+            pairs = live(args.workload, args.load, args.seed, args.servers, args.duration,
+                         Path(tmp))
+        source = "live runs made by the command"
+    lines = [SECTION, "",
+             f"Command: `{command.strip()}` ({time.monotonic() - started:.0f} s; compared "
+             f"with {source}). Warm requests only (first 20% left out), model seconds.", "",
+             *table(pairs)]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if not args.no_write and args.from_run is not None:
+        rp.write_section(SECTION, text)
+    return 0 if all(p.agrees for p in pairs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

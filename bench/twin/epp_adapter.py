@@ -1,0 +1,121 @@
+"""The ONLY place the twin touches the EPP: the real service objects, wired as ``epp.main``
+wires them, driven by the twin's loop instead of gRPC and HTTP scrapes.
+
+What is real here: the EndpointPickerConfig parser (``--config-file`` / the default config),
+``build_scheduler`` (the same plugin objects and profiles), the saturation detector, the
+:class:`~epp.datastore.Datastore` fed from InferencePool + Pod manifests by the manifests
+source's loader, and :class:`~epp.requestcontrol.Director` - ``route()`` with the client's
+body and headers for each request, ``finish()`` when its response ends. The scheduler and the
+director get a seeded RNG, so one seed picks the same endpoints every time.
+
+What replaces the network: a scrape's reading (:class:`bench.twin.loop.ServerState`) becomes
+the :class:`~epp.datastore.EndpointMetrics` the vLLM dialect parser would produce from the
+simulator's /metrics (waiting, running, KV usage, LoRA info, served model), installed with
+``begin_scrape`` / ``record_scrape`` at the virtual times the loop chooses.
+
+When the EPP's director or config API changes, this file is what to adapt.
+"""
+
+from __future__ import annotations
+
+import random
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from bench.twin.loop import ServerState
+from epp.datastore import Datastore, EndpointMetrics, EndpointView
+from epp.datastore.endpoint_state import LoraInfo
+from epp.requestcontrol import Director
+from epp.requestcontrol.director import DESTINATION, Routed
+from epp.scheduling import build_saturation_detector, build_scheduler
+from epp.scheduling.config import ConfigError, load_config_file, parse_config
+from epp.sources.manifests import load_snapshot
+
+#: ``--refresh-metrics-interval`` and ``--metrics-staleness-threshold`` defaults of epp.main.
+SCRAPE_INTERVAL = 0.05
+STALENESS = 2.0
+POOL = "twin"
+
+
+def _manifests(keys: list[str]) -> list[dict[str, object]]:
+    """An InferencePool and one ready Pod per server (as ``bench.contenders`` writes them)."""
+    port = int(keys[0].rsplit(":", 1)[1])
+    sel = {"app": POOL}
+    docs: list[dict[str, object]] = [{
+        "apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
+        "metadata": {"name": POOL, "namespace": "default"},
+        "spec": {"selector": {"matchLabels": sel}, "targetPorts": [{"number": port}],
+                 "endpointPickerRef": {"name": f"{POOL}-epp", "port": {"number": 9002}}},
+    }]
+    for i, key in enumerate(keys):
+        docs.append({"apiVersion": "v1", "kind": "Pod",
+                     "metadata": {"name": f"sim-{i}", "namespace": "default", "labels": sel},
+                     "status": {"podIP": key.rsplit(":", 1)[0]}})
+    return docs
+
+
+class EppRouter:
+    """The EPP as a twin router (see the module docstring)."""
+
+    scrape_interval: float | None = SCRAPE_INTERVAL
+
+    def __init__(self, name: str, keys: list[str], seed: int, *, config_text: str | None = None,
+                 config_file: Path | None = None, model: str = "",
+                 scrape_interval: float = SCRAPE_INTERVAL) -> None:
+        """``config_file`` or ``config_text`` (neither: the EPP's default config); raises
+        :class:`ConfigError` for a bad config, naming the file."""
+        self.name = name
+        self.scrape_interval = scrape_interval
+        self.model = model
+        config = (load_config_file(config_file) if config_file is not None
+                  else parse_config(config_text, source=name))
+        rng = random.Random(f"{name}:{seed}")
+        self.scheduler = build_scheduler(config, rng=random.Random(rng.random()))
+        self.datastore = Datastore()
+        self.datastore.subscribe(lambda s: self.scheduler.retain_endpoints(
+            frozenset(e.key for e in s.endpoints)))
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "pool.yaml"
+            path.write_text(yaml.safe_dump_all(_manifests(keys), sort_keys=False))
+            self.datastore.replace(load_snapshot(path, pool_name=POOL, pool_namespace="default"))
+        self.director = Director(self.datastore, self.scheduler,
+                                 build_saturation_detector(config), staleness=STALENESS,
+                                 rng=random.Random(rng.random()))
+        self.views: dict[str, EndpointView] = {v.key: v for v in self.datastore.views()}
+        self._routed: dict[int, Routed] = {}
+
+    def route(self, index: int, path: str, body: bytes, now: float) -> str:
+        """``Director.route`` with the client's request, as the ext_proc exchange calls it."""
+        headers = {":path": path, ":method": "POST", "content-type": "application/json",
+                   "x-request-id": f"twin-{index}"}
+        decision, routed = self.director.route(headers, body, {})
+        self._routed[index] = routed
+        return decision.set_headers[DESTINATION]
+
+    def done(self, index: int, prompt_tokens: int, completion_tokens: int) -> None:
+        """``Director.finish`` at the response's end."""
+        routed = self._routed.pop(index)
+        ok = completion_tokens > 0
+        self.director.finish(routed, completed=True, status=200 if ok else 429,
+                             response_size=0, prompt_tokens=prompt_tokens,
+                             completion_tokens=completion_tokens)
+
+    def begin_scrape(self, key: str) -> None:
+        self.views[key].begin_scrape()
+
+    def scraped(self, key: str, state: ServerState) -> None:
+        # The director compares ``updated_at`` with the wall clock's monotonic time for its
+        # staleness filter; a twin scrape is as fresh as the loop says, so stamp it now.
+        metrics = EndpointMetrics(
+            waiting=state.waiting, running=state.running, kv_usage=state.kv_usage,
+            lora=LoraInfo(state.max_lora, state.running_adapters, state.waiting_adapters),
+            block_size=state.block_size, num_gpu_blocks=state.num_gpu_blocks,
+            models=frozenset({self.model}) if self.model else frozenset(),
+            updated_at=time.monotonic())
+        self.datastore.record_scrape(self.views[key], metrics)
+
+
+__all__ = ["SCRAPE_INTERVAL", "ConfigError", "EppRouter"]

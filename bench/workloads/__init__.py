@@ -1,0 +1,317 @@
+"""Seeded workloads for the routing comparison (``bench.compare``) and the twin (``bench.twin``).
+
+The workloads are data: one ``*.yaml`` file in this package per workload (name, title, the
+source of its shape, generator, arrivals, parameters, loads, duration). A generator here turns
+(parameters, arrival times, seed) into a schedule of streaming completion requests
+(:class:`RequestSpec`: arrival offset + body). Same seed -> byte-identical schedule, so every
+contender gets exactly the same requests at the same times.
+
+Prompt text is made of 4-byte words because the simulator counts 1 token per 4 UTF-8 bytes
+(``sim/tokenizer.py``), so "N tokens" below is exactly what the simulator prefills.
+
+The sizes and the nominal capacities are fixed here, before any comparison (see
+``docs/benchmarks.md`` for how they were scaled from the llm-d workload).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import yaml
+
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+
+# The fleet every contender shares (bench.compare starts it; see docs/benchmarks.md).
+FLEET_SIZE = 8
+PROFILE = "8b-h100"
+LORA_ADAPTERS = tuple(f"adapter-{i:02d}" for i in range(12))   # 12 adapters > 4 slots/server
+HERE = Path(__file__).resolve().parent
+
+# 8b-h100 timing (sim/profiles.py), used only to state nominal capacities.
+_ITL, _OVERHEAD, _PER_TOKEN = 0.012, 0.030, 0.00025
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSpec:
+    """One request of a schedule: send ``body`` to ``path`` at ``at`` seconds (wall)."""
+
+    at: float
+    path: str
+    body: dict[str, Any]
+    tag: str = ""   # prefix group / adapter, for per-class analysis
+
+
+def _words(rng: random.Random, tokens: int) -> str:
+    # 3 letters + space = 4 bytes = one simulator token; random so prompts never share
+    # a prefix by accident.
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    return "".join(rng.choice(letters) + rng.choice(letters) + rng.choice(letters) + " "
+                   for _ in range(tokens))
+
+
+def _completion(prompt: str, max_tokens: int, model: str = MODEL) -> dict[str, Any]:
+    return {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
+            "stream_options": {"include_usage": True}}
+
+
+def poisson_arrivals(rng: random.Random, rate: float, n: int) -> list[float]:
+    """``n`` arrival times of a Poisson process of ``rate`` per second, from 0."""
+    t, out = 0.0, []
+    for _ in range(n):
+        out.append(t)
+        t += rng.expovariate(rate)
+    return out
+
+
+def constant_arrivals(rate: float, n: int) -> list[float]:
+    """``n`` arrivals exactly ``1 / rate`` apart."""
+    return [i / rate for i in range(n)]
+
+
+def burst_arrivals(rng: random.Random, rate: float, n: int, *, period: float = 6.0,
+                   width: float = 0.5) -> list[float]:
+    """Average ``rate``, delivered as one burst every ``period`` s: each burst's
+    ``rate x period`` requests arrive uniformly within ``width`` s (a 12x peak by default)."""
+    per_burst = max(1, round(rate * period))
+    out: list[float] = []
+    start = 0.0
+    while len(out) < n:
+        out.extend(sorted(start + rng.uniform(0, width) for _ in range(per_burst)))
+        start += period
+    return out[:n]
+
+
+Params = dict[str, Any]
+Generator = Callable[[random.Random, Params, list[float]], list[RequestSpec]]
+
+
+def _prefill(tokens: float) -> float:
+    """Model seconds one server spends prefilling ``tokens`` uncached tokens alone."""
+    return float(_OVERHEAD + _ITL + tokens * _PER_TOKEN)
+
+
+# -- generators: (rng, parameters, arrival times) -> requests ---------------------------------
+def shared_prefix(rng: random.Random, p: Params, times: list[float]) -> list[RequestSpec]:
+    """Groups of ``per_group`` prompts: a ``system_tokens`` group system prompt + a unique
+    ``question_tokens`` question, ``output_tokens`` out; the prompts of each group are
+    shuffled over the run. As many groups as the run has room for (n / per_group)."""
+    n, per = len(times), int(p["per_group"])
+    groups = math.ceil(n / per)
+    systems = [_words(rng, int(p["system_tokens"])) for _ in range(groups)]
+    order = [g for g in range(groups) for _ in range(per)]
+    rng.shuffle(order)
+    return [RequestSpec(t, "/v1/completions",
+                        _completion(systems[g] + _words(rng, int(p["question_tokens"])),
+                                    int(p["output_tokens"])),
+                        tag=f"group-{g}")
+            for t, g in zip(times, order[:n], strict=True)]
+
+
+def _sp_capacity(p: Params) -> float:
+    # Ideal routing prefills the system prompt once per group: mean uncached = Q + S / per.
+    return 1 / _prefill(p["question_tokens"] + p["system_tokens"] / p["per_group"])
+
+
+def lora_mix(rng: random.Random, p: Params, times: list[float]) -> list[RequestSpec]:
+    """``adapters`` adapters (Zipf popularity), unique ``prompt_tokens`` prompts,
+    ``output_tokens`` out."""
+    adapters = LORA_ADAPTERS[:int(p["adapters"])]
+    weights = [1 / (i + 1) ** float(p["zipf"]) for i in range(len(adapters))]
+    specs = []
+    for t in times:
+        adapter = rng.choices(adapters, weights)[0]
+        specs.append(RequestSpec(
+            t, "/v1/completions",
+            _completion(_words(rng, int(p["prompt_tokens"])), int(p["output_tokens"]), adapter),
+            tag=adapter))
+    return specs
+
+
+def _lora_capacity(p: Params) -> float:
+    return 1 / _prefill(p["prompt_tokens"])
+
+
+def lengths(rng: random.Random, p: Params, times: list[float]) -> list[RequestSpec]:
+    """Unique prompts, lognormal input and output lengths (medians, sigmas, clipped)."""
+    specs = []
+    for t in times:
+        prompt = int(min(p["input_max"], max(p["input_min"], rng.lognormvariate(
+            math.log(p["input_median"]), p["input_sigma"]))))
+        out = int(min(p["output_max"], max(4, rng.lognormvariate(
+            math.log(p["output_median"]), p["output_sigma"]))))
+        specs.append(RequestSpec(t, "/v1/completions", _completion(_words(rng, prompt), out)))
+    return specs
+
+
+def _lengths_capacity(p: Params) -> float:
+    return 1 / _prefill(p["input_median"] * math.exp(p["input_sigma"] ** 2 / 2))
+
+
+def multi_turn(rng: random.Random, p: Params, times: list[float]) -> list[RequestSpec]:
+    """Conversations of ``turns`` turns over a ``system_tokens`` system prompt: each turn's
+    prompt is the previous turn's prompt + its ``output_tokens`` answer + a new
+    ``question_tokens`` question, so a router that keeps a conversation on one server
+    prefills only the new part. Conversations start at every ``turns``-th arrival time; a
+    conversation's turns follow each other after exponential think times of mean
+    ``think_seconds`` (fixed in the schedule: open loop, not waiting for the answer)."""
+    turns, n = int(p["turns"]), len(times)
+    specs = []
+    for c, start in enumerate(times[::turns]):
+        prompt, t = _words(rng, int(p["system_tokens"])), start
+        for _ in range(turns):
+            prompt += _words(rng, int(p["question_tokens"]))
+            specs.append(RequestSpec(t, "/v1/completions",
+                                     _completion(prompt, int(p["output_tokens"])),
+                                     tag=f"conversation-{c}"))
+            prompt += _words(rng, int(p["output_tokens"]))
+            t += rng.expovariate(1 / float(p["think_seconds"]))
+    specs.sort(key=lambda s: s.at)
+    return specs[:n]
+
+
+def _mt_capacity(p: Params) -> float:
+    # Ideal routing prefills per turn the new question, the previous answer and its share of
+    # the system prompt.
+    return 1 / _prefill(p["question_tokens"] + p["output_tokens"]
+                        + p["system_tokens"] / p["turns"])
+
+
+#: generator name -> (builder, nominal req/s of ONE server, its parameters)
+GENERATORS: dict[str, tuple[Generator, Callable[[Params], float], frozenset[str]]] = {
+    "shared-prefix": (shared_prefix, _sp_capacity,
+                      frozenset({"system_tokens", "question_tokens", "output_tokens",
+                                 "per_group"})),
+    "lora": (lora_mix, _lora_capacity,
+             frozenset({"adapters", "zipf", "prompt_tokens", "output_tokens"})),
+    "lengths": (lengths, _lengths_capacity,
+                frozenset({"input_median", "input_sigma", "input_min", "input_max",
+                           "output_median", "output_sigma", "output_max"})),
+    "multi-turn": (multi_turn, _mt_capacity,
+                   frozenset({"system_tokens", "question_tokens", "output_tokens", "turns",
+                              "think_seconds"})),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """A named request mix (one YAML file) with the offered loads the comparison runs.
+
+    :attr:`per_server` is one server's nominal req/s for this mix; ``n`` servers have
+    capacity ``n * per_server``; ``loads`` are the fractions of it that the full run offers,
+    each for ``duration`` model seconds.
+    """
+
+    name: str
+    title: str
+    description: str
+    source: str
+    generator: str
+    arrivals: str
+    burst_period: float
+    burst_width: float
+    parameters: Params
+    loads: tuple[float, ...]
+    duration: float
+
+    @property
+    def per_server(self) -> float:
+        """Nominal req/s of one server."""
+        return GENERATORS[self.generator][1](self.parameters)
+
+    def capacity(self, servers: int = FLEET_SIZE) -> float:
+        """Nominal req/s of ``servers`` servers."""
+        return servers * self.per_server
+
+    def schedule(self, load: float, duration: float, seed: int = 0,
+                 servers: int = FLEET_SIZE) -> list[RequestSpec]:
+        """The schedule at ``load`` x capacity over about ``duration`` seconds."""
+        rng = random.Random(f"{self.name}:{seed}")
+        rate = load * self.capacity(servers)
+        n = max(1, round(rate * duration))
+        if self.arrivals == "poisson":
+            times = poisson_arrivals(rng, rate, n)
+        else:
+            times = burst_arrivals(rng, rate, n, period=self.burst_period,
+                                   width=self.burst_width)
+        return GENERATORS[self.generator][0](rng, self.parameters, times)
+
+
+class WorkloadError(ValueError):
+    """A workload file is wrong; the message names the file and the field."""
+
+
+_KEYS = frozenset({"name", "title", "source", "generator", "arrivals", "parameters", "loads",
+                   "duration"})
+
+
+def _arrivals(path: Path, raw: Any) -> tuple[str, float, float]:
+    if raw == "poisson":
+        return "poisson", 0.0, 0.0
+    b = raw.get("bursts") if isinstance(raw, dict) and set(raw) == {"bursts"} else None
+    if isinstance(b, dict) and set(b) == {"period", "width"}:
+        return "bursts", float(b["period"]), float(b["width"])
+    raise WorkloadError(f"{path}: arrivals: expected 'poisson' or "
+                        "{bursts: {period: S, width: S}}")
+
+
+def load_workload(path: Path) -> Workload:
+    """Read and check one workload file (unknown fields and parameters are errors)."""
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise WorkloadError(f"{path}: cannot read: {e}") from None
+    if not isinstance(raw, dict):
+        raise WorkloadError(f"{path}: expected a mapping")
+    for key in sorted(set(raw) - _KEYS):
+        raise WorkloadError(f"{path}: unknown field {key!r}")
+    for key in sorted(_KEYS - set(raw)):
+        raise WorkloadError(f"{path}: missing field {key!r}")
+    gen = raw["generator"]
+    if gen not in GENERATORS:
+        raise WorkloadError(f"{path}: generator: {gen!r} is not one of {sorted(GENERATORS)}")
+    params, need = raw["parameters"], GENERATORS[gen][2]
+    have = set(params) if isinstance(params, dict) else set()
+    if have != need:
+        raise WorkloadError(f"{path}: parameters: unknown {sorted(have - need)}, "
+                            f"missing {sorted(need - have)}")
+    arrivals, period, width = _arrivals(path, raw["arrivals"])
+    try:
+        loads = tuple(float(x) for x in raw["loads"])
+        duration = float(raw["duration"])
+    except (TypeError, ValueError):
+        raise WorkloadError(f"{path}: loads, duration: expected numbers") from None
+    if not loads or min(loads) <= 0 or duration <= 0:
+        raise WorkloadError(f"{path}: loads, duration: must be positive")
+    doc = " ".join((GENERATORS[gen][0].__doc__ or "").split())
+    return Workload(str(raw["name"]), str(raw["title"]), doc, str(raw["source"]), gen,
+                    arrivals, period, width, dict(params), loads, duration)
+
+
+_ORDER = ("shared-prefix", "lora", "sharegpt", "bursts")
+
+
+def load_workloads(directory: Path = HERE) -> dict[str, Workload]:
+    """Every ``*.yaml`` workload of ``directory`` by name (the four standard ones first)."""
+    found = {w.name: w for w in (load_workload(p) for p in sorted(directory.glob("*.yaml")))}
+    names = sorted(found, key=lambda k: (_ORDER.index(k) if k in _ORDER else len(_ORDER), k))
+    return {k: found[k] for k in names}
+
+
+WORKLOADS: dict[str, Workload] = load_workloads()
+
+
+def write_specs(specs: list[RequestSpec], path: Path) -> None:
+    """Write a schedule as JSONL for :mod:`bench.openloop`."""
+    path.write_bytes(b"".join(orjson.dumps(
+        {"at": s.at, "path": s.path, "body": s.body, "tag": s.tag}) + b"\n" for s in specs))
+
+
+def iter_tags(specs: list[RequestSpec]) -> Iterator[str]:
+    """The tag of every request, in order (for per-class breakdowns)."""
+    return (s.tag for s in specs)

@@ -1,0 +1,73 @@
+"""Prometheus series of the KV-event subscribers and the block index.
+
+Counters are bumped per batch or per event (never per request); index sizes are read by a
+collector when Prometheus scrapes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from epp.kvcache.index import KVBlockIndex
+
+_LAG = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+
+
+class KVEventMetrics:
+    """The counters one EPP keeps for all its KV-event subscribers."""
+
+    def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
+        p = "inference_extension_kv_events_"
+        self.batches = Counter(p + "batches_total", "KV-event batches applied.", ["endpoint"],
+                               registry=registry)
+        self.events = Counter(p + "events_total", "KV events applied, by type.", ["type"],
+                              registry=registry)
+        self.blocks = Counter(p + "blocks_total", "Block hashes applied, by event type.",
+                              ["type"], registry=registry)
+        self.malformed = Counter(p + "malformed_total",
+                                 "Messages or events dropped as malformed, by reason.",
+                                 ["reason"], registry=registry)
+        self.skipped = Counter(p + "skipped_events_total",
+                               "Well-formed events the index could not apply, by reason "
+                               "(unknown_parent, block_size, bad_token_ids).", ["reason"],
+                               registry=registry)
+        self.gaps = Counter(p + "sequence_gaps_total",
+                            "Missed sequence ranges, by outcome (replayed | resynced).",
+                            ["outcome"], registry=registry)
+        self.restarts = Counter(p + "publisher_restarts_total",
+                                "Sequence went backwards: the server restarted, its blocks "
+                                "were forgotten.", ["endpoint"], registry=registry)
+        self.disconnects = Counter(p + "disconnects_total",
+                                   "Connections to a publisher lost (its blocks forgotten).",
+                                   ["endpoint"], registry=registry)
+        self.reconnects = Counter(p + "reconnects_total",
+                                  "Subscriber sockets re-created after an error or a stall.",
+                                  ["endpoint"], registry=registry)
+        self.lag = Histogram(p + "lag_seconds", "Publish (batch ts) to indexed.",
+                             buckets=_LAG, registry=registry)
+        self._registry = registry
+
+    def watch(self, index: KVBlockIndex) -> None:
+        """Export ``index``'s size gauges through this metrics' registry."""
+        self._registry.register(_IndexCollector(index))
+
+
+class _IndexCollector(Collector):
+    def __init__(self, index: KVBlockIndex) -> None:
+        self.index = index
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        keys = GaugeMetricFamily("inference_extension_kv_index_keys",
+                                 "Request keys (distinct blocks) held by the index.")
+        keys.add_metric([], len(self.index))
+        yield keys
+        per = GaugeMetricFamily("inference_extension_kv_index_endpoint_blocks",
+                                "Blocks the index knows each endpoint holds.",
+                                labels=["endpoint"])
+        for ep, n in sorted(self.index.endpoint_blocks().items()):
+            per.add_metric([ep], n)
+        yield per

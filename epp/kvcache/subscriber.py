@@ -1,0 +1,345 @@
+"""One ZMQ SUB subscriber per model server, feeding its KV events into the block index.
+
+Keeping in sync is the subscriber's business, never the index's or the scorer's:
+
+* **Sequence numbers.** Each batch carries the publisher's counter. A jump forward is a gap:
+  the missed range is asked for on the server's replay socket (``replay_address``) and
+  applied in order; when there is no replay socket, it does not answer in time, or its
+  buffer no longer reaches back, the endpoint is *resynced*: everything the index held for
+  it is forgotten and rebuilt from the live stream (vLLM has no "send me your whole cache").
+  A jump backwards means a new publisher (a restarted server, empty cache): forget it too.
+* **Broken streams.** ZMTP heartbeats drop a silent peer so a vanished server is noticed; a
+  lost connection closes the socket and a new one connects after a backoff (``reconnect_min``
+  doubling to ``reconnect_max`` while no batch gets through; libzmq's own reconnect interval
+  follows the same bounds while the server is unreachable). A lost connection makes the
+  endpoint *unknown*: the index forgets it (a server that went away may come back cold, and a
+  restarted publisher's sequence cannot be told from the old one's once it catches up) and
+  relearns it from the stream, asking the replay socket for the new publisher's history when
+  it has one.
+* **Hostile input.** Wrong frames, garbage or truncated msgpack, oversized payloads and
+  impossible events are counted (``inference_extension_kv_events_malformed_total{reason}``),
+  logged at a bounded rate and skipped; they never stop the subscriber.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import structlog
+import zmq
+import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
+
+from epp.kvcache.index import KVBlockIndex, UnindexableEvent
+from epp.kvcache.metrics import KVEventMetrics
+from shared.kvevents import (
+    MAX_BLOCKS_PER_EVENT,
+    MAX_PAYLOAD_BYTES,
+    MalformedMessage,
+    decode_batch,
+    parse_message,
+    parse_replay_reply,
+    replay_request,
+    zmq_context,
+)
+
+log = structlog.get_logger(__name__)
+
+_POLL_MS = 250
+_DRAIN = 256
+_EVENT_TYPES = ("BlockStored", "BlockRemoved", "AllBlocksCleared")
+
+
+@dataclass(frozen=True, slots=True)
+class KVEventSource:
+    """Where one endpoint publishes its KV events."""
+
+    #: The endpoint the events describe, as the scheduler names it (``ip:port``).
+    endpoint: str
+    #: ZMQ address of its PUB socket, e.g. ``tcp://10.0.0.7:5557``.
+    address: str
+    #: Base model served there; roots the keys of non-adapter blocks.
+    model: str
+    #: ZMQ address of its replay (ROUTER) socket, if it has one.
+    replay_address: str | None = None
+    #: Topic prefix to subscribe to (``""``: all; llm-d uses ``kv@``).
+    topic_filter: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriberConfig:
+    """Timing and limits shared by all subscribers."""
+
+    reconnect_min: float = 0.1
+    reconnect_max: float = 5.0
+    replay_timeout: float = 2.0
+    heartbeat: float = 1.0
+    max_payload_bytes: int = MAX_PAYLOAD_BYTES
+    max_blocks_per_event: int = MAX_BLOCKS_PER_EVENT
+
+    def __post_init__(self) -> None:
+        if not 0 < self.reconnect_min <= self.reconnect_max:
+            raise ValueError("need 0 < reconnect_min <= reconnect_max")
+        if self.replay_timeout <= 0 or self.heartbeat <= 0:
+            raise ValueError("replay_timeout and heartbeat must be positive")
+
+
+class KVEventSubscriber:
+    """Subscribes to one endpoint's KV events and keeps the index in step with them."""
+
+    def __init__(self, source: KVEventSource, index: KVBlockIndex, metrics: KVEventMetrics,
+                 config: SubscriberConfig | None = None) -> None:
+        self.source = source
+        self.index = index
+        self.metrics = metrics
+        self.config = config or SubscriberConfig()
+        #: Next sequence number expected; ``None`` until the first batch (or after a restart).
+        self.expected: int | None = None
+        self.batches = 0
+        #: Whether the SUB socket currently has a connection to the publisher.
+        self.connected = False
+        self._task: asyncio.Task[None] | None = None
+        self._reset = False
+        self._warned = 0
+        ep = source.endpoint
+        self._m_batches = metrics.batches.labels(ep)
+        self._m_events = {t: metrics.events.labels(t) for t in _EVENT_TYPES}
+        self._m_blocks = {t: metrics.blocks.labels(t) for t in _EVENT_TYPES}
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the subscriber task (idempotent)."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(
+                self._run(), name=f"kv-events {self.source.endpoint}")
+
+    async def stop(self) -> None:
+        """Stop the task and close the socket."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    # -- the loop --------------------------------------------------------------------------
+    async def _run(self) -> None:
+        cfg = self.config
+        delay = cfg.reconnect_min
+        while True:
+            try:
+                sock = self._open()
+            except zmq.ZMQError as exc:
+                log.warning("kv events: cannot open subscriber", endpoint=self.source.endpoint,
+                            address=self.source.address, error=str(exc))
+            else:
+                try:
+                    applied = self.batches
+                    await self._consume(sock)
+                    if self.batches > applied:  # the stream worked: start the backoff again
+                        delay = cfg.reconnect_min
+                except zmq.ZMQError as exc:
+                    log.warning("kv events: subscriber failed", endpoint=self.source.endpoint,
+                                error=str(exc))
+                finally:
+                    sock.close(linger=0)
+            self.metrics.reconnects.labels(self.source.endpoint).inc()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, cfg.reconnect_max)
+
+    def _open(self) -> zmq.asyncio.Socket:
+        cfg = self.config
+        sock = zmq_context().socket(zmq.SUB)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RCVHWM, 100_000)
+        sock.setsockopt(zmq.RECONNECT_IVL, int(cfg.reconnect_min * 1000))
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, int(cfg.reconnect_max * 1000))
+        sock.setsockopt(zmq.HEARTBEAT_IVL, int(cfg.heartbeat * 1000))
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(cfg.heartbeat * 3000))
+        sock.setsockopt(zmq.MAXMSGSIZE, cfg.max_payload_bytes + 65_536)
+        sock.setsockopt(zmq.SUBSCRIBE, self.source.topic_filter.encode())
+        return sock
+
+    async def _consume(self, sock: zmq.asyncio.Socket) -> None:
+        self._reset = False
+        monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        sock.connect(self.source.address)  # after the monitor, so it sees the connection
+        poller = zmq.asyncio.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(monitor, zmq.POLLIN)
+        try:
+            while not self._reset:
+                ready = dict(await poller.poll(_POLL_MS))
+                if sock in ready:  # data first: batches queued before a disconnect are older
+                    await self._drain(sock)
+                elif monitor in ready:
+                    msg = parse_monitor_message(await monitor.recv_multipart())
+                    self._on_socket_event(int(msg["event"]))
+        finally:
+            sock.disable_monitor()
+            monitor.close(linger=0)
+            self.connected = False
+
+    async def _drain(self, sock: zmq.asyncio.Socket) -> None:
+        """Handle the queued messages (up to a bound, so the monitor gets its turn)."""
+        for _ in range(_DRAIN):
+            try:
+                frames = await sock.recv_multipart(flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                _topic, seq, payload = parse_message(frames)
+            except MalformedMessage as exc:
+                self._malformed(exc)
+            else:
+                await self._on_batch(seq, payload)
+
+    def _on_socket_event(self, event: int) -> None:
+        ep = self.source.endpoint
+        if event == zmq.EVENT_CONNECTED:
+            self.connected = True
+            log.info("kv events: connected", endpoint=ep, address=self.source.address)
+            return
+        self.connected = False
+        self.expected = None
+        # libzmq reconnects after a network error but not after a protocol error (e.g. a
+        # frame over MAXMSGSIZE): a new socket, after the backoff, covers both.
+        self._reset = True
+        self.metrics.disconnects.labels(ep).inc()
+        forgotten = self.index.clear_endpoint(ep)
+        log.warning("kv events: stream lost, endpoint unknown until it publishes again",
+                    endpoint=ep, forgotten_blocks=forgotten)
+
+    # -- sequence handling ------------------------------------------------------------------
+    async def _on_batch(self, seq: int, payload: bytes) -> None:
+        ep = self.source.endpoint
+        expected = self.expected
+        if expected is not None and seq < expected:
+            # A new publisher (the server restarted): what we knew of its cache is gone.
+            self.metrics.restarts.labels(ep).inc()
+            self.index.clear_endpoint(ep)
+            log.info("kv events: publisher restarted", endpoint=ep, seq=seq, expected=expected)
+            expected = None
+        if expected is None:
+            if seq > 0 and self.source.replay_address:
+                await self._catch_up(0, seq)  # history of a server that ran before us
+        elif seq > expected:
+            if self.source.replay_address and await self._catch_up(expected, seq):
+                self.metrics.gaps.labels("replayed").inc()
+            else:
+                self.metrics.gaps.labels("resynced").inc()
+                self.index.clear_endpoint(ep)
+                log.warning("kv events: missed batches, endpoint resynced", endpoint=ep,
+                            first_missed=expected, received=seq)
+        self._apply(payload)
+        self.expected = seq + 1
+
+    async def _catch_up(self, start: int, until: int) -> bool:
+        """Replay ``[start, until)``; applied only when complete. Returns success."""
+        got = await self._replay(start)
+        if got is None:
+            return False
+        wanted = [(s, p) for s, p in got if start <= s < until]
+        if [s for s, _ in wanted] != list(range(start, until)):
+            return False
+        for _, payload in wanted:
+            self._apply(payload)
+        return True
+
+    async def _replay(self, start: int) -> list[tuple[int, bytes]] | None:
+        """Everything the replay socket still has from ``start`` on; ``None`` on failure."""
+        address = self.source.replay_address
+        assert address is not None
+        sock = zmq_context().socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        deadline = time.monotonic() + self.config.replay_timeout
+        out: list[tuple[int, bytes]] = []
+        try:
+            sock.connect(address)
+            await sock.send_multipart(replay_request(start))
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0 or not await sock.poll(int(left * 1000) + 1):
+                    log.warning("kv events: replay timed out", endpoint=self.source.endpoint)
+                    return None
+                try:
+                    item = parse_replay_reply(await sock.recv_multipart())
+                except MalformedMessage as exc:
+                    self._malformed(exc)
+                    return None
+                if item is None:
+                    return out
+                out.append(item)
+        except zmq.ZMQError as exc:
+            log.warning("kv events: replay failed", endpoint=self.source.endpoint,
+                        error=str(exc))
+            return None
+        finally:
+            sock.close(linger=0)
+
+    # -- applying ---------------------------------------------------------------------------
+    def _apply(self, payload: bytes) -> None:
+        cfg = self.config
+        try:
+            batch = decode_batch(payload, max_bytes=cfg.max_payload_bytes,
+                                 max_blocks=cfg.max_blocks_per_event)
+        except MalformedMessage as exc:
+            self._malformed(exc)
+            return
+        index = self.index
+        ep = self.source.endpoint
+        model = self.source.model
+        for ev in batch.events:
+            kind = type(ev).__name__
+            try:
+                n = index.apply(ep, ev, model)
+            except UnindexableEvent as exc:
+                self.metrics.skipped.labels(exc.reason).inc()
+                continue
+            self._m_events[kind].inc()
+            if n:
+                self._m_blocks[kind].inc(n)
+        self.batches += 1
+        self._m_batches.inc()
+        self.metrics.lag.observe(max(0.0, time.time() - batch.ts))
+
+    def _malformed(self, exc: MalformedMessage) -> None:
+        self.metrics.malformed.labels(exc.reason).inc()
+        self._warned += 1
+        if self._warned == 1 or self._warned % 1000 == 0:  # bounded: a hostile peer is noisy
+            log.warning("kv events: dropped malformed message", endpoint=self.source.endpoint,
+                        error=str(exc), dropped=self._warned)
+
+
+class KVEventSubscriptions:
+    """The set of subscribers for a pool: follows the endpoints as they come and go."""
+
+    def __init__(self, index: KVBlockIndex, metrics: KVEventMetrics,
+                 config: SubscriberConfig | None = None) -> None:
+        self.index = index
+        self.metrics = metrics
+        self.config = config or SubscriberConfig()
+        self.subscribers: dict[str, KVEventSubscriber] = {}
+
+    async def sync(self, sources: Iterable[KVEventSource]) -> None:
+        """Subscribe to new sources, drop vanished ones (and what the index held for them)."""
+        wanted = {s.endpoint: s for s in sources}
+        for ep, sub in list(self.subscribers.items()):
+            if wanted.get(ep) != sub.source:
+                await sub.stop()
+                del self.subscribers[ep]
+                self.index.clear_endpoint(ep)
+        for ep, src in wanted.items():
+            if ep not in self.subscribers:
+                sub = KVEventSubscriber(src, self.index, self.metrics, self.config)
+                self.subscribers[ep] = sub
+                sub.start()
+
+    async def stop(self) -> None:
+        """Stop every subscriber."""
+        for sub in self.subscribers.values():
+            await sub.stop()
+        self.subscribers.clear()

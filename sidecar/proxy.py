@@ -1,0 +1,303 @@
+"""The routing sidecar's HTTP proxy: prefill on the EPP's prefiller, decode on the local server.
+
+Request life (``POST /v1/completions`` and ``/v1/chat/completions``):
+
+1. The ``x-prefiller-host-port`` header is removed, and so is any ``kv_transfer_params`` the
+   client put in the body: only this sidecar talks the connector protocol to the decoder.
+2. No header, or no entry the :class:`~sidecar.allowlist.PrefillerPolicy` accepts → the
+   request goes to the local decode server as it is (a rejected header is counted).
+3. Otherwise the *prefill leg* (:func:`shared.pd.prefill_leg_body`) goes to the prefiller.
+   Its answer decides:
+
+   * 2xx with NixlConnector ``kv_transfer_params`` → the *decode leg*: the client's body plus
+     those params, to the local server, its answer streamed back unchanged;
+   * 400-451 → the prefiller's error goes back to the client with its status (the request
+     itself is wrong; the decoder would refuse it too);
+   * unreachable, timed out, another status, or an answer without usable params → the
+     request is decoded locally as if no prefiller had been named (counted by reason; the
+     client sees no error, only a slower first token).
+
+4. Errors of the decode leg go back with the decoder's status; a decoder that cannot be
+   reached is a 503. Every error the sidecar makes itself is an OpenAI-style JSON body.
+
+Other paths are passed to the local server (``/metrics``, ``/v1/models``, ...), bodies
+without ``kv_transfer_params`` too; ``GET /health`` is answered by the sidecar.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import aiohttp
+import orjson
+import structlog
+from aiohttp import web
+from multidict import CIMultiDict
+from prometheus_client import CollectorRegistry, Counter
+
+from shared.errors import BadRequest, GatewayError, ServiceUnavailable
+from shared.pd import (
+    KV_TRANSFER_PARAMS,
+    PREFILLER_HEADER,
+    ParamsError,
+    RemotePrefill,
+    prefill_leg_body,
+    split_host_ports,
+)
+from sidecar.allowlist import PrefillerPolicy
+
+log = structlog.get_logger(__name__)
+
+#: The OpenAI paths that take part in P/D (llm-d's sidecar intercepts the same two).
+PD_PATHS: Final = ("/v1/completions", "/v1/chat/completions")
+#: Prompts can be long; the body is read whole to build both legs.
+MAX_BODY: Final = 256 * 1024 * 1024
+#: Request headers not forwarded: hop-by-hop ones, the ones aiohttp recomputes, ours.
+_DROP_REQUEST: Final = frozenset({
+    "host", "content-length", "transfer-encoding", "connection", "keep-alive", "upgrade",
+    "te", "trailer", "proxy-connection", "expect", PREFILLER_HEADER})
+_DROP_RESPONSE: Final = frozenset({
+    "content-length", "transfer-encoding", "connection", "keep-alive"})
+
+
+@dataclass(frozen=True, slots=True)
+class SidecarConfig:
+    """What the proxy needs at run time (built from the flags by :mod:`sidecar.main`)."""
+
+    #: Base URL of the local decode server, e.g. ``http://127.0.0.1:8001``.
+    decoder_url: str
+    #: Pick a random accepted prefiller among the header's entries instead of the first.
+    prefiller_sampling: bool = False
+    #: Seconds the prefill leg may take before the request is decoded locally.
+    prefill_timeout: float = 60.0
+    #: ``http`` or ``https`` towards prefillers.
+    prefiller_scheme: str = "http"
+
+
+class SidecarMetrics:
+    """The sidecar's own counters (served on ``--metrics-port``)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.requests = Counter(
+            "pd_sidecar_requests", "Inference requests by how they were served "
+            "(disaggregated: prefilled remotely; local: decode server alone).",
+            ["mode"], registry=self.registry)
+        self.fallbacks = Counter(
+            "pd_sidecar_prefill_fallbacks",
+            "Prefill legs that failed and were replaced by a local prefill, by reason.",
+            ["reason"], registry=self.registry)
+        self.rejected = Counter(
+            "pd_sidecar_prefiller_rejected",
+            "Requests whose x-prefiller-host-port named no allowed prefiller (ignored).",
+            registry=self.registry)
+
+
+class _Fallback(Exception):
+    """The prefill leg failed in a way the decode server can make up for."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _error(exc: GatewayError) -> web.Response:
+    return web.Response(body=orjson.dumps(exc.to_json()), status=exc.status,
+                        content_type="application/json")
+
+
+def _without_kv_params(raw: bytes) -> bytes:
+    """``raw`` without a top-level ``kv_transfer_params`` (other APIs, e.g. ``/v1/responses``,
+    reach vLLM's connector too); bodies that are not JSON objects pass unchanged."""
+    if not raw or b"kv_transfer_params" not in raw:
+        return raw
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return raw
+    if not isinstance(body, dict) or KV_TRANSFER_PARAMS not in body:
+        return raw
+    del body[KV_TRANSFER_PARAMS]
+    return orjson.dumps(body)
+
+
+def _forward_headers(headers: Mapping[str, str], request_id: str) -> CIMultiDict[str]:
+    out: CIMultiDict[str] = CIMultiDict(
+        (k, v) for k, v in headers.items() if k.lower() not in _DROP_REQUEST)
+    out["x-request-id"] = request_id
+    return out
+
+
+class Sidecar:
+    """The aiohttp application and the two legs of every disaggregated request."""
+
+    def __init__(self, cfg: SidecarConfig, policy: PrefillerPolicy,
+                 metrics: SidecarMetrics | None = None, *, rng: random.Random | None = None
+                 ) -> None:
+        self.cfg = cfg
+        self.policy = policy
+        self.metrics = metrics or SidecarMetrics()
+        self._rng = rng or random.Random()
+        self._session: aiohttp.ClientSession | None = None
+
+    # -- app -----------------------------------------------------------------------------------
+    def app(self) -> web.Application:
+        """The proxy application (the session opens and closes with it)."""
+        app = web.Application(client_max_size=MAX_BODY)
+        app.cleanup_ctx.append(self._session_ctx)
+        app.router.add_get("/health", self._health)
+        for path in PD_PATHS:
+            app.router.add_post(path, self._inference)
+        app.router.add_route("*", "/{tail:.*}", self._passthrough)
+        return app
+
+    async def _session_ctx(self, _: web.Application) -> Any:
+        # No total timeout: generations can run for minutes; the prefill leg has its own.
+        self._session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
+            auto_decompress=False)
+        yield
+        await self._session.close()
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        assert self._session is not None, "Sidecar.app() must be running"
+        return self._session
+
+    async def _health(self, _: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    # -- requests --------------------------------------------------------------------------------
+    async def _inference(self, request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        wanted = split_host_ports(",".join(request.headers.getall(PREFILLER_HEADER, [])))
+        request_id = request.headers.get("x-request-id") or str(uuid.uuid4())
+        headers = _forward_headers(request.headers, request_id)
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError as e:
+            if wanted:
+                return _error(BadRequest(f"request body is not valid JSON: {e}"))
+            body = None  # not ours to judge: the decode server answers it
+        if body is not None and not isinstance(body, dict):
+            if wanted:
+                return _error(BadRequest("request body must be a JSON object"))
+            body = None
+        if isinstance(body, dict) and KV_TRANSFER_PARAMS in body:
+            # Only the sidecar may tell the decoder where KV lives (else: SSRF via vLLM).
+            del body[KV_TRANSFER_PARAMS]
+            raw = orjson.dumps(body)
+        target = self._choose(wanted, request) if body is not None else None
+        if target is None:
+            self.metrics.requests.labels("local").inc()
+            return await self._to_decoder(request, raw, headers)
+        try:
+            params = await self._prefill(target, body, request.path, headers)
+        except _Fallback as fb:
+            self.metrics.fallbacks.labels(fb.reason).inc()
+            self.metrics.requests.labels("local").inc()
+            log.warning("prefill failed; decoding locally", prefiller=target, reason=fb.reason,
+                        request_id=request_id)
+            return await self._to_decoder(request, raw, headers)
+        except _ClientError as ce:
+            return ce.response
+        self.metrics.requests.labels("disaggregated").inc()
+        decode_body = dict(body)
+        decode_body[KV_TRANSFER_PARAMS] = params
+        return await self._to_decoder(request, orjson.dumps(decode_body), headers)
+
+    def _choose(self, wanted: list[str], request: web.Request) -> str | None:
+        if not wanted:
+            return None
+        allowed = [hp for hp in wanted if self.policy.allows(hp)]
+        if not allowed:
+            self.metrics.rejected.inc()
+            log.warning("x-prefiller-host-port names no allowed prefiller; ignored",
+                        prefillers=wanted, client=request.remote)
+            return None
+        if self.cfg.prefiller_sampling and len(allowed) > 1:
+            return self._rng.choice(allowed)
+        return allowed[0]
+
+    async def _prefill(self, target: str, body: dict[str, Any], path: str,
+                       headers: CIMultiDict[str]) -> dict[str, Any]:
+        """The prefill leg; returns the decode leg's ``kv_transfer_params``."""
+        url = f"{self.cfg.prefiller_scheme}://{target}{path}"
+        leg_headers = CIMultiDict(headers)
+        leg_headers["content-type"] = "application/json"
+        try:
+            async with self.session.post(
+                    url, data=orjson.dumps(prefill_leg_body(body)), headers=leg_headers,
+                    timeout=aiohttp.ClientTimeout(total=self.cfg.prefill_timeout)) as resp:
+                status = resp.status
+                data = await resp.read()
+                content_type = resp.headers.get("content-type", "application/json")
+        except TimeoutError:
+            raise _Fallback("timeout") from None
+        except (aiohttp.ClientError, OSError):
+            raise _Fallback("unreachable") from None
+        if 400 <= status <= 451:
+            raise _ClientError(web.Response(body=data, status=status, headers={
+                "content-type": content_type}))
+        if not 200 <= status < 300:
+            raise _Fallback("error_status")
+        try:
+            answer = orjson.loads(data)
+            params = RemotePrefill.from_json(answer.get(KV_TRANSFER_PARAMS)).to_json()
+        except (orjson.JSONDecodeError, AttributeError, ParamsError):
+            raise _Fallback("bad_response") from None
+        return params
+
+    async def _to_decoder(self, request: web.Request, raw: bytes,
+                          headers: CIMultiDict[str]) -> web.StreamResponse:
+        """Send ``raw`` to the local decode server and relay its answer (streamed)."""
+        return await self._relay(request, request.method, request.path_qs, raw, headers)
+
+    async def _passthrough(self, request: web.Request) -> web.StreamResponse:
+        request_id = request.headers.get("x-request-id") or str(uuid.uuid4())
+        return await self._relay(request, request.method, request.path_qs,
+                                 _without_kv_params(await request.read()),
+                                 _forward_headers(request.headers, request_id))
+
+    async def _relay(self, request: web.Request, method: str, path_qs: str, raw: bytes,
+                     headers: CIMultiDict[str]) -> web.StreamResponse:
+        url = self.cfg.decoder_url + path_qs
+        try:
+            upstream = await self.session.request(method, url, data=raw, headers=headers)
+        except (aiohttp.ClientError, OSError) as e:
+            log.error("decode server unreachable", url=url, error=str(e))
+            return _error(ServiceUnavailable(
+                "The decode server is not ready: check that the model server is running and "
+                "--vllm-port is right.", code="decoder_unavailable"))
+        async with upstream:
+            out = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+            for k, v in upstream.headers.items():
+                if k.lower() not in _DROP_RESPONSE:
+                    out.headers.add(k, v)
+            if upstream.content_length is not None:
+                out.content_length = upstream.content_length
+            await out.prepare(request)
+            try:
+                async for chunk in upstream.content.iter_any():
+                    await out.write(chunk)
+            except (aiohttp.ClientError, OSError) as e:
+                # Mid-stream: the status is gone already; end the stream, the client sees a
+                # truncated answer (no [DONE]) exactly as from a dying model server.
+                log.warning("decode server broke off the response", url=url, error=str(e))
+                if request.transport is not None:
+                    request.transport.close()
+                return out
+            await out.write_eof()
+            return out
+
+
+class _ClientError(Exception):
+    """The prefiller rejected the request itself; its answer goes back to the client."""
+
+    def __init__(self, response: web.Response) -> None:
+        super().__init__(response.status)
+        self.response = response

@@ -1,0 +1,18 @@
+"""The twin agrees with the real-time stack (simulator processes, real Envoy, the EPP
+process) on a short case: TTFT p50/p90 and output tok/s within 15% for round-robin and
+epp-default on the same schedule. The full comparison is ``make bench-agreement`` and
+``python -m bench.twin.agreement --from-run`` (figures in bench/RESULTS.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.twin.agreement import TOLERANCE, live, table
+
+
+def test_twin_and_real_time_agree_on_a_short_case(tmp_path: Path) -> None:
+    pairs = live("sharegpt", 0.6, seed=0, servers=4, duration=12.0, workdir=tmp_path)
+    assert [p.real.contender for p in pairs] == ["envoy-rr", "epp-default"]
+    assert all(p.real.ok > 50 and p.real.errors == 0 for p in pairs)
+    # A table to read when this fails: real / twin / difference per metric.
+    assert all(p.agrees for p in pairs), "\n".join(table(pairs)) + f"\ntolerance {TOLERANCE}"
