@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 LINT_PATHS := shared bbr epp sim sidecar bench devkit tests examples/plugin-package
 
-.PHONY: venv run test lint bench bench-quick bench-compare bench-compare-quick bench-twin \
+.PHONY: venv run test test-vllm lint bench bench-quick bench-compare bench-compare-quick bench-twin \
 	bench-twin-quick bench-agreement bench-inference-perf clean
 
 $(STAMP): pyproject.toml examples/plugin-package/pyproject.toml
@@ -25,6 +25,14 @@ run: venv
 ## test: lint, type-check and the whole default test suite (real Envoy included)
 test: venv lint
 	$(PY) -m pytest -q
+
+## test-vllm: the gateway in front of real vLLM servers (CPU build, tiny local model); not in
+## `make test`. The vLLM venv is cached in .cache/. VLLM_ARGS="--vllm-url http://H:P ..." uses
+## servers you run instead (docs/real-vllm.md).
+VLLM_VENV ?= .cache/vllm-venv
+test-vllm: venv
+	bash tests/vllm/setup_venv.sh $(VLLM_VENV)
+	$(PY) -m pytest -q -p no:cacheprovider tests/vllm --real-vllm --vllm-venv $(VLLM_VENV) $(VLLM_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check $(LINT_PATHS)

@@ -108,6 +108,9 @@ def debug_pool_route(datastore: Datastore) -> Any:
                     "inflight_tokens": v.inflight_tokens,
                     "lora_running": sorted(v.metrics.lora.running) if v.metrics.lora else [],
                     "lora_waiting": sorted(v.metrics.lora.waiting) if v.metrics.lora else [],
+                    "max_lora": v.metrics.lora.max_lora if v.metrics.lora else None,
+                    "block_size": v.metrics.block_size,
+                    "num_gpu_blocks": v.metrics.num_gpu_blocks,
                 }
                 for v in datastore.views()
             ],

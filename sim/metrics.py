@@ -31,6 +31,9 @@ E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 4
 
 _PREFIX = {"vllm": "vllm:", "sglang": "sglang:", "trtllm-serve": "trtllm_"}
 
+#: vLLM's ``finished_reason`` label values of ``vllm:request_success_total`` (0.32).
+FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
+
 
 class ServerMetrics:
     """Registry, histograms and state collector of one server; also the engine's stats sink."""
@@ -40,24 +43,31 @@ class ServerMetrics:
                  kv_transfer: KVTransfer | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         p = _PREFIX[dialect]
-        labels = ["model_name"]
+        # vLLM labels every per-engine series with the data-parallel engine index too.
+        labels, values = (["model_name", "engine"], [model_name, "0"]) if dialect == "vllm" \
+            else (["model_name"], [model_name])
+        # vLLM 0.32 names the per-request mean ITL histogram request_time_per_output_token.
+        tpot = f"{p}request_time_per_output_token_seconds" if dialect == "vllm" \
+            else f"{p}time_per_output_token_seconds"
         self._ttft = Histogram(f"{p}time_to_first_token_seconds", "Time to first token.",
                                labels, buckets=TTFT_BUCKETS,
-                               registry=self.registry).labels(model_name)
+                               registry=self.registry).labels(*values)
         self._itl = Histogram(f"{p}inter_token_latency_seconds", "Time between tokens.",
                               labels, buckets=ITL_BUCKETS,
-                              registry=self.registry).labels(model_name)
-        self._tpot = Histogram(f"{p}time_per_output_token_seconds",
-                               "Mean time per output token of a request.", labels,
-                               buckets=ITL_BUCKETS, registry=self.registry).labels(model_name)
+                              registry=self.registry).labels(*values)
+        self._tpot = Histogram(tpot, "Mean time per output token of a request.", labels,
+                               buckets=ITL_BUCKETS, registry=self.registry).labels(*values)
         self._e2e = Histogram(f"{p}e2e_request_latency_seconds", "End-to-end request latency.",
                               labels, buckets=E2E_BUCKETS,
-                              registry=self.registry).labels(model_name)
+                              registry=self.registry).labels(*values)
         self._queue = Histogram(f"{p}request_queue_time_seconds", "Time spent waiting.",
                                 labels, buckets=E2E_BUCKETS,
-                                registry=self.registry).labels(model_name)
-        self.registry.register(
-            _StateCollector(engine, dialect, model_name, gpu_cache_usage_metric, kv_transfer))
+                                registry=self.registry).labels(*values)
+        #: Finished requests by OpenAI ``finish_reason`` (vLLM's ``finished_reason`` label).
+        self.finished_by_reason: dict[str, int] = dict.fromkeys(FINISH_REASONS, 0)
+        self.registry.register(_StateCollector(engine, dialect, model_name,
+                                               gpu_cache_usage_metric, self.finished_by_reason,
+                                               kv_transfer))
         if kv_transfer is not None and dialect == "vllm":
             xfer = Histogram("vllm:nixl_xfer_time_seconds",
                              "Duration of NIXL KV cache transfers (decode side).",
@@ -90,6 +100,8 @@ class ServerMetrics:
         """Record end-to-end latency and mean time per output token of a finished request."""
         if req.finish_time is None:
             return
+        reason = req.finish_reason
+        self.finished_by_reason[reason] = self.finished_by_reason.get(reason, 0) + 1
         self._e2e.observe(req.finish_time - req.arrival)
         if req.generated > 1 and req.first_token_time is not None:
             self._tpot.observe((req.finish_time - req.first_token_time) / (req.generated - 1))
@@ -103,23 +115,29 @@ class _StateCollector(Collector):
     """Gauges and counters computed from the engine when scraped."""
 
     def __init__(self, engine: Engine, dialect: str, model_name: str,
-                 gpu_cache_usage_metric: bool, kv_transfer: KVTransfer | None = None) -> None:
+                 gpu_cache_usage_metric: bool, finished_by_reason: dict[str, int],
+                 kv_transfer: KVTransfer | None = None) -> None:
         self.engine = engine
         self.kv_transfer = kv_transfer
         self.dialect = dialect
         self.model_name = model_name
         self.gpu_cache_usage_metric = gpu_cache_usage_metric
+        self.finished_by_reason = finished_by_reason
+        # vLLM adds the data-parallel engine index to every per-engine series.
+        self._labels = ["model_name", "engine"] if dialect == "vllm" else ["model_name"]
+        self._values = [model_name, "0"] if dialect == "vllm" else [model_name]
         self._lora_version = -1
-        self._lora_stamp = 0.0
+        #: Every LoRA label set seen → when it was last current (vLLM keeps them all).
+        self._lora_history: dict[tuple[str, str], float] = {}
 
     def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
-        g = GaugeMetricFamily(name, doc, labels=["model_name"])
-        g.add_metric([self.model_name], value)
+        g = GaugeMetricFamily(name, doc, labels=self._labels)
+        g.add_metric(self._values, value)
         return g
 
     def _counter(self, name: str, doc: str, value: float) -> CounterMetricFamily:
-        c = CounterMetricFamily(name, doc, labels=["model_name"])
-        c.add_metric([self.model_name], value)
+        c = CounterMetricFamily(name, doc, labels=self._labels)
+        c.add_metric(self._values, value)
         return c
 
     @staticmethod
@@ -144,8 +162,9 @@ class _StateCollector(Collector):
             yield self._lora_info()
             info = GaugeMetricFamily("vllm:cache_config_info", "KV cache configuration.",
                                      labels=["block_size", "num_gpu_blocks", "cache_dtype",
-                                             "enable_prefix_caching"])
-            info.add_metric([str(p.block_size), str(p.num_gpu_blocks), "auto", "True"], 1.0)
+                                             "enable_prefix_caching", "engine"])
+            info.add_metric([str(p.block_size), str(p.num_gpu_blocks), "auto", "True", "0"],
+                            1.0)
             yield info
             yield self._counter("vllm:prefix_cache_queries", "Prompt tokens looked up.",
                                 e.prefix_queries_total)
@@ -153,8 +172,11 @@ class _StateCollector(Collector):
                                 e.prefix_hits_total)
             yield self._counter("vllm:num_preemptions", "Preempted requests.",
                                 e.preemptions_total)
-            yield self._counter("vllm:request_success", "Finished requests.",
-                                e.finished_total)
+            success = CounterMetricFamily("vllm:request_success", "Finished requests.",
+                                          labels=[*self._labels, "finished_reason"])
+            for reason, count in self.finished_by_reason.items():
+                success.add_metric([*self._values, reason], count)
+            yield success
             pd = self.kv_transfer
             if pd is not None:
                 yield self._counter("vllm:external_prefix_cache_queries",
@@ -191,14 +213,25 @@ class _StateCollector(Collector):
                             e.generation_tokens_total)
 
     def _lora_info(self) -> GaugeMetricFamily:
-        """vLLM's LoRA gauge: the labels carry the state, the value when it last changed."""
+        """vLLM's LoRA gauge: the labels carry the state, the value when it was last current.
+
+        As in vLLM 0.32: no sample before the engine's first step (vLLM sets it from each
+        step's scheduler stats), and every label set ever seen stays on the page with the
+        time it was last current, so the current state is the sample with the largest value.
+        """
         e = self.engine
-        if e.lora_version != self._lora_version:
-            self._lora_version = e.lora_version
-            self._lora_stamp = time.time()
         g = GaugeMetricFamily("vllm:lora_requests_info", "Running and waiting LoRA adapters.",
                               labels=["max_lora", "running_lora_adapters",
                                       "waiting_lora_adapters"])
-        g.add_metric([str(e.profile.max_loras), ",".join(e.loras.running_adapters),
-                      ",".join(e.waiting_adapters)], self._lora_stamp)
+        if e.steps_total == 0 and e.lora_version == 0:
+            return g
+        if e.lora_version != self._lora_version:
+            self._lora_version = e.lora_version
+            state = (",".join(e.loras.running_adapters), ",".join(e.waiting_adapters))
+            # Strictly newer than any older state, even within one clock tick.
+            newest = max(self._lora_history.values(), default=0.0)
+            self._lora_history.pop(state, None)
+            self._lora_history[state] = max(time.time(), newest + 1e-6)
+        for (running, waiting), stamp in self._lora_history.items():
+            g.add_metric([str(e.profile.max_loras), running, waiting], stamp)
         return g

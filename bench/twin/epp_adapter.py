@@ -1,16 +1,18 @@
 """The ONLY place the twin touches the EPP: the real service objects, wired as ``epp.main``
 wires them, driven by the twin's loop instead of gRPC and HTTP scrapes.
 
-What is real here: the EndpointPickerConfig parser (``--config-file`` / the default config),
-``build_scheduler`` (the same plugin objects and profiles), the saturation detector, the
-:class:`~epp.datastore.Datastore` fed from InferencePool + Pod manifests by the manifests
-source's loader, and :class:`~epp.requestcontrol.Director` - ``route()`` with the client's
-body and headers for each request, ``finish()`` when its response ends. The scheduler and the
-director get a seeded RNG, so one seed picks the same endpoints every time.
+What is real here: the EndpointPickerConfig loader (``--config-file`` / the default config),
+:func:`epp.config.build` (the same plugin objects, profiles, producers, detectors and
+response hooks the service runs), the :class:`~epp.datastore.Datastore` fed from InferencePool
++ Pod manifests by the manifests source's loader, and :class:`~epp.requestcontrol.Director`
+from ``Director.of(runtime)`` - ``route()`` with the client's body and headers for each
+request, ``finish()`` when its response ends. The runtime gets a seeded RNG, so one seed picks
+the same endpoints every time. The config's data sources are built but not run: the twin's
+loop delivers the scrapes.
 
 What replaces the network: a scrape's reading (:class:`bench.twin.loop.ServerState`) becomes
-the :class:`~epp.datastore.EndpointMetrics` the vLLM dialect parser would produce from the
-simulator's /metrics (waiting, running, KV usage, LoRA info, served model), installed with
+the :class:`~epp.datastore.EndpointMetrics` the ``core-metrics-extractor`` would produce from
+the simulator's /metrics (waiting, running, KV usage, LoRA info, served model), installed with
 ``begin_scrape`` / ``record_scrape`` at the virtual times the loop chooses.
 
 When the EPP's director or config API changes, this file is what to adapt.
@@ -26,12 +28,12 @@ from pathlib import Path
 import yaml
 
 from bench.twin.loop import ServerState
+from epp.config import ConfigError, build, load_config_file, parse_config
 from epp.datastore import Datastore, EndpointMetrics, EndpointView
 from epp.datastore.endpoint_state import LoraInfo
+from epp.handle import Settings
 from epp.requestcontrol import Director
 from epp.requestcontrol.director import DESTINATION, Routed
-from epp.scheduling import build_saturation_detector, build_scheduler
-from epp.scheduling.config import ConfigError, load_config_file, parse_config
 from epp.sources.manifests import load_snapshot
 
 #: ``--refresh-metrics-interval`` and ``--metrics-staleness-threshold`` defaults of epp.main.
@@ -73,17 +75,16 @@ class EppRouter:
         config = (load_config_file(config_file) if config_file is not None
                   else parse_config(config_text, source=name))
         rng = random.Random(f"{name}:{seed}")
-        self.scheduler = build_scheduler(config, rng=random.Random(rng.random()))
         self.datastore = Datastore()
-        self.datastore.subscribe(lambda s: self.scheduler.retain_endpoints(
+        runtime = build(config, self.datastore, Settings(staleness=STALENESS),
+                        rng=random.Random(rng.random()))
+        self.datastore.subscribe(lambda s: runtime.retain_endpoints(
             frozenset(e.key for e in s.endpoints)))
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "pool.yaml"
             path.write_text(yaml.safe_dump_all(_manifests(keys), sort_keys=False))
             self.datastore.replace(load_snapshot(path, pool_name=POOL, pool_namespace="default"))
-        self.director = Director(self.datastore, self.scheduler,
-                                 build_saturation_detector(config), staleness=STALENESS,
-                                 rng=random.Random(rng.random()))
+        self.director = Director.of(runtime)
         self.views: dict[str, EndpointView] = {v.key: v for v in self.datastore.views()}
         self._routed: dict[int, Routed] = {}
 

@@ -298,15 +298,14 @@ def test_grpc_model_servers_are_refused_with_the_reason() -> None:
     assert "only http model servers" in err
 
 
-@pytest.mark.xfail(strict=True, reason="the EPP has no 'openai-parser' plugin type nor a "
-                   "'parser' config section yet (issue 13, plugins)")
 def test_parser_renders_into_a_config_the_epp_loads() -> None:
-    from epp.scheduling import build_scheduler, parse_config
+    from epp.config import build, parse_config
 
     cm = one(render("inferencepool", "inferencePool.parser=openai-parser"), "ConfigMap")
     text = cm["data"]["default-plugins.yaml"]
     assert "pluginRef: openai-parser" in text
-    build_scheduler(parse_config(text, source="chart"))
+    runtime = build(parse_config(text, source="chart"))
+    assert runtime.parser.type_name == "openai-parser"
 
 
 def test_legacy_target_port_number() -> None:

@@ -186,3 +186,7 @@ def test_metrics_port_exports_upstream_names_and_debug_pool(pool: Pool) -> None:
     debug = httpx.get(f"http://127.0.0.1:{pool.epp.metrics}/debug/pool").json()
     assert {ep["address"] for ep in debug["endpoints"]} == {s.key for s in pool.servers}
     assert all(ep["age_seconds"] is not None for ep in debug["endpoints"])
+    # What the scraper read: the fake servers report LoRA slots but no cache config.
+    assert all(ep["max_lora"] == 4 for ep in debug["endpoints"])
+    assert all(ep["block_size"] is None and ep["num_gpu_blocks"] is None
+               for ep in debug["endpoints"])

@@ -40,7 +40,7 @@ async def test_vllm_gauges_match_engine_state_under_load(fleet_of: FleetFactory)
         usage = value(parsed, "vllm:kv_cache_usage_perc")
         assert 0 < usage <= 1 and abs(usage - engine.kv.usage) < 0.05
         labels, _ = parsed["vllm:num_requests_running"][0]
-        assert labels == {"model_name": MODEL}
+        assert labels == {"model_name": MODEL, "engine": "0"}  # vLLM's labels (0.32)
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -67,6 +67,47 @@ async def test_cache_config_and_lora_info_labels(fleet_of: FleetFactory) -> None
         assert stamp > 1.7e9  # a unix timestamp
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_lora_info_absent_until_the_first_step_then_keeps_every_state(
+        fleet_of: FleetFactory) -> None:
+    """vLLM 0.32: no lora_requests_info sample before the engine has stepped; afterwards
+    every label set seen stays on the page, the current one with the largest value."""
+    async with fleet_of(tiny(lora_modules={"sql": "/p"}, time_scale=5.0)) as fleet, \
+            httpx.AsyncClient(base_url=fleet.urls[0], timeout=10) as client:
+        fresh = (await client.get("/metrics")).text
+        assert "# TYPE vllm:lora_requests_info gauge" in fresh
+        assert "vllm:lora_requests_info" not in samples(fresh)
+        task = asyncio.create_task(client.post(
+            "/v1/completions", json={"model": "sql", "prompt": "x", "max_tokens": 20}))
+        engine = fleet.servers[0].engine
+        for _ in range(400):
+            if engine.num_running:
+                break
+            await asyncio.sleep(0.005)
+        busy = samples((await client.get("/metrics")).text)["vllm:lora_requests_info"]
+        assert [labels["running_lora_adapters"] for labels, _ in busy] == ["sql"]
+        assert (await task).status_code == 200
+        after = samples((await client.get("/metrics")).text)["vllm:lora_requests_info"]
+        assert len(after) == 2
+        newest, _ = max(after, key=lambda s: s[1])
+        assert newest["running_lora_adapters"] == "" and newest["max_lora"] == "2"
+
+
+async def test_request_success_by_finish_reason_and_vllm_histogram_names(
+        fleet_of: FleetFactory) -> None:
+    async with fleet_of(tiny()) as fleet, \
+            httpx.AsyncClient(base_url=fleet.urls[0], timeout=10) as client:
+        r = await client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 3})
+        assert r.json()["choices"][0]["finish_reason"] == "length"
+        parsed = samples((await client.get("/metrics")).text)
+        by_reason = {labels["finished_reason"]: v
+                     for labels, v in parsed["vllm:request_success_total"]}
+        assert by_reason == {"stop": 0, "length": 1, "abort": 0, "error": 0, "repetition": 0}
+        assert value(parsed, "vllm:request_time_per_output_token_seconds_count") == 1
+        assert "vllm:time_per_output_token_seconds_count" not in parsed
+        (cfg_labels, _), = parsed["vllm:cache_config_info"]
+        assert cfg_labels["engine"] == "0"
 
 
 async def test_counters_and_histograms_after_requests(fleet_of: FleetFactory) -> None:

@@ -1,0 +1,350 @@
+"""Real vLLM servers and the real gateway in front of them, for ``make test-vllm``.
+
+Two local vLLM servers (CPU build, the tiny model from ``make_model.py``) are enough to show
+every behaviour the checks need, and each costs ~3 GiB of RAM and a share of two cores:
+
+- ``lora`` (127.0.19.1): LoRA enabled (2 slots), adapter ``a1`` loaded at start; prefix
+  caching; ``--max-num-seqs 4`` so a burst builds a waiting queue.
+- ``small`` (127.0.19.2): no LoRA; a 40-block KV cache of 32-token blocks (vLLM keeps one
+  block back, so 1,248 tokens) with ``--max-model-len 1024`` so a few prompts evict;
+  ``--max-num-seqs 4``; publishes KV events over ZMQ.
+
+Both listen on the same port, like the pods of one InferencePool. With ``--vllm-url`` the
+same gateway is put in front of servers the user already runs instead (see
+``docs/real-vllm.md``).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bench.manifests import pool_manifests, write_yaml
+from bench.stack import PoolSpec, StackSpec, envoy_config
+from shared import envoy as e
+
+MODEL = "tiny"
+POOL = "real"
+#: Generous: vLLM takes ~35 s alone here, several minutes while other work shares the cores.
+STARTUP_TIMEOUT = 900.0
+
+
+@dataclass
+class VllmServer:
+    """One model server the gateway routes to (started here or given by URL)."""
+
+    name: str
+    host: str
+    port: int
+    #: What this server was started with (empty for ``--vllm-url`` servers).
+    features: frozenset[str] = frozenset()
+    kv_events_port: int | None = None
+    proc: subprocess.Popen[bytes] | None = None
+    log: Path | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def key(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def get(self, path: str, timeout: float = 10) -> str:
+        with urllib.request.urlopen(self.url + path, timeout=timeout) as r:
+            return r.read().decode()
+
+    def log_tail(self, n: int = 15) -> str:
+        if self.log is None:
+            return ""
+        lines = self.log.read_text(errors="replace").splitlines()
+        return "\n".join(lines[-n:])
+
+
+def vllm_command(venv: Path, model_dir: Path, server: VllmServer) -> list[str]:
+    """``vllm serve`` of the tiny model with the flags issue #19 found to work on CPU."""
+    args = [str(venv / "bin" / "python"), "-m", "vllm.entrypoints.cli.main", "serve",
+            str(model_dir / "base"), "--served-model-name", MODEL,
+            "--host", server.host, "--port", str(server.port),
+            "--enable-prefix-caching", "--dtype", "float32", "--enforce-eager",
+            "--max-num-seqs", "4", "--disable-uvicorn-access-log",
+            # usage.prompt_tokens_details.cached_tokens, as the simulator always sends it
+            "--enable-prompt-tokens-details"]
+    if "lora" in server.features:
+        args += ["--enable-lora", "--max-loras", "2", "--max-lora-rank", "8",
+                 "--lora-modules", f"a1={model_dir / 'a1'}"]
+    if "small-kv" in server.features:
+        # vLLM refuses to start unless one max-length request fits the cache.
+        args += ["--block-size", "32", "--num-gpu-blocks-override", "40",
+                 "--max-model-len", "1024"]
+    else:
+        args += ["--max-model-len", "2048"]
+    if server.kv_events_port is not None:
+        args += ["--kv-events-config", json.dumps({
+            "enable_kv_cache_events": True, "publisher": "zmq",
+            "endpoint": f"tcp://127.0.0.1:{server.kv_events_port}", "topic": "kv-events"})]
+    return args
+
+
+def local_servers() -> list[VllmServer]:
+    """The two local servers (see the module docstring), on one free port."""
+    port = e.free_port()
+    return [
+        VllmServer("lora", "127.0.19.1", port, frozenset({"lora"})),
+        VllmServer("small", "127.0.19.2", port, frozenset({"small-kv", "kv-events"}),
+                   kv_events_port=e.free_port()),
+    ]
+
+
+def start_vllm(venv: Path, model_dir: Path, servers: list[VllmServer], logs: Path) -> None:
+    """Start every server at once and wait until all answer ``/health``."""
+    logs.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1",
+           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
+           "PYTHONUNBUFFERED": "1",
+           # "auto" pins every server's engine to core 0; let the kernel spread them.
+           "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    for s in servers:
+        s.log = logs / f"vllm-{s.name}.log"
+        with s.log.open("wb") as out:
+            s.proc = subprocess.Popen(vllm_command(venv, model_dir, s), stdout=out,
+                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                      env=env, start_new_session=True)
+    wait_healthy(servers, STARTUP_TIMEOUT)
+
+
+def wait_healthy(servers: list[VllmServer], timeout: float) -> None:
+    """Every server answers ``/health`` 200; a server that exits fails at once."""
+    pending = list(servers)
+    deadline = time.monotonic() + timeout
+    while pending:
+        for s in list(pending):
+            if s.proc is not None and s.proc.poll() is not None:
+                raise RuntimeError(f"vLLM {s.name} exited {s.proc.returncode}:\n{s.log_tail()}")
+            try:
+                s.get("/health", timeout=2)
+                pending.remove(s)
+            except OSError:
+                pass
+        if pending and time.monotonic() > deadline:
+            names = ", ".join(s.name for s in pending)
+            raise TimeoutError(f"vLLM not healthy after {timeout:.0f}s: {names}\n"
+                               + "\n".join(s.log_tail() for s in pending))
+        time.sleep(1)
+
+
+def stop_vllm(servers: list[VllmServer]) -> None:
+    """SIGTERM each server's process group (vLLM forks an engine process), then SIGKILL."""
+    for s in servers:
+        if s.proc is not None and s.proc.poll() is None:
+            os.killpg(s.proc.pid, signal.SIGTERM)
+    for s in servers:
+        if s.proc is None:
+            continue
+        try:
+            s.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(s.proc.pid, signal.SIGKILL)
+            s.proc.wait()
+
+
+def servers_from_urls(urls: list[str]) -> list[VllmServer]:
+    """``--vllm-url`` values → servers; all must share one port (an InferencePool's
+    ``targetPorts``), and host names are resolved to the IP the EPP's Pods need."""
+    servers = []
+    for i, raw in enumerate(urls):
+        u = urllib.parse.urlsplit(raw if "://" in raw else f"http://{raw}")
+        if u.scheme != "http" or not u.hostname or u.path not in ("", "/"):
+            raise ValueError(f"--vllm-url {raw!r}: expected http://HOST:PORT")
+        ip = socket.gethostbyname(u.hostname)
+        servers.append(VllmServer(f"server-{i}", ip, u.port or 80))
+    if len({s.port for s in servers}) != 1:
+        raise ValueError("--vllm-url: every server must listen on the same port "
+                         "(one InferencePool target port)")
+    return servers
+
+
+def served_models(server: VllmServer) -> tuple[str, list[str]]:
+    """(base model, LoRA adapters) from the server's ``/v1/models``."""
+    data = json.loads(server.get("/v1/models"))["data"]
+    base = [m["id"] for m in data if not m.get("parent")]
+    adapters = [m["id"] for m in data if m.get("parent")]
+    if len(base) != 1:
+        raise ValueError(f"{server.url}/v1/models: expected one base model, got {base}")
+    return base[0], adapters
+
+
+# --- the gateway ---------------------------------------------------------------------------
+
+EPP_CONFIG = """
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: queue-scorer
+- type: kv-cache-utilization-scorer
+- type: prefix-cache-scorer
+- type: lora-affinity-scorer
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: queue-scorer
+    weight: 2
+  - pluginRef: kv-cache-utilization-scorer
+    weight: 2
+  - pluginRef: prefix-cache-scorer
+    weight: 3
+  - pluginRef: lora-affinity-scorer
+    weight: 4
+saturationDetector:
+  queueDepthThreshold: 2
+  kvCacheUtilThreshold: 0.95
+  metricsStalenessThreshold: 10s
+"""
+
+
+@dataclass
+class Gateway:
+    """Envoy + BBR + EPP (TLS between Envoy and both, the services' default) on loopback."""
+
+    workdir: Path
+    servers: list[VllmServer]
+    model: str
+    adapters: list[str]
+    children: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    envoy: e.Envoy | None = None
+    port: int = 0
+    ports: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def epp_get(self, path: str) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.ports['epp_metrics']}{path}",
+                                    timeout=10) as r:
+            return r.read().decode()
+
+    def start(self) -> Gateway:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        for k in ("epp_grpc", "epp_health", "epp_metrics", "bbr_grpc", "bbr_health",
+                  "bbr_metrics", "admin", "listen"):
+            self.ports[k] = e.free_port()
+        self.port = self.ports["listen"]
+        rewrite = {
+            "apiVersion": "inference.networking.x-k8s.io/v1alpha2",
+            "kind": "InferenceModelRewrite",
+            "metadata": {"name": "alias", "namespace": "default"},
+            "spec": {"poolRef": {"name": POOL}, "rules": [{
+                "matches": [{"model": {"type": "Exact", "value": "alias"}}],
+                "targets": [{"modelRewrite": self.model, "weight": 1}]}]},
+        }
+        objectives = [
+            {"apiVersion": "inference.networking.x-k8s.io/v1alpha2",
+             "kind": "InferenceObjective", "metadata": {"name": name, "namespace": "default"},
+             "spec": {"priority": priority, "poolRef": {"name": POOL}}}
+            for name, priority in (("batch", -1), ("chat", 1))
+        ]
+        manifests = self.workdir / "pool.yaml"
+        write_yaml(manifests, pool_manifests(
+            POOL, [(s.name, s.host) for s in self.servers], self.servers[0].port,
+            [rewrite, *objectives]))
+        config = self.workdir / "epp.yaml"
+        config.write_text(EPP_CONFIG)
+        py = sys.executable
+        p = self.ports
+        self._spawn("epp", [py, "-m", "epp.main", "--manifests", str(manifests),
+                            "--pool-name", POOL, "--config-file", str(config),
+                            "--grpc-port", str(p["epp_grpc"]),
+                            "--grpc-health-port", str(p["epp_health"]),
+                            "--metrics-port", str(p["epp_metrics"]),
+                            "--refresh-metrics-interval", "100ms",
+                            "--metrics-staleness-threshold", "10s", "--grace-period", "2"])
+        self._spawn("bbr", [py, "-m", "bbr.main", "--streaming",
+                            "--grpc-port", str(p["bbr_grpc"]),
+                            "--grpc-health-port", str(p["bbr_health"]),
+                            "--metrics-port", str(p["bbr_metrics"]), "--grace-period", "2"])
+        self._wait_serving(60)
+        spec = StackSpec(port=self.port, admin_port=p["admin"],
+                         bbr={"grpc_port": p["bbr_grpc"]},
+                         pools=[PoolSpec(name=POOL, model=self.model, index=0,
+                                         epp={"grpc_port": p["epp_grpc"]},
+                                         lora_modules=self.adapters,
+                                         rewrites={"alias": {self.model: 1}})],
+                         demo={})
+        self.envoy = e.Envoy(envoy_config(spec), admin_port=p["admin"],
+                             workdir=self.workdir / "envoy").start()
+        return self
+
+    def _spawn(self, name: str, args: list[str]) -> None:
+        with (self.workdir / f"{name}.log").open("wb") as out:
+            self.children[name] = subprocess.Popen(
+                args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+    def log_tail(self, name: str, n: int = 20) -> str:
+        lines = (self.workdir / f"{name}.log").read_text(errors="replace").splitlines()
+        return "\n".join(lines[-n:])
+
+    def _wait_serving(self, timeout: float) -> None:
+        import grpc
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        def serving(name: str, port: int) -> None:
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                proc = self.children[name]
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{name} exited {proc.returncode}:\n"
+                                       + self.log_tail(name))
+                try:
+                    with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+                        status = health_pb2_grpc.HealthStub(ch).Check(
+                            health_pb2.HealthCheckRequest(), timeout=1).status
+                    if status == health_pb2.HealthCheckResponse.SERVING:
+                        return
+                except grpc.RpcError:
+                    pass
+                time.sleep(0.2)
+            raise TimeoutError(f"{name} not SERVING after {timeout:.0f}s:\n"
+                               + self.log_tail(name))
+
+        with concurrent.futures.ThreadPoolExecutor(2) as ex:
+            for f in [ex.submit(serving, "epp", self.ports["epp_health"]),
+                      ex.submit(serving, "bbr", self.ports["bbr_health"])]:
+                f.result()
+
+    def stop(self) -> None:
+        if self.envoy is not None:
+            self.envoy.stop()
+        for proc in self.children.values():
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.children.values():
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def debug_pool(gw: Gateway) -> dict[str, dict[str, Any]]:
+    """The EPP's ``/debug/pool``, keyed by endpoint address."""
+    body = json.loads(gw.epp_get("/debug/pool"))
+    return {ep["address"]: ep for ep in body["endpoints"]}
+
+
+def dump_yaml(data: Any) -> str:
+    return yaml.safe_dump(data, sort_keys=False)

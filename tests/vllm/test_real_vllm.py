@@ -1,0 +1,545 @@
+"""The gateway against real vLLM: every check the simulator stands in for elsewhere.
+
+Runs only under ``make test-vllm`` (local CPU servers) or ``pytest tests/vllm --vllm-url
+http://HOST:PORT ...`` (servers you run). Checks run in file order: the first sees the local
+servers fresh. No check asserts on time; waits poll for a state and fail after a generous
+deadline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from epp.datastore import EngineType
+from epp.metrics.dialects import DIALECTS
+from shared import envoy as e
+from tests.vllm.conftest import RealPool
+from tests.vllm.harness import VllmServer, debug_pool
+
+T = TypeVar("T")
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+KV_LAYOUT = FIXTURES / "vllm_kv_events_layout.json"
+#: Polls give a loaded two-core machine plenty of room; they end as soon as the state shows.
+WAIT = 180.0
+
+Samples = dict[str, list[tuple[dict[str, str], float]]]
+
+
+# --- helpers -------------------------------------------------------------------------------
+
+def words(seed: int, n: int) -> str:
+    """``n`` words the tiny model's tokenizer knows: about one token each."""
+    from tests.vllm.make_model import VOCABULARY
+
+    rng = random.Random(seed)
+    vocab = VOCABULARY.split()
+    return " ".join(rng.choice(vocab) for _ in range(n))
+
+
+def samples(text: str) -> Samples:
+    out: Samples = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out.setdefault(s.name, []).append((s.labels, s.value))
+    return out
+
+
+def scrape(server: VllmServer) -> Samples:
+    return samples(server.get("/metrics"))
+
+
+def total(page: Samples, name: str) -> float:
+    return sum(v for _, v in page.get(name, []))
+
+
+def newest_lora(page: Samples) -> dict[str, str] | None:
+    rows = page.get("vllm:lora_requests_info")
+    return max(rows, key=lambda r: r[1])[0] if rows else None
+
+
+def until(what: str, probe: Callable[[], T | None], timeout: float = WAIT) -> T:
+    """Poll ``probe`` until it returns something truthy; fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+
+
+def wait_idle(pool: RealPool) -> None:
+    """Every server idle as the EPP sees it, so the next pick is decided by the scorers."""
+    def idle() -> bool:
+        eps = debug_pool(pool.gateway).values()
+        return all(ep["running"] == 0 and ep["waiting"] == 0 and ep["inflight_requests"] == 0
+                   for ep in eps)
+    until("an idle pool", idle)
+
+
+def served(pool: RealPool) -> dict[str, float]:
+    """Finished requests per server, from vLLM's own counter."""
+    return {s.name: total(scrape(s), "vllm:request_success_total") for s in pool.servers}
+
+
+class Flood:
+    """Keeps ``n`` long streaming requests open against one server (directly, not through
+    the gateway), re-sending each one that ends, until closed. Closing the connections
+    makes vLLM abort the requests."""
+
+    def __init__(self, server: VllmServer, model: str, n: int, max_tokens: int) -> None:
+        self.server, self.model, self.n, self.max_tokens = server, model, n, max_tokens
+        self.stop = threading.Event()
+        self.errors: list[str] = []
+        self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True)
+                        for i in range(n)]
+
+    def _run(self, i: int) -> None:
+        body = {"model": self.model, "prompt": f"flood {i} tell me about the gateway",
+                "max_tokens": self.max_tokens, "ignore_eos": True, "stream": True}
+        with httpx.Client(timeout=httpx.Timeout(600, connect=10)) as client:
+            while not self.stop.is_set():
+                try:
+                    with client.stream("POST", self.server.url + "/v1/completions",
+                                       json=body) as r:
+                        if r.status_code != 200:
+                            self.errors.append(f"{r.status_code}: {r.read()[:200]!r}")
+                            return
+                        for _ in r.iter_raw():
+                            if self.stop.is_set():
+                                return
+                except httpx.HTTPError as err:
+                    if not self.stop.is_set():
+                        self.errors.append(repr(err))
+                    return
+
+    def __enter__(self) -> Flood:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(30)
+
+
+@contextlib.contextmanager
+def floods(*fl: Flood) -> Iterator[None]:
+    with contextlib.ExitStack() as stack:
+        for f in fl:
+            stack.enter_context(f)
+        yield
+        for f in fl:
+            assert not f.errors, f"flood of {f.server.name} failed: {f.errors[:3]}"
+
+
+def gw(pool: RealPool, path: str, body: dict[str, Any], **headers: str) -> httpx.Response:
+    return httpx.post(pool.gateway.url + path, json=body, headers=headers, timeout=300)
+
+
+def epp_metric(pool: RealPool, name: str, **labels: str) -> float:
+    page = samples(pool.gateway.epp_get("/metrics"))
+    return sum(v for lab, v in page.get(name, []) if labels.items() <= lab.items())
+
+
+def epp_metric_above(pool: RealPool, name: str, before: float, **labels: str) -> float:
+    """Wait until the EPP's ``name`` (summed over matching series) exceeds ``before``."""
+    def probe() -> float | None:
+        v = epp_metric(pool, name, **labels)
+        return v if v > before else None
+    return until(f"the EPP's {name} to rise", probe)
+
+
+def served_at_least(pool: RealPool, before: dict[str, float], n: int) -> dict[str, float]:
+    """Wait until vLLM counted ``n`` more finished requests; the increase per server."""
+    def probe() -> dict[str, float] | None:
+        now = served(pool)
+        got = {name: now[name] - before[name] for name in now}
+        return got if sum(got.values()) >= n else None
+    return until(f"vLLM to count {n} requests", probe)
+
+
+def local_only(pool: RealPool, why: str) -> None:
+    if not pool.local:
+        pytest.skip(f"local servers only: {why}")
+
+
+# --- the scraper and /debug/pool -----------------------------------------------------------
+
+def test_scraper_reads_cache_config_and_lora_slots(real: RealPool) -> None:
+    """scraper: cache config (block size, GPU blocks) and LoRA slots match each server's /metrics"""
+    if real.local:
+        lora = real.server("lora")
+        # vLLM quirk: the LoRA gauge has no sample until the engine's first step.
+        fresh = scrape(lora)
+        assert "vllm:lora_requests_info" not in fresh
+        assert debug_pool(real.gateway)[lora.key]["max_lora"] is None
+        r = httpx.post(lora.url + "/v1/completions", timeout=300,
+                       json={"model": real.model, "prompt": "hello", "max_tokens": 2})
+        assert r.status_code == 200
+        until("the LoRA server's slots in /debug/pool",
+              lambda: debug_pool(real.gateway)[lora.key]["max_lora"] == 2)
+    pool = debug_pool(real.gateway)
+    for s in real.servers:
+        page = scrape(s)
+        (cfg, _), *_ = page["vllm:cache_config_info"]
+        ep = pool[s.key]
+        assert ep["block_size"] == int(cfg["block_size"]), s.name
+        assert ep["num_gpu_blocks"] == int(cfg["num_gpu_blocks"]), s.name
+        lora_labels = newest_lora(page)
+        expected = int(lora_labels["max_lora"]) if lora_labels else None
+        assert ep["max_lora"] == expected, s.name
+    if real.local:
+        assert pool[real.server("small-kv").key]["block_size"] == 32
+        assert pool[real.server("small-kv").key]["num_gpu_blocks"] == 40
+        assert pool[real.server("small-kv").key]["max_lora"] is None  # no --enable-lora
+
+
+def test_scraper_follows_queue_running_and_kv_usage(real: RealPool) -> None:
+    """scraper: waiting, running and KV usage in /debug/pool follow a real queue"""
+    target = real.server("small-kv") if real.local else real.servers[0]
+    n, seqs = (7, 4) if real.local else (8, None)
+    with floods(Flood(target, real.model, n, max_tokens=200)):
+        def agree() -> tuple[dict[str, Any], Samples] | None:
+            ep = debug_pool(real.gateway)[target.key]
+            page = scrape(target)
+            direct = (round(total(page, "vllm:num_requests_waiting")),
+                      round(total(page, "vllm:num_requests_running")))
+            if seqs is not None and direct != (n - seqs, seqs):
+                return None
+            if direct[1] == 0 or (ep["waiting"], ep["running"]) != direct:
+                return None
+            return ep, page
+        ep, page = until("/debug/pool to show the server's queue", agree)
+        assert ep["kv_usage"] > 0
+        assert abs(ep["kv_usage"] - total(page, "vllm:kv_cache_usage_perc")) < 0.25
+        assert ep["queue"] >= ep["waiting"]
+
+
+def test_scraper_reads_running_lora_adapter_from_newest_sample(real: RealPool) -> None:
+    """scraper: a running adapter shows in /debug/pool (the newest lora_requests_info sample)"""
+    with_adapters = [(a, ss[0]) for a, ss in real.adapters.items()]
+    if not with_adapters:
+        pytest.skip("no server lists a LoRA adapter in /v1/models")
+    adapter, server = with_adapters[0]
+    with floods(Flood(server, adapter, 1, max_tokens=400)):
+        ep = until(f"{adapter} running on {server.name} in /debug/pool",
+                   lambda: (lambda ep: ep if ep["lora_running"] == [adapter] else None)(
+                       debug_pool(real.gateway)[server.key]))
+        assert ep["max_lora"] == int(newest_lora(scrape(server))["max_lora"])  # type: ignore[index]
+    until(f"{adapter} gone from /debug/pool once it ended",
+          lambda: debug_pool(real.gateway)[server.key]["lora_running"] == [])
+    rows = scrape(server)["vllm:lora_requests_info"]
+    assert len(rows) >= 2  # the quirk: every label set seen stays on the page
+    assert newest_lora(scrape(server))["running_lora_adapters"] == ""  # type: ignore[index]
+
+
+# --- requests through the gateway ----------------------------------------------------------
+
+def test_model_rewrite_and_name_rewritten_back_json(real: RealPool) -> None:
+    """rewrite: 'alias' reaches vLLM as the base model; JSON answers say 'alias'; usage read"""
+    wait_idle(real)
+    for path, body in (
+        ("/v1/completions", {"prompt": "hello gateway", "max_tokens": 5}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hello"}],
+                                  "max_tokens": 5}),
+    ):
+        before = epp_metric(real, "inference_objective_input_tokens_sum",
+                            model_name="alias", target_model_name=real.model)
+        r = gw(real, path, {"model": "alias", **body})
+        assert r.status_code == 200, r.text
+        data = r.json()
+        assert data["model"] == "alias"
+        assert data["usage"]["completion_tokens"] == 5
+        after = epp_metric_above(real, "inference_objective_input_tokens_sum", before,
+                                 model_name="alias", target_model_name=real.model)
+        assert after - before == data["usage"]["prompt_tokens"]
+
+
+def test_model_name_rewritten_back_in_sse_with_usage(real: RealPool) -> None:
+    """rewrite: every SSE event says 'alias'; the usage event is read by the EPP"""
+    for path, body in (
+        ("/v1/completions", {"prompt": "hello gateway", "max_tokens": 6}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                  "max_tokens": 6}),
+    ):
+        before = epp_metric(real, "inference_objective_output_tokens_sum",
+                            model_name="alias", target_model_name=real.model)
+        with httpx.stream("POST", real.gateway.url + path, timeout=300, json={
+                "model": "alias", "stream": True, "stream_options": {"include_usage": True},
+                **body}) as r:
+            assert r.status_code == 200
+            events = [json.loads(line[6:]) for line in r.iter_lines()
+                      if line.startswith("data: {")]
+        assert len(events) >= 2
+        assert {ev["model"] for ev in events} == {"alias"}
+        usage = events[-1]["usage"]
+        assert usage["completion_tokens"] == 6
+        after = epp_metric_above(real, "inference_objective_output_tokens_sum", before,
+                                 model_name="alias", target_model_name=real.model)
+        assert after - before == 6
+
+
+def test_lora_affinity_sends_adapter_traffic_to_the_server_with_it(real: RealPool) -> None:
+    """LoRA affinity: adapter requests all land on the server that has the adapter"""
+    partial = [(a, ss) for a, ss in real.adapters.items() if len(ss) < len(real.servers)]
+    if not partial:
+        pytest.skip("needs an adapter loaded on some servers but not all")
+    adapter, holders = partial[0]
+    wait_idle(real)
+    before = served(real)
+    for i in range(6):
+        r = gw(real, "/v1/completions", {"model": adapter, "prompt": f"adapter {i}",
+                                         "max_tokens": 4})
+        assert r.status_code == 200, r.text
+        assert r.json()["model"] == adapter
+        wait_idle(real)
+    got = served_at_least(real, before, 6)
+    assert sum(got[s.name] for s in holders) == 6, got
+
+
+def test_prefix_scorer_concentrates_a_shared_prefix(real: RealPool) -> None:
+    """prefix: a shared system prompt goes to one server, whose prefix_cache_hits rise"""
+    system = ("You are a helpful assistant for the gateway. " * 40).strip()  # ~ 400 tokens
+    wait_idle(real)
+    hits0 = {s.name: total(scrape(s), "vllm:prefix_cache_hits_total") for s in real.servers}
+    before = served(real)
+    for i in range(8):
+        r = gw(real, "/v1/chat/completions", {
+            "model": real.model, "max_tokens": 4,
+            "messages": [{"role": "system", "content": system},
+                         {"role": "user", "content": f"question number {i}?"}]})
+        assert r.status_code == 200, r.text
+        wait_idle(real)
+    got = served_at_least(real, before, 8)
+    winner = max(got, key=lambda n: got[n])
+    assert got[winner] == 8, got
+    hits = {s.name: total(scrape(s), "vllm:prefix_cache_hits_total") - hits0[s.name]
+            for s in real.servers}
+    assert hits[winner] > 0, hits
+    assert all(v == 0 for name, v in hits.items() if name != winner), hits
+
+
+def test_sheddable_requests_shed_against_a_real_queue(real: RealPool) -> None:
+    """shedding: 429 for a sheddable request while every server queues; served again after"""
+    local_only(real, "filling every queue needs their small --max-num-seqs")
+    body = {"model": real.model, "prompt": "may I?", "max_tokens": 2}
+    with floods(*(Flood(s, real.model, 7, max_tokens=200) for s in real.servers)):
+        until("every server to queue >= 2 in /debug/pool",
+              lambda: all(ep["queue"] >= 2 for ep in debug_pool(real.gateway).values()))
+        r = gw(real, "/v1/completions", body, **{"x-gateway-inference-objective": "batch"})
+        assert r.status_code == 429, r.text
+        assert r.headers["content-type"].startswith("application/json")
+        assert r.json()["error"]["code"] == "shed"
+        # A critical request is admitted (it queues at vLLM: read only its status line).
+        with httpx.stream("POST", real.gateway.url + "/v1/completions", timeout=300,
+                          json={**body, "stream": True},
+                          headers={"x-gateway-inference-objective": "chat"}) as ok:
+            assert ok.status_code == 200
+    wait_idle(real)
+    r = gw(real, "/v1/completions", body, **{"x-gateway-inference-objective": "batch"})
+    assert r.status_code == 200, r.text
+
+
+# --- fidelity: the simulator against the real server ---------------------------------------
+
+def _families(text: str) -> dict[str, tuple[str, frozenset[str]]]:
+    """name → (type, label names) of the ``vllm:`` families; ``_created`` series (a
+    prometheus-client feature, not vLLM's) left out."""
+    out: dict[str, tuple[str, frozenset[str]]] = {}
+    for fam in text_string_to_metric_families(text):
+        if not fam.name.startswith("vllm:") or fam.name.endswith("_created"):
+            continue
+        labels: set[str] = set()
+        for s in fam.samples:
+            labels |= set(s.labels) - {"le", "quantile"}
+        out[fam.name] = (fam.type, frozenset(labels))
+    return out
+
+
+@contextlib.contextmanager
+def simulator(model: str, adapter: str) -> Iterator[str]:
+    port = e.free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sim.main", "--port", str(port), "--served-model-name", model,
+         "--lora-modules", adapter, "--profile", "tiny", "--log-level", "warning"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        e.wait_for_port(port, timeout=30)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+#: Info gauges whose labels are the server's configuration: vLLM has dozens that change
+#: between releases; the simulator must use a subset of them.
+CONFIG_INFO = {"vllm:cache_config_info"}
+
+
+def test_simulator_metrics_match_real_vllm_names_and_labels(real: RealPool) -> None:
+    """fidelity: the simulator's /metrics families, types and labels are the real server's"""
+    adapter = next(iter(real.adapters), "a1")
+    # The real page with LoRA samples: a server that lists an adapter (it has run one).
+    server = real.adapters[adapter][0] if real.adapters else real.servers[0]
+    if adapter in real.adapters:
+        r = httpx.post(server.url + "/v1/completions", timeout=300,
+                       json={"model": adapter, "prompt": "x", "max_tokens": 2})
+        assert r.status_code == 200
+    real_fams = _families(server.get("/metrics"))
+    with simulator(real.model, adapter) as sim:
+        for model in (real.model, adapter):
+            r = httpx.post(sim + "/v1/completions", timeout=60,
+                           json={"model": model, "prompt": "x", "max_tokens": 2})
+            assert r.status_code == 200
+        sim_fams = _families(httpx.get(sim + "/metrics", timeout=10).text)
+    problems = []
+    for name, (kind, labels) in sorted(sim_fams.items()):
+        if name not in real_fams:
+            problems.append(f"{name}: the simulator exports it, vLLM does not")
+            continue
+        real_kind, real_labels = real_fams[name]
+        if kind != real_kind:
+            problems.append(f"{name}: type {kind} (sim) vs {real_kind} (vLLM)")
+        ok = labels <= real_labels if name in CONFIG_INFO else labels == real_labels
+        if real_labels and not ok:
+            problems.append(f"{name}: labels {sorted(labels)} (sim) vs {sorted(real_labels)}")
+    d = DIALECTS[EngineType.VLLM]
+    assert d.cache_config is not None and d.lora_info is not None
+    read = [d.waiting, d.running, d.kv_usage[0], d.cache_config]
+    if real.adapters:
+        read.append(d.lora_info)
+    for name in read:
+        for side, fams in (("vLLM", real_fams), ("the simulator", sim_fams)):
+            if name not in fams:
+                problems.append(f"{name}: the EPP reads it, {side} does not export it")
+    for side, fams in (("vLLM", real_fams), ("the simulator", sim_fams)):
+        cfg = fams.get(d.cache_config, ("", frozenset()))[1]
+        for label in (d.block_size_label, d.num_blocks_label):
+            if label not in cfg:
+                problems.append(f"{d.cache_config}: {side} lacks the label {label}")
+    assert not problems, "\n".join(problems)
+
+
+def _shape(value: Any, path: str = "") -> set[str]:
+    """Every key path in a JSON value (``choices[].message.content``); list items merged."""
+    out: set[str] = set()
+    if isinstance(value, dict):
+        for k, v in value.items():
+            out.add(f"{path}{k}")
+            out |= _shape(v, f"{path}{k}.")
+    elif isinstance(value, list):
+        for v in value:
+            out |= _shape(v, f"{path.removesuffix('.')}[].")
+    return out
+
+
+def _responses(base: str, model: str) -> dict[str, set[str]]:
+    """Key paths of JSON and SSE answers of both APIs from one server."""
+    out: dict[str, set[str]] = {}
+    for api, body in (("completions", {"prompt": "hello"}),
+                      ("chat/completions", {"messages": [{"role": "user", "content": "hi"}]})):
+        r = httpx.post(f"{base}/v1/{api}", timeout=300,
+                       json={"model": model, "max_tokens": 3, **body})
+        assert r.status_code == 200, r.text
+        out[f"{api} JSON"] = _shape(r.json())
+        with httpx.stream("POST", f"{base}/v1/{api}", timeout=300, json={
+                "model": model, "max_tokens": 3, "stream": True,
+                "stream_options": {"include_usage": True}, **body}) as sse:
+            events = [json.loads(line[6:]) for line in sse.iter_lines()
+                      if line.startswith("data: {")]
+        out[f"{api} SSE"] = set().union(*(_shape(ev) for ev in events[:-1]))
+        out[f"{api} SSE usage event"] = _shape(events[-1])
+    return out
+
+
+def _leaves(paths: set[str]) -> set[str]:
+    """Paths with nothing below them (null or scalar values)."""
+    return {p for p in paths if not any(q.startswith(p + ".") for q in paths)}
+
+
+#: Sent by vLLM only with ``--enable-prompt-tokens-details`` (JSON: null without it, SSE:
+#: absent); the local servers have it on, a ``--vllm-url`` server may not.
+OPTIONAL = "usage.prompt_tokens_details"
+#: What the gateway reads from an answer; both servers must send it.
+READ_BY_GATEWAY = {"model", "usage.prompt_tokens", "usage.completion_tokens",
+                   "usage.total_tokens"}
+
+
+def test_simulator_answers_use_real_vllm_fields(real: RealPool) -> None:
+    """fidelity: the simulator's JSON and SSE answers use only real vLLM's fields"""
+    real_side = _responses(real.servers[0].url, real.model)
+    with simulator(real.model, "a1") as sim:
+        sim_side = _responses(sim, real.model)
+    problems = []
+    for kind, keys in sim_side.items():
+        theirs = real_side[kind]
+        # Where vLLM sent null, the simulator may fill in vLLM's object; it always sends
+        # what vLLM sends only with --enable-prompt-tokens-details (benchmarks read it).
+        invented = {k for k in keys - theirs
+                    if not any(k.startswith(leaf + ".") for leaf in _leaves(theirs))
+                    and not (k.startswith(OPTIONAL) and not theirs & {OPTIONAL})}
+        if invented:
+            problems.append(f"{kind}: the simulator sends {sorted(invented)}, vLLM does not")
+    for kind in ("completions JSON", "chat/completions JSON", "completions SSE usage event",
+                 "chat/completions SSE usage event"):
+        for side, shapes in (("vLLM", real_side), ("the simulator", sim_side)):
+            missing = READ_BY_GATEWAY - shapes[kind]
+            if missing:
+                problems.append(f"{kind}: {side} lacks {sorted(missing)}")
+    assert not problems, "\n".join(problems)
+
+
+# --- KV events: the real side of the fidelity check ----------------------------------------
+
+def test_kv_event_layout_matches_the_recorded_fixture(real: RealPool) -> None:
+    """KV events: real vLLM's ZMQ/msgpack layout (stored, evicted) matches the committed fixture"""
+    local_only(real, "needs the KV-event endpoint make test-vllm gives the small server")
+    server = real.server("small-kv")
+    assert real.venv is not None and server.kv_events_port is not None
+    out = real.workdir / "kv_layout.json"
+    cap = subprocess.Popen(
+        [str(real.venv / "bin" / "python"), str(Path(__file__).parent / "kv_capture.py"),
+         f"tcp://127.0.0.1:{server.kv_events_port}", str(out), "--seconds", "600"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert cap.stdout is not None and cap.stdout.readline().strip() == "ready"
+        # ~500-token prompts store ~16 of the 39 blocks each, so the third evicts; the
+        # second extends the first, so its stored blocks have a parent.
+        first = words(1000, 300)
+        prompts = [first, first + " " + words(1001, 300),
+                   *(words(1000 + i, 500) for i in range(2, 5))]
+        for prompt in prompts:
+            r = httpx.post(server.url + "/v1/completions", timeout=300,
+                           json={"model": real.model, "prompt": prompt, "max_tokens": 2})
+            assert r.status_code == 200, r.text
+        assert cap.wait(WAIT) == 0, cap.stdout.read()
+    finally:
+        if cap.poll() is None:
+            cap.kill()
+            cap.wait()
+    seen = json.loads(out.read_text())
+    assert seen["facts"]["block_size"] == [32] and seen["facts"]["tokens_per_block"] == [32]
+    assert seen["counts"]["BlockRemoved"] > 0
+    recorded = json.loads(KV_LAYOUT.read_text())
+    keys = ("vllm_version", "frames", "payload", "events", "facts")
+    now = {k: seen[k] for k in keys}
+    now["facts"] = {k: v for k, v in seen["facts"].items() if k != "sequence_steps"}
+    assert now == recorded, (
+        f"real vLLM's KV-event layout differs from {KV_LAYOUT.name}; if the change is real, "
+        f"copy {out} there (without 'counts' and 'sequence_steps') and update the simulator")
