@@ -11,6 +11,7 @@ import structlog
 
 from bbr import configmaps, metrics
 from bbr.basemodels import BaseModelError, FileBaseModels, StaticBaseModels
+from bbr.models import ModelListing
 from bbr.plugins import PluginSpecError, build
 from bbr.router import BodyRouter
 from shared import logs
@@ -39,6 +40,9 @@ def parser() -> Parser:
     p.add_argument("--base-models", default=None, metavar="FILE",
                    help="YAML list of {baseModel, adapters} for base-model-to-header")
     configmaps.add_flags(p)
+    p.add_bool("--models-endpoint", default=True,
+               help="answer GET /v1/models (and /v1/models/ID) with every base model and "
+                    "adapter the base-model mappings name (nothing known: passed on)")
     p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY,
                    help="largest request body accepted; bigger gets 413")
     p.add_argument("--metrics-bearer-token-file", default=None,
@@ -92,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
         metrics.INFO.labels(version=version("inference-gateway-py")).set(1)
     except PackageNotFoundError:
         metrics.INFO.labels(version="dev").set(1)
-    router = BodyRouter(plugins)
+    router = BodyRouter(plugins, ModelListing(base_models) if args.models_endpoint else None)
     mode = BodyMode.FULL_DUPLEX_STREAMED if args.streaming else BodyMode.BUFFERED
     servicer = ExtProcServicer(router.exchange, request_mode=mode, max_body=args.max_body_bytes)
     opts = ServeOptions(

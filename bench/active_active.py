@@ -83,7 +83,8 @@ class EppReplicas(Contender):
                 ports.append((grpc, health))
                 self._replicas.append(probe)
             admin, listen = e.free_port(), e.free_port()
-            config = pool_gateway_config(ports[0][0], admin, listen)
+            config = pool_gateway_config(ports[0][0], admin, listen,
+                                         [f"{h}:{p}" for h, p in fleet.endpoints])
             clusters = config["static_resources"]["clusters"]
             clusters[:] = [c for c in clusters if c["name"] != "epp"]
             clusters.append(e.replica_cluster("epp", ports, tls=False))

@@ -10,9 +10,9 @@ Contenders (each is a context manager yielding the base URL the client talks to)
 - ``envoy-rr`` / ``envoy-lr`` / ``envoy-random``: Envoy with a STATIC cluster of the fleet and
   ``ROUND_ROBIN`` / ``LEAST_REQUEST`` / ``RANDOM`` (what a Kubernetes Service gives, plus
   Envoy's own load-aware policy);
-- ``epp-default`` / ``epp-tuned``: Envoy + our EPP (FULL_DUPLEX_STREAMED both ways, ORIGINAL_DST
-  to the picked endpoint, as the Gateway API Inference Extension deploys it), default
-  scheduling profile or :data:`TUNED_CONFIG`;
+- ``epp-default`` / ``epp-tuned``: Envoy + our EPP (FULL_DUPLEX_STREAMED both ways, the
+  pool's ``override_host`` cluster to the picked endpoint, as the Gateway API Inference
+  Extension deploys it), default scheduling profile or :data:`TUNED_CONFIG`;
 - ``vllm-router:<policy>`` / ``sglang-router:<policy>``: the peer routers (``bench/peers.py``).
 """
 
@@ -224,16 +224,18 @@ def pool_manifests(pool: str, fleet: SimFleet) -> list[dict[str, Any]]:
     return docs
 
 
-def pool_gateway_config(epp_port: int, admin: int, listen: int) -> dict[str, Any]:
+def pool_gateway_config(epp_port: int, admin: int, listen: int,
+                        endpoints: list[str]) -> dict[str, Any]:
     """Envoy as the Inference Extension deploys it: the EPP ext_proc filter in
-    FULL_DUPLEX_STREAMED (request and response), then ORIGINAL_DST to the picked endpoint."""
+    FULL_DUPLEX_STREAMED (request and response), then the pool's ``override_host`` cluster
+    to the picked endpoint (retrying down the EPP's fallbacks)."""
     mode = "FULL_DUPLEX_STREAMED"
     filt = e.ext_proc_filter("epp", request_body_mode=mode, response_body_mode=mode,
                              response_headers=True)
-    lst = e.listener(listen, [e.route("pool")], [filt])
+    lst = e.listener(listen, [e.route("pool", retry_policy=e.fallback_retry_policy())], [filt])
     lst["per_connection_buffer_limit_bytes"] = 32 * 1024 * 1024
     return e.bootstrap(admin, [lst], [e.grpc_cluster("epp", epp_port, tls=False),
-                                      e.original_dst_cluster("pool", timeout="5s")])
+                                      e.pool_cluster("pool", endpoints, timeout="5s")])
 
 
 class Epp(Contender):
@@ -265,7 +267,8 @@ class Epp(Contender):
         try:
             self._wait_ready(proc, log, fleet.size)
             admin, listen = e.free_port(), e.free_port()
-            with e.Envoy(pool_gateway_config(grpc, admin, listen), admin_port=admin,
+            known = [f"{h}:{p}" for h, p in fleet.endpoints]
+            with e.Envoy(pool_gateway_config(grpc, admin, listen, known), admin_port=admin,
                          workdir=workdir / "envoy"):
                 yield f"http://127.0.0.1:{listen}"
         finally:

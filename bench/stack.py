@@ -199,8 +199,17 @@ def sim_config(p: PoolSpec) -> dict[str, Any]:
         for i, ip in enumerate(p.pod_ips)]}
 
 
+def base_models(spec: StackSpec) -> list[dict[str, Any]]:
+    """BBR's ``--base-models`` file: each pool's model with every other name it serves (LoRA
+    adapters, rewrite names), as the ``bbr-managed`` ConfigMaps hold them in a cluster. BBR
+    answers ``GET /v1/models`` from it."""
+    return [{"baseModel": p.model, "adapters": [m for m in p.model_names if m != p.model]}
+            for p in spec.pools]
+
+
 def envoy_config(spec: StackSpec) -> dict[str, Any]:
-    """Envoy: BBR for every request, then the matched pool's EPP, then ORIGINAL_DST."""
+    """Envoy: BBR for every request, then the matched pool's EPP, then the pool's
+    ``override_host`` cluster, retrying down the EPP's fallback endpoints."""
     bbr = e.ext_proc_filter("bbr", request_body_mode="FULL_DUPLEX_STREAMED", name=BBR_FILTER)
     first = spec.pools[0].name
     epp = e.ext_proc_filter(f"epp-{first}", request_body_mode="FULL_DUPLEX_STREAMED",
@@ -212,7 +221,7 @@ def envoy_config(spec: StackSpec) -> dict[str, Any]:
             "grpc_service": {"envoy_grpc": {"cluster_name": f"epp-{p.name}"}}}}}
         for model in p.model_names:
             routes.append(e.route(f"pool-{p.name}", header=("x-gateway-model-name", model),
-                                  per_filter=per_route))
+                                  per_filter=per_route, retry_policy=e.fallback_retry_policy()))
     routes.append({
         "match": {"prefix": "/"},
         "direct_response": {"status": 404, "body": {"inline_string": orjson.dumps({"error": {
@@ -231,7 +240,8 @@ def envoy_config(spec: StackSpec) -> dict[str, Any]:
                 tls=True))
         else:
             clusters.append(e.grpc_cluster(f"epp-{p.name}", p.epp["grpc_port"], tls=True))
-        clusters.append(e.original_dst_cluster(f"pool-{p.name}"))
+        clusters.append(e.pool_cluster(f"pool-{p.name}",
+                                       [f"{ip}:{p.server_port}" for ip in p.pod_ips]))
     return e.bootstrap(spec.admin_port, [listener], clusters, runtime=e.GRACEFUL_CLOSE)
 
 
@@ -303,7 +313,10 @@ class Stack:
                     "--grpc-health-port", str(ports["health_port"]),
                     "--metrics-port", str(ports["metrics_port"]), "--grace-period", "3", *ha])
         b = self.spec.bbr
+        (self.run_dir / "base-models.yaml").write_text(
+            yaml.safe_dump(base_models(self.spec), sort_keys=False))
         self._spawn("bbr", [py, "-m", "bbr.main", "--streaming",
+                            "--base-models", str(self.run_dir / "base-models.yaml"),
                             "--grpc-port", str(b["grpc_port"]),
                             "--grpc-health-port", str(b["health_port"]),
                             "--metrics-port", str(b["metrics_port"]), "--grace-period", "3"])
@@ -435,6 +448,13 @@ def target_models(spec: StackSpec) -> Counter[tuple[str, str]]:
     return out
 
 
+def models_listing(spec: StackSpec) -> list[str]:
+    """The model ids the gateway's own ``GET /v1/models`` answers (BBR's listing)."""
+    url = f"http://127.0.0.1:{spec.port}/v1/models"
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return [m["id"] for m in orjson.loads(r.read())["data"]]
+
+
 def report(spec: StackSpec, results: list[DemoResult], stack: Stack) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -460,6 +480,8 @@ def report(spec: StackSpec, results: list[DemoResult], stack: Stack) -> None:
         assert stack.store_url is not None
         print(f"EPP replicas per pool: {spec.epp_replicas} (active-active, state store "
               f"{parse_store_url(stack.store_url).redacted()})")
+    listed = models_listing(spec)
+    print(f"GET /v1/models lists: {', '.join(listed)}")
     model = spec.pools[0].model
     print(f"""Talk to it (gateway on http://127.0.0.1:{spec.port}):
   curl -s http://127.0.0.1:{spec.port}/v1/chat/completions -H 'content-type: application/json' \\

@@ -27,6 +27,7 @@ from epp.metrics import ScraperConfig
 from epp.requestcontrol import Director
 from epp.scheduling import SchedulerHooks
 from epp.sources import ManifestError, ManifestSource, Source
+from epp.sources.standalone import standalone_pool
 from epp.statestore import StoreURL, StoreURLError, open_store, parse_store_url
 from shared import logs
 from shared.extproc import DEFAULT_MAX_BODY, BodyMode, ExtProcServicer
@@ -407,11 +408,17 @@ def start_source(args: Any, datastore: Datastore) -> tuple[Source, LeaderElector
     if args.manifests is not None:
         if args.ha_enable_leader_election:
             die("epp", "--ha-enable-leader-election needs the Kubernetes API, not --manifests")
-        manifests = ManifestSource(args.manifests, datastore, pool_name=args.pool_name,
-                                   pool_namespace=args.pool_namespace)
         try:
+            standalone = None
+            if args.endpoint_selector:
+                standalone = standalone_pool(args.endpoint_selector, args.endpoint_target_ports,
+                                             pool_name=args.pool_name,
+                                             namespace=args.pool_namespace)
+            manifests = ManifestSource(args.manifests, datastore, pool_name=args.pool_name,
+                                       pool_namespace=args.pool_namespace,
+                                       standalone=standalone)
             manifests.load()
-        except ManifestError as e:
+        except (ManifestError, ValueError) as e:
             die("epp", str(e))
         return manifests, None
     # Imported here so --manifests never loads the Kubernetes client.

@@ -1,6 +1,7 @@
 """A real two-pool gateway for the reliability tests: Envoy → BBR → the matched pool's EPP →
-ORIGINAL_DST, with the real ``bbr`` and ``epp`` commands (TLS on, as by default) and model
-servers the test owns. Mirrors ``bench.stack.envoy_config`` with the body mode as a parameter.
+the pool's ``override_host`` cluster, with the real ``bbr`` and ``epp`` commands (TLS on, as
+by default) and model servers the test owns. Mirrors ``bench.stack.envoy_config`` with the body
+mode as a parameter.
 """
 
 from __future__ import annotations
@@ -115,8 +116,9 @@ def gateway_config(pools: list[tuple[PoolDef, int]], bbr_port: int, admin: int, 
                    *, mode: str, tls: bool = True, failure_mode_allow: bool = False,
                    timeout: str = "10s", runtime: dict[str, Any] | None = None
                    ) -> dict[str, Any]:
-    """Envoy: BBR for every request, then the matched pool's EPP (per route), then
-    ORIGINAL_DST; unknown models get a 404 from the catch-all route."""
+    """Envoy: BBR for every request, then the matched pool's EPP (per route), then the pool's
+    ``override_host`` cluster (retrying down the EPP's fallbacks); unknown models get a 404
+    from the catch-all route."""
     response_mode = mode if mode == "FULL_DUPLEX_STREAMED" else "STREAMED"
     bbr = e.ext_proc_filter("bbr", request_body_mode=mode, name=BBR_FILTER,
                             failure_mode_allow=failure_mode_allow, timeout=timeout)
@@ -130,9 +132,10 @@ def gateway_config(pools: list[tuple[PoolDef, int]], bbr_port: int, admin: int, 
         per_route = {EPP_FILTER: {"@type": PER_ROUTE, "overrides": {
             "grpc_service": {"envoy_grpc": {"cluster_name": f"epp-{p.name}"}}}}}
         routes += [e.route(f"pool-{p.name}", header=("x-gateway-model-name", m),
-                           per_filter=per_route) for m in p.models]
+                           per_filter=per_route, retry_policy=e.fallback_retry_policy())
+                   for m in p.models]
         clusters += [e.grpc_cluster(f"epp-{p.name}", epp_port, tls=tls),
-                     e.original_dst_cluster(f"pool-{p.name}")]
+                     e.pool_cluster(f"pool-{p.name}", [f"{ip}:{p.port}" for _, ip in p.pods])]
     routes.append({
         "match": {"prefix": "/"},
         "direct_response": {"status": 404, "body": {"inline_string":

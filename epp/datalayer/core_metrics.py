@@ -1,11 +1,19 @@
 """``core-metrics-extractor``: queue, running requests, KV-cache usage, LoRA adapters and
 cache configuration from a ``/metrics`` page, in the endpoint's engine dialect (see the
-table in :mod:`epp.metrics.dialects`)."""
+table in :mod:`epp.metrics.dialects`).
+
+The dialect, as upstream v1.5 chooses it: the pod's engine label, else ``defaultEngine``
+(which upstream's chart sets from ``inferencePool.modelServerType``). Beyond upstream, a pod
+*without* the label whose page lacks the default engine's load metrics is not marked
+unhealthy: the page's own dialect is detected (:func:`epp.metrics.dialects.detect_engine`)
+and remembered for that endpoint. A label is always obeyed: a wrong one stays an error."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+import structlog
 
 from epp.datalayer.metrics_source import PROMETHEUS_TEXT
 from epp.datalayer.plugin import Extractor
@@ -16,12 +24,16 @@ from epp.metrics.dialects import (
     DIALECTS,
     Dialect,
     EngineSpecs,
+    MetricsError,
     ParsedMetrics,
+    detect_engine,
     dialect_from_specs,
     parse_metrics,
 )
-from epp.scheduling.plugin import Plugin
+from epp.scheduling.plugin import EndpointsRemoved, Plugin
 from shared.plugins import Handle
+
+log = structlog.get_logger(__name__)
 
 #: The reserved engine name upstream uses for "unlabelled pods".
 DEFAULT_ENGINE = "default"
@@ -84,9 +96,10 @@ class CoreMetricsParameters:
                              f"engineConfigs (known: {', '.join(sorted(known))})")
 
 
-class CoreMetricsExtractor(Plugin, Extractor):
-    """dialect = the engine the pod's ``engineLabelKey`` label names, else ``defaultEngine``;
-    the page is read into :class:`epp.datastore.EndpointMetrics` by that dialect.
+class CoreMetricsExtractor(Plugin, Extractor, EndpointsRemoved):
+    """dialect = the engine the pod's ``engineLabelKey`` label names, else ``defaultEngine``,
+    else (unlabelled pods only) the dialect detected on the page; the page is read into
+    :class:`epp.datastore.EndpointMetrics` by that dialect.
 
     The deprecated ``--*-metric`` flags replace families of the default engine's dialect
     (what unlabelled pods are read with), as they did upstream before ``engineConfigs``."""
@@ -103,6 +116,8 @@ class CoreMetricsExtractor(Plugin, Extractor):
         for config in self.params.engine_configs:
             self.dialects[config.name] = config.dialect()
         self.default = default_override or self.dialects[self.params.default_engine]
+        #: Unlabelled endpoints whose page turned out to be in another engine's dialect.
+        self.detected: dict[str, Dialect] = {}
 
     @classmethod
     def create(cls, name: str, params: Any, handle: Handle) -> CoreMetricsExtractor:
@@ -117,11 +132,30 @@ class CoreMetricsExtractor(Plugin, Extractor):
     def dialect(self, view: EndpointView) -> Dialect:
         """The dialect ``view``'s page is read in."""
         raw = view.endpoint.labels.get(self.params.engine_label_key)
-        return self.dialects.get(raw, self.default) if raw is not None else self.default
+        if raw is None:
+            return self.detected.get(view.key) or self.default
+        return self.dialects.get(raw, self.default)
 
     def engine(self, view: EndpointView) -> EngineType | str:
         """The engine ``view``'s page is read as."""
         return self.dialect(view).engine
 
     def extract(self, text: str, view: EndpointView, now: float) -> ParsedMetrics:
-        return parse_metrics(text, self.dialect(view), now)
+        dialect = self.dialect(view)
+        try:
+            return parse_metrics(text, dialect, now)
+        except MetricsError:
+            if self.params.engine_label_key in view.endpoint.labels:
+                raise
+            found = detect_engine(text)
+            if found is None or found == dialect.engine:
+                raise
+        parsed = parse_metrics(text, found, now)
+        self.detected[view.key] = DIALECTS[found]
+        log.info("unlabelled model server reads as another engine", endpoint=view.key,
+                 engine=found.value, label=self.params.engine_label_key)
+        return parsed
+
+    def retain_endpoints(self, keys: frozenset[str]) -> None:
+        for key in [k for k in self.detected if k not in keys]:
+            del self.detected[key]

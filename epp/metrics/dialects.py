@@ -324,6 +324,16 @@ def _gauge_int(r: _Reader, family: str | None, where: LabelPredicate | None) -> 
     return int(vals[-1])
 
 
+def detect_engine(text: str) -> EngineType | None:
+    """The engine whose load metrics the page holds (the first, in :data:`DIALECTS` order,
+    whose queue family appears), or None. For pods without an engine label whose page is not
+    in the expected dialect: upstream reads those as the default engine and fails."""
+    for engine, d in DIALECTS.items():
+        if d.waiting in text:
+            return engine
+    return None
+
+
 def parse_metrics(text: str, engine: EngineType | Dialect, now: float) -> ParsedMetrics:
     """Read ``text`` (a ``/metrics`` page) in ``engine``'s dialect (or the given dialect),
     stamped ``now``.

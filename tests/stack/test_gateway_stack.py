@@ -45,6 +45,12 @@ def test_example_stack_serves_the_demo_through_both_pools(tmp_path: Path) -> Non
     for pod in ("llama-", "qwen-"):
         assert pod in proc.stdout
     assert "sql-lora-v1" in proc.stdout and "sql-lora-v2" in proc.stdout
+    # GET /v1/models through the real Envoy: BBR answers with both pools' models.
+    listed = next(line for line in proc.stdout.splitlines()
+                  if line.startswith("GET /v1/models lists: "))
+    assert sorted(listed.removeprefix("GET /v1/models lists: ").split(", ")) == sorted([
+        "meta-llama/Llama-3.1-8B-Instruct", "Qwen/Qwen2.5-7B-Instruct",
+        "sql-lora-v1", "sql-lora-v2", "sql-lora"])
     assert (tmp_path / "run" / "logs" / "epp-llama.log").exists()
     envoy_cfg = yaml.safe_load((tmp_path / "run" / "envoy" / "envoy.yaml").read_text())
     runtime = envoy_cfg["layered_runtime"]["layers"][0]["static_layer"]
