@@ -7,12 +7,23 @@ from epp.scheduling.plugins.filter.label_selector_filter import LabelSelectorFil
 from epp.scheduling.plugins.filter.least_kv_cache_filter import LeastKVCacheFilter
 from epp.scheduling.plugins.filter.least_queue_filter import LeastQueueFilter
 from epp.scheduling.plugins.filter.legacy_decision_tree_filter import LegacyDecisionTreeFilter
+from epp.scheduling.plugins.filter.role_filter import DecodeFilter, PrefillFilter
 from epp.scheduling.plugins.filter.lora_affinity_filter import LoraAffinityFilter
 from epp.scheduling.plugins.filter.low_queue_filter import LowQueueFilter
 from epp.scheduling.plugins.picker.max_score_picker import MaxScorePicker
 from epp.scheduling.plugins.picker.random_picker import RandomPicker
 from epp.scheduling.plugins.picker.weighted_random_picker import WeightedRandomPicker
 from epp.scheduling.plugins.prefix.prefix_cache_scorer import PrefixCacheScorer
+from epp.scheduling.plugins.profile.disagg_profile_handler import (
+    DisaggProfileHandler,
+    PdProfileHandler,
+    PrefillHeaderHandler,
+)
+from epp.scheduling.plugins.profile.pd_deciders import (
+    AlwaysDisaggPDDecider,
+    PDDecider,
+    PrefixBasedPDDecider,
+)
 from epp.scheduling.plugins.profile.single_profile_handler import SingleProfileHandler
 from epp.scheduling.plugins.scorer.kv_cache_scorer import KVCacheUtilizationScorer
 from epp.scheduling.plugins.scorer.load_aware_scorer import LoadAwareScorer
@@ -39,10 +50,25 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     LeastKVCacheFilter,
     LoraAffinityFilter,
     LegacyDecisionTreeFilter,
+    PrefillFilter,
+    DecodeFilter,
+    DisaggProfileHandler,
+    PdProfileHandler,
+    PrefillHeaderHandler,
+    PrefixBasedPDDecider,
+    AlwaysDisaggPDDecider,
 )
 
 __all__ = [
     "BUILTIN_PLUGINS",
+    "AlwaysDisaggPDDecider",
+    "DecodeFilter",
+    "DisaggProfileHandler",
+    "PDDecider",
+    "PdProfileHandler",
+    "PrefillFilter",
+    "PrefillHeaderHandler",
+    "PrefixBasedPDDecider",
     "KVCacheUtilizationScorer",
     "LabelSelectorFilter",
     "LeastKVCacheFilter",
