@@ -7,9 +7,9 @@ from epp.scheduling.plugins.filter.label_selector_filter import LabelSelectorFil
 from epp.scheduling.plugins.filter.least_kv_cache_filter import LeastKVCacheFilter
 from epp.scheduling.plugins.filter.least_queue_filter import LeastQueueFilter
 from epp.scheduling.plugins.filter.legacy_decision_tree_filter import LegacyDecisionTreeFilter
-from epp.scheduling.plugins.filter.role_filter import DecodeFilter, PrefillFilter
 from epp.scheduling.plugins.filter.lora_affinity_filter import LoraAffinityFilter
 from epp.scheduling.plugins.filter.low_queue_filter import LowQueueFilter
+from epp.scheduling.plugins.filter.role_filter import DecodeFilter, PrefillFilter
 from epp.scheduling.plugins.picker.max_score_picker import MaxScorePicker
 from epp.scheduling.plugins.picker.random_picker import RandomPicker
 from epp.scheduling.plugins.picker.weighted_random_picker import WeightedRandomPicker
@@ -64,11 +64,6 @@ __all__ = [
     "AlwaysDisaggPDDecider",
     "DecodeFilter",
     "DisaggProfileHandler",
-    "PDDecider",
-    "PdProfileHandler",
-    "PrefillFilter",
-    "PrefillHeaderHandler",
-    "PrefixBasedPDDecider",
     "KVCacheUtilizationScorer",
     "LabelSelectorFilter",
     "LeastKVCacheFilter",
@@ -79,6 +74,11 @@ __all__ = [
     "LoraAffinityScorer",
     "LowQueueFilter",
     "MaxScorePicker",
+    "PDDecider",
+    "PdProfileHandler",
+    "PrefillFilter",
+    "PrefillHeaderHandler",
+    "PrefixBasedPDDecider",
     "PrefixCacheScorer",
     "QueueScorer",
     "RandomPicker",

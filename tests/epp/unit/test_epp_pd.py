@@ -87,8 +87,11 @@ def runtime(text: str) -> Runtime:
     return build(parse_config(text))
 
 
-POOL = [role(1, "decode"), role(2, "decode", waiting=3), role(3, "prefill"),
-        role(4, "prefill", waiting=2)]
+def pool() -> list[EndpointView]:
+    """Two decode and two prefill endpoints; the first of each has the shorter queue (fresh
+    per call: routing counts requests in flight on the endpoint objects)."""
+    return [role(1, "decode"), role(2, "decode", waiting=3), role(3, "prefill"),
+            role(4, "prefill", waiting=2)]
 
 
 # -- filters ------------------------------------------------------------------------------
@@ -109,14 +112,14 @@ def test_role_filters_follow_llm_d_role_label(value: str | None, prefill: bool,
 
 def test_llm_d_pd_config_disaggregates_a_long_uncached_prompt() -> None:
     rt = runtime(LLMD_PD % 256)
-    r = route(rt, request("x" * 4000), POOL)  # 1,000 tokens, nothing cached
+    r = route(rt, request("x" * 4000), pool())  # 1,000 tokens, nothing cached
     assert r.decode == "10.0.0.1:8000"
     assert r.prefiller == "10.0.0.3:8000"  # the prefill pod with the shorter queue
 
 
 def test_short_prompt_is_decoded_without_a_prefiller() -> None:
     rt = runtime(LLMD_PD % 256)
-    r = route(rt, request("x" * 1000), POOL)  # 250 tokens < 256
+    r = route(rt, request("x" * 1000), pool())  # 250 tokens < 256
     assert r.decode == "10.0.0.1:8000"
     assert r.prefiller is None
     assert set(r.result.results) == {"decode"}
@@ -125,17 +128,17 @@ def test_short_prompt_is_decoded_without_a_prefiller() -> None:
 def test_prefix_decider_counts_only_the_uncached_part_on_the_decode_pod() -> None:
     rt = runtime(LLMD_PD % 256)
     shared = "s" * 3200  # 800 tokens, cached on the decode pod after the first request
-    assert route(rt, request(shared + "a" * 400), POOL).prefiller is not None
-    again = route(rt, request(shared + "b" * 400), POOL)  # 100 new tokens + partial block
+    assert route(rt, request(shared + "a" * 400), pool()).prefiller is not None
+    again = route(rt, request(shared + "b" * 400), pool())  # 100 new tokens + partial block
     assert again.decode == "10.0.0.1:8000"
     assert again.prefiller is None
-    fresh = route(rt, request("t" * 3200 + "b" * 400), POOL)
+    fresh = route(rt, request("t" * 3200 + "b" * 400), pool())
     assert fresh.prefiller is not None
 
 
 def test_non_cached_tokens_zero_never_disaggregates() -> None:
     rt = runtime(LLMD_PD % 0)
-    assert route(rt, request("x" * 40_000), POOL).prefiller is None
+    assert route(rt, request("x" * 40_000), pool()).prefiller is None
 
 
 def test_non_cached_tokens_must_not_be_negative() -> None:
@@ -172,13 +175,13 @@ plugins:
 def test_always_decider_disaggregates_even_a_tiny_prompt() -> None:
     rt = runtime(ALWAYS % ("disagg-profile-handler",
                            "{deciders: {prefill: always-disagg-pd-decider}}"))
-    r = route(rt, request("hi"), POOL)
+    r = route(rt, request("hi"), pool())
     assert (r.decode, r.prefiller) == ("10.0.0.1:8000", "10.0.0.3:8000")
 
 
 def test_without_a_decider_nothing_is_disaggregated() -> None:
     rt = runtime(ALWAYS % ("disagg-profile-handler", "{}"))
-    assert route(rt, request("x" * 9000), POOL).prefiller is None
+    assert route(rt, request("x" * 9000), pool()).prefiller is None
 
 
 def test_no_prefill_endpoint_means_decode_locally() -> None:
@@ -202,14 +205,14 @@ def test_no_decode_endpoint_is_a_429_and_no_prefill_runs() -> None:
 def test_pd_profile_handler_older_name_and_flat_parameters() -> None:
     rt = runtime(ALWAYS % ("pd-profile-handler",
                            "{deciderPluginName: always-disagg-pd-decider}"))
-    r = route(rt, request("hi"), POOL)
+    r = route(rt, request("hi"), pool())
     assert r.prefiller == "10.0.0.3:8000"
 
 
 def test_disagg_handler_accepts_llm_d_flat_form() -> None:
     rt = runtime(ALWAYS % ("disagg-profile-handler",
                            "{deciderPluginName: always-disagg-pd-decider}"))
-    assert route(rt, request("hi"), POOL).prefiller == "10.0.0.3:8000"
+    assert route(rt, request("hi"), pool()).prefiller == "10.0.0.3:8000"
 
 
 def test_custom_profile_names() -> None:
@@ -217,7 +220,7 @@ def test_custom_profile_names() -> None:
     rt = runtime(text % ("disagg-profile-handler",
                          "{profiles: {decode: d, prefill: p}, "
                          "deciders: {prefill: always-disagg-pd-decider}}"))
-    r = route(rt, request("hi"), POOL)
+    r = route(rt, request("hi"), pool())
     assert (r.decode, r.prefiller) == ("10.0.0.1:8000", "10.0.0.3:8000")
 
 
@@ -272,7 +275,7 @@ def test_prefill_header_handler_sets_the_header_from_the_named_profile() -> None
 
 def test_prefill_pick_is_learnt_by_the_prefix_index() -> None:
     rt = runtime(LLMD_PD % 16)
-    first = route(rt, request("q" * 4000), POOL)
+    first = route(rt, request("q" * 4000), pool())
     assert first.prefiller == "10.0.0.3:8000"
     # the same prompt again: the prefix scorer (weight 2) now prefers the prefill pod that
     # computed it, although its queue is not the shortest any more

@@ -80,12 +80,15 @@ class PDProfileHandlerBase(ProfileHandler, PreRequest):
         decode = results.get(self.decode_profile)
         if decode is None:
             return [profiles[self.decode_profile]]
-        if not decode.picked or self.prefill_profile in results:
+        if not decode.picked:
             return []
-        if self.decider is not None and self.decider.disaggregate(request, decode.picked[0]):
-            m.DISAGG_DECISIONS.labels(request.target_model, "prefill-decode").inc()
+        prefill = results.get(self.prefill_profile)
+        if prefill is None and self.decider is not None and self.decider.disaggregate(
+                request, decode.picked[0]):
             return [profiles[self.prefill_profile]]
-        m.DISAGG_DECISIONS.labels(request.target_model, "decode-only").inc()
+        # Counted as it turned out: a prefill profile that found no endpoint is decode-only.
+        decision = "prefill-decode" if prefill is not None and prefill.picked else "decode-only"
+        m.DISAGG_DECISIONS.labels(request.target_model, decision).inc()
         return []
 
     def primary_profile(self, request: LLMRequest, results: Mapping[str, ProfileResult]) -> str:

@@ -53,7 +53,7 @@ class PrefixBasedPDDeciderParameters:
 
 
 class PrefixBasedPDDecider(PDDecider):
-    """uncached = prompt tokens − matched blocks on the decode endpoint × block tokens;
+    """uncached = prompt tokens - matched blocks on the decode endpoint * block tokens;
     disaggregate when uncached ≥ ``nonCachedTokens``.
 
     Prompt tokens are the request's token ids when it carries them, else prompt bytes ÷ 4
