@@ -33,41 +33,12 @@ pytestmark = pytest.mark.envoy
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 DECODE_IP, PREFILL_IP = "127.0.3.1", "127.0.3.2"
-THRESHOLD = 256
-LONG = "long" * 1000  # 1,000 tokens (4 bytes each): over the threshold
-SHORT = "tiny" * 40  # 40 tokens
+LONG = "long" * 1000  # 1,000 tokens (4 bytes each)
+SHORT = "tiny" * 10  # 10 tokens: under the config's nonCachedTokens (16)
 
-# llm-d's sample P/D config (deploy/config/pd-epp-config.yaml), written from its fields.
-PD_CONFIG = f"""\
-apiVersion: llm-d.ai/v1alpha1
-kind: EndpointPickerConfig
-plugins:
-- type: prefix-cache-scorer
-  parameters: {{blockSizeTokens: 16, autoTune: false, maxPrefixBlocksToMatch: 256,
-               lruCapacityPerServer: 31250}}
-- type: queue-scorer
-- type: prefill-filter
-- type: decode-filter
-- type: max-score-picker
-- type: prefix-based-pd-decider
-  parameters: {{nonCachedTokens: {THRESHOLD}}}
-- type: disagg-profile-handler
-  parameters:
-    deciders: {{prefill: prefix-based-pd-decider}}
-schedulingProfiles:
-- name: prefill
-  plugins:
-  - pluginRef: prefill-filter
-  - pluginRef: max-score-picker
-  - {{pluginRef: prefix-cache-scorer, weight: 2}}
-  - {{pluginRef: queue-scorer, weight: 1}}
-- name: decode
-  plugins:
-  - pluginRef: decode-filter
-  - pluginRef: max-score-picker
-  - {{pluginRef: prefix-cache-scorer, weight: 2}}
-  - {{pluginRef: queue-scorer, weight: 1}}
-"""
+# llm-d's P/D config for simulators (its deploy/config/sim-pd-epp-config.yaml): the decider
+# disaggregates when at least 16 prompt tokens are not cached on the decode pod.
+PD_CONFIG = Path(__file__).parent / "data" / "llm-d-sim-pd-epp-config.yaml"
 
 
 def pool_objects(port: int) -> list[dict[str, Any]]:
@@ -145,7 +116,7 @@ def gw(bg: BackgroundLoop, tmp_path: Path) -> Iterator[PDGateway]:
         return runner
 
     runner = bg.run(serve())
-    epp = EppProcess(manifests, "--config-text", PD_CONFIG,
+    epp = EppProcess(manifests, "--config-file", str(PD_CONFIG),
                      log_path=tmp_path / "epp.log").wait_serving()
     admin, listen = e.free_port(), e.free_port()
     envoy = e.Envoy(pool_gateway_config(epp.port, admin, listen), admin_port=admin,

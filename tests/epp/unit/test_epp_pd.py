@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
-from epp.config import ConfigError, Runtime, build, parse_config
+from epp.config import ConfigError, Runtime, build, load_config_file, parse_config
 from epp.datastore import EndpointView
 from epp.scheduling.request import LLMRequest
 from epp.scheduling.result import SchedulingResult
@@ -106,6 +107,20 @@ def test_role_filters_follow_llm_d_role_label(value: str | None, prefill: bool,
     v = role(1, value)
     assert bool(PluginHarness.of("prefill-filter").filter([v])) is prefill
     assert bool(PluginHarness.of("decode-filter").filter([v])) is decode
+
+
+DATA = Path(__file__).parent.parent / "data"
+LLMD_FILES = ["llm-d-pd-epp-config.yaml", "llm-d-sim-pd-epp-config.yaml",
+              "llm-d-pd-profile-handler-epp-config.yaml"]
+
+
+@pytest.mark.parametrize("name", LLMD_FILES)
+def test_llm_d_pd_config_files_load_and_route(name: str) -> None:
+    rt = build(load_config_file(DATA / name))
+    long = route(rt, request("x" * 400), pool())  # 100 tokens > nonCachedTokens 16
+    assert (long.decode, long.prefiller) == ("10.0.0.1:8000", "10.0.0.3:8000")
+    short = route(rt, request("y" * 40), pool())  # 10 tokens
+    assert (short.decode, short.prefiller) == ("10.0.0.1:8000", None)
 
 
 # -- deciders -----------------------------------------------------------------------------
