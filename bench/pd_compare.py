@@ -15,7 +15,9 @@ Workload (same schedule for both fleets of a seed; Poisson arrivals, every reque
 30 % chat-like streaming decodes (100-400 tokens in, 200-500 out), all prompts unique.
 
 Reported per fleet: TTFT p90, TPOT p90 (per-request (e2e - TTFT)/(tokens - 1)), output tok/s,
-over all requests and per class; medians over seeds. Ratios pd/aggregated are paired per seed
+over all requests and per class, in model seconds; medians over seeds. ``--time-scale N``
+runs the simulator N times slower than the model so that the machine's own per-hop costs
+(Envoy, EPP, sidecar, on a shared 2-core box) weigh less. Ratios pd/aggregated are paired per seed
 (same schedule); their interval is a 95 % t-interval on the mean of the per-seed log ratios
 (a geometric mean), printed beside the median ratio. A target is **met** when the whole
 interval is on the right side of it, **not met** when the whole interval is on the wrong
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import math
 import random
 import statistics
@@ -133,7 +136,8 @@ def _wait_pool(port: int, size: int, proc: subprocess.Popen[bytes], log: Path) -
 
 
 @contextlib.contextmanager
-def start(kind: str, workdir: Path, seed: int, threshold: int) -> Iterator[Fleet]:
+def start(kind: str, workdir: Path, seed: int, threshold: int,
+          time_scale: float = 1.0) -> Iterator[Fleet]:
     """Start the ``aggregated`` or ``pd`` fleet with its EPP and Envoy."""
     workdir.mkdir(parents=True, exist_ok=True)
     port = e.free_port()
@@ -159,7 +163,8 @@ def start(kind: str, workdir: Path, seed: int, threshold: int) -> Iterator[Fleet
             pods.append(_pod(f"prefill-{i}", ip, "prefill"))
     fleet_file = workdir / "fleet.yaml"
     fleet_file.write_text(yaml.safe_dump({
-        "defaults": {"profile": "8b-h100", "seed": seed}, "servers": servers}))
+        "defaults": {"profile": "8b-h100", "seed": seed, "time_scale": time_scale},
+        "servers": servers}))
     manifests = workdir / "pool.yaml"
     manifests.write_text(yaml.safe_dump_all(_pool(port, pods)))
     procs: list[subprocess.Popen[bytes]] = []
@@ -210,18 +215,20 @@ def _scrape(port: int, name: str) -> dict[str, float]:
 
 # -- one run, the summary -----------------------------------------------------------------
 
-def summarize(outcomes: list[Outcome], tags: list[str]) -> dict[str, dict[str, float]]:
-    """Per class (``all``, ``long``, ``short``): TTFT/TPOT p50 and p90, tok/s, errors."""
+def summarize(outcomes: list[Outcome], tags: list[str],
+              time_scale: float = 1.0) -> dict[str, dict[str, float]]:
+    """Per class (``all``, ``long``, ``short``): TTFT/TPOT p50 and p90, tok/s, errors; in
+    model seconds (wall seconds / ``time_scale``)."""
     out: dict[str, dict[str, float]] = {}
     ok_all = [o for o in outcomes if o.ok]
     first = min((o.start for o in outcomes), default=0.0)
     last = max((o.start + (o.e2e or 0.0) for o in ok_all), default=first + 1e-9)
-    span = max(1e-9, last - first)
+    span = max(1e-9, last - first) / time_scale
     for cls in ("all", "long", "short"):
         sel = [o for o, t in zip(outcomes, tags, strict=True) if cls in ("all", t)]
         ok = [o for o in sel if o.ok]
-        ttft = [o.ttft for o in ok if o.ttft is not None]
-        tpot = [t for o in ok if (t := o.tpot) is not None]
+        ttft = [o.ttft / time_scale for o in ok if o.ttft is not None]
+        tpot = [t / time_scale for o in ok if (t := o.tpot) is not None]
         out[cls] = {"requests": len(sel), "errors": len(sel) - len(ok),
                     "ttft_p50": pct(ttft, .5), "ttft_p90": pct(ttft, .9),
                     "tpot_p50": pct(tpot, .5), "tpot_p90": pct(tpot, .9),
@@ -231,10 +238,11 @@ def summarize(outcomes: list[Outcome], tags: list[str]) -> dict[str, dict[str, f
 
 def run(kind: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     workdir = args.workdir / f"{kind}-seed{seed}"
-    specs = workload(seed, args.rate, args.duration)
+    specs = [dataclasses.replace(s, at=s.at * args.time_scale)
+             for s in workload(seed, args.rate, args.duration)]
     workdir.mkdir(parents=True, exist_ok=True)
     write_specs(specs, workdir / "requests.jsonl")
-    with start(kind, workdir, seed, args.threshold) as fleet:
+    with start(kind, workdir, seed, args.threshold, args.time_scale) as fleet:
         subprocess.run([sys.executable, "-m", "bench.openloop", "--url", fleet.url,
                         "--requests", str(workdir / "requests.jsonl"),
                         "--out", str(workdir / "outcomes.jsonl"), "--timeout", "300"],
@@ -250,8 +258,8 @@ def run(kind: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
             counters["sidecar"] = modes
     outcomes = [Outcome(**orjson.loads(line))
                 for line in (workdir / "outcomes.jsonl").read_bytes().splitlines()]
-    result = {"kind": kind, "seed": seed, "summary": summarize(outcomes, [s.tag for s in specs]),
-              "counters": counters}
+    summary = summarize(outcomes, [s.tag for s in specs], args.time_scale)
+    result = {"kind": kind, "seed": seed, "summary": summary, "counters": counters}
     (workdir / "summary.json").write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
     return result
 
@@ -277,7 +285,7 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
     seeds = sorted({r["seed"] for r in results})
     by = {(r["kind"], r["seed"]): r["summary"] for r in results}
     lines = [f"seeds {seeds}, {args.rate:g} req/s for {args.duration:g} s per run, "
-             f"nonCachedTokens {args.threshold}", "",
+             f"nonCachedTokens {args.threshold}, time scale {args.time_scale:g}", "",
              "| class | metric | aggregated (median) | pd (median) | pd/agg median "
              "[95% CI] | target | verdict |", "|---|---|---|---|---|---|---|"]
     for cls in ("all", "long", "short"):
@@ -313,6 +321,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rate", type=float, default=0.6, help="requests per second")
     p.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals")
     p.add_argument("--threshold", type=int, default=1024, help="nonCachedTokens of the decider")
+    p.add_argument("--time-scale", type=float, default=1.0,
+                   help="the simulator runs this many times slower than the model (less "
+                   "weight for the machine's own overheads); results are in model seconds")
     p.add_argument("--workdir", type=Path, default=Path("/tmp/pd_compare"))
     args = p.parse_args(argv)
     results = []
