@@ -301,10 +301,10 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
                 verdict_text = verdict(lo, hi, bound, sense)
             unit = (lambda x: f"{x:.1f}") if metric == "output_tps" else (
                 lambda x: f"{x * 1000:.0f} ms")
+            mid = f"{statistics.median(ratios):.2f}" if ratios else "n/a"
             lines.append(f"| {cls} | {metric} | {unit(statistics.median(agg))} | "
-                         f"{unit(statistics.median(pd))} | "
-                         f"{statistics.median(ratios):.2f} [{lo:.2f}, {hi:.2f}] | {target} | "
-                         f"{verdict_text} |")
+                         f"{unit(statistics.median(pd))} | {mid} [{lo:.2f}, {hi:.2f}] | "
+                         f"{target} | {verdict_text} |")
     errors = {k: sum(by[k, s]["all"]["errors"] for s in seeds) for k in ("aggregated", "pd")}
     lines += ["", f"errors: {errors}"]
     for r in results:
