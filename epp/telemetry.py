@@ -161,3 +161,8 @@ class PoolCollector(Collector):
 def register_pool(collector: PoolCollector) -> None:
     """Register the pool collector with the default registry (once per process)."""
     REGISTRY.register(collector)
+
+# llm-d's name: one count per request scheduled by a P/D profile handler.
+DISAGG_DECISIONS = Counter("llm_d_inference_scheduler_disagg_decision_total",
+                           "Disaggregation routing decisions (decode-only, prefill-decode).",
+                           ["model_name", "decision_type"])

@@ -33,6 +33,7 @@ from epp.scheduling.scheduler import NoCandidates
 from shared.errors import BadRequest, GatewayError, NotFound, TooManyRequests
 from shared.extproc import RequestDecision
 from shared.openai import OpenAIRequest
+from shared.pd import PREFILLER_HEADER
 
 if TYPE_CHECKING:
     from epp.config import Runtime
@@ -280,8 +281,10 @@ class Director:
         return RequestDecision(
             set_headers={DESTINATION: destination, REQUEST_ID: pending.request.request_id,
                          **result.extra_headers},
-            # A client's own copies of our control headers never reach the proxy's LB.
-            remove_headers=[h for h in headers if h.startswith(DESTINATION) and h != DESTINATION],
+            # A client's own copies of our control headers never reach the proxy's LB, and a
+            # client never names a prefiller (only a P/D handler's pick, set above, does).
+            remove_headers=[h for h in headers if (h.startswith(DESTINATION) and h != DESTINATION)
+                            or (h == PREFILLER_HEADER and h not in result.extra_headers)],
             body=pending.new_body,
             metadata={LB_NAMESPACE: {DESTINATION: destination}},
         )

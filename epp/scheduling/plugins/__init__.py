@@ -12,6 +12,7 @@ from epp.scheduling.plugins.filter.legacy_decision_tree_filter import LegacyDeci
 from epp.scheduling.plugins.filter.lora_affinity_filter import LoraAffinityFilter
 from epp.scheduling.plugins.filter.low_queue_filter import LowQueueFilter
 from epp.scheduling.plugins.filter.prefix_cache_affinity_filter import PrefixCacheAffinityFilter
+from epp.scheduling.plugins.filter.role_filter import DecodeFilter, PrefillFilter
 from epp.scheduling.plugins.filter.slo_headroom_tier_filter import SloHeadroomTierFilter
 from epp.scheduling.plugins.picker.max_score_picker import MaxScorePicker
 from epp.scheduling.plugins.picker.random_picker import RandomPicker
@@ -19,6 +20,16 @@ from epp.scheduling.plugins.picker.weighted_random_picker import WeightedRandomP
 from epp.scheduling.plugins.prefix.prefix_cache_scorer import PrefixCacheScorer
 from epp.scheduling.plugins.profile.data_parallel_profile_handler import (
     DataParallelProfileHandler,
+)
+from epp.scheduling.plugins.profile.disagg_profile_handler import (
+    DisaggProfileHandler,
+    PdProfileHandler,
+    PrefillHeaderHandler,
+)
+from epp.scheduling.plugins.profile.pd_deciders import (
+    AlwaysDisaggPDDecider,
+    PDDecider,
+    PrefixBasedPDDecider,
 )
 from epp.scheduling.plugins.profile.single_profile_handler import SingleProfileHandler
 from epp.scheduling.plugins.scorer.active_request_scorer import ActiveRequestScorer
@@ -62,15 +73,25 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     NoHitLRUScorer,
     ContextLengthAware,
     DataParallelProfileHandler,
+    PrefillFilter,
+    DecodeFilter,
+    DisaggProfileHandler,
+    PdProfileHandler,
+    PrefillHeaderHandler,
+    PrefixBasedPDDecider,
+    AlwaysDisaggPDDecider,
 )
 
 __all__ = [
     "BUILTIN_PLUGINS",
     "ActiveRequestScorer",
+    "AlwaysDisaggPDDecider",
     "ByLabelFilter",
     "ByLabelSelectorFilter",
     "ContextLengthAware",
     "DataParallelProfileHandler",
+    "DecodeFilter",
+    "DisaggProfileHandler",
     "HeaderBasedTestingFilter",
     "KVCacheUtilizationScorer",
     "LabelSelectorFilter",
@@ -84,6 +105,11 @@ __all__ = [
     "LowQueueFilter",
     "MaxScorePicker",
     "NoHitLRUScorer",
+    "PDDecider",
+    "PdProfileHandler",
+    "PrefillFilter",
+    "PrefillHeaderHandler",
+    "PrefixBasedPDDecider",
     "PrefixCacheAffinityFilter",
     "PrefixCacheScorer",
     "QueueScorer",

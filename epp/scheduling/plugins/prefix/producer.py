@@ -137,9 +137,14 @@ class ApproxPrefixCacheProducer(Plugin, DataProducer, PreRequest, EndpointsRemov
         picked = result.primary.picked
         if picked:
             self.record(request, picked[0])
+        # Under P/D the prefill endpoint computes the prompt too and keeps it cached.
+        for name, other in result.results.items():
+            if name != result.primary_profile and other.picked:
+                self.record(request, other.picked[0], count=False)
 
-    def record(self, request: LLMRequest, target: EndpointView) -> None:
-        """Remember that ``target`` now holds every block of ``request``."""
+    def record(self, request: LLMRequest, target: EndpointView, *, count: bool = True) -> None:
+        """Remember that ``target`` now holds every block of ``request`` (``count``: the
+        request's primary endpoint, which the hit-ratio metric follows)."""
         state = self.match(request)
         if not state.hashes:
             return
@@ -149,6 +154,8 @@ class ApproxPrefixCacheProducer(Plugin, DataProducer, PreRequest, EndpointsRemov
             capacity = target.metrics.num_gpu_blocks
         hit = state.matched.get(key, 0)
         self.store.prefix_add(key, state.hashes, capacity)
+        if not count:
+            return
         self._matched_blocks += hit
         self._total_blocks += len(state.hashes)
         if self._hooks.prefix_hit_ratio is not None:
