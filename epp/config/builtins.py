@@ -6,11 +6,14 @@ from __future__ import annotations
 from epp.datalayer import BUILTIN_PLUGINS as DATA_LAYER
 from epp.requestcontrol.plugins import BUILTIN_PLUGINS as REQUEST_CONTROL
 from epp.scheduling.plugins import BUILTIN_PLUGINS as SCHEDULING
+from epp.requestcontrol.plugins.token_producer import TokenProducer
+from epp.scheduling.plugins.prefix.precise_prefix_cache_scorer import PrecisePrefixCacheScorer
 from epp.scheduling.plugins.prefix.producer import ApproxPrefixCacheProducer
 from shared.plugins import Plugin, PluginRegistry
 
 BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
-    *SCHEDULING, ApproxPrefixCacheProducer, *REQUEST_CONTROL, *DATA_LAYER)
+    *SCHEDULING, ApproxPrefixCacheProducer, PrecisePrefixCacheScorer, *REQUEST_CONTROL,
+    TokenProducer, *DATA_LAYER)
 
 
 def builtin_registry() -> PluginRegistry:
