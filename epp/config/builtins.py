@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from epp.datalayer import BUILTIN_PLUGINS as DATA_LAYER
 from epp.requestcontrol.plugins import BUILTIN_PLUGINS as REQUEST_CONTROL
-from epp.scheduling.plugins import BUILTIN_PLUGINS as SCHEDULING
 from epp.requestcontrol.plugins.token_producer import TokenProducer
+from epp.scheduling.plugins import BUILTIN_PLUGINS as SCHEDULING
 from epp.scheduling.plugins.prefix.precise_prefix_cache_scorer import PrecisePrefixCacheScorer
 from epp.scheduling.plugins.prefix.producer import ApproxPrefixCacheProducer
 from shared.plugins import Plugin, PluginRegistry

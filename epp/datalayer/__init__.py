@@ -12,6 +12,6 @@ from epp.datalayer.plugin import DataSource, Extractor
 
 BUILTIN_PLUGINS = (MetricsDataSource, CoreMetricsExtractor, EndpointNotificationSource)
 
-__all__ = ["BUILTIN_PLUGINS", "CoreMetricsExtractor", "CoreMetricsParameters", "DataSource", "EndpointExtractor",
-           "EndpointNotificationSource",
-           "Extractor", "MetricsDataSource", "MetricsSourceParameters"]
+__all__ = ["BUILTIN_PLUGINS", "CoreMetricsExtractor", "CoreMetricsParameters", "DataSource",
+           "EndpointExtractor", "EndpointNotificationSource", "Extractor", "MetricsDataSource",
+           "MetricsSourceParameters"]

@@ -15,7 +15,6 @@ without token ids, as in llm-d: the scorers fall back to their own paths.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,14 +31,18 @@ from shared.plugins import Duration
 
 log = structlog.get_logger(__name__)
 
+_FIVE_SECONDS = Duration(5.0)
+_THIRTY_SECONDS = Duration(30.0)
+
 
 @dataclass(frozen=True, slots=True)
 class VllmBackend:
     """``http``: base URL of a server with vLLM's ``/tokenize`` for the same model."""
 
     http: str = "http://localhost:8000"
-    timeout: Duration = Duration(5.0)
-    mm_timeout: Duration = Duration(30.0)
+    timeout: Duration = _FIVE_SECONDS
+    #: Accepted for llm-d configs: there are no multimodal requests to tokenize here.
+    mm_timeout: Duration = _THIRTY_SECONDS
 
     def __post_init__(self) -> None:
         if not self.http.startswith(("http://", "https://")):
@@ -106,7 +109,7 @@ class TokenProducer(Plugin, Admitter):
             if not isinstance(tokens, list) or not all(
                     isinstance(t, int) and not isinstance(t, bool) for t in tokens):
                 raise ValueError("answer has no list of integer 'tokens'")
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, OSError) as e:
+        except (TimeoutError, aiohttp.ClientError, ValueError, OSError) as e:
             self.failures += 1
             if self.failures == 1 or self.failures % 1000 == 0:
                 log.warning("token-producer: tokenize failed; scoring without token ids",

@@ -107,5 +107,5 @@ dataLayer:
   - pluginRef: endpoint-notification-source
     extractors: [{pluginRef: core-metrics-extractor}]
 """)
-    with pytest.raises(ConfigError, match="dataLayer.sources"):
+    with pytest.raises(ConfigError, match=r"dataLayer\.sources"):
         build(parse_config(text), store())

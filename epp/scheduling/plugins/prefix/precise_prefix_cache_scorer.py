@@ -18,7 +18,6 @@ from __future__ import annotations
 import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import structlog
 from prometheus_client import REGISTRY, Counter
@@ -151,6 +150,9 @@ _INDEXES: weakref.WeakSet[KVBlockIndex] = weakref.WeakSet()
 
 class _IndexCollector(Collector):
     """Index size of every live scorer (normally one), read at scrape time."""
+
+    #: Labels of the per-endpoint family (read by tools when it has no sample yet).
+    _labelnames = ("endpoint",)
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         keys = GaugeMetricFamily("inference_extension_kv_index_keys",
