@@ -94,6 +94,11 @@ class TokenProducer(Plugin, Admitter):
         return {"model": self.params.model_name,
                 "prompt": request.prompt.decode(errors="replace")}
 
+    async def aclose(self) -> None:
+        """Close the HTTP session (the EPP keeps it for its lifetime)."""
+        if self._session is not None:
+            await self._session.close()
+
     async def _tokenize(self, request: LLMRequest) -> None:
         try:
             session = self._session
