@@ -7,10 +7,11 @@ get a subscriber (``tcp://<endpoint ip>:<socketPort>``), leaving ones lose it an
 blocks. Scores need the prompt's token ids (``token-producer``); score = leading blocks the
 endpoint holds / full blocks of the prompt.
 
-When it cannot be precise - a candidate's event stream is down, or the request has no token
-ids - it scores like the approximate ``prefix-cache-scorer`` (which learns from every pick
-all along) and says so: a warning when that starts, and
-``inference_extension_precise_prefix_fallback_total{reason}``.
+When it cannot be precise it scores like the approximate ``prefix-cache-scorer`` (which
+learns from every pick all along) and says so - a warning when that starts, and
+``inference_extension_precise_prefix_fallback_total{reason}``: for the candidates whose event
+stream is down (the others keep their precise scores), or for all when the request has no
+token ids.
 """
 
 from __future__ import annotations
@@ -241,27 +242,32 @@ class PrecisePrefixCacheScorer(Scorer, EndpointExtractor, PreRequest, EndpointsR
         ids = request.prompt_token_ids
         if ids is None:
             return self._fallback("no_tokens", request, endpoints)
-        down = [v.endpoint.key for v in endpoints if not self.live(v.endpoint.key)]
-        if down:
+        down = [i for i, v in enumerate(endpoints) if not self.live(v.endpoint.key)]
+        if len(down) == len(endpoints):
             return self._fallback("no_stream", request, endpoints, down)
-        if self._degraded is not None:
-            log.info("precise prefix scoring resumed", scorer=self.name)
-            self._degraded = None
         blocks = len(ids) // self.block_size
-        if blocks == 0:
-            return [0.0] * len(endpoints)
-        matched = self.index.score(list(ids), request.lora_adapter or BASE_MODEL_KEY)
+        matched = self.index.score(list(ids), request.lora_adapter or BASE_MODEL_KEY) \
+            if blocks else {}
         request.plugin_state[self.name] = matched
         get = matched.get
-        return [get(v.endpoint.key, 0) / blocks for v in endpoints]
+        scores = [get(v.endpoint.key, 0) / blocks if blocks else 0.0 for v in endpoints]
+        if down:  # only these endpoints' streams are down: guess for them, know for the rest
+            approx = self._fallback("no_stream", request, endpoints, down)
+            for i in down:
+                scores[i] = approx[i]
+        elif self._degraded is not None:
+            log.info("precise prefix scoring resumed", scorer=self.name)
+            self._degraded = None
+        return scores
 
     def _fallback(self, reason: str, request: LLMRequest, endpoints: Sequence[EndpointView],
-                  down: Sequence[str] = ()) -> Sequence[float]:
+                  down: Sequence[int] = ()) -> list[float]:
         FALLBACKS.labels(reason).inc()
         if self._degraded != reason:
             self._degraded = reason
             log.warning("precise prefix scoring degraded to approximate", scorer=self.name,
-                        reason=reason, endpoints_without_stream=list(down)[:8])
+                        reason=reason,
+                        endpoints_without_stream=[endpoints[i].endpoint.key for i in down][:8])
         state = self.approx.match(request)
         if not state.matched:
             return [0.0] * len(endpoints)
