@@ -109,3 +109,22 @@ dataLayer:
 """)
     with pytest.raises(ConfigError, match=r"dataLayer\.sources"):
         build(parse_config(text), store())
+
+
+def test_approximate_producer_switches_to_token_blocks_once_ids_arrive() -> None:
+    """token-producer sets ids at admission, after the producer step: the approximate
+    scorer's match is redone on token blocks then (its token-id path is reachable)."""
+    from epp.scheduling.plugins.prefix.producer import (
+        ApproxPrefixCacheProducer,
+        PrefixCacheParameters,
+    )
+    from epp.scheduling.request import LLMRequest
+
+    producer = ApproxPrefixCacheProducer("p", PrefixCacheParameters(block_size_tokens=4))
+    req = LLMRequest("r", "m", prompt=b"x" * 64)
+    before = producer.match(req)
+    assert not before.tokens and len(before.hashes) == 4  # 64 bytes = 4 blocks of 16 bytes
+    req.prompt_token_ids = list(range(40))
+    after = producer.match(req)
+    assert after.tokens and len(after.hashes) == 10 and after.hashes != before.hashes
+    assert producer.match(req) is after  # computed once per kind
