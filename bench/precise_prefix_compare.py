@@ -8,6 +8,7 @@ Per seed and contender: a fresh ``vllm-sim`` process serving ``--servers`` serve
 - ``precise``: Envoy + EPP with ``token-producer`` (the last server's ``/tokenize``; server 0
   is the one restarted) and ``precise-prefix-cache-scorer`` (weight 3)
   + ``queue-scorer`` (weight 1);
+- ``precise-speculative``: the same with ``speculativeIndexing: true`` (TTL 2 s);
 - ``approximate``: Envoy + EPP with ``prefix-cache-scorer`` (weight 3) + ``queue-scorer``;
 - ``round-robin``: Envoy's ``ROUND_ROBIN`` over the same servers.
 
@@ -51,7 +52,8 @@ OFFSET = 1000
 BLOCK = 16  # tokens per block (the 8b-h100 profile's block size)
 
 
-def precise_config(base: int, n: int) -> str:
+def precise_config(base: int, n: int, speculative: bool = False) -> str:
+    spec = "\n    speculativeIndexing: true" if speculative else ""
     return f"""\
 apiVersion: inference.networking.x-k8s.io/v1alpha1
 kind: EndpointPickerConfig
@@ -61,7 +63,7 @@ plugins:
 - type: precise-prefix-cache-scorer
   parameters:
     tokenProcessorConfig: {{blockSize: {BLOCK}}}
-    kvEventsConfig: {{topicFilter: "kv@", podDiscoveryConfig: {{socketPortOffset: {OFFSET}}}}}
+    kvEventsConfig: {{topicFilter: "kv@", podDiscoveryConfig: {{socketPortOffset: {OFFSET}}}}}{spec}
 - type: queue-scorer
 schedulingProfiles:
 - name: default
@@ -84,7 +86,7 @@ schedulingProfiles:
   - {pluginRef: queue-scorer, weight: 1}
 """
 
-CONTENDERS = ("precise", "approximate", "round-robin")
+CONTENDERS = ("precise", "precise-speculative", "approximate", "round-robin")
 
 
 @dataclass(frozen=True)
@@ -189,8 +191,9 @@ def router(name: str, base: int, n: int, workdir: Path) -> Iterator[str]:
             yield f"http://127.0.0.1:{listen}"
         return
     (workdir / "pool.yaml").write_text(yaml.safe_dump_all(manifests(base, n)))
-    (workdir / "epp.yaml").write_text(precise_config(base, n) if name == "precise"
-                                      else APPROX_CONFIG)
+    (workdir / "epp.yaml").write_text(
+        precise_config(base, n, speculative=name == "precise-speculative")
+        if name.startswith("precise") else APPROX_CONFIG)
     grpc, health, metrics = e.free_port(), e.free_port(), e.free_port()
     log = workdir / "epp.log"
     proc = _popen([sys.executable, "-m", "epp.main", "--manifests", str(workdir / "pool.yaml"),
@@ -324,7 +327,11 @@ def report(results: dict[str, dict[int, Run]], ns: argparse.Namespace) -> None:
                      f"{bootstrap_median([v * 1000 for v in p90[c].values()])} | | |")
         lines.append(f"| {c}: prefix-cache hit rate | {bootstrap_median(list(hit[c].values()))}"
                      " | | |")
-    checks = [("TTFT p90 precise / approximate", paired_ratios(p90["precise"], p90["approximate"]),
+    checks = [("TTFT p90 precise-speculative / approximate",
+               paired_ratios(p90["precise-speculative"], p90["approximate"]), 0.7, True),
+              ("hit rate precise-speculative / approximate",
+               paired_ratios(hit["precise-speculative"], hit["approximate"]), 1.3, False),
+              ("TTFT p90 precise / approximate", paired_ratios(p90["precise"], p90["approximate"]),
                0.7, True),
               ("TTFT p90 precise / round-robin (best peer here)",
                paired_ratios(p90["precise"], p90["round-robin"]), 0.8, True),

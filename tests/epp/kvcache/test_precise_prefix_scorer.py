@@ -21,6 +21,7 @@ from epp.scheduling.plugins.prefix.precise_prefix_cache_scorer import (
     PrecisePrefixCacheScorer,
 )
 from epp.scheduling.request import LLMRequest
+from epp.scheduling.result import ProfileResult, SchedulingResult
 from shared.plugins import parse_parameters
 from sim import start_fleet
 from sim.kvevents import KVEventsConfig
@@ -116,3 +117,36 @@ async def test_follows_the_pool_and_falls_back_only_where_the_stream_is_down() -
             with contextlib.suppress(asyncio.CancelledError):
                 await task
     assert scorer.subscriptions.subscribers == {}  # the source closed its extractors
+
+
+async def test_speculative_indexing_counts_a_pick_until_the_events_can_confirm_it() -> None:
+    base = free_run()
+    cfg = tiny(model=MODEL, port=base, kv_events=KVEventsConfig(
+        enable_kv_cache_events=True, endpoint=f"tcp://*:{base + OFFSET}",
+        topic="kv@{host}@{model}"))
+    scorers = {}
+    for on in (True, False):
+        params = parse_parameters(PrecisePrefixCacheParameters, {
+            "speculativeIndexing": on, "speculativeTTL": "1m",
+            "kvEventsConfig": {"podDiscoveryConfig": {"socketPortOffset": OFFSET}}}, label="t")
+        scorers[on] = PrecisePrefixCacheScorer(f"precise-{on}", params)
+    ds = pool(base, 1)
+    async with start_fleet([cfg]):
+        for sc in scorers.values():
+            await sc.endpoints_changed(ds.views())
+        try:
+            key = f"127.0.0.1:{base}"
+            await until(lambda: all(sc.live(key) for sc in scorers.values()), "subscribed")
+            ids = token_ids(("never sent to any server. " * 10).encode())
+            views = ds.views()
+            for on, sc in scorers.items():
+                first = LLMRequest("a", MODEL, prompt_token_ids=ids)
+                assert list(sc.score(first, views)) == [0.0]
+                sc.pre_request(first, SchedulingResult(
+                    {"default": ProfileResult("default", [views[0]])}, "default"))
+                again = LLMRequest("b", MODEL, prompt_token_ids=ids)
+                # Nothing was sent, so no event: only the speculative entry can say so.
+                assert list(sc.score(again, views)) == ([1.0] if on else [0.0])
+        finally:
+            for sc in scorers.values():
+                await sc.close()

@@ -71,7 +71,8 @@ def test_port_offsets_and_replay_socket() -> None:
     ("{kvEventsConfig: {zmqEndpoint: 'tcp://0.0.0.0:5557'}}", "zmqEndpoint"),
     ("{kvEventsConfig: {discoverPods: false}}", "discoverPods"),
     ("{kvEventsConfig: {socketPort: 5556}}", "socketPort"),  # belongs in podDiscoveryConfig
-    ("{speculativeIndexing: true}", "speculativeIndexing"),
+    ("{speculativeIndexing: true, speculativeTTL: 0}", "speculativeTTL"),
+    ("{speculativeTTL: 'soon'}", "speculativeTTL"),
     ("{tokenProcessorConfig: {blockSize: 0}}", "blockSize"),
     ("{indexerConfig: {kvBlockIndexConfig: {metricsLoggingInterval: 60000000000}}}",
      "metricsLoggingInterval"),

@@ -16,9 +16,12 @@ token ids.
 
 from __future__ import annotations
 
+import time
 import weakref
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import structlog
 from prometheus_client import REGISTRY, Counter
@@ -34,6 +37,7 @@ from epp.scheduling.plugin import EndpointsRemoved, SchedulerHooks, Scorer
 from epp.scheduling.plugins.prefix.producer import ApproxPrefixCacheProducer, PrefixCacheParameters
 from epp.scheduling.request import LLMRequest
 from epp.scheduling.result import SchedulingResult
+from shared.plugins import Duration
 
 log = structlog.get_logger(__name__)
 
@@ -41,6 +45,10 @@ log = structlog.get_logger(__name__)
 #: need to be known (adapter blocks are rooted at the adapter's name, on both sides).
 BASE_MODEL_KEY = ""
 
+
+_TWO_SECONDS = Duration(2.0)
+#: Speculative entries kept at most (oldest dropped first): bounded memory.
+MAX_SPECULATIVE_KEYS = 200_000
 
 # -- parameters (llm-d's shape) -------------------------------------------------------------
 
@@ -126,16 +134,19 @@ class KVEventsConfig:
 
 @dataclass(frozen=True, slots=True)
 class PrecisePrefixCacheParameters:
+    ALIASES: ClassVar[dict[str, str]] = {"speculativeTTL": "speculative_ttl"}
+
     token_processor_config: TokenProcessorConfig = field(default_factory=TokenProcessorConfig)
     indexer_config: IndexerConfig = field(default_factory=IndexerConfig)
     kv_events_config: KVEventsConfig = field(default_factory=KVEventsConfig)
+    #: llm-d's: at the pick, count the picked endpoint as holding the prompt's blocks for
+    #: ``speculativeTTL`` (until its own events can say so).
     speculative_indexing: bool = False
-    speculative_ttl: str = "2s"
+    speculative_ttl: Duration = _TWO_SECONDS
 
     def __post_init__(self) -> None:
-        if self.speculative_indexing:
-            raise ValueError("speculativeIndexing: not supported (a candidate without a "
-                             "working event stream falls back to the approximate scorer)")
+        if self.speculative_ttl <= 0:
+            raise ValueError("speculativeTTL: must be > 0")
 
 
 # -- metrics --------------------------------------------------------------------------------
@@ -204,6 +215,8 @@ class PrecisePrefixCacheScorer(Scorer, EndpointExtractor, PreRequest, EndpointsR
             f"{self.name}/approx", PrefixCacheParameters(block_size_tokens=self.block_size))
         self._hooks = SchedulerHooks()
         self._degraded: str | None = None
+        #: request key -> {endpoint: expiry (monotonic)}, when speculativeIndexing is on.
+        self.speculative: OrderedDict[int, dict[str, float]] = OrderedDict()
 
     def attach(self, hooks: SchedulerHooks) -> None:
         self._hooks = hooks
@@ -246,9 +259,13 @@ class PrecisePrefixCacheScorer(Scorer, EndpointExtractor, PreRequest, EndpointsR
         if len(down) == len(endpoints):
             return self._fallback("no_stream", request, endpoints, down)
         blocks = len(ids) // self.block_size
-        matched = self.index.score(list(ids), request.lora_adapter or BASE_MODEL_KEY) \
-            if blocks else {}
-        request.plugin_state[self.name] = matched
+        keys = self.index.request_keys(list(ids), request.lora_adapter or BASE_MODEL_KEY)
+        matched = self.index.score_keys(keys) if keys else {}
+        if self.params.speculative_indexing and keys:
+            for ep, n in self._speculative_match(keys).items():
+                if n > matched.get(ep, 0):
+                    matched[ep] = n
+        request.plugin_state[self.name] = (keys, matched)
         get = matched.get
         scores = [get(v.endpoint.key, 0) / blocks if blocks else 0.0 for v in endpoints]
         if down:  # only these endpoints' streams are down: guess for them, know for the rest
@@ -279,12 +296,44 @@ class PrecisePrefixCacheScorer(Scorer, EndpointExtractor, PreRequest, EndpointsR
         if not picked:
             return
         self.approx.record(request, picked[0])
-        matched = request.plugin_state.get(self.name)
-        ids = request.prompt_token_ids
-        if isinstance(matched, dict) and ids and self._hooks.prefix_hit_ratio is not None:
-            blocks = len(ids) // self.block_size
-            if blocks:
-                self._hooks.prefix_hit_ratio(matched.get(picked[0].endpoint.key, 0) / blocks)
+        state = request.plugin_state.get(self.name)
+        if not isinstance(state, tuple) or not state[0]:
+            return
+        keys, matched = state
+        ep = picked[0].endpoint.key
+        if self.params.speculative_indexing:
+            self._speculate(keys, ep)
+        if self._hooks.prefix_hit_ratio is not None:
+            self._hooks.prefix_hit_ratio(matched.get(ep, 0) / len(keys))
+
+    # -- speculative entries ---------------------------------------------------------------
+    def _speculate(self, keys: list[int], endpoint: str) -> None:
+        expiry = time.monotonic() + self.params.speculative_ttl
+        spec = self.speculative
+        for key in keys:
+            eps = spec.get(key)
+            if eps is None:
+                eps = spec[key] = {}
+            else:
+                spec.move_to_end(key)
+            eps[endpoint] = expiry
+        while len(spec) > MAX_SPECULATIVE_KEYS:
+            spec.popitem(last=False)
+
+    def _speculative_match(self, keys: list[int]) -> dict[str, int]:
+        """Per endpoint, leading blocks it was picked for within the TTL."""
+        now = time.monotonic()
+        out: dict[str, int] = {}
+        active: set[str] | None = None
+        for i, key in enumerate(keys, start=1):
+            eps = self.speculative.get(key)
+            live = {ep for ep, until in eps.items() if until > now} if eps else set()
+            active = live if active is None else active & live
+            if not active:
+                break
+            for ep in active:
+                out[ep] = i
+        return out
 
 
 __all__ = ["FALLBACKS", "KV_EVENT_METRICS", "PrecisePrefixCacheParameters",
