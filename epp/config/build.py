@@ -28,7 +28,14 @@ from epp.config.loader import (
     ProfileSpec,
     parse_config,
 )
-from epp.datalayer import CoreMetricsExtractor, DataSource, Extractor, MetricsDataSource
+from epp.datalayer import (
+    CoreMetricsExtractor,
+    DataSource,
+    EndpointNotificationSource,
+    Extractor,
+    MetricsDataSource,
+)
+from epp.datalayer.endpoint_notification import EndpointSetExtractor
 from epp.datastore import Datastore
 from epp.flowcontrol import FEATURE_GATE as FLOW_CONTROL_GATE
 from epp.flowcontrol import FlowControlConfig, FlowControlConfigError, FlowController
@@ -128,6 +135,7 @@ def build(
     saturation = _saturation(config, registry, handle)
     sources = _data_layer(config, registry, handle)
     flow = _flow_control(config, handle, saturation)
+    sources += _endpoint_notifications(registry, handle, sources, src)
     for cls in (InflightLoadProducer, RequestMetricsRecorder):
         if not handle.find(cls):
             _default(registry, handle, cls.type_name, src)
@@ -289,6 +297,22 @@ def _data_layer(config: EndpointPickerConfig, registry: PluginRegistry,
                               f"core-metrics-extractor")
         sources.append(found)
     return tuple(sources)
+
+
+def _endpoint_notifications(registry: PluginRegistry, handle: EppHandle,
+                            sources: tuple[DataSource, ...], src: str) -> tuple[DataSource, ...]:
+    """An ``endpoint-notification-source`` for endpoint extractors no source feeds (llm-d
+    configs without a ``dataLayer`` wiring for ``precise-prefix-cache-scorer``)."""
+    wired = {id(e) for s in sources for e in s.extractors}
+    orphans = [e for e in handle.find(EndpointSetExtractor) if id(e) not in wired]
+    if not orphans:
+        return ()
+    source = next((s for s in handle.find(EndpointNotificationSource) if s not in sources),
+                  None) or _default(registry, handle, EndpointNotificationSource.type_name, src)
+    assert isinstance(source, EndpointNotificationSource)
+    for extractor in orphans:
+        source.add_extractor(extractor)
+    return (source,)
 
 
 def _scheduler(config: EndpointPickerConfig, registry: PluginRegistry, handle: EppHandle,

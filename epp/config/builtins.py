@@ -6,18 +6,21 @@ from __future__ import annotations
 from epp.datalayer import BUILTIN_PLUGINS as DATA_LAYER
 from epp.flowcontrol.policies import POLICY_PLUGINS as FLOW_CONTROL
 from epp.requestcontrol.plugins import BUILTIN_PLUGINS as REQUEST_CONTROL
+from epp.requestcontrol.plugins.token_producer import TokenProducer
 from epp.scheduling.plugins import BUILTIN_PLUGINS as SCHEDULING
+from epp.scheduling.plugins.prefix.precise_prefix_cache_scorer import PrecisePrefixCacheScorer
 from epp.scheduling.plugins.prefix.producer import ApproxPrefixCacheProducer
 from shared.plugins import Plugin, PluginRegistry
 
 BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
-    *SCHEDULING, ApproxPrefixCacheProducer, *REQUEST_CONTROL, *DATA_LAYER, *FLOW_CONTROL)
+    *SCHEDULING, ApproxPrefixCacheProducer, PrecisePrefixCacheScorer, *REQUEST_CONTROL,
+    TokenProducer, *DATA_LAYER, *FLOW_CONTROL)
 
-_FLOW = "flow control is not built yet (issue #14)"
-_PRECISE = "precise prefix-cache routing and tokenization are not built yet (issue #15)"
-_PD = "prefill/decode (and encode) disaggregation is not built yet (issue #16)"
-_SLO = "predicted-latency / SLO scheduling is not built yet (issue #17)"
-_SESSION = "session affinity is not built yet (issue #17)"
+_FLOW = "this flow-control policy is not built yet (issue #14)"
+_PRECISE = "a local tokenizer plugin is not built yet (issue #15; token-producer asks the server)"
+_PD = "encode disaggregation and the header-only P/D handler are not built yet (issue #16)"
+_SLO = ("the all-in-one predicted-latency-scorer is not built yet (issue #17; use "
+        "predicted-latency-producer + latency-scorer)")
 _LATER = "not built yet (issue #13)"
 
 #: Every upstream v1.5 / llm-d plugin type this EPP does not have yet, and which issue
@@ -25,22 +28,13 @@ _LATER = "not built yet (issue #13)"
 #: A type another branch registers is found before this list is consulted.
 PENDING: dict[str, str] = {
     **dict.fromkeys((
-        "global-strict-fairness-policy", "round-robin-fairness-policy", "fcfs-ordering-policy",
-        "edf-ordering-policy", "slo-deadline-ordering-policy", "static-usage-limit-policy",
         "eviction-sheddable-filter", "eviction-priority-then-time-ordering",
         "sheddable-eviction-filter", "priority-then-time-eviction-order-policy"), _FLOW),
-    **dict.fromkeys(("precise-prefix-cache-scorer", "token-producer", "tokenizer"), _PRECISE),
+    "tokenizer": _PRECISE,
     **dict.fromkeys((
-        "decode-filter", "prefill-filter", "encode-filter", "pd-profile-handler",
-        "disagg-profile-handler", "disagg-headers-handler", "prefill-header-handler",
-        "prefix-based-pd-decider", "always-disagg-pd-decider",
-        "always-disagg-multimodal-decider"), _PD),
-    **dict.fromkeys((
-        "predicted-latency-scorer", "predicted-latency-producer", "latency-slo-admitter",
-        "latency-scorer", "prefix-cache-affinity-filter", "slo-headroom-tier-filter"), _SLO),
-    "session-affinity-scorer": _SESSION,
-    **dict.fromkeys((
-        "vllmgrpc-parser", "vertexai-parser"), _LATER),
+        "encode-filter", "disagg-headers-handler", "always-disagg-multimodal-decider"), _PD),
+    "predicted-latency-scorer": _SLO,
+    **dict.fromkeys(("vllmgrpc-parser", "vertexai-parser"), _LATER),
 }
 
 

@@ -95,6 +95,32 @@ class EndpointNotificationSource(Plugin, DataSource):
                                   event=event.kind.value, endpoint=event.endpoint.key)
 
     async def run(self, datastore: Datastore) -> None:
-        datastore.subscribe(lambda snap: self.on_snapshot(datastore, snap))
+        from epp.datalayer.endpoint_notification import EndpointSetExtractor
+
+        changed = asyncio.Event()
+
+        def on_change(snapshot: Snapshot) -> None:
+            self.on_snapshot(datastore, snapshot)
+            changed.set()
+
+        datastore.subscribe(on_change)
         self.on_snapshot(datastore, datastore.snapshot)
-        await asyncio.Event().wait()
+        sets = [e for e in self.extractors if isinstance(e, EndpointSetExtractor)]
+        seen: tuple[str, ...] | None = None
+        try:
+            while True:  # set extractors: the pool's endpoint set, whenever it changes
+                views = datastore.views()
+                keys = tuple(v.endpoint.key for v in views)
+                if keys != seen:
+                    seen = keys
+                    for extractor in sets:
+                        try:
+                            await extractor.endpoints_changed(views)
+                        except Exception as e:  # one broken extractor must not stop it
+                            log.warning("endpoint notification failed",
+                                        extractor=repr(extractor), error=str(e))
+                changed.clear()
+                await changed.wait()
+        finally:
+            for extractor in sets:
+                await extractor.close()

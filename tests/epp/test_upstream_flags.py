@@ -18,6 +18,7 @@ from bbr.main import parser as bbr_parser
 from bench.manifests import pool_manifests, write_yaml
 from epp.config import build, parse_config
 from epp.datalayer import CoreMetricsExtractor
+from epp.datastore import EngineType
 from epp.main import DEPRECATED, EPP_IGNORED, parser, settings
 from shared import logs
 from shared.upstream_flags import log_settings, report
@@ -161,10 +162,13 @@ def test_metric_name_flags_read_unlabelled_pods_with_those_names() -> None:
     (extractor,) = runtime.handle.find(CoreMetricsExtractor)
     m = extractor.extract(SGLANG_PAGE, build_view(1, labels={}), 1.0).metrics
     assert (m.waiting, m.running, m.kv_usage) == (7, 3, 0.25)
-    # without the flags the same page has none of vLLM's names
+    # without the flags the page has none of vLLM's names: it is read by the dialect detected
+    # on it (SGLang's own names), and remembered for that endpoint
     (plain,) = build(parse_config(None)).handle.find(CoreMetricsExtractor)
-    with pytest.raises(ValueError, match="no vllm load metrics"):
-        plain.extract(SGLANG_PAGE, build_view(1, labels={}), 1.0)
+    view = build_view(1, labels={})
+    detected = plain.extract(SGLANG_PAGE, view, 1.0).metrics
+    assert plain.engine(view) == EngineType.SGLANG
+    assert detected.waiting == 7
 
 
 def test_metric_flags_with_labels_select_samples() -> None:

@@ -311,9 +311,8 @@ def test_served_verifier_alone_on_a_response() -> None:
 
 
 @pytest.mark.parametrize(("type_name", "issue"), [
-    ("fcfs-ordering-policy", "#14"), ("precise-prefix-cache-scorer", "#15"),
-    ("token-producer", "#15"), ("decode-filter", "#16"), ("pd-profile-handler", "#16"),
-    ("latency-slo-admitter", "#17"), ("session-affinity-scorer", "#17"),
+    ("eviction-sheddable-filter", "#14"), ("tokenizer", "#15"), ("encode-filter", "#16"),
+    ("predicted-latency-scorer", "#17"), ("vllmgrpc-parser", "#13"),
 ])
 def test_types_of_other_issues_are_unknown_naming_the_issue(type_name: str, issue: str) -> None:
     with pytest.raises(ConfigError) as e:

@@ -58,6 +58,8 @@ class PrefixMatch:
 
     hashes: list[int]
     matched: dict[str, int]
+    #: Whether the hashes are of token-id blocks (else of prompt bytes).
+    tokens: bool = False
 
 
 class ApproxPrefixCacheProducer(Plugin, DataProducer, PreRequest, EndpointsRemoved):
@@ -124,9 +126,12 @@ class ApproxPrefixCacheProducer(Plugin, DataProducer, PreRequest, EndpointsRemov
     def match(self, request: LLMRequest) -> PrefixMatch:
         """This request's :class:`PrefixMatch` (computed once, kept in its plugin state)."""
         state = request.plugin_state.get(self.name)
-        if not isinstance(state, PrefixMatch):
+        tokens = request.prompt_token_ids is not None and bool(self.params.block_size_tokens)
+        # Token ids may arrive after the producer step (token-producer runs at admission):
+        # then the byte-block match made before is replaced by the token-block one.
+        if not isinstance(state, PrefixMatch) or state.tokens != tokens:
             hashes = self.block_hashes(request)
-            state = PrefixMatch(hashes, self.store.prefix_match(hashes) if hashes else {})
+            state = PrefixMatch(hashes, self.store.prefix_match(hashes) if hashes else {}, tokens)
             request.plugin_state[self.name] = state
         return state
 

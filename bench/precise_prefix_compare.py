@@ -1,0 +1,353 @@
+"""Precise (KV-event) prefix routing vs the approximate prefix scorer vs round-robin, on a
+shared-prefix workload with cache pressure and a server restart mid-run (issue #15).
+
+Per seed and contender: a fresh ``vllm-sim`` process serving ``--servers`` servers on
+127.0.0.1 (one port each; KV events on port + ``OFFSET``) with a small KV cache
+(``--kv-blocks`` blocks, below the working set of the shared prefixes), and the router:
+
+- ``precise``: Envoy + EPP with ``token-producer`` (the last server's ``/tokenize``; server 0
+  is the one restarted) and ``precise-prefix-cache-scorer`` (weight 3)
+  + ``queue-scorer`` (weight 1);
+- ``precise-speculative``: the same with ``speculativeIndexing: true`` (TTL 2 s);
+- ``approximate``: Envoy + EPP with ``prefix-cache-scorer`` (weight 3) + ``queue-scorer``;
+- ``round-robin``: Envoy's ``ROUND_ROBIN`` over the same servers.
+
+The workload (seeded, the same for every contender): ``--requests`` streamed completions
+from ``--concurrency`` workers, each a shared prefix (``--prefixes`` of ``--prefix-blocks``
+blocks, Zipf-weighted) plus a unique question; one request in ``--background`` goes straight
+to a random server with an unrelated long prompt (traffic the EPP did not route, which evicts);
+halfway through, server 0 is killed and revived a second later (a cold cache).
+
+Figures per run: TTFT p90 of routed requests, and the prefix-cache hit rate from the servers'
+own counters (``usage.prompt_tokens_details.cached_tokens`` / ``prompt_tokens``). Over seeds:
+paired ratios precise / baseline, median and 95% bootstrap interval (``bench/stats.py``).
+
+    python -m bench.precise_prefix_compare --seeds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+
+from bench.contenders import _popen, _stop, _tail, pool_gateway_config
+from bench.stats import bootstrap_median, paired_ratios, quantile, verdict
+from shared import envoy as e
+
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+OFFSET = 1000
+BLOCK = 16  # tokens per block (the 8b-h100 profile's block size)
+
+
+def precise_config(base: int, n: int, speculative: bool = False) -> str:
+    spec = "\n    speculativeIndexing: true" if speculative else ""
+    return f"""\
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: token-producer
+  parameters: {{modelName: {MODEL}, vllm: {{http: "http://127.0.0.1:{base + n - 1}"}}}}
+- type: precise-prefix-cache-scorer
+  parameters:
+    tokenProcessorConfig: {{blockSize: {BLOCK}}}
+    kvEventsConfig: {{topicFilter: "kv@", podDiscoveryConfig: {{socketPortOffset: {OFFSET}}}}}{spec}
+- type: queue-scorer
+schedulingProfiles:
+- name: default
+  plugins:
+  - {{pluginRef: precise-prefix-cache-scorer, weight: 3}}
+  - {{pluginRef: queue-scorer, weight: 1}}
+"""
+
+
+APPROX_CONFIG = """\
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: prefix-cache-scorer
+- type: queue-scorer
+schedulingProfiles:
+- name: default
+  plugins:
+  - {pluginRef: prefix-cache-scorer, weight: 3}
+  - {pluginRef: queue-scorer, weight: 1}
+"""
+
+CONTENDERS = ("precise", "precise-speculative", "approximate", "round-robin")
+
+
+@dataclass(frozen=True)
+class Args:
+    servers: int
+    kv_blocks: int
+    prefixes: int
+    prefix_blocks: int
+    requests: int
+    concurrency: int
+    background: int
+    time_scale: float
+
+
+@dataclass
+class Run:
+    ttfts: list[float]
+    prompt_tokens: int
+    cached_tokens: int
+    failures: int
+
+    @property
+    def ttft_p90(self) -> float:
+        return quantile(self.ttfts, 0.9)
+
+    @property
+    def hit_rate(self) -> float:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+def _bindable(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_base(n: int) -> int:
+    for _ in range(500):
+        base = e.free_port()
+        if base + n + OFFSET < 65_000 and all(
+                _bindable(base + i) and _bindable(base + OFFSET + i) for i in range(n)):
+            return base
+    raise RuntimeError("no free run of ports")
+
+
+@contextmanager
+def fleet(a: Args, seed: int, workdir: Path) -> Iterator[int]:
+    """The simulator process; yields the first server's port."""
+    base = free_base(a.servers)
+    kv = {"enable_kv_cache_events": True, "publisher": "zmq",
+          "endpoint": f"tcp://*:{base + OFFSET}", "topic": "kv@{host}@{model}"}
+    config = {
+        "defaults": {"profile": "8b-h100", "time_scale": a.time_scale, "seed": seed,
+                     "model": MODEL, "overrides": {"num_gpu_blocks": a.kv_blocks},
+                     "kv_events_config": kv},
+        "servers": [{"host": "127.0.0.1", "port": base + i, "name": f"sim-{i}",
+                     "seed": seed + i} for i in range(a.servers)],
+    }
+    path = workdir / "fleet.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sim.main", "--config", str(path), "--log-level", "warning"],
+        stdout=subprocess.PIPE, stderr=(workdir / "sim.log").open("ab"), text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line.startswith("vllm-sim ready:"):
+        _stop(proc)
+        raise RuntimeError(f"simulator did not start: {line!r} {_tail(workdir / 'sim.log')}")
+    try:
+        yield base
+    finally:
+        _stop(proc)
+
+
+def manifests(base: int, n: int) -> list[dict[str, Any]]:
+    return [
+        {"apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
+         "metadata": {"name": "sims", "namespace": "default"},
+         "spec": {"selector": {"matchLabels": {"app": "sims"}},
+                  "targetPorts": [{"number": base + i} for i in range(n)],
+                  "endpointPickerRef": {"name": "sims-epp", "port": {"number": 9002}}}},
+        {"apiVersion": "v1", "kind": "Pod",
+         "metadata": {"name": "sims", "namespace": "default", "labels": {"app": "sims"}},
+         "status": {"podIP": "127.0.0.1"}},
+    ]
+
+
+@contextmanager
+def router(name: str, base: int, n: int, workdir: Path) -> Iterator[str]:
+    admin, listen = e.free_port(), e.free_port()
+    if name == "round-robin":
+        cluster = e.static_cluster("fleet", [("127.0.0.1", base + i) for i in range(n)],
+                                   lb_policy="ROUND_ROBIN")
+        cluster["connect_timeout"] = "5s"
+        cfg = e.bootstrap(admin, [e.listener(listen, [e.route("fleet")], [])], [cluster])
+        with e.Envoy(cfg, admin_port=admin, workdir=workdir / "envoy"):
+            yield f"http://127.0.0.1:{listen}"
+        return
+    (workdir / "pool.yaml").write_text(yaml.safe_dump_all(manifests(base, n)))
+    (workdir / "epp.yaml").write_text(
+        precise_config(base, n, speculative=name == "precise-speculative")
+        if name.startswith("precise") else APPROX_CONFIG)
+    grpc, health, metrics = e.free_port(), e.free_port(), e.free_port()
+    log = workdir / "epp.log"
+    proc = _popen([sys.executable, "-m", "epp.main", "--manifests", str(workdir / "pool.yaml"),
+                   "--secure-serving=false", "--grpc-port", str(grpc), "--grpc-health-port",
+                   str(health), "--metrics-port", str(metrics), "--grace-period", "2",
+                   "--config-file", str(workdir / "epp.yaml")], log)
+    try:
+        e.wait_for_port(grpc, timeout=30)
+        time.sleep(1.0)  # the first scrapes and (precise) the subscriptions
+        if proc.poll() is not None:
+            raise RuntimeError(f"epp exited: {_tail(log)}")
+        endpoints = [f"127.0.0.1:{base + i}" for i in range(n)]
+        with e.Envoy(pool_gateway_config(grpc, admin, listen, endpoints), admin_port=admin,
+                     workdir=workdir / "envoy"):
+            yield f"http://127.0.0.1:{listen}"
+    finally:
+        _stop(proc)
+
+
+def schedule(a: Args, seed: int) -> list[tuple[str, str]]:
+    """``(kind, prompt)``: kind ``routed`` or ``direct:<server>``."""
+    rng = random.Random(seed)
+    prefixes = [f"[prefix {seed}-{p}] " + " ".join(
+        rng.choice(("alpha", "beta", "gamma", "delta", "omega", "sigma")) for _ in range(2000))
+        for p in range(a.prefixes)]
+    plen = a.prefix_blocks * BLOCK * 4  # the simulator: 4 bytes per token
+    prefixes = [p[:plen] for p in prefixes]
+    weights = [1 / (k + 1) for k in range(a.prefixes)]
+    out: list[tuple[str, str]] = []
+    for n in range(a.requests):
+        p = rng.choices(prefixes, weights)[0]
+        out.append(("routed", p + f" question {n}: {rng.random():.12f}?"))
+        if a.background and n % a.background == a.background - 1:
+            noise = " ".join(str(rng.random()) for _ in range(a.prefix_blocks * BLOCK // 4))
+            out.append((f"direct:{rng.randrange(a.servers)}", noise))
+    return out
+
+
+async def one(session: aiohttp.ClientSession, url: str, prompt: str) -> tuple[float, int, int]:
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 4, "stream": True,
+            "stream_options": {"include_usage": True}}
+    start = time.monotonic()
+    ttft = -1.0
+    usage: dict[str, Any] = {}
+    async with session.post(url + "/v1/completions", json=body) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"status {resp.status}")
+        async for raw in resp.content:
+            line = raw.strip()
+            if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if ttft < 0 and chunk.get("choices"):
+                ttft = time.monotonic() - start
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    return ttft, int(usage.get("prompt_tokens", 0)), int(cached)
+
+
+async def drive(a: Args, seed: int, url: str, base: int) -> Run:
+    work = schedule(a, seed)
+    run = Run([], 0, 0, 0)
+    queue: asyncio.Queue[tuple[int, str, str]] = asyncio.Queue()
+    for i, (kind, prompt) in enumerate(work):
+        queue.put_nowait((i, kind, prompt))
+    half = len(work) // 2
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        async def worker() -> None:
+            while not queue.empty():
+                i, kind, prompt = queue.get_nowait()
+                if i == half:  # the restart: server 0's cache comes back cold
+                    async with session.post(f"http://127.0.0.1:{base + 1}/sim/kill",
+                                            json={"port": base, "revive_after": 1.0}) as r:
+                        await r.read()
+                try:
+                    if kind == "routed":
+                        ttft, pt, cached = await one(session, url, prompt)
+                        run.ttfts.append(ttft)
+                        run.prompt_tokens += pt
+                        run.cached_tokens += cached
+                    else:
+                        target = base + int(kind.split(":")[1])
+                        await one(session, f"http://127.0.0.1:{target}", prompt)
+                except (TimeoutError, aiohttp.ClientError, RuntimeError):
+                    run.failures += 1
+
+        await asyncio.gather(*(worker() for _ in range(a.concurrency)))
+    return run
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--servers", type=int, default=4)
+    ap.add_argument("--kv-blocks", type=int, default=300)
+    ap.add_argument("--prefixes", type=int, default=12)
+    ap.add_argument("--prefix-blocks", type=int, default=48)
+    ap.add_argument("--requests", type=int, default=150)
+    ap.add_argument("--concurrency", type=int, default=6)
+    ap.add_argument("--background", type=int, default=4,
+                    help="one direct (unrouted) request after every N routed ones (0: none)")
+    ap.add_argument("--time-scale", type=float, default=1.0)
+    ap.add_argument("--workdir", type=Path, default=Path("/tmp/precise-prefix-bench"))
+    ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    ns = ap.parse_args(argv)
+    a = Args(ns.servers, ns.kv_blocks, ns.prefixes, ns.prefix_blocks, ns.requests,
+             ns.concurrency, ns.background, ns.time_scale)
+    results: dict[str, dict[int, Run]] = {c: {} for c in CONTENDERS}
+    for seed in range(1, ns.seeds + 1):
+        for name in CONTENDERS:
+            wd = ns.workdir / f"seed{seed}" / name
+            wd.mkdir(parents=True, exist_ok=True)
+            with fleet(a, seed, wd) as base, router(name, base, a.servers, wd) as url:
+                run = asyncio.run(drive(a, seed, url, base))
+            results[name][seed] = run
+            print(f"seed {seed} {name:12s} ttft_p90={run.ttft_p90 * 1000:7.1f} ms "
+                  f"hit={run.hit_rate:.3f} failures={run.failures}", flush=True)
+    report(results, ns)
+
+
+def report(results: dict[str, dict[int, Run]], ns: argparse.Namespace) -> None:
+    p90 = {c: {s: r.ttft_p90 for s, r in runs.items()} for c, runs in results.items()}
+    hit = {c: {s: r.hit_rate for s, r in runs.items()} for c, runs in results.items()}
+    out: dict[str, Any] = {"per_seed": {c: {s: {"ttft_p90_s": p90[c][s], "hit_rate": hit[c][s],
+                                                "failures": results[c][s].failures}
+                                            for s in results[c]} for c in results}}
+    lines = ["| figure | median over seeds [95% interval] | target | verdict |",
+             "|---|---|---|---|"]
+    for c in CONTENDERS:
+        lines.append(f"| {c}: TTFT p90 (ms) | "
+                     f"{bootstrap_median([v * 1000 for v in p90[c].values()])} | | |")
+        lines.append(f"| {c}: prefix-cache hit rate | {bootstrap_median(list(hit[c].values()))}"
+                     " | | |")
+    checks = [("TTFT p90 precise-speculative / approximate",
+               paired_ratios(p90["precise-speculative"], p90["approximate"]), 0.7, True),
+              ("hit rate precise-speculative / approximate",
+               paired_ratios(hit["precise-speculative"], hit["approximate"]), 1.3, False),
+              ("TTFT p90 precise / approximate", paired_ratios(p90["precise"], p90["approximate"]),
+               0.7, True),
+              ("TTFT p90 precise / round-robin (best peer here)",
+               paired_ratios(p90["precise"], p90["round-robin"]), 0.8, True),
+              ("hit rate precise / approximate", paired_ratios(hit["precise"], hit["approximate"]),
+               1.3, False)]
+    for label, ratios, target, at_most in checks:
+        iv = bootstrap_median(ratios)
+        v = verdict(iv, target, at_most=at_most)
+        lines.append(f"| {label} | {iv} | {'≤' if at_most else '≥'} {target} | {v} |")
+        out[label] = {"median": iv.median, "lo": iv.lo, "hi": iv.hi, "target": target,
+                      "verdict": v}
+    print("\n".join(lines))
+    if ns.json:
+        ns.json.write_text(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()

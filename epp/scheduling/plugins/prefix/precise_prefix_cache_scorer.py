@@ -1,0 +1,340 @@
+"""``precise-prefix-cache-scorer``: prefer endpoints whose KV cache really holds the
+prompt's leading blocks, as their own KV events say (llm-d's scorer of the same name).
+
+The scorer owns a :class:`epp.kvcache.KVBlockIndex` and one KV-event subscriber per pool
+endpoint. It is an extractor of ``endpoint-notification-source``: endpoints joining the pool
+get a subscriber (``tcp://<endpoint ip>:<socketPort>``), leaving ones lose it and their
+blocks. Scores need the prompt's token ids (``token-producer``); score = leading blocks the
+endpoint holds / full blocks of the prompt.
+
+When it cannot be precise it scores like the approximate ``prefix-cache-scorer`` (which
+learns from every pick all along) and says so - a warning when that starts, and
+``inference_extension_precise_prefix_fallback_total{reason}``: for the candidates whose event
+stream is down (the others keep their precise scores), or for all when the request has no
+token ids.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import structlog
+from prometheus_client import REGISTRY, Counter
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from epp.datalayer.endpoint_notification import EndpointSetExtractor
+from epp.datastore import EndpointView
+from epp.kvcache import IndexConfig, KVBlockIndex, KVEventMetrics
+from epp.kvcache.subscriber import KVEventSource, KVEventSubscriptions, SubscriberConfig
+from epp.requestcontrol.plugin import PreRequest
+from epp.scheduling.plugin import EndpointsRemoved, SchedulerHooks, Scorer
+from epp.scheduling.plugins.prefix.producer import ApproxPrefixCacheProducer, PrefixCacheParameters
+from epp.scheduling.request import LLMRequest
+from epp.scheduling.result import SchedulingResult
+from shared.plugins import Duration
+
+log = structlog.get_logger(__name__)
+
+#: Root of the keys of base-model blocks: a pool serves one base model, so its name does not
+#: need to be known (adapter blocks are rooted at the adapter's name, on both sides).
+BASE_MODEL_KEY = ""
+
+
+_TWO_SECONDS = Duration(2.0)
+#: Speculative entries kept at most (oldest dropped first): bounded memory.
+MAX_SPECULATIVE_KEYS = 200_000
+
+# -- parameters (llm-d's shape) -------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TokenProcessorConfig:
+    """``blockSize``: tokens per KV block, must equal the servers' ``--block-size``.
+    ``hashSeed``: accepted for llm-d configs; not needed here (see docs/precise-prefix.md:
+    the index keys blocks by their token ids, whatever the servers' hash seed)."""
+
+    block_size: int = 16
+    hash_seed: str = ""
+
+    def __post_init__(self) -> None:
+        if self.block_size <= 0:
+            raise ValueError("tokenProcessorConfig.blockSize: must be > 0")
+
+
+@dataclass(frozen=True, slots=True)
+class InMemoryConfig:
+    """``size``: request keys (distinct blocks) kept; ``podCacheSize``: endpoints per key."""
+
+    size: int = 1_000_000
+    pod_cache_size: int = 10
+
+
+@dataclass(frozen=True, slots=True)
+class KVBlockIndexConfig:
+    """Only the in-memory index exists here (llm-d's Redis/cost-aware backends: refused)."""
+
+    in_memory_config: InMemoryConfig = field(default_factory=InMemoryConfig)
+    enable_metrics: bool = True
+    metrics_logging_interval: int = 0
+
+    def __post_init__(self) -> None:
+        if self.metrics_logging_interval:
+            raise ValueError("indexerConfig.kvBlockIndexConfig.metricsLoggingInterval: "
+                             "not supported (the index is exported as Prometheus metrics)")
+
+
+@dataclass(frozen=True, slots=True)
+class IndexerConfig:
+    kv_block_index_config: KVBlockIndexConfig = field(default_factory=KVBlockIndexConfig)
+
+
+@dataclass(frozen=True, slots=True)
+class PodDiscoveryConfig:
+    """``socketPort``: the port every endpoint publishes on (llm-d). Ours: ``socketPortOffset``
+    (publish port = endpoint port + offset, for several servers on one host, such as the
+    simulator's ``--ports``), and the replay socket (``replaySocketPort`` or
+    ``replaySocketPortOffset``; none: gaps are resynced)."""
+
+    socket_port: int = 5556
+    socket_port_offset: int | None = None
+    replay_socket_port: int | None = None
+    replay_socket_port_offset: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class KVEventsConfig:
+    """``topicFilter``: topic prefix subscribed to (llm-d's default ``kv@``; vLLM's default
+    topic is empty, so set ``""`` for servers started without a topic). ``concurrency`` is
+    accepted (events are decoded on the event loop here). ``discoverPods`` must be true: the
+    centralized mode (``zmqEndpoint``, one bound SUB socket) is not supported."""
+
+    zmq_endpoint: str = ""
+    topic_filter: str = "kv@"
+    concurrency: int = 4
+    discover_pods: bool = True
+    pod_discovery_config: PodDiscoveryConfig = field(default_factory=PodDiscoveryConfig)
+
+    def __post_init__(self) -> None:
+        if self.zmq_endpoint:
+            raise ValueError("kvEventsConfig.zmqEndpoint: the centralized mode (one bound SUB "
+                             "socket for all servers) is not supported; use discoverPods: "
+                             "true with podDiscoveryConfig.socketPort")
+        if not self.discover_pods:
+            raise ValueError("kvEventsConfig.discoverPods: must be true (the centralized "
+                             "mode is not supported)")
+        if self.concurrency <= 0:
+            raise ValueError("kvEventsConfig.concurrency: must be > 0")
+
+
+@dataclass(frozen=True, slots=True)
+class PrecisePrefixCacheParameters:
+    ALIASES: ClassVar[dict[str, str]] = {"speculativeTTL": "speculative_ttl"}
+
+    token_processor_config: TokenProcessorConfig = field(default_factory=TokenProcessorConfig)
+    indexer_config: IndexerConfig = field(default_factory=IndexerConfig)
+    kv_events_config: KVEventsConfig = field(default_factory=KVEventsConfig)
+    #: llm-d's: at the pick, count the picked endpoint as holding the prompt's blocks for
+    #: ``speculativeTTL`` (until its own events can say so).
+    speculative_indexing: bool = False
+    speculative_ttl: Duration = _TWO_SECONDS
+
+    def __post_init__(self) -> None:
+        if self.speculative_ttl <= 0:
+            raise ValueError("speculativeTTL: must be > 0")
+
+
+# -- metrics --------------------------------------------------------------------------------
+
+#: One set of KV-event series per process (every scorer of every build shares them).
+KV_EVENT_METRICS = KVEventMetrics(REGISTRY)
+FALLBACKS = Counter("inference_extension_precise_prefix_fallback_total",
+                    "Requests the precise prefix scorer scored approximately, by reason "
+                    "(no_stream: a candidate's KV-event stream is down; no_tokens: the "
+                    "request has no token ids).", ["reason"])
+_INDEXES: weakref.WeakSet[KVBlockIndex] = weakref.WeakSet()
+
+
+class _IndexCollector(Collector):
+    """Index size of every live scorer (normally one), read at scrape time."""
+
+    #: Labels of the per-endpoint family (read by tools when it has no sample yet).
+    _labelnames = ("endpoint",)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        keys = GaugeMetricFamily("inference_extension_kv_index_keys",
+                                 "Request keys (distinct blocks) held by the index.")
+        per = GaugeMetricFamily("inference_extension_kv_index_endpoint_blocks",
+                                "Blocks the index knows each endpoint holds.",
+                                labels=["endpoint"])
+        total: dict[str, int] = {}
+        n = 0
+        for index in list(_INDEXES):
+            n += len(index)
+            for ep, blocks in index.endpoint_blocks().items():
+                total[ep] = total.get(ep, 0) + blocks
+        keys.add_metric([], n)
+        for ep, blocks in sorted(total.items()):
+            per.add_metric([ep], blocks)
+        yield keys
+        yield per
+
+
+REGISTRY.register(_IndexCollector())
+
+
+# -- the plugin -----------------------------------------------------------------------------
+
+
+class PrecisePrefixCacheScorer(Scorer, EndpointSetExtractor, PreRequest, EndpointsRemoved):
+    """See the module docstring."""
+
+    type_name = "precise-prefix-cache-scorer"
+    parameters_type = PrecisePrefixCacheParameters
+    bounded = True
+    params: PrecisePrefixCacheParameters
+
+    def __init__(self, name: str = "", params: PrecisePrefixCacheParameters | None = None,
+                 subscriber_config: SubscriberConfig | None = None) -> None:
+        super().__init__(name, params)
+        p = self.params
+        mem = p.indexer_config.kv_block_index_config.in_memory_config
+        self.block_size = p.token_processor_config.block_size
+        self.index = KVBlockIndex(IndexConfig(block_size=self.block_size, max_keys=mem.size,
+                                              max_endpoints_per_key=mem.pod_cache_size))
+        _INDEXES.add(self.index)
+        self.subscriptions = KVEventSubscriptions(self.index, KV_EVENT_METRICS,
+                                                  subscriber_config)
+        #: The approximate fallback, learning from every pick (token blocks of the same size).
+        self.approx = ApproxPrefixCacheProducer(
+            f"{self.name}/approx", PrefixCacheParameters(block_size_tokens=self.block_size))
+        self._hooks = SchedulerHooks()
+        self._degraded: str | None = None
+        #: request key -> {endpoint: expiry (monotonic)}, when speculativeIndexing is on.
+        self.speculative: OrderedDict[int, dict[str, float]] = OrderedDict()
+
+    def attach(self, hooks: SchedulerHooks) -> None:
+        self._hooks = hooks
+
+    # -- endpoints ---------------------------------------------------------------------------
+    def source_for(self, view: EndpointView) -> KVEventSource:
+        """Where ``view``'s endpoint publishes its KV events."""
+        ep = view.endpoint
+        d = self.params.kv_events_config.pod_discovery_config
+        host = f"[{ep.address}]" if ":" in ep.address else ep.address
+        port = d.socket_port if d.socket_port_offset is None else ep.port + d.socket_port_offset
+        replay = d.replay_socket_port
+        if d.replay_socket_port_offset is not None:
+            replay = ep.port + d.replay_socket_port_offset
+        return KVEventSource(
+            endpoint=ep.key, address=f"tcp://{host}:{port}", model=BASE_MODEL_KEY,
+            replay_address=f"tcp://{host}:{replay}" if replay is not None else None,
+            topic_filter=self.params.kv_events_config.topic_filter)
+
+    async def endpoints_changed(self, endpoints: Sequence[EndpointView]) -> None:
+        await self.subscriptions.sync(self.source_for(v) for v in endpoints)
+
+    async def close(self) -> None:
+        await self.subscriptions.stop()
+
+    def retain_endpoints(self, keys: frozenset[str]) -> None:
+        self.approx.retain_endpoints(keys)
+
+    # -- scoring ---------------------------------------------------------------------------
+    def live(self, key: str) -> bool:
+        """Whether ``key``'s event stream is connected (its index entries can be trusted)."""
+        sub = self.subscriptions.subscribers.get(key)
+        return sub is not None and sub.connected
+
+    def score(self, request: LLMRequest, endpoints: Sequence[EndpointView]) -> Sequence[float]:
+        ids = request.prompt_token_ids
+        if ids is None:
+            return self._fallback("no_tokens", request, endpoints)
+        down = [i for i, v in enumerate(endpoints) if not self.live(v.endpoint.key)]
+        if len(down) == len(endpoints):
+            return self._fallback("no_stream", request, endpoints, down)
+        blocks = len(ids) // self.block_size
+        keys = self.index.request_keys(list(ids), request.lora_adapter or BASE_MODEL_KEY)
+        matched = self.index.score_keys(keys) if keys else {}
+        if self.params.speculative_indexing and keys:
+            for ep, n in self._speculative_match(keys).items():
+                if n > matched.get(ep, 0):
+                    matched[ep] = n
+        request.plugin_state[self.name] = (keys, matched)
+        get = matched.get
+        scores = [get(v.endpoint.key, 0) / blocks if blocks else 0.0 for v in endpoints]
+        if down:  # only these endpoints' streams are down: guess for them, know for the rest
+            approx = self._fallback("no_stream", request, endpoints, down)
+            for i in down:
+                scores[i] = approx[i]
+        elif self._degraded is not None:
+            log.info("precise prefix scoring resumed", scorer=self.name)
+            self._degraded = None
+        return scores
+
+    def _fallback(self, reason: str, request: LLMRequest, endpoints: Sequence[EndpointView],
+                  down: Sequence[int] = ()) -> list[float]:
+        FALLBACKS.labels(reason).inc()
+        if self._degraded != reason:
+            self._degraded = reason
+            log.warning("precise prefix scoring degraded to approximate", scorer=self.name,
+                        reason=reason,
+                        endpoints_without_stream=[endpoints[i].endpoint.key for i in down][:8])
+        state = self.approx.match(request)
+        if not state.matched:
+            return [0.0] * len(endpoints)
+        total = len(state.hashes)
+        return [state.matched.get(v.endpoint.key, 0) / total for v in endpoints]
+
+    def pre_request(self, request: LLMRequest, result: SchedulingResult) -> None:
+        picked = result.primary.picked
+        if not picked:
+            return
+        self.approx.record(request, picked[0])
+        state = request.plugin_state.get(self.name)
+        if not isinstance(state, tuple) or not state[0]:
+            return
+        keys, matched = state
+        ep = picked[0].endpoint.key
+        if self.params.speculative_indexing:
+            self._speculate(keys, ep)
+        if self._hooks.prefix_hit_ratio is not None:
+            self._hooks.prefix_hit_ratio(matched.get(ep, 0) / len(keys))
+
+    # -- speculative entries ---------------------------------------------------------------
+    def _speculate(self, keys: list[int], endpoint: str) -> None:
+        expiry = time.monotonic() + self.params.speculative_ttl
+        spec = self.speculative
+        for key in keys:
+            eps = spec.get(key)
+            if eps is None:
+                eps = spec[key] = {}
+            else:
+                spec.move_to_end(key)
+            eps[endpoint] = expiry
+        while len(spec) > MAX_SPECULATIVE_KEYS:
+            spec.popitem(last=False)
+
+    def _speculative_match(self, keys: list[int]) -> dict[str, int]:
+        """Per endpoint, leading blocks it was picked for within the TTL."""
+        now = time.monotonic()
+        out: dict[str, int] = {}
+        active: set[str] | None = None
+        for i, key in enumerate(keys, start=1):
+            eps = self.speculative.get(key)
+            live = {ep for ep, until in eps.items() if until > now} if eps else set()
+            active = live if active is None else active & live
+            if not active:
+                break
+            for ep in active:
+                out[ep] = i
+        return out
+
+
+__all__ = ["FALLBACKS", "KV_EVENT_METRICS", "PrecisePrefixCacheParameters",
+           "PrecisePrefixCacheScorer"]

@@ -1,0 +1,131 @@
+"""``precise-prefix-cache-scorer`` and ``token-producer``: llm-d's configs load, parameters
+map onto the index and the subscribers, unsupported values are refused by name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from epp.config import ConfigError, build, load_config_file, parse_config
+from epp.datalayer import EndpointNotificationSource
+from epp.requestcontrol.plugins.token_producer import TokenProducer
+from epp.scheduling.plugins.prefix.precise_prefix_cache_scorer import PrecisePrefixCacheScorer
+from tests.epp.unit.test_director import store
+
+DATA = Path(__file__).parents[1] / "data"
+
+
+def scorer_config(parameters: str = "{}", extra: str = "") -> str:
+    return f"""\
+plugins:
+- type: precise-prefix-cache-scorer
+  parameters: {parameters}
+{extra}schedulingProfiles:
+- name: default
+  plugins: [{{pluginRef: precise-prefix-cache-scorer}}]
+"""
+
+
+def test_llm_d_sample_config_loads_with_its_data_layer_wiring() -> None:
+    rt = build(load_config_file(DATA / "llm-d-epp-precise-prefix-cache-config.yaml"), store())
+    scorer = rt.handle.plugin("precise-prefix-cache-scorer", PrecisePrefixCacheScorer)
+    assert scorer.index.config.block_size == 64
+    source = rt.handle.plugin("endpoint-notification-source", EndpointNotificationSource)
+    assert source in rt.data_sources and source.extractors == [scorer]
+    producer = rt.handle.plugin("token-producer", TokenProducer)
+    assert producer in rt.admitters
+    assert producer.url == "http://localhost:8000/tokenize"
+    assert scorer in rt.pre_request  # the approximate fallback learns from every pick
+
+
+def test_llm_d_all_parameters_example_maps_onto_index_and_sources() -> None:
+    rt = build(load_config_file(DATA / "llm-d-precise-prefix-all-parameters.yaml"), store())
+    scorer = rt.handle.plugin("precise-prefix-cache-scorer", PrecisePrefixCacheScorer)
+    cfg = scorer.index.config
+    assert (cfg.block_size, cfg.max_keys, cfg.max_endpoints_per_key) == (16, 100_000_000, 10)
+    # No dataLayer wiring: the build adds an endpoint-notification-source for the scorer.
+    notifying = [s for s in rt.data_sources if isinstance(s, EndpointNotificationSource)]
+    assert len(notifying) == 1 and notifying[0].extractors == [scorer]
+    view = rt.datastore.views()[0]
+    src = scorer.source_for(view)
+    assert src.address == f"tcp://{view.endpoint.address}:5556"
+    assert src.endpoint == view.endpoint.key and src.topic_filter == "kv@"
+    assert src.replay_address is None
+
+
+def test_port_offsets_and_replay_socket() -> None:
+    rt = build(parse_config(scorer_config(
+        "{kvEventsConfig: {topicFilter: '', podDiscoveryConfig: "
+        "{socketPortOffset: 100, replaySocketPortOffset: 200}}}")), store())
+    scorer = rt.handle.plugin("precise-prefix-cache-scorer", PrecisePrefixCacheScorer)
+    view = rt.datastore.views()[0]
+    src = scorer.source_for(view)
+    ep = view.endpoint
+    assert src.address == f"tcp://{ep.address}:{ep.port + 100}"
+    assert src.replay_address == f"tcp://{ep.address}:{ep.port + 200}"
+    assert src.topic_filter == ""
+
+
+@pytest.mark.parametrize(("parameters", "message"), [
+    ("{kvEventsConfig: {zmqEndpoint: 'tcp://0.0.0.0:5557'}}", "zmqEndpoint"),
+    ("{kvEventsConfig: {discoverPods: false}}", "discoverPods"),
+    ("{kvEventsConfig: {socketPort: 5556}}", "socketPort"),  # belongs in podDiscoveryConfig
+    ("{speculativeIndexing: true, speculativeTTL: 0}", "speculativeTTL"),
+    ("{speculativeTTL: 'soon'}", "speculativeTTL"),
+    ("{tokenProcessorConfig: {blockSize: 0}}", "blockSize"),
+    ("{indexerConfig: {kvBlockIndexConfig: {metricsLoggingInterval: 60000000000}}}",
+     "metricsLoggingInterval"),
+    ("{indexerConfig: {kvBlockIndexConfig: {redisConfig: {address: x}}}}", "redisConfig"),
+    ("{tokenProcessorConfig: {blockSize: '16'}}", "blockSize"),
+])
+def test_unsupported_or_wrong_parameters_are_refused_by_name(parameters: str,
+                                                            message: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        build(parse_config(scorer_config(parameters), source="x.yaml"), store())
+    assert "x.yaml" in str(e.value) and message in str(e.value)
+
+
+@pytest.mark.parametrize(("parameters", "message"), [
+    ("{}", "modelName"),
+    ("{modelName: m, vllm: {http: 'localhost:8000'}}", "vllm.http"),
+    ("{modelName: m, vllm: {grpc: 'x'}}", "grpc"),
+    ("{modelName: m, vllm: {timeout: 0}}", "vllm.timeout"),
+])
+def test_token_producer_refuses_bad_parameters(parameters: str, message: str) -> None:
+    text = scorer_config(extra=f"- type: token-producer\n  parameters: {parameters}\n")
+    with pytest.raises(ConfigError) as e:
+        build(parse_config(text, source="t.yaml"), store())
+    assert "t.yaml" in str(e.value) and message in str(e.value)
+
+
+def test_an_endpoint_notification_source_feeding_other_extractors_is_refused() -> None:
+    text = scorer_config(extra="""\
+- type: endpoint-notification-source
+- type: core-metrics-extractor
+dataLayer:
+  sources:
+  - pluginRef: endpoint-notification-source
+    extractors: [{pluginRef: core-metrics-extractor}]
+""")
+    with pytest.raises(ConfigError, match=r"dataLayer\.sources"):
+        build(parse_config(text), store())
+
+
+def test_approximate_producer_switches_to_token_blocks_once_ids_arrive() -> None:
+    """token-producer sets ids at admission, after the producer step: the approximate
+    scorer's match is redone on token blocks then (its token-id path is reachable)."""
+    from epp.scheduling.plugins.prefix.producer import (
+        ApproxPrefixCacheProducer,
+        PrefixCacheParameters,
+    )
+    from epp.scheduling.request import LLMRequest
+
+    producer = ApproxPrefixCacheProducer("p", PrefixCacheParameters(block_size_tokens=4))
+    req = LLMRequest("r", "m", prompt=b"x" * 64)
+    before = producer.match(req)
+    assert not before.tokens and len(before.hashes) == 4  # 64 bytes = 4 blocks of 16 bytes
+    req.prompt_token_ids = list(range(40))
+    after = producer.match(req)
+    assert after.tokens and len(after.hashes) == 10 and after.hashes != before.hashes
+    assert producer.match(req) is after  # computed once per kind
