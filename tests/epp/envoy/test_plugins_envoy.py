@@ -21,7 +21,7 @@ from tests.support.processes import BackgroundLoop, EppProcess, FakeModelServer,
 
 pytestmark = pytest.mark.envoy
 
-UPSTREAM_V15 = Path(__file__).parent / "data" / "upstream-v1.5.0-default-plugins.yaml"
+UPSTREAM_V15 = Path(__file__).parents[1] / "data" / "upstream-v1.5.0-default-plugins.yaml"
 SPREAD_CONFIG = """\
 apiVersion: inference.networking.x-k8s.io/v1alpha1
 kind: EndpointPickerConfig

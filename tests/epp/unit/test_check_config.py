@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-UPSTREAM_V15 = Path(__file__).parent / "data" / "upstream-v1.5.0-default-plugins.yaml"
+UPSTREAM_V15 = Path(__file__).parents[1] / "data" / "upstream-v1.5.0-default-plugins.yaml"
 
 
 def check(*args: str) -> subprocess.CompletedProcess[str]:
