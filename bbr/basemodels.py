@@ -38,6 +38,10 @@ class StaticBaseModels:
     def base_of(self, model: str) -> str | None:
         return self._map.get(model)
 
+    def entries(self) -> Mapping[str, str]:
+        """The whole mapping (model or adapter → base), as last installed; do not modify."""
+        return self._map
+
     def replace(self, mapping: Mapping[str, str]) -> None:
         self._map = dict(mapping)
 

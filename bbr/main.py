@@ -11,6 +11,7 @@ import structlog
 
 from bbr import configmaps, metrics
 from bbr.basemodels import BaseModelError, FileBaseModels, StaticBaseModels
+from bbr.models import ModelListing
 from bbr.plugins import PluginSpecError, build
 from bbr.router import BodyRouter
 from shared import logs
@@ -18,6 +19,7 @@ from shared.extproc import DEFAULT_MAX_BODY, BodyMode, ExtProcServicer
 from shared.flags import Parser, die
 from shared.metrics_server import read_token, run_metrics_server
 from shared.server import Health, ServeOptions, install_uvloop, serve
+from shared.upstream_flags import add_diagnostics_flags, add_logging_flags, log_settings, report
 
 
 def parser() -> Parser:
@@ -38,6 +40,9 @@ def parser() -> Parser:
     p.add_argument("--base-models", default=None, metavar="FILE",
                    help="YAML list of {baseModel, adapters} for base-model-to-header")
     configmaps.add_flags(p)
+    p.add_bool("--models-endpoint", default=True,
+               help="answer GET /v1/models (and /v1/models/ID) with every base model and "
+                    "adapter the base-model mappings name (nothing known: passed on)")
     p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY,
                    help="largest request body accepted; bigger gets 413")
     p.add_argument("--metrics-bearer-token-file", default=None,
@@ -46,6 +51,8 @@ def parser() -> Parser:
                    help="seconds in-flight streams get to finish on SIGTERM")
     p.add_argument("-v", "--v", dest="verbosity", type=int, nargs="?", const=4, default=0,
                    help="log verbosity (4 and above: debug)")
+    add_diagnostics_flags(p)
+    add_logging_flags(p)
     return p
 
 
@@ -61,7 +68,9 @@ def ready_when_synced(watch: configmaps.ConfigMapWatch) -> Callable[[Health], Aw
 
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
-    logs.configure(args.verbosity)
+    ls = log_settings(args)
+    logs.configure(args.verbosity, json=ls.json, level=ls.level, time_format=ls.time_format)
+    report(args, structlog.get_logger("bbr"))
     if args.base_models and args.base_models_from_configmaps:
         die("bbr", "--base-models and --base-models-from-configmaps exclude each other")
     try:
@@ -87,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
         metrics.INFO.labels(version=version("inference-gateway-py")).set(1)
     except PackageNotFoundError:
         metrics.INFO.labels(version="dev").set(1)
-    router = BodyRouter(plugins)
+    router = BodyRouter(plugins, ModelListing(base_models) if args.models_endpoint else None)
     mode = BodyMode.FULL_DUPLEX_STREAMED if args.streaming else BodyMode.BUFFERED
     servicer = ExtProcServicer(router.exchange, request_mode=mode, max_body=args.max_body_bytes)
     opts = ServeOptions(

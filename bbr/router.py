@@ -7,6 +7,7 @@ import time
 from collections.abc import Sequence
 
 from bbr import metrics
+from bbr.models import ModelListing
 from bbr.plugins import HeaderPlugin
 from shared.errors import GatewayError
 from shared.extproc import Exchange, RequestDecision
@@ -16,8 +17,11 @@ from shared.openai import parse_json_object
 class BodyRouter:
     """Holds the configured plugins; makes one :class:`RouterExchange` per stream."""
 
-    def __init__(self, plugins: Sequence[HeaderPlugin]) -> None:
+    def __init__(self, plugins: Sequence[HeaderPlugin],
+                 models: ModelListing | None = None) -> None:
         self.plugins = list(plugins)
+        #: Answers ``GET /v1/models`` at the gateway (see :mod:`bbr.models`); None: passed on.
+        self.models = models
         self.owned = sorted({h for p in self.plugins for h in p.owned_headers})
         self._timers = [
             metrics.PLUGIN_DURATION.labels(plugin_type=p.type_name, plugin_name=p.name)
@@ -59,4 +63,7 @@ class RouterExchange(Exchange):
         self.router = router
 
     async def on_request(self, headers: dict[str, str], body: bytes) -> RequestDecision:
+        models = self.router.models
+        if models is not None and not body:
+            models.answer(headers.get(":method", ""), headers.get(":path", ""))
         return self.router.decide(body)

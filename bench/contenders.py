@@ -10,9 +10,9 @@ Contenders (each is a context manager yielding the base URL the client talks to)
 - ``envoy-rr`` / ``envoy-lr`` / ``envoy-random``: Envoy with a STATIC cluster of the fleet and
   ``ROUND_ROBIN`` / ``LEAST_REQUEST`` / ``RANDOM`` (what a Kubernetes Service gives, plus
   Envoy's own load-aware policy);
-- ``epp-default`` / ``epp-tuned``: Envoy + our EPP (FULL_DUPLEX_STREAMED both ways, ORIGINAL_DST
-  to the picked endpoint, as the Gateway API Inference Extension deploys it), default
-  scheduling profile or :data:`TUNED_CONFIG`;
+- ``epp-default`` / ``epp-tuned``: Envoy + our EPP (FULL_DUPLEX_STREAMED both ways, the
+  pool's ``override_host`` cluster to the picked endpoint, as the Gateway API Inference
+  Extension deploys it), default scheduling profile or :data:`TUNED_CONFIG`;
 - ``vllm-router:<policy>`` / ``sglang-router:<policy>``: the peer routers (``bench/peers.py``).
 """
 
@@ -225,11 +225,14 @@ def pool_manifests(pool: str, fleet: SimFleet) -> list[dict[str, Any]]:
     return docs
 
 
-def pool_gateway_config(epp_port: int, admin: int, listen: int) -> dict[str, Any]:
+def pool_gateway_config(epp_port: int, admin: int, listen: int,
+                        endpoints: list[str]) -> dict[str, Any]:
     """Envoy as the Inference Extension deploys it: the EPP ext_proc filter in
-    FULL_DUPLEX_STREAMED (request and response), then ORIGINAL_DST to the picked endpoint."""
+    FULL_DUPLEX_STREAMED (request and response), then the pool's ``override_host`` cluster
+    to the picked endpoint (retrying down the EPP's fallbacks)."""
     return Topology(listen=listen, admin=admin, pools=[Pool(
         "pool", cluster="pool", epp_cluster="epp", epp_port=epp_port, connect_timeout="5s",
+        endpoints=[(h, int(p)) for h, _, p in (ep.rpartition(":") for ep in endpoints)],
     )]).bootstrap()
 
 
@@ -262,7 +265,8 @@ class Epp(Contender):
         try:
             self._wait_ready(proc, log, fleet.size)
             admin, listen = e.free_port(), e.free_port()
-            with e.Envoy(pool_gateway_config(grpc, admin, listen), admin_port=admin,
+            known = [f"{h}:{p}" for h, p in fleet.endpoints]
+            with e.Envoy(pool_gateway_config(grpc, admin, listen, known), admin_port=admin,
                          workdir=workdir / "envoy"):
                 yield f"http://127.0.0.1:{listen}"
         finally:

@@ -1,7 +1,8 @@
 """The EPP's cost on the request path: the same chat workload through Envoy straight to a
 4-pod pool (round robin), through Envoy + a no-op ext_proc on the same stack (the floor),
-and through Envoy + the EPP (default profile, ORIGINAL_DST), all FULL_DUPLEX_STREAMED both
-ways as upstream runs it. The model servers answer at once, so only the gateway is measured.
+and through Envoy + the EPP (default profile, ``override_host`` pool cluster), all
+FULL_DUPLEX_STREAMED both ways as upstream runs it. The model servers answer at once, so only
+the gateway is measured.
 
     python -m bench.epp_overhead [--seconds 5] [--rounds 3] [--concurrency 32] [--quick]
 """
@@ -72,11 +73,13 @@ def main() -> None:
     listeners = [
         e.listener(listen["direct"], [e.route("pods")], [], name="direct"),
         e.listener(listen["noop"], [e.route("pods")], [filters["noop"]], name="noop"),
-        e.listener(listen["epp"], [e.route("pool")], [filters["epp"]], name="epp"),
+        e.listener(listen["epp"], [e.route("pool", retry_policy=e.fallback_retry_policy())],
+                   [filters["epp"]], name="epp"),
     ]
     admin = e.free_port()
     cfg = e.bootstrap(admin, listeners, [
-        e.static_cluster("pods", pods), e.original_dst_cluster("pool"),
+        e.static_cluster("pods", pods),
+        e.pool_cluster("pool", [f"{ip}:{port}" for ip, port in pods]),
         e.grpc_cluster("noop", ports["noop"], tls=False),
         e.grpc_cluster("epp", ports["epp"], tls=False)])
     contenders = {

@@ -29,8 +29,19 @@ HCM = ("type.googleapis.com/envoy.extensions.filters.network.http_connection_man
        ".HttpConnectionManager")
 ROUTER = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
 HTTP_OPTIONS = "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+RAW_BUFFER = "type.googleapis.com/envoy.extensions.transport_sockets.raw_buffer.v3.RawBuffer"
 UPSTREAM_TLS = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
+SERVED_KEY = "x-gateway-destination-endpoint-served"
+OVERRIDE_HOST = ("type.googleapis.com/envoy.extensions.load_balancing_policies.override_host.v3"
+                 ".OverrideHost")
+ROUND_ROBIN = ("type.googleapis.com/envoy.extensions.load_balancing_policies.round_robin.v3"
+               ".RoundRobin")
+PREVIOUS_HOSTS = ("type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3"
+                  ".PreviousHostsPredicate")
+#: What a failed attempt may be retried on: only failures where the model server cannot have
+#: started the request (a dead or refusing pod), never a response it produced.
+FALLBACK_RETRY_ON = "connect-failure,refused-stream,reset-before-request"
 
 
 def envoy_binary() -> str:
@@ -104,6 +115,34 @@ def grpc_cluster(name: str, port: int, *, tls: bool, host: str = "127.0.0.1") ->
     return cluster
 
 
+def replica_cluster(name: str, replicas: Sequence[tuple[int, int]], *, tls: bool,
+                    host: str = "127.0.0.1") -> dict[str, Any]:
+    """An ext_proc cluster of several service replicas, given as ``(grpc_port, health_port)``:
+    Envoy balances the streams over them, health-checks each one's gRPC health port (a dead
+    or draining replica leaves the rotation within 0.5 s) and ejects a replica whose
+    connection fails before the health check notices (docs/active-active.md)."""
+    cluster = grpc_cluster(name, replicas[0][0], tls=tls, host=host)
+    cluster["load_assignment"] = static_cluster(
+        name, [(host, p) for p, _ in replicas])["load_assignment"]
+    for lb_endpoint, (_, health) in zip(cluster["load_assignment"]["endpoints"][0]
+                                        ["lb_endpoints"], replicas, strict=True):
+        lb_endpoint["endpoint"]["health_check_config"] = {"port_value": health}
+    check: dict[str, Any] = {"timeout": "0.5s", "interval": "0.5s", "unhealthy_threshold": 1,
+                             "healthy_threshold": 1, "no_traffic_interval": "0.5s",
+                             "grpc_health_check": {}}
+    if tls:  # the health port is plaintext while the streams use TLS
+        check["transport_socket_match_criteria"] = {"health": "plaintext"}
+        cluster["transport_socket_matches"] = [{
+            "name": "health", "match": {"health": "plaintext"},
+            "transport_socket": {"name": "envoy.transport_sockets.raw_buffer",
+                                 "typed_config": {"@type": RAW_BUFFER}}}]
+    cluster["health_checks"] = [check]
+    cluster["outlier_detection"] = {"split_external_local_origin_errors": True,
+                                    "consecutive_local_origin_failure": 1,
+                                    "base_ejection_time": "5s", "max_ejection_percent": 100}
+    return cluster
+
+
 def static_cluster(
     name: str, hosts: Sequence[tuple[str, int]], *, lb_policy: str = "ROUND_ROBIN"
 ) -> dict[str, Any]:
@@ -126,8 +165,64 @@ def static_cluster(
     }
 
 
+def pool_cluster(
+    name: str, endpoints: Sequence[str], *, timeout: str = "1s"
+) -> dict[str, Any]:
+    """The pool's model servers (``ip:port`` each) behind Envoy's ``override_host`` policy.
+
+    The policy reads the EPP's pick from dynamic metadata ``envoy.lb`` →
+    ``x-gateway-destination-endpoint`` (``ip:port[,ip:port…]``; metadata, unlike a header,
+    no client can set) and gives attempt *n* the *n*-th listed endpoint that is in the
+    cluster, so a route's retry policy (:func:`fallback_retry_policy`) walks down the EPP's
+    fallbacks. With no pick (a FailOpen pool whose EPP is down) or once the list is used up it
+    falls back to round robin over the pool. The endpoint that served is written back to
+    ``envoy.lb`` → ``x-gateway-destination-endpoint-served`` (the protocol's served report).
+    In a cluster the Gateway fills the endpoints from the InferencePool's pods; here they are
+    listed up front (see docs/local-stack.md).
+    """
+    hosts = []
+    for ep in endpoints:
+        host, _, port = ep.rpartition(":")
+        hosts.append((host, int(port)))
+    cluster = static_cluster(name, hosts)
+    cluster["connect_timeout"] = timeout
+    del cluster["lb_policy"]
+    cluster["load_balancing_policy"] = {"policies": [{"typed_extension_config": {
+        "name": "envoy.load_balancing_policies.override_host",
+        "typed_config": {
+            "@type": OVERRIDE_HOST,
+            "override_host_sources": [{"metadata": {
+                "key": "envoy.lb", "path": [{"key": DESTINATION_HEADER}]}}],
+            "selected_host_key": {"key": "envoy.lb", "path": [{"key": SERVED_KEY}]},
+            "fallback_policy": {"policies": [{"typed_extension_config": {
+                "name": "envoy.load_balancing_policies.round_robin",
+                "typed_config": {"@type": ROUND_ROBIN}}}]},
+        },
+    }}]}
+    return cluster
+
+
+def fallback_retry_policy(num_retries: int = 2) -> dict[str, Any]:
+    """A route retry policy that moves to the EPP's next endpoint when one cannot be reached.
+
+    Only connection-level failures are retried (:data:`FALLBACK_RETRY_ON`): an LLM request
+    that reached a server is never sent twice. ``previous_hosts`` keeps a retry that has
+    used up the EPP's list (and fell back to round robin) off the endpoints that failed.
+    """
+    return {
+        "retry_on": FALLBACK_RETRY_ON,
+        "num_retries": num_retries,
+        "retry_host_predicate": [{"name": "envoy.retry_host_predicates.previous_hosts",
+                                  "typed_config": {"@type": PREVIOUS_HOSTS}}],
+        "host_selection_retry_max_attempts": 5,
+    }
+
+
 def original_dst_cluster(name: str, *, timeout: str = "1s") -> dict[str, Any]:
-    """Routes to the ``ip:port`` the EPP put in ``x-gateway-destination-endpoint``."""
+    """Routes to the ``ip:port`` the EPP put in ``x-gateway-destination-endpoint``.
+
+    Only for pods not known up front: it reads one ``ip:port`` and answers 503 "no healthy
+    upstream" to the EPP's comma list of fallbacks; prefer :func:`pool_cluster`."""
     return {
         "name": name,
         "type": "ORIGINAL_DST",
@@ -147,12 +242,15 @@ def route(
     per_filter: dict[str, Any] | None = None,
     timeout: str = "300s",
     request_headers_to_add: Sequence[tuple[str, str]] = (),
+    retry_policy: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A route on prefix ``/``, optionally matching one header exactly."""
     match: dict[str, Any] = {"prefix": "/"}
     if header is not None:
         match["headers"] = [{"name": header[0], "string_match": {"exact": header[1]}}]
     r: dict[str, Any] = {"match": match, "route": {"cluster": cluster, "timeout": timeout}}
+    if retry_policy is not None:
+        r["route"]["retry_policy"] = retry_policy
     if per_filter:
         r["typed_per_filter_config"] = per_filter
     if request_headers_to_add:

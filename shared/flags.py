@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from typing import NoReturn
+from collections.abc import Sequence
+from typing import Any, NoReturn
 
 _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
@@ -39,8 +40,35 @@ def boolean(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"invalid boolean {text!r} (use true or false)")
 
 
+class _Store(argparse.Action):
+    """argparse's ``store``, also noting the flag in ``namespace.given_flags`` (so a service
+    can warn about a deprecated flag only when it was written, never for its default)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, values)
+        given = getattr(namespace, "given_flags", None)
+        if given is None:
+            given = set()
+            namespace.given_flags = given
+        given.add(self.dest)
+
+
 class Parser(argparse.ArgumentParser):
-    """argparse that reports a bad flag in one line and exits 2."""
+    """argparse that reports a bad flag in one line and exits 2, and records which flags were
+    given (``args.given_flags``, a set of dests)."""
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        if args and args[0].startswith("-") and "action" not in kwargs:
+            kwargs["action"] = _Store
+        return super().add_argument(*args, **kwargs)
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None,
+                         ) -> tuple[argparse.Namespace, list[str]]:
+        if namespace is None:
+            namespace = argparse.Namespace(given_flags=set())
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str) -> NoReturn:
         sys.stderr.write(f"{self.prog}: error: {message}\n")

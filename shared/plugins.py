@@ -124,9 +124,12 @@ class PluginRegistry:
     """Known plugin classes by ``type_name`` (plus the entry-point group's, on demand)."""
 
     def __init__(self, plugins: Iterable[type[Plugin]] = (), *,
-                 group: str = ENTRY_POINT_GROUP) -> None:
+                 group: str = ENTRY_POINT_GROUP, pending: Mapping[str, str] | None = None,
+                 ) -> None:
         self._types: dict[str, type[Plugin]] = {}
         self._group = group
+        #: Upstream type names not built yet, with why (named in the unknown-type error).
+        self.pending: Mapping[str, str] = pending or {}
         self._entry_points_loaded = False
         for cls in plugins:
             self.register(cls)
@@ -150,6 +153,8 @@ class PluginRegistry:
         if cls is None and not self._entry_points_loaded:
             self._load_entry_points()
             cls = self._types.get(type_name)
+        if cls is None and type_name in self.pending:
+            raise PluginError(f"unknown plugin type {type_name!r}: {self.pending[type_name]}")
         if cls is None:
             raise PluginError(
                 f"unknown plugin type {type_name!r} (known: {', '.join(self.types)})"

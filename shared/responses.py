@@ -15,7 +15,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
 
-from shared.errors import GatewayError
+from shared.errors import DirectResponse, GatewayError
 
 #: Envoy forwards a streamed body chunk as one gRPC message; Envoy's own limit on a
 #: streamed chunk is 64 KiB, so re-sent bodies are cut below it.
@@ -156,6 +156,8 @@ def immediate(
 def immediate_error(err: GatewayError) -> pb.ProcessingResponse:
     """The one place a :class:`GatewayError` becomes what the client sees; an error with a
     ``retry_after`` (seconds, e.g. flow control's 429/503) also sends ``retry-after``."""
+    if isinstance(err, DirectResponse):
+        return immediate(err.status, err.payload, details=err.code)
     retry_after: int | None = getattr(err, "retry_after", None)
     headers = {"retry-after": str(retry_after)} if retry_after is not None else None
     return immediate(err.status, orjson.dumps(err.to_json()), details=err.code, headers=headers)

@@ -40,6 +40,8 @@ class ServeOptions:
     max_message_bytes: int = 16 * 1024 * 1024
     """gRPC message cap; a BUFFERED body arrives (and may go back) as one message, so this
     must exceed the body cap."""
+    health_on_grpc_port: bool = False
+    """Also serve the health service on the ext_proc port (upstream's ``--health-checking``)."""
 
 
 #: Health service names that mean "ready for traffic": the server as a whole (``""``), the
@@ -108,6 +110,8 @@ async def serve(
         ("grpc.max_send_message_length", opts.max_message_bytes),
     ])
     pb_grpc.add_ExternalProcessorServicer_to_server(servicer, server)
+    if opts.health_on_grpc_port:
+        health_pb2_grpc.add_HealthServicer_to_server(health.servicer, server)
     address = f"{opts.host}:{opts.grpc_port}"
     if opts.secure:
         server.add_secure_port(address, server_credentials(opts.cert_path))

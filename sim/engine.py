@@ -478,14 +478,14 @@ class Engine:
         bs = self.profile.block_size
         first, last = run[0], run[-1] + 1
         lora = req.lora
-        extra: list[list[Any] | None] | None = None
-        if lora or req.cache_salt:
-            extra = []
-            for i in range(first, last):
-                keys: list[Any] = [lora] if lora else []
-                if i == 0 and req.cache_salt:
-                    keys.append(req.cache_salt)
-                extra.append(keys or None)
+        # One entry per block, None where a block has no extra keys: vLLM 0.32 publishes
+        # ``extra_keys: [None, ...]`` for plain prompts (tests/vllm's recorded layout).
+        extra: list[list[Any] | None] = []
+        for i in range(first, last):
+            keys: list[Any] = [lora] if lora else []
+            if i == 0 and req.cache_salt:
+                keys.append(req.cache_salt)
+            extra.append(keys or None)
         lora_id = None
         if lora:
             lora_id = self._lora_ids.setdefault(lora, len(self._lora_ids) + 1)

@@ -55,6 +55,9 @@ HASH_ALGOS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
 #: vLLM's NONE_HASH seed for cryptographic algorithms when PYTHONHASHSEED is unset.
 DEFAULT_NONE_HASH_SEED = "vllm-none-hash"
 _U64 = (1 << 64) - 1
+#: ``kv_cache_spec_kind`` vLLM 0.32 puts on every ``BlockStored`` of a plain decoder's cache
+#: (the simulator models one full-attention KV cache group, ``group_idx`` 0).
+SPEC_KIND_FULL_ATTENTION = "full_attention"
 
 
 @dataclass(slots=True)
@@ -193,11 +196,15 @@ class KVEventRecorder:
     def stored(self, hashes: list[int], parent: int | None, token_ids: list[int],
                block_size: int, lora_name: str | None, lora_id: int | None,
                extra_keys: list[list[Any] | None] | None) -> None:
-        """Blocks ``hashes`` (a chain after ``parent``) entered the cache."""
+        """Blocks ``hashes`` (a chain after ``parent``) entered the cache.
+
+        ``extra_keys`` has one entry per block, ``None`` for a block without any (vLLM sends
+        ``[None, ...]`` then, not an absent field).
+        """
         self.pending.append(BlockStored(
             block_hashes=list(hashes), parent_block_hash=parent, token_ids=token_ids,
             block_size=block_size, lora_id=lora_id, medium=MEDIUM_GPU, lora_name=lora_name,
-            extra_keys=extra_keys, group_idx=0))
+            extra_keys=extra_keys, group_idx=0, kv_cache_spec_kind=SPEC_KIND_FULL_ATTENTION))
 
     def removed(self, block_hash: int) -> None:
         """One block was evicted (vLLM sends one event per evicted block)."""

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import ClassVar
 
 
 @dataclass(frozen=True, slots=True)
 class FieldToHeader:
     """``{"field": "model", "headerName": "..."}`` (each plugin has its own default
-    header)."""
+    header); upstream's ``fieldName`` is the same parameter as ``field``."""
+
+    ALIASES: ClassVar[Mapping[str, str]] = {"fieldName": "field"}
 
     field: str = "model"
     header_name: str = ""

@@ -1,6 +1,7 @@
 """A real two-pool gateway for the reliability tests: Envoy → BBR → the matched pool's EPP →
-ORIGINAL_DST, with the real ``bbr`` and ``epp`` commands (TLS on, as by default) and model
-servers the test owns. Mirrors ``devkit.stack.envoy_config`` with the body mode as a parameter.
+the pool's ``override_host`` cluster, with the real ``bbr`` and ``epp`` commands (TLS on, as
+by default) and model servers the test owns. Mirrors ``devkit.stack.envoy_config`` with the body
+mode as a parameter.
 """
 
 from __future__ import annotations
@@ -112,12 +113,14 @@ def gateway_config(pools: list[tuple[PoolDef, int]], bbr_port: int, admin: int, 
                    *, mode: str, tls: bool = True, failure_mode_allow: bool = False,
                    timeout: str = "10s", runtime: dict[str, Any] | None = None
                    ) -> dict[str, Any]:
-    """Envoy: BBR for every request, then the matched pool's EPP (per route), then
-    ORIGINAL_DST; unknown models get a 404 from the catch-all route."""
+    """Envoy: BBR for every request, then the matched pool's EPP (per route), then the pool's
+    ``override_host`` cluster (retrying down the EPP's fallbacks); unknown models get a 404
+    from the catch-all route."""
     return Topology(
         listen=listen, admin=admin, bbr_port=bbr_port, mode=mode, tls=tls,
         failure_mode_allow=failure_mode_allow, timeout=timeout, runtime=runtime,
-        pools=[Pool(p.name, models=p.models, epp_port=port) for p, port in pools],
+        pools=[Pool(p.name, models=p.models, epp_port=port,
+                    endpoints=[(ip, p.port) for _, ip in p.pods]) for p, port in pools],
         not_found="no pool serves this model",
     ).bootstrap()
 

@@ -40,6 +40,7 @@ from epp.requestcontrol.plugin import (
     Parser,
     PreRequest,
     ResponseComplete,
+    ResponseMetadata,
     ResponseReceived,
     ResponseStreaming,
     SaturationDetector,
@@ -61,6 +62,7 @@ from epp.scheduling import (
     Scorer,
     WeightedScorer,
 )
+from epp.statestore import StateStore
 from shared.plugins import Plugin, PluginError, PluginRegistry
 
 K = TypeVar("K")
@@ -85,6 +87,7 @@ class Runtime:
     rng: random.Random
     #: The flow controller when ``featureGates`` has ``flowControl`` (None: off, the default).
     flow_control: FlowController | None = None
+    response_metadata: tuple[ResponseMetadata, ...] = ()
 
     @property
     def datastore(self) -> Datastore:
@@ -109,13 +112,15 @@ def build(
     registry: PluginRegistry | None = None,
     rng: random.Random | None = None,
     hooks: SchedulerHooks | None = None,
+    state_store: StateStore | None = None,
 ) -> Runtime:
     """Instantiate ``config`` (the default config when None); :class:`ConfigError` names the
-    file, the place in it and the reason when it cannot be used."""
+    file, the place in it and the reason when it cannot be used. ``state_store`` is what the
+    handle shares with plugins (a private in-memory store when None)."""
     config = config or parse_config(None)
     src = config.source
     registry = registry or builtin_registry()
-    handle = EppHandle(datastore, settings)
+    handle = EppHandle(datastore, settings, state_store)
     _instantiate(config, registry, handle)
     rng = rng or random.Random()
     scheduler = _scheduler(config, registry, handle, rng, hooks)
@@ -137,6 +142,7 @@ def build(
         response_streaming=tuple(handle.find(ResponseStreaming)),
         response_complete=_last(handle, ResponseComplete), data_sources=sources, rng=rng,
         flow_control=flow,
+        response_metadata=tuple(handle.find(ResponseMetadata)),
     )
 
 
@@ -274,6 +280,9 @@ def _data_layer(config: EndpointPickerConfig, registry: PluginRegistry,
                 found.add_extractor(handle.plugin(ref, Extractor))
         except (PluginError, ValueError) as e:
             raise ConfigError(f"{where}: {e}") from None
+        if not found.extractors and not isinstance(found, MetricsDataSource):
+            raise ConfigError(f"{where}.extractors: {spec.plugin_ref} does nothing without "
+                              f"an extractor; name at least one")
         if isinstance(found, MetricsDataSource) and not any(
                 isinstance(e, CoreMetricsExtractor) for e in found.extractors):
             raise ConfigError(f"{where}.extractors: {spec.plugin_ref} needs a "
@@ -332,6 +341,8 @@ def _profile_plugins(pspec: ProfileSpec, handle: EppHandle, src: str,
                 raise ConfigError(f"{where}: two pickers ({picker.name}, {plugin.name}); use one")
             picker = plugin
             used = True
+        if not used and isinstance(plugin, DataProducer):
+            used = True  # upstream lists producers in profiles; they run before scheduling
         if not used:
             raise ConfigError(f"{where}: plugin {plugin.name!r} ({plugin.type_name}) is not a "
                               f"filter, scorer or picker")

@@ -20,12 +20,14 @@ PROMETHEUS_TEXT = "prometheus-text"
 @dataclass(frozen=True, slots=True)
 class MetricsSourceParameters:
     """Upstream's ``scheme``, ``path``, ``insecureSkipVerify``; ``refreshInterval`` and
-    ``port`` are ours. Unset ones come from the flags (``--model-server-metrics-path``,
-    ``--refresh-metrics-interval``, ``--model-server-metrics-port``); set ones win."""
+    ``port`` are ours. Unset ones come from the flags (``--model-server-metrics-scheme``,
+    ``--model-server-metrics-path``, ``--model-server-metrics-https-insecure-skip-verify``,
+    ``--refresh-metrics-interval``, ``--model-server-metrics-port``; defaults http,
+    /metrics, true, 50ms, the target port); set ones win."""
 
-    scheme: Literal["http", "https"] = "http"
+    scheme: Literal["http", "https"] | None = None
     path: str | None = None
-    insecure_skip_verify: bool = True
+    insecure_skip_verify: bool | None = None
     refresh_interval: Duration | None = None
     port: int | None = None
 
@@ -51,7 +53,9 @@ class MetricsDataSource(Plugin, DataSource):
         DataSource.__init__(self)
         p, d = self.params, defaults or ScraperConfig()
         self.config = replace(
-            d, scheme=p.scheme, insecure_skip_verify=p.insecure_skip_verify,
+            d, scheme=p.scheme if p.scheme is not None else d.scheme,
+            insecure_skip_verify=(p.insecure_skip_verify if p.insecure_skip_verify is not None
+                                  else d.insecure_skip_verify),
             path=p.path if p.path is not None else d.path,
             interval=p.refresh_interval if p.refresh_interval is not None else d.interval,
             port=p.port if p.port is not None else d.port)

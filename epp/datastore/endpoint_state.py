@@ -59,13 +59,21 @@ class EndpointView:
     endpoint. A request counts as "not yet reflected" when it was picked after the scrape
     that produced the current metrics was *sent*; it stops counting once it ends (then it is
     in neither the server's numbers nor ours).
+
+    With active-active replicas (docs/active-active.md) the other replicas' in-flight counts
+    arrive from the state store (:meth:`set_remote_inflight`, at most a sync old): they are
+    added to ``inflight_requests``/``inflight_tokens``, and their growth since the current
+    metrics' scrape was sent counts in ``queue`` as their not-yet-reflected picks.
     """
 
     endpoint: Endpoint
     metrics: EndpointMetrics = NO_METRICS
-    #: Requests / estimated tokens this EPP routed here that have not finished yet.
+    #: Requests / estimated tokens routed here that have not finished yet: this EPP's, plus
+    #: the other active-active replicas' (``remote_requests``/``remote_tokens``).
     inflight_requests: int = 0
     inflight_tokens: int = 0
+    remote_requests: int = 0
+    remote_tokens: int = 0
     #: Scraped ``waiting`` + picks not yet reflected by a scrape (see the class docstring).
     queue: int = 0
     #: False after ``failure_threshold`` scrapes in a row failed; excluded from candidates.
@@ -77,6 +85,8 @@ class EndpointView:
     _picks: int = field(default=0, repr=False)
     _picks_at_scrape_start: int = field(default=0, repr=False)
     _picks_reflected: int = field(default=0, repr=False)
+    _remote_at_scrape_start: int = field(default=0, repr=False)
+    _remote_reflected: int = field(default=0, repr=False)
 
     @property
     def key(self) -> str:
@@ -86,7 +96,14 @@ class EndpointView:
     @property
     def unreflected_picks(self) -> int:
         """Requests routed here after the current metrics' scrape was sent, still running."""
-        return min(self._picks - self._picks_reflected, self.inflight_requests)
+        own = self.inflight_requests - self.remote_requests
+        return min(self._picks - self._picks_reflected, own)
+
+    @property
+    def unreflected_remote(self) -> int:
+        """Growth of the other replicas' in-flight requests since the current metrics'
+        scrape was sent (their picks the scrape cannot show yet)."""
+        return max(0, self.remote_requests - self._remote_reflected)
 
     def attribute(self, kind: type[A]) -> A | None:
         """The latest attribute of class ``kind`` an extractor installed (None if none)."""
@@ -109,8 +126,15 @@ class EndpointView:
 
     def end_request(self, tokens: int = 0) -> None:
         """Count a request finished (response end, error or stream break); never below 0."""
-        self.inflight_requests = max(0, self.inflight_requests - 1)
-        self.inflight_tokens = max(0, self.inflight_tokens - tokens)
+        self.inflight_requests = max(self.remote_requests, self.inflight_requests - 1)
+        self.inflight_tokens = max(self.remote_tokens, self.inflight_tokens - tokens)
+        self._update_queue()
+
+    def set_remote_inflight(self, requests: int, tokens: int) -> None:
+        """The other replicas' in-flight counts here, as the state store last pulled them."""
+        self.inflight_requests += requests - self.remote_requests
+        self.inflight_tokens += tokens - self.remote_tokens
+        self.remote_requests, self.remote_tokens = requests, tokens
         self._update_queue()
 
     # -- written by the scraper ------------------------------------------------------
@@ -118,11 +142,13 @@ class EndpointView:
     def begin_scrape(self) -> None:
         """Mark the moment a scrape request is sent: picks before it will be reflected."""
         self._picks_at_scrape_start = self._picks
+        self._remote_at_scrape_start = self.remote_requests
 
     def apply_scrape(self, metrics: EndpointMetrics) -> None:
         """Install a successful scrape's metrics; the endpoint is healthy again."""
         self.metrics = metrics
         self._picks_reflected = self._picks_at_scrape_start
+        self._remote_reflected = self._remote_at_scrape_start
         self.consecutive_failures = 0
         self.healthy = True
         self._update_queue()
@@ -136,4 +162,4 @@ class EndpointView:
         return False
 
     def _update_queue(self) -> None:
-        self.queue = self.metrics.waiting + self.unreflected_picks
+        self.queue = self.metrics.waiting + self.unreflected_picks + self.unreflected_remote

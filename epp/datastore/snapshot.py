@@ -55,6 +55,8 @@ class ModelResolution:
     objective: str | None = None
     #: True when the target differs from the client's model (a rewrite or legacy split).
     rewritten: bool = False
+    #: Name of the InferenceModelRewrite whose rule chose the target, when one did.
+    rewrite_name: str | None = None
 
 
 def weighted_choice(targets: Sequence[WeightedModel], rng: random.Random) -> str:
@@ -85,6 +87,9 @@ class Snapshot:
     _exact: Mapping[str, tuple[WeightedModel, ...]] = field(default_factory=dict, repr=False)
     #: Targets of the winning match-all rule, if any.
     _match_all: tuple[WeightedModel, ...] = ()
+    #: The InferenceModelRewrite behind each exact-match entry, and behind the match-all.
+    _exact_names: Mapping[str, str] = field(default_factory=dict, repr=False)
+    _match_all_name: str = ""
 
     def resolve(
         self,
@@ -103,10 +108,15 @@ class Snapshot:
         model's criticality; else 0 (upstream v1 admits unknown models at priority 0).
         """
         legacy = self.legacy_models.get(client_model)
+        rewrite_name = None
         if rewrite_header:
             target = rewrite_header
         else:
-            targets = self._exact.get(client_model) or self._match_all
+            targets = self._exact.get(client_model)
+            if targets:
+                rewrite_name = self._exact_names.get(client_model)
+            elif self._match_all:
+                targets, rewrite_name = self._match_all, self._match_all_name
             if targets:
                 target = weighted_choice(targets, rng)
             elif legacy is not None and legacy.targets:
@@ -118,13 +128,13 @@ class Snapshot:
             obj = self.objectives.get(objective_header)
             if obj is not None:
                 return ModelResolution(
-                    target, obj.priority, PrioritySource.OBJECTIVE, obj.name, rewritten
-                )
+                    target, obj.priority, PrioritySource.OBJECTIVE, obj.name, rewritten,
+                    rewrite_name)
         if legacy is not None:
             return ModelResolution(
-                target, legacy.priority, PrioritySource.LEGACY_MODEL, None, rewritten
-            )
-        return ModelResolution(target, 0, PrioritySource.DEFAULT, None, rewritten)
+                target, legacy.priority, PrioritySource.LEGACY_MODEL, None, rewritten,
+                rewrite_name)
+        return ModelResolution(target, 0, PrioritySource.DEFAULT, None, rewritten, rewrite_name)
 
 
 def endpoints_for(pool: Pool, pods: Iterable[Pod]) -> tuple[Endpoint, ...]:
@@ -240,14 +250,17 @@ def build_snapshot(
 
     my_rewrites = tuple(sorted(filter(mine, rewrites), key=_precedence_key))
     exact: dict[str, tuple[WeightedModel, ...]] = {}
+    exact_names: dict[str, str] = {}
     match_all: tuple[WeightedModel, ...] = ()
+    match_all_name = ""
     # Walk in precedence order; the first object/rule to claim a model keeps it.
     for rw in my_rewrites:
         for rule in rw.rules:
-            if rule.matches_all:
-                match_all = match_all or rule.targets
+            if rule.matches_all and not match_all:
+                match_all, match_all_name = rule.targets, rw.ref.name
             for model in rule.matches:
-                exact.setdefault(model, rule.targets)
+                if model not in exact:
+                    exact[model], exact_names[model] = rule.targets, rw.ref.name
     my_legacy: dict[str, LegacyModel] = {}
     for lm in sorted(filter(mine, legacy), key=lambda o: (o.ref.creation_timestamp, o.ref.name)):
         my_legacy.setdefault(lm.model_name, lm)
@@ -259,4 +272,6 @@ def build_snapshot(
         legacy_models=my_legacy,
         _exact=exact,
         _match_all=match_all,
+        _exact_names=exact_names,
+        _match_all_name=match_all_name,
     )

@@ -3,6 +3,8 @@ rewritten back to the client's model and its usage is recorded when the stream e
 
 from __future__ import annotations
 
+from typing import Any
+
 from epp.requestcontrol import Director, Routed
 from epp.requestcontrol.response import ResponseRewriter
 from shared.errors import GatewayError
@@ -37,10 +39,13 @@ class PickerExchange(Exchange):
             self.status = int(headers.get(":status", "200"))
         except ValueError:
             self.status = 0
+        added: dict[str, str] = {}
         if self.routed is not None:
-            self.director.response_received(self.routed, self.status or 200, headers)
+            added = self.director.response_received(self.routed, self.status or 200, headers,
+                                                    self.response_metadata)
         sse = headers.get("content-type", "").startswith("text/event-stream")
-        return ResponseHeadersDecision(buffer_body=not sse and self.rewriter is not None)
+        return ResponseHeadersDecision(set_headers=dict(added),
+                                       buffer_body=not sse and self.rewriter is not None)
 
     def on_response_chunk(self, chunk: bytes, end_of_stream: bool) -> bytes:
         self.response_size += len(chunk)
@@ -58,6 +63,12 @@ class PickerExchange(Exchange):
             return body
         return self.rewriter.body(body)
 
+    def response_end_metadata(self) -> dict[str, dict[str, Any]] | None:
+        if self.routed is None or not self.director.runtime.response_metadata:
+            return None
+        usage = self.rewriter.usage.raw if self.rewriter is not None else None
+        return self.director.response_metadata(self.routed, usage)
+
     def on_close(self, completed: bool) -> None:
         if self.routed is None:
             return
@@ -67,5 +78,6 @@ class PickerExchange(Exchange):
             response_size=self.response_size,
             prompt_tokens=usage.prompt_tokens if usage else 0,
             completion_tokens=usage.completion_tokens if usage else 0,
+            cached_tokens=usage.cached_tokens if usage else 0,
         )
         self.routed = None

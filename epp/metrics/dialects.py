@@ -17,8 +17,9 @@ values become 0, KV usage above 1 becomes 1.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 
 from epp.datastore import EndpointMetrics, EngineType, LoraInfo
 from epp.metrics.parser import Sample, ScanResult, scan
@@ -57,7 +58,8 @@ LabelPredicate = Callable[[Sample], bool]
 class Dialect:
     """Metric family names of one engine; ``*_where`` narrows samples by label."""
 
-    engine: EngineType
+    #: The engine (a custom ``engineConfigs`` name is a plain string).
+    engine: EngineType | str
     waiting: str
     running: str
     kv_usage: tuple[str, ...]
@@ -68,6 +70,16 @@ class Dialect:
     cache_config: str | None = None
     block_size_label: str = "block_size"
     num_blocks_label: str = "num_gpu_blocks"
+    #: Block size / block count read as a gauge's value (engines without an info gauge).
+    block_size_gauge: str | None = None
+    block_size_where: LabelPredicate | None = None
+    num_blocks_gauge: str | None = None
+    num_blocks_where: LabelPredicate | None = None
+
+    @property
+    def name(self) -> str:
+        """The engine's name (``vllm``, or an ``engineConfigs`` name)."""
+        return self.engine.value if isinstance(self.engine, EngineType) else self.engine
 
     @property
     def families(self) -> tuple[str, ...]:
@@ -78,11 +90,109 @@ class Dialect:
             names.append(self.lora_info)
         if self.cache_config:
             names.append(self.cache_config)
+        names += [g for g in (self.block_size_gauge, self.num_blocks_gauge) if g]
         return tuple(dict.fromkeys(names))
 
 
 def _label_is(name: str, value: str) -> LabelPredicate:
     return lambda s: s.labels.get(name) == value
+
+
+def _labels_are(labels: Mapping[str, str]) -> LabelPredicate | None:
+    if not labels:
+        return None
+    items = tuple(labels.items())
+    return lambda s: all(s.labels.get(k) == v for k, v in items)
+
+
+_SPEC = re.compile(r"^\s*([a-zA-Z_:][a-zA-Z0-9_:]*)\s*(?:\{(.*)\})?\s*$")
+_MATCHER = re.compile(r'^\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*(?:"([^"]*)"|([^",}\s]+))\s*$')
+
+
+def parse_spec(text: str) -> tuple[str, dict[str, str]]:
+    """A metric specification as upstream writes it (a PromQL selector with ``=`` matchers
+    only, quotes optional): ``nv_trt_llm_request_metrics{request_type=waiting}`` → the family
+    and the labels a sample must have. ValueError names what is wrong."""
+    m = _SPEC.match(text)
+    if not m:
+        raise ValueError(f"invalid metric specification {text!r} (use name or "
+                         f"name{{label=value,...}})")
+    labels: dict[str, str] = {}
+    body = (m.group(2) or "").strip()
+    for part in filter(None, (p.strip() for p in body.split(","))) if body else ():
+        lm = _MATCHER.match(part)
+        if not lm:
+            raise ValueError(f"invalid label matcher {part!r} in metric specification "
+                             f"{text!r} (only label=value)")
+        labels[lm.group(1)] = lm.group(2) if lm.group(2) is not None else lm.group(3)
+    return m.group(1), labels
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSpecs:
+    """One engine's metric specifications (upstream's ``engineConfigs`` entry and the
+    deprecated ``--*-metric`` flags); an empty spec means "not read"."""
+
+    queued: str = ""
+    running: str = ""
+    kv_usage: str = ""
+    lora: str = ""
+    cache_info: str = ""
+    block_size_label: str = "block_size"
+    num_blocks_label: str = "num_gpu_blocks"
+    block_size: str = ""
+    num_blocks: str = ""
+
+
+def dialect_from_specs(engine: EngineType | str, specs: EngineSpecs) -> Dialect:
+    """A :class:`Dialect` reading the families ``specs`` names; ValueError on a bad spec or
+    when none of queued / running / KV usage is given."""
+    if not (specs.queued or specs.running or specs.kv_usage):
+        raise ValueError("give at least one of queuedRequestsSpec, runningRequestsSpec, "
+                         "kvUsageSpec")
+
+    def one(text: str) -> tuple[str, LabelPredicate | None]:
+        if not text:
+            return "", None
+        family, labels = parse_spec(text)
+        return family, _labels_are(labels)
+
+    (waiting, w_where), (running, r_where), (kv, kv_where) = (
+        one(specs.queued), one(specs.running), one(specs.kv_usage))
+    lora, cache = one(specs.lora)[0], one(specs.cache_info)[0]
+    (bs, bs_where), (nb, nb_where) = one(specs.block_size), one(specs.num_blocks)
+    # An unread family is one no page has: it reads as missing.
+    return Dialect(engine, waiting=waiting or "-", running=running or "-",
+                   kv_usage=(kv or "-",), waiting_where=w_where, running_where=r_where,
+                   kv_where=kv_where, lora_info=lora or None, cache_config=cache or None,
+                   block_size_label=specs.block_size_label or "block_size",
+                   num_blocks_label=specs.num_blocks_label or "num_gpu_blocks",
+                   block_size_gauge=bs or None, block_size_where=bs_where,
+                   num_blocks_gauge=nb or None, num_blocks_where=nb_where)
+
+
+def with_overrides(base: Dialect, specs: Mapping[str, str]) -> Dialect:
+    """``base`` with some families replaced (the deprecated metric-name flags: keys
+    ``queued``, ``running``, ``kv_usage``, ``lora``, ``cache_info``; an empty spec turns
+    that metric off)."""
+    changes: dict[str, object] = {}
+    for key, text in specs.items():
+        # An empty spec means "not read", as upstream's empty flag value does.
+        family, labels = parse_spec(text) if text.strip() else ("-", {})
+        where = _labels_are(labels)
+        if key == "queued":
+            changes.update(waiting=family, waiting_where=where)
+        elif key == "running":
+            changes.update(running=family, running_where=where)
+        elif key == "kv_usage":
+            changes.update(kv_usage=(family,), kv_where=where)
+        elif key == "lora":
+            changes.update(lora_info=None if family == "-" else family)
+        elif key == "cache_info":
+            changes.update(cache_config=None if family == "-" else family)
+        else:
+            raise ValueError(f"unknown metric {key!r}")
+    return replace(base, **changes)  # type: ignore[arg-type]
 
 
 DIALECTS: dict[EngineType, Dialect] = {
@@ -108,6 +218,8 @@ DIALECTS: dict[EngineType, Dialect] = {
         waiting="trtllm_num_requests_waiting",
         running="trtllm_num_requests_running",
         kv_usage=("trtllm_kv_cache_utilization",),
+        block_size_gauge="trtllm_kv_cache_tokens_per_block",
+        num_blocks_gauge="trtllm_kv_cache_max_blocks",
     ),
     EngineType.TRITON_TRTLLM: Dialect(
         EngineType.TRITON_TRTLLM,
@@ -117,6 +229,10 @@ DIALECTS: dict[EngineType, Dialect] = {
         waiting_where=_label_is("request_type", "waiting"),
         running_where=_label_is("request_type", "scheduled"),
         kv_where=_label_is("kv_cache_block_type", "fraction"),
+        block_size_gauge="nv_trt_llm_kv_cache_block_metrics",
+        block_size_where=_label_is("kv_cache_block_type", "tokens_per"),
+        num_blocks_gauge="nv_trt_llm_kv_cache_block_metrics",
+        num_blocks_where=_label_is("kv_cache_block_type", "max"),
     ),
 }
 
@@ -199,12 +315,32 @@ def _int_label(samples: list[Sample] | None, label: str) -> int | None:
     return value if value is not None and value > 0 else None
 
 
-def parse_metrics(text: str, engine: EngineType, now: float) -> ParsedMetrics:
-    """Read ``text`` (a ``/metrics`` page) in ``engine``'s dialect, stamped ``now``.
+def _gauge_int(r: _Reader, family: str | None, where: LabelPredicate | None) -> int | None:
+    if not family:
+        return None
+    vals = r.values(family, where)
+    if not vals or vals[-1] < 1 or vals[-1] > MAX_COUNT:
+        return None
+    return int(vals[-1])
+
+
+def detect_engine(text: str) -> EngineType | None:
+    """The engine whose load metrics the page holds (the first, in :data:`DIALECTS` order,
+    whose queue family appears), or None. For pods without an engine label whose page is not
+    in the expected dialect: upstream reads those as the default engine and fails."""
+    for engine, d in DIALECTS.items():
+        if d.waiting in text:
+            return engine
+    return None
+
+
+def parse_metrics(text: str, engine: EngineType | Dialect, now: float) -> ParsedMetrics:
+    """Read ``text`` (a ``/metrics`` page) in ``engine``'s dialect (or the given dialect),
+    stamped ``now``.
 
     Raises :class:`MetricsError` when none of waiting / running / KV usage is present.
     """
-    d = DIALECTS[engine]
+    d = engine if isinstance(engine, Dialect) else DIALECTS[engine]
     scanned = scan(text, d.families)
     r = _Reader(text, scanned)
     waiting = r.count(d.waiting, d.waiting_where)
@@ -217,7 +353,7 @@ def parse_metrics(text: str, engine: EngineType, now: float) -> ParsedMetrics:
     )
     if len(missing) == 3:
         raise MetricsError(
-            f"no {engine.value} load metrics on the page ({', '.join(d.families[:3])})"
+            f"no {d.name} load metrics on the page ({', '.join(d.families[:3])})"
         )
     cache = scanned.families.get(d.cache_config) if d.cache_config else None
     # vLLM and SGLang label their gauges with the served model: that is how the EPP learns
@@ -232,8 +368,10 @@ def parse_metrics(text: str, engine: EngineType, now: float) -> ParsedMetrics:
         running=running or 0,
         kv_usage=kv or 0.0,
         lora=_lora(scanned.families.get(d.lora_info)) if d.lora_info else None,
-        block_size=_int_label(cache, d.block_size_label),
-        num_gpu_blocks=_int_label(cache, d.num_blocks_label),
+        block_size=_int_label(cache, d.block_size_label)
+        or _gauge_int(r, d.block_size_gauge, d.block_size_where),
+        num_gpu_blocks=_int_label(cache, d.num_blocks_label)
+        or _gauge_int(r, d.num_blocks_gauge, d.num_blocks_where),
         models=models,
         updated_at=now,
     )

@@ -23,6 +23,7 @@ import orjson
 import structlog
 
 from epp import telemetry as m
+from epp.datalayer.models_source import ServedModels
 from epp.datastore import EndpointView, Snapshot
 from epp.datastore.snapshot import ModelResolution as Resolution
 from epp.requestcontrol.plugin import Response
@@ -32,6 +33,7 @@ from epp.scheduling.scheduler import NoCandidates
 from shared.errors import BadRequest, GatewayError, NotFound, TooManyRequests
 from shared.extproc import RequestDecision
 from shared.openai import OpenAIRequest
+from shared.pd import PREFILLER_HEADER
 
 if TYPE_CHECKING:
     from epp.config import Runtime
@@ -131,6 +133,8 @@ class Director:
         """Everything before admission; raises :class:`GatewayError` when it can't go on."""
         req = self.runtime.parser.parse(body, headers.get(":path", "/"))
         res = self._resolve(req, headers)
+        if res.rewrite_name is not None:
+            m.REWRITE_DECISIONS.labels(res.rewrite_name, req.model, res.target_model).inc()
         candidates = self._candidates(filter_metadata)
         # With flow control, sheddable requests wait in its queues instead (as upstream).
         if (res.priority < 0 and self.runtime.flow_control is None
@@ -155,7 +159,12 @@ class Director:
     def dispatch(self, pending: Pending) -> tuple[RequestDecision, Routed]:
         """Schedule, run the pre-request plugins (the commit), answer Envoy."""
         request = pending.request
-        result = self.scheduler.schedule(request, pending.candidates)
+        try:
+            result = self.scheduler.schedule(request, pending.candidates)
+        except GatewayError:
+            m.scheduler_attempt(request.target_model, None)
+            raise
+        m.scheduler_attempt(request.target_model, result.endpoints[0])
         for plugin in self.runtime.pre_request:
             plugin.pre_request(request, result)
         if self._debug:
@@ -167,12 +176,18 @@ class Director:
 
     # -- the response ----------------------------------------------------------------
 
-    def response_received(self, routed: Routed, status: int,
-                          headers: Mapping[str, str]) -> None:
-        """The endpoint's response headers arrived."""
-        routed.response.status, routed.response.headers = status, headers
+    def response_received(self, routed: Routed, status: int, headers: Mapping[str, str],
+                          metadata: Mapping[str, Any] | None = None) -> dict[str, str]:
+        """The endpoint's response headers arrived (with the proxy's forwarded metadata);
+        returns the headers plugins add to the client's response."""
+        r = routed.response
+        r.status, r.headers = status, headers
+        r.streamed = headers.get("content-type", "").startswith("text/event-stream")
+        if metadata:
+            r.metadata = metadata
         for plugin in self.runtime.response_received:
-            plugin.response_received(routed.request, routed.response, routed.endpoint)
+            plugin.response_received(routed.request, r, routed.endpoint)
+        return r.set_headers
 
     def response_chunk(self, routed: Routed, chunk: bytes, first_token: bool) -> None:
         """A piece of the response body; ``first_token``: a token has been seen by now."""
@@ -182,18 +197,32 @@ class Director:
         for plugin in self.runtime.response_streaming:
             plugin.response_streaming(routed.request, response, chunk, routed.endpoint)
 
+    def response_metadata(self, routed: Routed,
+                          usage: Mapping[str, Any] | None) -> dict[str, dict[str, Any]] | None:
+        """The whole response was seen: metadata the response-metadata plugins give the
+        proxy, merged by namespace (None when there is none)."""
+        out: dict[str, dict[str, Any]] = {}
+        for plugin in self.runtime.response_metadata:
+            for ns, values in (plugin.response_metadata(
+                    routed.request, routed.response, usage or {}) or {}).items():
+                out.setdefault(ns, {}).update(values)
+        return out or None
+
     def finish(self, routed: Routed, *, completed: bool, status: int, response_size: int,
-               prompt_tokens: int, completion_tokens: int) -> None:
+               prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> None:
         """The response ended (or the stream broke): the response-complete plugins release
         the endpoint and record the request."""
         r = routed.response
         r.completed, r.status, r.size = completed, status, response_size
         r.prompt_tokens, r.completion_tokens = prompt_tokens, completion_tokens
+        r.cached_tokens = cached_tokens
         r.elapsed = time.monotonic() - routed.started
         if completion_tokens > 1 and r.ttft is not None:
             r.tpot = (r.elapsed - r.ttft) / (completion_tokens - 1)
         elif completion_tokens:
             r.tpot = r.elapsed / completion_tokens
+        if r.ttft is None and completed and not r.streamed:
+            r.ttft = r.elapsed  # not streamed: the first token arrives with the last
         for plugin in self.runtime.response_complete:
             plugin.response_complete(routed.request, r, routed.endpoint)
 
@@ -224,7 +253,7 @@ class Director:
         try:
             prompt = prefix_input(req.prompt, req.messages)
             new_body = None
-            if res.target_model != req.model:
+            if res.target_model != req.model and req.model:  # no model: passthrough body
                 req.body["model"] = res.target_model
                 new_body = orjson.dumps(req.body)
         except orjson.JSONEncodeError as e:
@@ -252,8 +281,10 @@ class Director:
         return RequestDecision(
             set_headers={DESTINATION: destination, REQUEST_ID: pending.request.request_id,
                          **result.extra_headers},
-            # A client's own copies of our control headers never reach the proxy's LB.
-            remove_headers=[h for h in headers if h.startswith(DESTINATION) and h != DESTINATION],
+            # A client's own copies of our control headers never reach the proxy's LB, and a
+            # client never names a prefiller (only a P/D handler's pick, set above, does).
+            remove_headers=[h for h in headers if (h.startswith(DESTINATION) and h != DESTINATION)
+                            or (h == PREFILLER_HEADER and h not in result.extra_headers)],
             body=pending.new_body,
             metadata={LB_NAMESPACE: {DESTINATION: destination}},
         )
@@ -286,6 +317,9 @@ class Director:
                 base |= v.metrics.models
                 if v.metrics.lora is not None:
                     adapters |= v.metrics.lora.running | v.metrics.lora.waiting
+                if (listed := v.attribute(ServedModels)) is not None:  # models-data-source
+                    base |= listed.base_models
+                    adapters |= listed.adapters
             self._served_cache = (frozenset(base), frozenset(adapters))
             self._served_until = now + SERVED_TTL
         return self._served_cache

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from epp.datastore import EndpointView
 from epp.scheduling.request import LLMRequest
@@ -74,9 +75,11 @@ class PreRequest(ABC):
 class Response:
     """The response as request-control plugins see it.
 
-    ``ttft`` (time to the first streamed token, seconds from the pick) is None for a
-    non-streamed response; ``tpot`` (seconds per output token after the first) is None until
-    usage is known. ``completed`` is False when the stream broke before the response ended.
+    ``ttft``: seconds from the pick to the first streamed token; for a non-streamed response
+    it is set at the end to the whole duration (upstream's ``streamingMode: false``: the
+    first token reaches the client with the last). ``tpot`` (seconds per output token after
+    the first; duration / tokens when not streamed) is None until usage is known.
+    ``completed`` is False when the stream broke before the response ended.
     """
 
     request_id: str
@@ -86,9 +89,17 @@ class Response:
     size: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    #: ``usage.prompt_tokens_details.cached_tokens`` (0 when the server did not say).
+    cached_tokens: int = 0
     elapsed: float = 0.0
     ttft: float | None = None
     tpot: float | None = None
+    #: The response is an SSE stream (``text/event-stream``).
+    streamed: bool = False
+    #: Dynamic metadata the proxy forwarded with the response headers, by namespace.
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    #: Headers response-received plugins add to the client's response.
+    set_headers: dict[str, str] = field(default_factory=dict)
 
     @property
     def failed(self) -> bool:
@@ -115,6 +126,17 @@ class ResponseStreaming(ABC):
         """``response.ttft`` is set from the first chunk carrying a token."""
 
 
+class ResponseMetadata(ABC):
+    """The response body has been seen whole (its ``usage`` included): return dynamic
+    metadata for the proxy, ``{namespace: {key: value}}`` (upstream's response-body plugins
+    writing ``DynamicMetadata``), or None."""
+
+    @abstractmethod
+    def response_metadata(self, request: LLMRequest, response: Response,
+                          usage: Mapping[str, Any]) -> Mapping[str, Mapping[str, Any]] | None:
+        """``usage``: the response's ``usage`` object ({} when it had none)."""
+
+
 class ResponseComplete(ABC):
     """The exchange ended (response end, error or broken stream); called exactly once for
     every request that reached pre-request."""
@@ -132,6 +154,7 @@ __all__ = [
     "PreRequest",
     "Response",
     "ResponseComplete",
+    "ResponseMetadata",
     "ResponseReceived",
     "ResponseStreaming",
     "SaturationDetector",

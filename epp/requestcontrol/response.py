@@ -3,9 +3,17 @@ usage read, from JSON bodies and from SSE streams alike."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
+
+#: A ``"model"`` key and its string value, in any spacing. A match right after a backslash is
+#: not a key (:func:`_escaped`); any other is, never text inside a string.
+_MODEL_FIELD = re.compile(rb'"model"\s*:\s*("(?:[^"\\]|\\.)*")')
+#: ``"usage": {`` in any spacing (``"usage": null`` carries nothing to read).
+_USAGE_FIELD = re.compile(rb'"usage"\s*:\s*\{')
 
 
 @dataclass(slots=True)
@@ -14,39 +22,59 @@ class Usage:
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    #: ``prompt_tokens_details.cached_tokens`` (vLLM reports it with prefix caching).
+    cached_tokens: int = 0
+    #: The ``usage`` object as the server wrote it (for plugins reading other fields).
+    raw: dict[str, Any] | None = None
 
     def read(self, usage: object) -> None:
         if isinstance(usage, dict):
+            self.raw = usage
             p, c = usage.get("prompt_tokens"), usage.get("completion_tokens")
             if isinstance(p, int):
                 self.prompt_tokens = p
             if isinstance(c, int):
                 self.completion_tokens = c
+            details = usage.get("prompt_tokens_details")
+            if isinstance(details, dict) and isinstance(
+                    cached := details.get("cached_tokens"), int):
+                self.cached_tokens = cached
+
+
+def _escaped(m: re.Match[bytes]) -> bool:
+    """True when the match's opening quote is an escaped one, i.e. text inside a string. (A
+    real quote after ``\\\\`` would end a string, and a string's end is never followed by
+    ``model``: only the escaped case can happen in valid JSON.) Checked here rather than with a
+    lookbehind, which would cost the pattern its fast literal search (5x slower)."""
+    start = m.start()
+    return start > 0 and m.string[start - 1] == 0x5C  # backslash
 
 
 class ResponseRewriter:
     """Rewrites one response. SSE chunks are processed line by line; a line cut across two
     chunks is held back until its end arrives (an SSE event is not usable before that)."""
 
-    __slots__ = ("_carry", "_from", "_to", "client_model", "first_token_seen", "target_model",
-                 "usage")
+    __slots__ = ("_carry", "_client_json", "_from", "_grow", "_spaced", "_target_json", "_to",
+                 "client_model", "first_token_seen", "renames", "target_model", "usage")
 
     def __init__(self, client_model: str, target_model: str) -> None:
         self.client_model = client_model
         self.target_model = target_model
+        self.renames = client_model != target_model
         self.usage = Usage()
         self.first_token_seen = False
         self._carry = b""
-        # The servers we front write compact JSON; a rename is then a plain byte replace.
-        self._from = b'"model":' + orjson.dumps(target_model)
-        self._to = b'"model":' + orjson.dumps(client_model)
-
-    @property
-    def renames(self) -> bool:
-        return self.client_model != self.target_model
+        # vLLM and most servers write compact JSON: there a rename is a plain byte replace;
+        # any other spelling goes through a regular expression (see _rename).
+        self._target_json = orjson.dumps(target_model)
+        self._client_json = orjson.dumps(client_model)
+        self._from = b'"model":' + self._target_json
+        self._to = b'"model":' + self._client_json
+        self._grow = len(self._to) - len(self._from)
+        self._spaced: re.Pattern[bytes] | None = None  # compiled when first needed
 
     def body(self, body: bytes) -> bytes:
-        """A whole JSON response body."""
+        """A whole JSON response body (any formatting: it is parsed)."""
         try:
             data = orjson.loads(body)
         except orjson.JSONDecodeError:
@@ -72,15 +100,52 @@ class ResponseRewriter:
             return b""
         if not self.first_token_seen and b"data:" in complete:
             self.first_token_seen = True
-        if b'"usage":{' in complete:
+        if b'"usage"' in complete and _USAGE_FIELD.search(complete):
             self._read_usage(complete)
-        if self.renames and self._from in complete:
-            complete = complete.replace(self._from, self._to)
+        if self.renames:
+            keys = complete.count(b'"model"')
+            if keys:
+                out = complete.replace(self._from, self._to)
+                # The fast path: every key was the compact "model":"<target>". The count of
+                # replacements comes from the length change, sparing a scan.
+                grow = self._grow
+                done = (len(out) - len(complete)) // grow if grow else complete.count(self._from)
+                return out if done == keys else self._rename(out)
         return complete
+
+    def _rename(self, lines: bytes) -> bytes:
+        """``model`` → the client's name where it names the target, in any JSON spelling.
+
+        Without a backslash in ``lines`` the target can only be written one way, so one
+        pattern (any spacing) finds it; otherwise every ``"model"`` value is decoded, which
+        covers escapes (``\\/``, ``\\u…``) too. Keys are told from text by
+        :data:`_MODEL_FIELD`'s rule; key order and other fields never matter.
+        """
+        if b"\\" not in lines:
+            if self._target_json not in lines:
+                return lines
+            if self._spaced is None:
+                self._spaced = re.compile(rb'("model"\s*:\s*)' + re.escape(self._target_json))
+            return self._spaced.sub(self._swap_spaced, lines)
+        return _MODEL_FIELD.sub(self._swap, lines)
+
+    def _swap_spaced(self, m: re.Match[bytes]) -> bytes:
+        return m.group(0) if _escaped(m) else m.group(1) + self._client_json
+
+    def _swap(self, m: re.Match[bytes]) -> bytes:
+        if _escaped(m):
+            return m.group(0)
+        try:
+            value = orjson.loads(m.group(1))
+        except orjson.JSONDecodeError:
+            return m.group(0)
+        if value != self.target_model:
+            return m.group(0)
+        return m.group(0)[:m.start(1) - m.start(0)] + self._client_json
 
     def _read_usage(self, lines: bytes) -> None:
         for line in lines.split(b"\n"):
-            if line.startswith(b"data:") and b'"usage":{' in line:
+            if line.startswith(b"data:") and b'"usage"' in line:
                 try:
                     event = orjson.loads(line[5:])
                 except orjson.JSONDecodeError:

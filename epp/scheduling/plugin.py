@@ -31,12 +31,14 @@ class SchedulerHooks:
     The handler wires these to Prometheus: ``e2e_duration`` →
     ``inference_extension_scheduler_e2e_duration_seconds``; ``plugin_duration(extension point,
     plugin type, plugin name, seconds)`` → ``..._plugin_duration_seconds``;
-    ``prefix_hit_ratio`` → ``..._prefix_indexer_hit_ratio``.
+    ``prefix_hit_ratio`` → ``..._prefix_indexer_hit_ratio``; ``prefix_hit_bytes`` (prompt
+    bytes matched, blocks x block length) → ``..._prefix_indexer_hit_bytes``.
     """
 
     e2e_duration: Callable[[float], None] | None = None
     plugin_duration: Callable[[str, str, str, float], None] | None = None
     prefix_hit_ratio: Callable[[float], None] | None = None
+    prefix_hit_bytes: Callable[[int], None] | None = None
 
 
 class Plugin(BasePlugin):

@@ -33,6 +33,9 @@ class SchedulingResult:
     primary_profile: str
     #: Anything profile handlers want to hand on (e.g. a prefill endpoint header).
     extra_headers: dict[str, str] = field(default_factory=dict)
+    #: Set by a pre-request plugin that sends the request elsewhere than the picks' own
+    #: addresses (``data-parallel-profile-handler``: the pod's primary port).
+    destination_override: str | None = None
 
     @property
     def primary(self) -> ProfileResult:
@@ -47,4 +50,6 @@ class SchedulingResult:
     @property
     def destination(self) -> str:
         """The ``x-gateway-destination-endpoint`` value: ``ip:port[,ip:port...]``."""
+        if self.destination_override is not None:
+            return self.destination_override
         return ",".join(v.key for v in self.primary.picked)

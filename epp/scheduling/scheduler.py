@@ -111,8 +111,9 @@ class Scheduler:
     @property
     def prefix_indexer_size(self) -> int:
         """Entries in all prefix indexes (``inference_extension_prefix_indexer_size``)."""
-        from epp.scheduling.plugins.prefix.prefix_index import PrefixIndex
+        from epp.statestore import StateStore
 
-        indexes = {id(i): i for p in self.plugins
-                   if isinstance(i := getattr(p, "index", None), PrefixIndex)}
-        return sum(i.size for i in indexes.values())
+        # Prefix plugins keep their index in a state store; several may share one.
+        stores = {id(s): s for p in self.plugins
+                  if isinstance(s := getattr(p, "store", None), StateStore)}
+        return sum(s.prefix_size for s in stores.values())

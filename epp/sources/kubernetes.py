@@ -27,16 +27,14 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import re
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Final
+from typing import Any
 
 import structlog
 
 from epp.datastore import (
     Datastore,
     ObjectError,
-    ObjectRef,
     Pool,
     PoolObject,
     Snapshot,
@@ -44,7 +42,11 @@ from epp.datastore import (
     build_snapshot,
     parse_object,
 )
-from epp.datastore.objects import GROUP_V1, GROUP_X, MAX_TARGET_PORTS, POOL_V1
+from epp.datastore.objects import GROUP_V1, GROUP_X
+from epp.sources.standalone import STANDALONE_POOL_NAME as STANDALONE_POOL_NAME
+from epp.sources.standalone import parse_endpoint_selector as parse_endpoint_selector
+from epp.sources.standalone import parse_target_ports as parse_target_ports
+from epp.sources.standalone import standalone_pool
 from shared.reflector import (
     Delete,
     Delta,
@@ -58,58 +60,6 @@ from shared.reflector import (
 )
 
 log = structlog.get_logger(__name__)
-
-#: Name of the synthesised pool in standalone mode when ``--pool-name`` is not given.
-STANDALONE_POOL_NAME: Final = "standalone"
-
-_LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
-                        r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
-_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
-
-
-def parse_endpoint_selector(text: str) -> dict[str, str]:
-    """``app=vllm,tier=gpu`` → ``{"app": "vllm", "tier": "gpu"}``.
-
-    Only equality requirements: the synthesised pool holds a ``matchLabels`` map, as the
-    InferencePool's selector does. Raises ValueError naming the bad part.
-    """
-    out: dict[str, str] = {}
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        key, sep, value = part.replace("==", "=").partition("=")
-        key, value = key.strip(), value.strip()
-        if not sep or "!" in key or not _LABEL_KEY.match(key) or not _LABEL_VALUE.match(value):
-            raise ValueError(
-                f"--endpoint-selector: {part!r} is not a key=value label requirement"
-            )
-        out[key] = value
-    if not out:
-        raise ValueError("--endpoint-selector: must hold at least one key=value label")
-    return out
-
-
-def parse_target_ports(ports: str | Sequence[int]) -> tuple[int, ...]:
-    """``"8000,8001"`` (or a list of ints) → ports, checked as the InferencePool's are."""
-    if isinstance(ports, str):
-        try:
-            values = [int(p) for p in ports.split(",") if p.strip()]
-        except ValueError:
-            raise ValueError(
-                f"--endpoint-target-ports: {ports!r} must be a comma list of ports"
-            ) from None
-    else:
-        values = list(ports)
-    if not 1 <= len(values) <= MAX_TARGET_PORTS:
-        raise ValueError(f"--endpoint-target-ports: needs 1 to {MAX_TARGET_PORTS} ports")
-    for p in values:
-        if not 1 <= p <= 65535:
-            raise ValueError(f"--endpoint-target-ports: {p} is not a port number")
-    if len(set(values)) != len(values):
-        raise ValueError("--endpoint-target-ports: a port is listed twice")
-    return tuple(values)
-
 
 def pool_version(pool_group: str) -> str:
     """The served InferencePool version of ``--pool-group``."""
@@ -153,13 +103,8 @@ class KubernetesSource:
                 raise ValueError(
                     "--endpoint-selector and --endpoint-target-ports go together"
                 )
-            self._standalone_pool = Pool(
-                ref=ObjectRef("InferencePool", pool_namespace,
-                              pool_name or STANDALONE_POOL_NAME),
-                api_version=POOL_V1,
-                selector=parse_endpoint_selector(endpoint_selector),
-                target_ports=parse_target_ports(target_ports),
-            )
+            self._standalone_pool = standalone_pool(
+                endpoint_selector, target_ports, pool_name=pool_name, namespace=pool_namespace)
             self.pool_name: str | None = self._standalone_pool.name
             self.pool_group = GROUP_V1
             self._endpoint_selector: str | None = ",".join(

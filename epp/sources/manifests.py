@@ -6,6 +6,11 @@ and v1alpha2), InferenceObjective, InferenceModelRewrite, legacy InferenceModel 
 objects are used; other kinds are ignored. A Pod needs ``status.podIP``; without
 ``status.conditions`` it counts as Ready.
 
+With ``--endpoint-selector`` (standalone mode, :mod:`epp.sources.standalone`) the pool is the
+one the flags describe: InferencePools in the files are ignored, the Pods matching the selector
+are its endpoints, and objectives/rewrites whose ``poolRef`` names it (``--pool-name``, default
+``standalone``) apply to it.
+
 :meth:`ManifestSource.watch` re-reads PATH when its content changes and installs the new
 snapshot; an edit that does not validate is logged and the last good state stays live.
 """
@@ -24,6 +29,7 @@ import yaml
 from epp.datastore import (
     Datastore,
     ObjectError,
+    Pool,
     PoolObject,
     Snapshot,
     SnapshotError,
@@ -110,10 +116,17 @@ def parse_files(files: list[Path]) -> list[PoolObject]:
     return objects
 
 
-def load_snapshot(path: str | Path, *, pool_name: str | None, pool_namespace: str) -> Snapshot:
-    """Read PATH and build the pool's snapshot; :class:`ManifestError` when it can't."""
+def load_snapshot(path: str | Path, *, pool_name: str | None, pool_namespace: str,
+                  standalone: Pool | None = None) -> Snapshot:
+    """Read PATH and build the pool's snapshot; :class:`ManifestError` when it can't.
+
+    ``standalone``: the pool ``--endpoint-selector`` synthesised, used instead of any
+    InferencePool in the files."""
     p = Path(path)
     objects = parse_files(manifest_files(p))
+    if standalone is not None:
+        objects = [standalone, *(o for o in objects if not isinstance(o, Pool))]
+        pool_name, pool_namespace = standalone.name, standalone.namespace
     try:
         return build_snapshot(objects, pool_name=pool_name, pool_namespace=pool_namespace)
     except SnapshotError as e:
@@ -131,8 +144,10 @@ class ManifestSource:
         pool_name: str | None = None,
         pool_namespace: str = DEFAULT_NAMESPACE,
         poll_interval: float = 0.5,
+        standalone: Pool | None = None,
     ) -> None:
         self.path = Path(path)
+        self.standalone = standalone
         self.datastore = datastore
         self.pool_name = pool_name
         self.pool_namespace = pool_namespace
@@ -156,8 +171,8 @@ class ManifestSource:
         """Read now and install the snapshot; raises :class:`ManifestError` (startup path)."""
         fingerprint = self._content_fingerprint()
         snapshot = load_snapshot(
-            self.path, pool_name=self.pool_name, pool_namespace=self.pool_namespace
-        )
+            self.path, pool_name=self.pool_name, pool_namespace=self.pool_namespace,
+            standalone=self.standalone)
         self._fingerprint = fingerprint
         self.datastore.replace(snapshot)
         return snapshot
@@ -173,8 +188,8 @@ class ManifestSource:
         self._fingerprint = fingerprint
         try:
             snapshot = load_snapshot(
-                self.path, pool_name=self.pool_name, pool_namespace=self.pool_namespace
-            )
+                self.path, pool_name=self.pool_name, pool_namespace=self.pool_namespace,
+                standalone=self.standalone)
         except ManifestError as e:
             log.warning("manifests changed but are invalid; keeping the last good state",
                         path=str(self.path), error=str(e))

@@ -8,6 +8,7 @@ writes out and pulls the other replicas' in the background (see :mod:`epp.states
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 
@@ -20,6 +21,10 @@ class InFlight:
 
 
 NO_INFLIGHT = InFlight()
+
+#: Called with the other replicas' in-flight counts per endpoint whenever a pull (or the loss
+#: of the store) changes them; runs on the event loop, never on the request path.
+RemoteListener = Callable[[Mapping[str, InFlight]], None]
 
 
 class StateStore(abc.ABC):
@@ -69,6 +74,15 @@ class StateStore(abc.ABC):
     @abc.abstractmethod
     def session_get(self, key: str) -> str | None:
         """The value under ``key``, or None when unknown or expired."""
+
+    @property
+    def prefix_size(self) -> int:
+        """Blocks in this replica's view of the prefix index (a gauge, not per request)."""
+        return 0
+
+    def on_remote_inflight(self, listener: RemoteListener) -> None:  # noqa: B027 - optional
+        """Call ``listener`` with the other replicas' in-flight counts each time they change
+        (a local store never calls it: nothing else is in flight)."""
 
     # --- life cycle ---------------------------------------------------------------------
     @property

@@ -7,10 +7,10 @@ which is why the remote in-flight counts and the source of a prefix write are ke
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
-from epp.scheduling.plugins.prefix.prefix_index import PrefixIndex
-from epp.statestore.base import NO_INFLIGHT, InFlight, StateStore
+from epp.statestore.base import NO_INFLIGHT, InFlight, RemoteListener, StateStore
+from epp.statestore.prefix_index import PrefixIndex
 
 #: Session entries kept at most; the least recently written go first.
 MAX_SESSIONS = 100_000
@@ -29,7 +29,8 @@ class MemoryStateStore(StateStore):
         #: This replica's own counts: endpoint -> [requests, tokens].
         self.own: dict[str, list[int]] = {}
         #: Other replicas' counts summed per endpoint (always empty when nothing is shared).
-        self.remote: dict[str, InFlight] = {}
+        self.remote: Mapping[str, InFlight] = {}
+        self._remote_listeners: list[RemoteListener] = []
         self.index = PrefixIndex()
         self._sessions: dict[str, tuple[str, float]] = {}
 
@@ -52,6 +53,18 @@ class MemoryStateStore(StateStore):
             return other
         return InFlight(own[0] + other.requests, own[1] + other.tokens)
 
+    def set_remote(self, remote: Mapping[str, InFlight]) -> None:
+        """Replace the other replicas' counts (a shared store's pull) and tell the listeners
+        when they changed."""
+        if remote == self.remote:
+            return
+        self.remote = remote
+        for listener in self._remote_listeners:
+            listener(remote)
+
+    def on_remote_inflight(self, listener: RemoteListener) -> None:
+        self._remote_listeners.append(listener)
+
     # --- approximate prefix index -------------------------------------------------------
     def prefix_add(self, endpoint: str, hashes: list[int], capacity: int) -> None:
         self.index.add(endpoint, hashes, capacity)
@@ -61,6 +74,10 @@ class MemoryStateStore(StateStore):
 
     def prefix_retain(self, endpoints: frozenset[str]) -> None:
         self.index.retain(endpoints)
+
+    @property
+    def prefix_size(self) -> int:
+        return self.index.size
 
     # --- sessions -----------------------------------------------------------------------
     def session_set(self, key: str, value: str) -> None:

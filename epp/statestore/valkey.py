@@ -49,7 +49,7 @@ import valkey.asyncio as avalkey
 from valkey.exceptions import ValkeyError
 
 from epp.statestore import metrics
-from epp.statestore.base import InFlight, StateStore
+from epp.statestore.base import InFlight, RemoteListener, StateStore
 from epp.statestore.memory import MemoryStateStore
 from epp.statestore.url import StoreURL
 
@@ -183,6 +183,13 @@ class ValkeyStateStore(StateStore):
         return self._up and self._subscribed
 
     @property
+    def prefix_size(self) -> int:
+        return self.local.prefix_size
+
+    def on_remote_inflight(self, listener: RemoteListener) -> None:
+        self.local.on_remote_inflight(listener)
+
+    @property
     def backlog(self) -> int:
         """Prefix and session writes queued for the store."""
         return len(self._prefix) + len(self._sessions)
@@ -275,7 +282,7 @@ class ValkeyStateStore(StateStore):
                         store=self.url.redacted(), replica=self.replica, operation=operation,
                         error=str(exc) or type(exc).__name__)
         self._up = False
-        self.local.remote = {}
+        self.local.set_remote({})
         metrics.UP.labels(self.kind).set(0)
 
     def _mark_up(self) -> None:
@@ -327,7 +334,7 @@ class ValkeyStateStore(StateStore):
         members = [m.decode() for m in await _done(client.smembers(self._k_replicas))]
         others = [m for m in members if m != self.replica]
         if not others:
-            self.local.remote = {}
+            self.local.set_remote({})
             return
         blobs: list[bytes | None] = await client.mget([self._k_inflight + r for r in others])
         totals: dict[str, list[int]] = {}
@@ -346,7 +353,7 @@ class ValkeyStateStore(StateStore):
                     total[1] += tokens
         if gone:
             await _done(client.srem(self._k_replicas, *gone))
-        self.local.remote = {ep: InFlight(r, t) for ep, (r, t) in totals.items()}
+        self.local.set_remote({ep: InFlight(r, t) for ep, (r, t) in totals.items()})
 
     # --- the update feed ----------------------------------------------------------------
     async def _subscribe_loop(self) -> None:

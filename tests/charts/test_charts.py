@@ -362,3 +362,57 @@ def test_envoy_gateway_example_points_at_what_the_charts_render() -> None:
     pool = one(render("inferencepool", release="pool-a"), "InferencePool")
     assert backend == {"group": pool["apiVersion"].split("/")[0], "kind": "InferencePool",
                        "name": pool["metadata"]["name"]}
+
+
+def test_active_active_replicas_share_a_store_and_hold_no_lease() -> None:
+    objs = render("inferencepool", "inferenceExtension.replicas=3",
+                  "inferenceExtension.haMode=active-active",
+                  "inferenceExtension.stateStore.url=valkey://valkey.llm:6379/0")
+    args = epp_args(objs)
+    assert (args.ha_mode, args.state_store) == ("active-active", "valkey://valkey.llm:6379/0")
+    assert args.ha_enable_leader_election is False
+    assert "coordination.k8s.io/leases" not in rbac_rules(objs)
+    assert one(objs, "Deployment")["spec"]["replicas"] == 3
+    # Every replica reports ready on its own (no Lease to wait for).
+    assert container(objs)["readinessProbe"]["grpc"]["service"] == "inference-extension"
+
+
+def test_active_active_store_url_from_a_secret() -> None:
+    objs = render("inferencepool", "inferenceExtension.replicas=2",
+                  "inferenceExtension.haMode=active-active",
+                  "inferenceExtension.stateStore.secretRef.name=valkey",
+                  "inferenceExtension.stateStore.secretRef.key=url")
+    c = container(objs)
+    assert "--state-store=$(EPP_STATE_STORE)" in c["args"]
+    env = {e["name"]: e for e in c["env"]}
+    assert env["EPP_STATE_STORE"]["valueFrom"] == {"secretKeyRef": {"name": "valkey",
+                                                                     "key": "url"}}
+
+
+def test_explicit_active_passive_is_the_lease() -> None:
+    objs = render("inferencepool", "inferenceExtension.replicas=2",
+                  "inferenceExtension.haMode=active-passive")
+    assert epp_args(objs).ha_enable_leader_election is True
+    assert "EPP_STATE_STORE" not in {e["name"] for e in container(objs)["env"]}
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (["inferenceExtension.haMode=active-active"], "needs inferenceExtension.stateStore"),
+        (["inferenceExtension.haMode=both"], "haMode"),
+        (["inferenceExtension.stateStore.url=valkey://v:6379/0"],
+         "set inferenceExtension.haMode=active-active"),
+        (["inferenceExtension.haMode=active-active", "inferenceExtension.stateStore.url=v:1"],
+         "/inferenceExtension/stateStore/url"),
+        (["inferenceExtension.haMode=active-active",
+          "inferenceExtension.stateStore.url=valkey://v:6379/0",
+          "inferenceExtension.stateStore.secretRef.name=s",
+          "inferenceExtension.stateStore.secretRef.key=k"], "not both"),
+        (["inferenceExtension.haMode=active-active",
+          "inferenceExtension.stateStore.secretRef.name=s"], "needs name and key"),
+        (["inferenceExtension.stateStore.bogus=1"], "bogus"),
+    ],
+)
+def test_bad_active_active_values_are_refused(sets: list[str], message: str) -> None:
+    assert message in refusal("inferencepool", *sets)

@@ -4,7 +4,8 @@ upstream key is rendered as upstream renders it, or refused with a message that 
 
 The files under ``upstream/`` hold every key of upstream's values files with its default.
 Where the chart renders an upstream flag or plugin type the ``epp``/``bbr`` does not take yet,
-the single test that feeds it to the real parser is ``xfail(strict=True)`` naming it.
+the single test that feeds it to the real parser says so (it was ``xfail(strict=True)`` until
+issue 13's flags and plugin types landed).
 """
 
 from __future__ import annotations
@@ -103,14 +104,14 @@ def test_bbr_renders_upstreams_values_file(provider: str) -> None:
     assert "--v=3" in c["args"]
 
 
-@pytest.mark.xfail(strict=True, reason="bbr's body-field-to-header does not take upstream's "
-                   "'fieldName' parameter yet (issue 13, BBR flags)")
 def test_bbr_takes_upstreams_default_plugins() -> None:
     objs = render("body-based-routing", values=[BBR_VALUES])
     from bbr.basemodels import StaticBaseModels
     from bbr.plugins import build
 
-    build(parse("bbr", container(objs, "bbr")["args"]).plugin, StaticBaseModels())
+    plugins = build(parse("bbr", container(objs, "bbr")["args"]).plugin, StaticBaseModels())
+    assert [p.type_name for p in plugins] == ["body-field-to-header", "base-model-to-header"]
+    assert plugins[0].params.field == "model"  # upstream's fieldName
 
 
 # -- inferenceExtension ---------------------------------------------------------------------
@@ -169,10 +170,21 @@ def test_model_server_types_render_upstreams_metric_flags(engine: str, metric: s
         assert "--model-server-metrics-path=/prometheus/metrics" in epp(objs)["args"]
 
 
-@pytest.mark.xfail(strict=True, reason="epp has no --total-queued-requests-metric (nor the "
-                   "other metric-name flags) yet (issue 13, upstream flags)")
-def test_epp_takes_the_metric_flags_of_other_model_server_types() -> None:
-    parse("epp", epp(render("inferencepool", "inferencePool.modelServerType=sglang"))["args"])
+@pytest.mark.parametrize(("engine", "family"), [
+    ("sglang", "sglang:num_queue_reqs"),
+    ("triton-tensorrt-llm", "nv_trt_llm_request_metrics"),
+    ("trtllm-serve", "trtllm_num_requests_waiting"),
+])
+def test_epp_takes_the_metric_flags_of_other_model_server_types(engine: str, family: str) -> None:
+    from epp.config import build, parse_config
+    from epp.datalayer import CoreMetricsExtractor
+    from epp.main import settings
+
+    args = parse("epp", epp(render("inferencepool",
+                                   f"inferencePool.modelServerType={engine}"))["args"])
+    runtime = build(parse_config(None), settings=settings(args))
+    (extractor,) = runtime.handle.find(CoreMetricsExtractor)
+    assert extractor.default.waiting == family  # unlabelled pods are read as that engine
 
 
 def test_model_server_type_outside_upstreams_list_is_refused() -> None:
@@ -185,12 +197,10 @@ def test_metrics_data_source_path_is_a_real_flag() -> None:
     assert args.model_server_metrics_path == "/stats"
 
 
-@pytest.mark.xfail(strict=True, reason="epp has no --model-server-metrics-scheme yet "
-                   "(issue 13, upstream flags)")
 def test_epp_takes_the_https_metrics_scheme() -> None:
     c = epp(render("inferencepool", "inferenceExtension.metricsDataSource.scheme=https"))
     assert "--model-server-metrics-scheme=https" in c["args"]
-    parse("epp", c["args"])
+    assert parse("epp", c["args"]).model_server_metrics_scheme == "https"
 
 
 def test_tracing_renders_upstreams_environment() -> None:
@@ -207,15 +217,16 @@ def test_tracing_renders_upstreams_environment() -> None:
     assert env_of(b)["OTEL_SERVICE_NAME"] == "gateway-api-inference-extension/bbr"
 
 
-@pytest.mark.xfail(strict=True, reason="epp has no --tracing flag yet (issue 13, upstream flags)")
 def test_epp_takes_the_tracing_flag() -> None:
-    parse("epp", epp(render("inferencepool", "inferenceExtension.tracing.enabled=true"))["args"])
+    args = parse("epp", epp(render("inferencepool",
+                                   "inferenceExtension.tracing.enabled=true"))["args"])
+    assert args.tracing is True  # accepted; docs/compatibility.md says what it does here
 
 
-@pytest.mark.xfail(strict=True, reason="bbr has no --tracing flag yet (issue 13, BBR flags)")
 def test_bbr_takes_the_tracing_flag() -> None:
-    parse("bbr", container(render("body-based-routing", "bbr.tracing.enabled=true"),
-                           "bbr")["args"])
+    args = parse("bbr", container(render("body-based-routing", "bbr.tracing.enabled=true"),
+                                  "bbr")["args"])
+    assert args.tracing is True
 
 
 def test_prometheus_auth_shares_one_token_between_prometheus_and_the_epp() -> None:

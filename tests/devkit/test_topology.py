@@ -75,3 +75,22 @@ def test_the_real_envoy_validates_the_layout(tmp_path: Path) -> None:
     done = subprocess.run([e.envoy_binary(), "--mode", "validate", "-c", str(path)],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_pool_with_epp_and_known_pods_is_override_host_with_fallback_retries() -> None:
+    topo = Topology(listen=18080, admin=19901, pools=[Pool(
+        "pool", cluster="pool", epp_cluster="epp", epp_port=19002, num_retries=3,
+        endpoints=[("127.0.0.1", 18000), ("127.0.0.2", 18000)], served_header="x-served")])
+    cluster = topo.clusters()[1]
+    policy = cluster["load_balancing_policy"]["policies"][0]["typed_extension_config"]
+    assert policy["name"] == "envoy.load_balancing_policies.override_host"
+    hosts = [ep["endpoint"]["address"]["socket_address"]["address"]
+             for ep in cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]]
+    assert hosts == ["127.0.0.1", "127.0.0.2"]
+    route = topo.routes()[0]
+    assert route["route"]["retry_policy"]["num_retries"] == 3
+    assert route["response_headers_to_add"][0]["header"]["key"] == "x-served"
+    # without known pods the EPP's pick goes to an ORIGINAL_DST cluster, with no retries
+    plain = Topology(listen=18080, admin=19901, pools=[Pool("pool", epp_port=19002)])
+    assert plain.clusters()[1]["type"] == "ORIGINAL_DST"
+    assert "retry_policy" not in plain.routes()[0]["route"]

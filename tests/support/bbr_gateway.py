@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from bbr.basemodels import StaticBaseModels
+from bbr.models import ModelListing
 from bbr.plugins import build
 from bbr.router import BodyRouter
 from devkit import envoy as e
@@ -51,8 +52,10 @@ def gateway_config(mode: str, bbr_port: int, backends: dict[str, EchoBackend], a
 
 def start_gateway(bg: BackgroundLoop, mode: str, backends: dict[str, EchoBackend],
                   base_models: StaticBaseModels | None = None, *, tls: bool = False,
-                  ) -> tuple[Gateway, InProcessService]:
-    router = BodyRouter(build([], base_models or StaticBaseModels()))
+                  models_endpoint: bool = True) -> tuple[Gateway, InProcessService]:
+    base_models = base_models or StaticBaseModels()
+    listing = ModelListing(base_models, created=1700000000) if models_endpoint else None
+    router = BodyRouter(build([], base_models), listing)
     svc = InProcessService(bg, ExtProcServicer(router.exchange, max_body=MAX_BODY),
                            secure=tls).start()
     admin, listen = e.free_port(), e.free_port()

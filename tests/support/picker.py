@@ -74,7 +74,9 @@ def start_servers(bg: BackgroundLoop, n: int) -> list[FakeModelServer]:
 
 def start_pool(bg: BackgroundLoop, tmp: Path, servers: list[FakeModelServer], *epp_args: str,
                extra: list[dict[str, Any]] | None = None, mode: str = "FULL_DUPLEX_STREAMED",
-               ) -> Pool:
+               gateway_knows: list[FakeModelServer] | None = None) -> Pool:
+    """The EPP and Envoy over ``servers``; Envoy's pool cluster lists ``gateway_knows``
+    (default: ``servers``), the pods a Gateway would know from the InferencePool."""
     docs = pool_manifests("pool", [(s.name, s.host) for s in servers], servers[0].port,
                           extra if extra is not None else [REWRITE, *OBJECTIVES])
     manifests = tmp / "pool.yaml"
@@ -82,7 +84,9 @@ def start_pool(bg: BackgroundLoop, tmp: Path, servers: list[FakeModelServer], *e
     epp = EppProcess(manifests, "--config-text", CONFIG, *epp_args,
                      log_path=tmp / "epp.log").wait_serving()
     admin, listen = e.free_port(), e.free_port()
-    envoy = e.Envoy(pool_gateway_config(epp.port, admin, listen, mode=mode), admin_port=admin,
+    known = [s.key for s in (gateway_knows or servers)]
+    envoy = e.Envoy(pool_gateway_config(epp.port, admin, listen, mode=mode, endpoints=known),
+                    admin_port=admin,
                     workdir=tmp / "envoy").start()
     return Pool(servers, epp, envoy, listen, manifests, docs)
 

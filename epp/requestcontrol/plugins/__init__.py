@@ -1,21 +1,31 @@
 """Built-in request-control plugins, one per file. Register a new one in
 :data:`BUILTIN_PLUGINS`."""
 
+from epp.requestcontrol.plugins.attribute_reporter import RequestAttributeReporter
 from epp.requestcontrol.plugins.concurrency_detector import (
     ConcurrencyDetector,
     ConcurrencyParameters,
 )
 from epp.requestcontrol.plugins.inflight_load import InflightLoadProducer
+from epp.requestcontrol.plugins.latency_slo_admitter import LatencySloAdmitter
 from epp.requestcontrol.plugins.metrics_recorder import RequestMetricsRecorder
 from epp.requestcontrol.plugins.openai_parser import OpenAIParser
+from epp.requestcontrol.plugins.passthrough_parser import PassthroughParser
+from epp.requestcontrol.plugins.predicted_latency_producer import PredictedLatencyProducer
+from epp.requestcontrol.plugins.probabilistic_admitter import ProbabilisticAdmitter
+from epp.requestcontrol.plugins.served_verifier import DestinationEndpointServedVerifier
 from epp.requestcontrol.plugins.utilization_detector import (
     SaturationDetectorConfig,
     UtilizationDetector,
 )
 
 BUILTIN_PLUGINS = (OpenAIParser, InflightLoadProducer, RequestMetricsRecorder,
-                   UtilizationDetector, ConcurrencyDetector)
+                   UtilizationDetector, ConcurrencyDetector, PredictedLatencyProducer,
+                   LatencySloAdmitter, PassthroughParser, ProbabilisticAdmitter,
+                   DestinationEndpointServedVerifier, RequestAttributeReporter)
 
 __all__ = ["BUILTIN_PLUGINS", "ConcurrencyDetector", "ConcurrencyParameters",
-           "InflightLoadProducer", "OpenAIParser", "RequestMetricsRecorder",
+           "DestinationEndpointServedVerifier", "InflightLoadProducer", "LatencySloAdmitter",
+           "OpenAIParser", "PassthroughParser", "PredictedLatencyProducer",
+           "ProbabilisticAdmitter", "RequestAttributeReporter", "RequestMetricsRecorder",
            "SaturationDetectorConfig", "UtilizationDetector"]

@@ -3,22 +3,45 @@
 from __future__ import annotations
 
 from epp.scheduling.plugin import Plugin
+from epp.scheduling.plugins.filter.by_label_filter import ByLabelFilter, ByLabelSelectorFilter
+from epp.scheduling.plugins.filter.header_based_testing_filter import HeaderBasedTestingFilter
 from epp.scheduling.plugins.filter.label_selector_filter import LabelSelectorFilter
 from epp.scheduling.plugins.filter.least_kv_cache_filter import LeastKVCacheFilter
 from epp.scheduling.plugins.filter.least_queue_filter import LeastQueueFilter
 from epp.scheduling.plugins.filter.legacy_decision_tree_filter import LegacyDecisionTreeFilter
 from epp.scheduling.plugins.filter.lora_affinity_filter import LoraAffinityFilter
 from epp.scheduling.plugins.filter.low_queue_filter import LowQueueFilter
+from epp.scheduling.plugins.filter.prefix_cache_affinity_filter import PrefixCacheAffinityFilter
+from epp.scheduling.plugins.filter.role_filter import DecodeFilter, PrefillFilter
+from epp.scheduling.plugins.filter.slo_headroom_tier_filter import SloHeadroomTierFilter
 from epp.scheduling.plugins.picker.max_score_picker import MaxScorePicker
 from epp.scheduling.plugins.picker.random_picker import RandomPicker
 from epp.scheduling.plugins.picker.weighted_random_picker import WeightedRandomPicker
 from epp.scheduling.plugins.prefix.prefix_cache_scorer import PrefixCacheScorer
+from epp.scheduling.plugins.profile.data_parallel_profile_handler import (
+    DataParallelProfileHandler,
+)
+from epp.scheduling.plugins.profile.disagg_profile_handler import (
+    DisaggProfileHandler,
+    PdProfileHandler,
+    PrefillHeaderHandler,
+)
+from epp.scheduling.plugins.profile.pd_deciders import (
+    AlwaysDisaggPDDecider,
+    PDDecider,
+    PrefixBasedPDDecider,
+)
 from epp.scheduling.plugins.profile.single_profile_handler import SingleProfileHandler
+from epp.scheduling.plugins.scorer.active_request_scorer import ActiveRequestScorer
+from epp.scheduling.plugins.scorer.context_length_aware import ContextLengthAware
 from epp.scheduling.plugins.scorer.kv_cache_scorer import KVCacheUtilizationScorer
+from epp.scheduling.plugins.scorer.latency_scorer import LatencyScorer
 from epp.scheduling.plugins.scorer.load_aware_scorer import LoadAwareScorer
 from epp.scheduling.plugins.scorer.lora_affinity_scorer import LoraAffinityScorer
+from epp.scheduling.plugins.scorer.no_hit_lru_scorer import NoHitLRUScorer
 from epp.scheduling.plugins.scorer.queue_scorer import QueueScorer
 from epp.scheduling.plugins.scorer.running_requests_scorer import RunningRequestsSizeScorer
+from epp.scheduling.plugins.scorer.session_affinity_scorer import SessionAffinityScorer
 from epp.scheduling.plugins.scorer.token_load_scorer import TokenLoadScorer
 
 BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
@@ -29,6 +52,7 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     LoraAffinityScorer,
     LoadAwareScorer,
     PrefixCacheScorer,
+    SessionAffinityScorer,
     MaxScorePicker,
     RandomPicker,
     WeightedRandomPicker,
@@ -39,12 +63,39 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     LeastKVCacheFilter,
     LoraAffinityFilter,
     LegacyDecisionTreeFilter,
+    LatencyScorer,
+    SloHeadroomTierFilter,
+    PrefixCacheAffinityFilter,
+    HeaderBasedTestingFilter,
+    ByLabelFilter,
+    ByLabelSelectorFilter,
+    ActiveRequestScorer,
+    NoHitLRUScorer,
+    ContextLengthAware,
+    DataParallelProfileHandler,
+    PrefillFilter,
+    DecodeFilter,
+    DisaggProfileHandler,
+    PdProfileHandler,
+    PrefillHeaderHandler,
+    PrefixBasedPDDecider,
+    AlwaysDisaggPDDecider,
 )
 
 __all__ = [
     "BUILTIN_PLUGINS",
+    "ActiveRequestScorer",
+    "AlwaysDisaggPDDecider",
+    "ByLabelFilter",
+    "ByLabelSelectorFilter",
+    "ContextLengthAware",
+    "DataParallelProfileHandler",
+    "DecodeFilter",
+    "DisaggProfileHandler",
+    "HeaderBasedTestingFilter",
     "KVCacheUtilizationScorer",
     "LabelSelectorFilter",
+    "LatencyScorer",
     "LeastKVCacheFilter",
     "LeastQueueFilter",
     "LegacyDecisionTreeFilter",
@@ -53,11 +104,20 @@ __all__ = [
     "LoraAffinityScorer",
     "LowQueueFilter",
     "MaxScorePicker",
+    "NoHitLRUScorer",
+    "PDDecider",
+    "PdProfileHandler",
+    "PrefillFilter",
+    "PrefillHeaderHandler",
+    "PrefixBasedPDDecider",
+    "PrefixCacheAffinityFilter",
     "PrefixCacheScorer",
     "QueueScorer",
     "RandomPicker",
     "RunningRequestsSizeScorer",
+    "SessionAffinityScorer",
     "SingleProfileHandler",
+    "SloHeadroomTierFilter",
     "TokenLoadScorer",
     "WeightedRandomPicker",
 ]

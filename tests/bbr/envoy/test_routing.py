@@ -108,7 +108,7 @@ def test_empty_body_passes_to_default_route(gateway: Gateway) -> None:
 
 
 def test_headers_only_request_passes_through(gateway: Gateway) -> None:
-    r = httpx.get(gateway.url("/v1/models"))
+    r = httpx.get(gateway.url("/v1/files"))
     assert r.status_code == 200
     assert r.json()["method"] == "GET"
     assert r.json()["backend"] == "default"

@@ -74,3 +74,23 @@ def test_missing_manifests_path_exits_with_one_line() -> None:
     assert proc.returncode != 0
     assert proc.stderr.strip().count("\n") == 0
     assert "/no/such/dir" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--ha-mode", "both"], "argument --ha-mode: invalid choice: 'both'"),
+        (["--ha-mode", "active-active", "--ha-enable-leader-election"],
+         "drop --ha-enable-leader-election"),
+        (["--ha-mode", "active-active", "--state-store", "ftp://h:1/0"], "--state-store: "),
+        (["--ha-mode", "active-active", "--state-store", "valkey://h:1/0?bogus=1"], "bogus"),
+        (["--state-store", "valkey://h:1/0"], "add --ha-mode active-active"),
+    ],
+)
+def test_bad_ha_flags_exit_with_one_line(manifests: Path, args: list[str],
+                                         message: str) -> None:
+    proc = run_epp("--manifests", str(manifests), *args)
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert message in lines[0]

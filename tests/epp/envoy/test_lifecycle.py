@@ -77,9 +77,10 @@ def test_no_ready_endpoint_gets_503(bg: BackgroundLoop, tmp_path: Path, servers:
         stop(pool)
 
 
-def subset_gateway(epp_port: int, admin: int, listen: int, subset: list[str]) -> dict:
+def subset_gateway(epp_port: int, admin: int, listen: int, subset: list[str],
+                   endpoints: list[str]) -> dict:
     """The pool gateway with a set_metadata filter putting a subset hint before the EPP."""
-    cfg = pool_gateway_config(epp_port, admin, listen)
+    cfg = pool_gateway_config(epp_port, admin, listen, endpoints=endpoints)
     hcm = cfg["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
     hcm["typed_config"]["http_filters"].insert(0, {
         "name": "envoy.filters.http.set_metadata",
@@ -99,7 +100,8 @@ def test_subset_hint_limits_candidates(bg: BackgroundLoop, tmp_path: Path, serve
     allowed = [servers[1].key][:subset_size]
     admin, listen = e.free_port(), e.free_port()
     try:
-        with e.Envoy(subset_gateway(pool.epp.port, admin, listen, allowed), admin_port=admin):
+        with e.Envoy(subset_gateway(pool.epp.port, admin, listen, allowed,
+                                    [s.key for s in servers]), admin_port=admin):
             url = f"http://127.0.0.1:{listen}/v1/completions"
             statuses = Counter()
             served = Counter()
@@ -137,7 +139,7 @@ def test_manifest_edits_apply_live_under_load_without_failures(
         bg: BackgroundLoop, tmp_path: Path) -> None:
     servers = start_servers(bg, 3)
     first_two = servers[:2]
-    pool = start_pool(bg, tmp_path, first_two)
+    pool = start_pool(bg, tmp_path, first_two, gateway_knows=servers)
     statuses: Counter[int] = Counter()
     served: list[str] = []
     stop_load = threading.Event()
@@ -224,7 +226,9 @@ def test_simulator_fleet_served_with_the_default_profile(bg: BackgroundLoop,
     epp = EppProcess(manifests, log_path=tmp_path / "epp.log").wait_serving()
     admin, listen = e.free_port(), e.free_port()
     try:
-        with e.Envoy(pool_gateway_config(epp.port, admin, listen), admin_port=admin):
+        known = [f"{h}:{port}" for h in hosts]
+        with e.Envoy(pool_gateway_config(epp.port, admin, listen, endpoints=known),
+                     admin_port=admin):
             url = f"http://127.0.0.1:{listen}/v1/chat/completions"
 
             async def burst() -> list[httpx.Response]:

@@ -45,7 +45,8 @@ class Gateway:
                                              servers[0].port))
         self.epp = EppProcess(manifests, *config_args, log_path=tmp / "epp.log").wait_serving()
         admin, self.port = e.free_port(), e.free_port()
-        self.envoy = e.Envoy(pool_gateway_config(self.epp.port, admin, self.port),
+        self.envoy = e.Envoy(pool_gateway_config(self.epp.port, admin, self.port,
+                                                 endpoints=[s.key for s in servers]),
                              admin_port=admin, workdir=tmp / "envoy").start()
 
     def complete(self, prompt: str) -> httpx.Response:

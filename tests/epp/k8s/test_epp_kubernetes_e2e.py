@@ -59,7 +59,9 @@ def test_epp_in_kubernetes_mode_routes_and_follows_pods(
     admin, listen = e.free_port(), e.free_port()
     try:
         e.wait_for_port(ports["grpc"], timeout=20)
-        with e.Envoy(pool_gateway_config(ports["grpc"], admin, listen), admin_port=admin):
+        gateway = pool_gateway_config(ports["grpc"], admin, listen,
+                                      endpoints=[s.key for s in servers])
+        with e.Envoy(gateway, admin_port=admin):
             url = f"http://127.0.0.1:{listen}/v1/completions"
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline:  # until the pool has synced

@@ -187,14 +187,34 @@ def test_response_carries_usage_ttft_and_tpot() -> None:
     assert r.tpot == pytest.approx((r.elapsed - r.ttft) / 4)
 
 
-def test_a_non_streamed_response_has_no_ttft_and_tpot_over_all_tokens() -> None:
+def test_a_non_streamed_response_has_ttft_of_the_whole_duration_and_tpot_over_all_tokens(
+) -> None:
     d = director()
     _, routed = d.route(HEADERS, body(), {})
+    d.response_received(routed, 200, {"content-type": "application/json"})
     d.finish(routed, completed=True, status=200, response_size=5, prompt_tokens=7,
              completion_tokens=4)
     r = routed.response
-    assert r.ttft is None
+    assert r.ttft == r.elapsed
     assert r.tpot == pytest.approx(r.elapsed / 4)
+
+
+def test_a_broken_non_streamed_response_has_no_ttft() -> None:
+    d = director()
+    _, routed = d.route(HEADERS, body(), {})
+    d.response_received(routed, 200, {"content-type": "application/json"})
+    d.finish(routed, completed=False, status=200, response_size=0, prompt_tokens=0,
+             completion_tokens=0)
+    assert routed.response.ttft is None
+
+
+def test_a_streamed_response_without_tokens_has_no_ttft() -> None:
+    d = director()
+    _, routed = d.route(HEADERS, body(), {})
+    d.response_received(routed, 200, {"content-type": "text/event-stream"})
+    d.finish(routed, completed=True, status=200, response_size=0, prompt_tokens=0,
+             completion_tokens=0)
+    assert routed.response.streamed and routed.response.ttft is None
 
 
 def test_endpoints_leaving_the_pool_are_forgotten_by_every_plugin() -> None:

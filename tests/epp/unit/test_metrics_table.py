@@ -4,8 +4,10 @@ the way the services make them: requests through a real director and a real BBR 
 
 from __future__ import annotations
 
+import asyncio
 import random
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,14 +18,18 @@ from bbr import metrics as bbr_metrics
 from bbr.basemodels import StaticBaseModels
 from bbr.plugins import build as build_bbr
 from bbr.router import BodyRouter
+from devkit.valkey import ValkeyServer
 from epp import telemetry as m
 from epp.config import build, parse_config
+from epp.datastore import parse_object
 from epp.flowcontrol.metrics import default_metrics as default_flow_control_metrics
 from epp.main import metrics_hooks
 from epp.requestcontrol import Director
-from epp.statestore import metrics as _state_store_series  # noqa: F401  (an EPP with a store)
+from epp.requestcontrol.plugins.predicted_latency_producer import PredictedLatencyProducer
+from epp.statestore import ValkeyStateStore, parse_store_url
 from shared.errors import GatewayError
 from tests.epp.unit.test_director import HEADERS, body, store
+from tests.epp.unit.test_slo import LATENCY_CONFIG, trained
 
 TABLE = Path(__file__).parents[3] / "docs" / "metrics.md"
 ROW = re.compile(r"^\| (epp|bbr) \| `([a-z0-9_:]+)` \| (\w+) \|([^|]*)\|")
@@ -38,18 +44,44 @@ def documented() -> dict[str, tuple[str, frozenset[str]]]:
     return rows
 
 
+async def exercise_state_store() -> None:
+    """A Valkey store that syncs with a real server, and one whose server is gone."""
+    with ValkeyServer() as server:
+        url = server.url
+        store = ValkeyStateStore(parse_store_url(url), pool="metrics-table")
+        await store.start()
+        await store.close()
+    gone = ValkeyStateStore(parse_store_url(url + "?timeout=0.2"), pool="metrics-table")
+    await gone.start()
+    await gone.close()
+
+
 def exercise_both_services() -> list[object]:
     """Requests of every outcome through the EPP's director and the BBR's router; returns
     the pool collector's families (collected at scrape time, like the metrics port does)."""
-    hit_ratio = m.HitRatio()
-    runtime = build(parse_config(None), store(), hooks=metrics_hooks(hit_ratio),
-                    rng=random.Random(0))
+    ds = store()
+    rewrite = parse_object({
+        "apiVersion": "inference.networking.x-k8s.io/v1alpha2", "kind": "InferenceModelRewrite",
+        "metadata": {"name": "rw", "namespace": "default"},
+        "spec": {"poolRef": {"name": "pool"}, "rules": [
+            {"matches": [{"model": {"type": "Exact", "value": "m"}}],
+             "targets": [{"modelRewrite": "m-v2"}]}]}})
+    snap = ds.snapshot
+    ds.replace(replace(snap, rewrites=(rewrite,), _exact={"m": rewrite.rules[0].targets},
+                       _exact_names={"m": "rw"}))
+    runtime = build(parse_config(None), ds, hooks=metrics_hooks(), rng=random.Random(0))
     d = Director.of(runtime)
     for completed, status in ((True, 200), (True, 500), (False, 200)):
         _, routed = d.route(HEADERS, body(), {})
+        d.response_chunk(routed, b"data: {}\n\n", True)
         d.finish(routed, completed=completed, status=status, response_size=10,
-                 prompt_tokens=5, completion_tokens=3)
+                 prompt_tokens=5, completion_tokens=3, cached_tokens=2)
+    pending = d.prepare(HEADERS, body(), {})
+    pending.candidates = ()
+    with pytest.raises(GatewayError):
+        d.dispatch(pending)  # a scheduling failure
     d.count_error({"x-gateway-model-name": "m"}, GatewayError("refused"))
+    exercise_slo_plugins()
     m.INFO.labels(commit="test", build_ref="").set(1)
     router = BodyRouter(build_bbr([], StaticBaseModels()))
     for raw in (b'{"model": "m"}', b'{"model": ""}', b"{}"):
@@ -65,10 +97,25 @@ def exercise_both_services() -> list[object]:
     fc.enqueued("t", "0", "Dispatched", 0.0001)
     fc.saturation("pool", 0.5)
     fc.dispatch_cycle.observe(0.0001)
+    asyncio.run(exercise_state_store())
     pool = m.PoolCollector("pool", runtime.datastore,
-                           prefix_stats=lambda: (runtime.scheduler.prefix_indexer_size,
-                                                 hit_ratio.value))
+                           prefix_stats=lambda: runtime.scheduler.prefix_indexer_size)
     return list(pool.collect())
+
+
+def exercise_slo_plugins() -> None:
+    """A request with an SLO it misses, through upstream's predicted-latency config with a
+    trained model: the predicted series and the violation counter."""
+    runtime = build(parse_config(LATENCY_CONFIG), store(), rng=random.Random(0))
+    (producer,) = runtime.handle.find(PredictedLatencyProducer)
+    producer.predictor = trained()
+    d = Director.of(runtime)
+    _, routed = d.route({**HEADERS, "x-slo-ttft-ms": "0.001", "x-slo-tpot-ms": "0.001"},
+                        body(), {})
+    d.response_received(routed, 200, {"content-type": "text/event-stream"})
+    d.response_chunk(routed, b"data: {}\n\n", True)
+    d.finish(routed, completed=True, status=200, response_size=1, prompt_tokens=5,
+             completion_tokens=3)
 
 
 def exported() -> dict[str, tuple[str, set[frozenset[str]]]]:

@@ -8,14 +8,15 @@ from typing import Any
 
 from epp.datastore import EndpointView
 from epp.scheduling.plugin import EndpointsRemoved, PostPick, SchedulerHooks, Scorer
-from epp.scheduling.plugins.prefix.prefix_index import PrefixIndex
 from epp.scheduling.plugins.prefix.producer import (
     ApproxPrefixCacheProducer,
     PrefixCacheParameters,
     PrefixMatch,
+    state_store_of,
 )
 from epp.scheduling.request import LLMRequest
 from epp.scheduling.result import SchedulingResult
+from epp.statestore import StateStore
 from shared.plugins import Handle, PluginError
 
 __all__ = ["PrefixCacheParameters", "PrefixCacheScorer", "PrefixMatch"]
@@ -36,10 +37,11 @@ class PrefixCacheScorer(Scorer, PostPick, EndpointsRemoved):
     params: PrefixCacheParameters
 
     def __init__(self, name: str = "", params: PrefixCacheParameters | None = None,
-                 producer: ApproxPrefixCacheProducer | None = None) -> None:
+                 producer: ApproxPrefixCacheProducer | None = None,
+                 store: StateStore | None = None) -> None:
         super().__init__(name, params)
         self.producer = producer or ApproxPrefixCacheProducer(
-            ApproxPrefixCacheProducer.type_name, self.params)
+            ApproxPrefixCacheProducer.type_name, self.params, store)
 
     @classmethod
     def create(cls, name: str, params: Any, handle: Handle) -> PrefixCacheScorer:
@@ -49,7 +51,7 @@ class PrefixCacheScorer(Scorer, PostPick, EndpointsRemoved):
                 raise PluginError("with an approx-prefix-cache-producer configured, give the "
                                   "prefix parameters to the producer, not the scorer")
             return cls(name, params, found[0])
-        scorer = cls(name, params)
+        scorer = cls(name, params, store=state_store_of(handle))
         if scorer.producer.name in handle:
             scorer.producer.name = f"{name}/{ApproxPrefixCacheProducer.type_name}"
         handle.add(scorer.producer)  # the director runs it as a producer and pre-request
@@ -59,8 +61,9 @@ class PrefixCacheScorer(Scorer, PostPick, EndpointsRemoved):
         self.producer.attach(hooks)
 
     @property
-    def index(self) -> PrefixIndex:
-        return self.producer.index
+    def store(self) -> StateStore:
+        """Where the producer keeps the index."""
+        return self.producer.store
 
     @property
     def indexer_size(self) -> int:

@@ -4,6 +4,10 @@ probably holds.
 
 Approximate: the EPP does not see the servers' caches. It remembers which blocks it sent
 where (after each pick) and assumes each server keeps them LRU-style.
+
+The index lives in the handle's state store: private to this replica by default, shared by
+every active-active replica with ``--state-store valkey://...`` (docs/active-active.md), so a
+prefix learnt through one replica routes the same through the others.
 """
 
 from __future__ import annotations
@@ -11,16 +15,17 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import xxhash
 
 from epp.datastore import EndpointView
 from epp.requestcontrol.plugin import DataProducer, PreRequest
 from epp.scheduling.plugin import EndpointsRemoved, Plugin, SchedulerHooks
-from epp.scheduling.plugins.prefix.prefix_index import PrefixIndex
 from epp.scheduling.request import CHARS_PER_TOKEN, LLMRequest
 from epp.scheduling.result import SchedulingResult
+from epp.statestore import MemoryStateStore, StateStore
+from shared.plugins import Handle
 
 _hash = xxhash.xxh64_intdigest
 
@@ -67,12 +72,18 @@ class ApproxPrefixCacheProducer(Plugin, DataProducer, PreRequest, EndpointsRemov
     parameters_type = PrefixCacheParameters
     params: PrefixCacheParameters
 
-    def __init__(self, name: str = "", params: PrefixCacheParameters | None = None) -> None:
+    def __init__(self, name: str = "", params: PrefixCacheParameters | None = None,
+                 store: StateStore | None = None) -> None:
         super().__init__(name, params)
-        self.index = PrefixIndex()
+        #: Where the index lives (:meth:`StateStore.prefix_add` / ``prefix_match``).
+        self.store = store if store is not None else MemoryStateStore()
         self._hooks = SchedulerHooks()
         self._matched_blocks = 0
         self._total_blocks = 0
+
+    @classmethod
+    def create(cls, name: str, params: Any, handle: Handle) -> ApproxPrefixCacheProducer:
+        return cls(name, params, state_store_of(handle))
 
     def attach(self, hooks: SchedulerHooks) -> None:
         self._hooks = hooks
@@ -80,7 +91,7 @@ class ApproxPrefixCacheProducer(Plugin, DataProducer, PreRequest, EndpointsRemov
     @property
     def indexer_size(self) -> int:
         """Entries in the index (``inference_extension_prefix_indexer_size``)."""
-        return self.index.size
+        return self.store.prefix_size
 
     @property
     def hit_ratio(self) -> float:
@@ -115,7 +126,7 @@ class ApproxPrefixCacheProducer(Plugin, DataProducer, PreRequest, EndpointsRemov
         state = request.plugin_state.get(self.name)
         if not isinstance(state, PrefixMatch):
             hashes = self.block_hashes(request)
-            state = PrefixMatch(hashes, self.index.match(hashes) if hashes else {})
+            state = PrefixMatch(hashes, self.store.prefix_match(hashes) if hashes else {})
             request.plugin_state[self.name] = state
         return state
 
@@ -126,9 +137,14 @@ class ApproxPrefixCacheProducer(Plugin, DataProducer, PreRequest, EndpointsRemov
         picked = result.primary.picked
         if picked:
             self.record(request, picked[0])
+        # Under P/D the prefill endpoint computes the prompt too and keeps it cached.
+        for name, other in result.results.items():
+            if name != result.primary_profile and other.picked:
+                self.record(request, other.picked[0], count=False)
 
-    def record(self, request: LLMRequest, target: EndpointView) -> None:
-        """Remember that ``target`` now holds every block of ``request``."""
+    def record(self, request: LLMRequest, target: EndpointView, *, count: bool = True) -> None:
+        """Remember that ``target`` now holds every block of ``request`` (``count``: the
+        request's primary endpoint, which the hit-ratio metric follows)."""
         state = self.match(request)
         if not state.hashes:
             return
@@ -137,11 +153,23 @@ class ApproxPrefixCacheProducer(Plugin, DataProducer, PreRequest, EndpointsRemov
         if self.params.auto_tune and target.metrics.num_gpu_blocks:
             capacity = target.metrics.num_gpu_blocks
         hit = state.matched.get(key, 0)
-        self.index.add(key, state.hashes, capacity)
+        self.store.prefix_add(key, state.hashes, capacity)
+        if not count:
+            return
         self._matched_blocks += hit
         self._total_blocks += len(state.hashes)
         if self._hooks.prefix_hit_ratio is not None:
             self._hooks.prefix_hit_ratio(hit / len(state.hashes))
+        if self._hooks.prefix_hit_bytes is not None:
+            p = self.params
+            block = p.block_size_tokens * CHARS_PER_TOKEN if p.block_size_tokens else p.block_size
+            self._hooks.prefix_hit_bytes(hit * block)
 
     def retain_endpoints(self, keys: frozenset[str]) -> None:
-        self.index.retain(keys)
+        self.store.prefix_retain(keys)
+
+
+def state_store_of(handle: Handle) -> StateStore | None:
+    """The EPP handle's state store (None for another service's handle)."""
+    store = getattr(handle, "state_store", None)
+    return store if isinstance(store, StateStore) else None

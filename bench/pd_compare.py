@@ -1,0 +1,345 @@
+"""P/D disaggregation vs an aggregated fleet of the same size, through the real gateway.
+
+Run: ``python -m bench.pd_compare`` (defaults: 5 seeds x 2 fleets, 60 s of arrivals each;
+about 15 minutes). Every run starts from nothing on loopback:
+
+- **aggregated**: 4 ``8b-h100`` simulated servers behind Envoy + our EPP with its default
+  config (queue, KV-cache and prefix scorers), as an upstream v1.5 user runs it;
+- **pd**: 2 prefill + 2 decode servers (``--kv-transfer-config`` NixlConnector, ``rdma``
+  link) labelled ``llm-d.ai/role``; a ``pd-sidecar`` process in front of each decode server;
+  Envoy + our EPP with llm-d's P/D config (``disagg-profile-handler``,
+  ``prefix-based-pd-decider`` with ``nonCachedTokens: 1024``).
+
+Workload (same schedule for both fleets of a seed; Poisson arrivals, every request streamed):
+70 % long prompts (4,096-16,384 tokens in, 200-500 out, the issue's long-input workload) and
+30 % chat-like streaming decodes (100-400 tokens in, 200-500 out), all prompts unique.
+
+Reported per fleet: TTFT p90, TPOT p90 (per-request (e2e - TTFT)/(tokens - 1)), output tok/s,
+over all requests and per class, in model seconds; medians over seeds. ``--time-scale N``
+runs the simulator N times slower than the model so that the machine's own per-hop costs
+(Envoy, EPP, sidecar, on a shared 2-core box) weigh less. Ratios pd/aggregated are paired per seed
+(same schedule); their interval is a 95 % t-interval on the mean of the per-seed log ratios
+(a geometric mean), printed beside the median ratio. A target is **met** when the whole
+interval is on the right side of it, **not met** when the whole interval is on the wrong
+side, otherwise **inconclusive**.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import math
+import random
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import yaml
+
+from bench.contenders import _popen, _stop, _tail, pool_gateway_config
+from bench.loadgen import percentile as pct
+from bench.openloop import Outcome
+from bench.workloads import MODEL, RequestSpec, _words, poisson_arrivals, write_specs
+from devkit import envoy as e
+from shared.pd import ROLE_LABEL
+
+PD_CONFIG = """\
+apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: prefix-cache-scorer
+  parameters: {blockSizeTokens: 16, autoTune: false, maxPrefixBlocksToMatch: 256,
+               lruCapacityPerServer: 31250}
+- type: queue-scorer
+- type: prefill-filter
+- type: decode-filter
+- type: max-score-picker
+- type: prefix-based-pd-decider
+  parameters: {nonCachedTokens: %d}
+- type: disagg-profile-handler
+  parameters: {deciders: {prefill: prefix-based-pd-decider}}
+schedulingProfiles:
+- name: prefill
+  plugins: [{pluginRef: prefill-filter}, {pluginRef: max-score-picker},
+            {pluginRef: prefix-cache-scorer, weight: 2}, {pluginRef: queue-scorer, weight: 1}]
+- name: decode
+  plugins: [{pluginRef: decode-filter}, {pluginRef: max-score-picker},
+            {pluginRef: prefix-cache-scorer, weight: 2}, {pluginRef: queue-scorer, weight: 1}]
+"""
+#: Issue #16's targets: metric -> (pd / aggregated bound, "le" | "ge").
+TARGETS = {"tpot_p90": (0.6, "le"), "output_tps": (1.0, "ge"), "ttft_p90": (1.3, "le")}
+T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
+
+
+def workload(seed: int, rate: float, duration: float) -> list[RequestSpec]:
+    """The mixed schedule of one seed (see the module docstring)."""
+    rng = random.Random(seed)
+    specs = []
+    for at in poisson_arrivals(rng, rate, int(rate * duration)):
+        long = rng.random() < 0.7
+        tokens = rng.randint(4096, 16384) if long else rng.randint(100, 400)
+        out = rng.randint(200, 500)
+        specs.append(RequestSpec(at, "/v1/completions", {
+            "model": MODEL, "prompt": _words(rng, tokens), "max_tokens": out,
+            "stream": True, "stream_options": {"include_usage": True}},
+            "long" if long else "short"))
+    return specs
+
+
+# -- the two fleets -----------------------------------------------------------------------
+
+def _pod(name: str, ip: str, role: str | None) -> dict[str, Any]:
+    labels = {"app": "sim"} | ({ROLE_LABEL: role} if role else {})
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": name, "namespace": "default", "labels": labels}, "status": {"podIP": ip}}
+
+
+def _pool(port: int, pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
+             "metadata": {"name": "sims", "namespace": "default"},
+             "spec": {"selector": {"matchLabels": {"app": "sim"}},
+                      "targetPorts": [{"number": port}],
+                      "endpointPickerRef": {"name": "epp", "port": {"number": 9002}}}},
+            *pods]
+
+
+@dataclass
+class Fleet:
+    """What one run started: processes, and where to read the counters afterwards."""
+
+    procs: list[subprocess.Popen[bytes]]
+    url: str
+    epp_metrics: int
+    sidecar_metrics: list[int]
+
+
+def _wait_pool(port: int, size: int, proc: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"epp exited: {_tail(log)}")
+        with contextlib.suppress(OSError, ValueError):
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/debug/pool", timeout=2) as r:
+                eps = orjson.loads(r.read()).get("endpoints", [])
+            if sum(1 for ep in eps if ep.get("age_seconds") is not None) >= size:
+                return
+        time.sleep(0.2)
+    raise TimeoutError(f"epp not ready: {_tail(log)}")
+
+
+@contextlib.contextmanager
+def start(kind: str, workdir: Path, seed: int, threshold: int,
+          time_scale: float = 1.0) -> Iterator[Fleet]:
+    """Start the ``aggregated`` or ``pd`` fleet with its EPP and Envoy."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    port = e.free_port()
+    kv = {"kv_connector": "NixlConnector", "kv_role": "kv_both", "link": "rdma"}
+    servers: list[dict[str, Any]] = []
+    sidecars: list[tuple[str, int, int]] = []  # (ip, decoder port, metrics port)
+    if kind == "aggregated":
+        ips = [f"127.0.11.{i + 1}" for i in range(4)]
+        servers = [{"host": ip, "port": port, "name": f"agg-{i}"} for i, ip in enumerate(ips)]
+        pods = [_pod(f"agg-{i}", ip, None) for i, ip in enumerate(ips)]
+    else:
+        ips = [f"127.0.12.{i + 1}" for i in range(4)]
+        pods = []
+        for i, ip in enumerate(ips[:2]):  # decode pods: sidecar on the pool port
+            decoder = e.free_port()
+            servers.append({"host": "127.0.0.1", "port": decoder, "name": f"decode-{i}",
+                            "kv_transfer_config": kv})
+            sidecars.append((ip, decoder, e.free_port()))
+            pods.append(_pod(f"decode-{i}", ip, "decode"))
+        for i, ip in enumerate(ips[2:]):
+            servers.append({"host": ip, "port": port, "name": f"prefill-{i}",
+                            "kv_transfer_config": kv})
+            pods.append(_pod(f"prefill-{i}", ip, "prefill"))
+    fleet_file = workdir / "fleet.yaml"
+    fleet_file.write_text(yaml.safe_dump({
+        "defaults": {"profile": "8b-h100", "seed": seed, "time_scale": time_scale},
+        "servers": servers}))
+    manifests = workdir / "pool.yaml"
+    manifests.write_text(yaml.safe_dump_all(_pool(port, pods)))
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        sim = subprocess.Popen(
+            [sys.executable, "-m", "sim.main", "--config", str(fleet_file), "--log-level",
+             "warning"], stdout=subprocess.PIPE, stderr=(workdir / "sim.log").open("ab"))
+        procs.append(sim)
+        assert sim.stdout is not None
+        if not sim.stdout.readline().startswith(b"vllm-sim ready:"):
+            raise RuntimeError(f"simulator did not start: {_tail(workdir / 'sim.log')}")
+        for i, (ip, decoder, metrics) in enumerate(sidecars):
+            procs.append(_popen([sys.executable, "-m", "sidecar.main", "--host", ip,
+                                 "--port", str(port), "--vllm-port", str(decoder),
+                                 "--manifests", str(manifests), "--metrics-port", str(metrics)],
+                                workdir / f"sidecar-{i}.log"))
+        grpc, health, metrics_port = e.free_port(), e.free_port(), e.free_port()
+        cmd = [sys.executable, "-m", "epp.main", "--manifests", str(manifests),
+               "--secure-serving=false", "--grpc-port", str(grpc), "--grpc-health-port",
+               str(health), "--metrics-port", str(metrics_port), "--grace-period", "2"]
+        if kind == "pd":
+            (workdir / "epp-config.yaml").write_text(PD_CONFIG % threshold)
+            cmd += ["--config-file", str(workdir / "epp-config.yaml")]
+        epp = _popen(cmd, workdir / "epp.log")
+        procs.append(epp)
+        _wait_pool(metrics_port, 4, epp, workdir / "epp.log")
+        admin, listen = e.free_port(), e.free_port()
+        # The decider's decode pick is the destination (the sidecar on the pool port).
+        endpoints = [f"{ip}:{port}" for ip in ips]
+        with e.Envoy(pool_gateway_config(grpc, admin, listen, endpoints), admin_port=admin,
+                     workdir=workdir / "envoy"):
+            yield Fleet(procs, f"http://127.0.0.1:{listen}", metrics_port,
+                        [m for _, _, m in sidecars])
+    finally:
+        for p in reversed(procs):
+            _stop(p)
+
+
+def _scrape(port: int, name: str) -> dict[str, float]:
+    """``{labels: value}`` of one metric family on a Prometheus endpoint."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith(name):
+            key, value = line.rsplit(" ", 1)
+            out[key[len(name):]] = out.get(key[len(name):], 0.0) + float(value)
+    return out
+
+
+# -- one run, the summary -----------------------------------------------------------------
+
+def summarize(outcomes: list[Outcome], tags: list[str],
+              time_scale: float = 1.0) -> dict[str, dict[str, float]]:
+    """Per class (``all``, ``long``, ``short``): TTFT/TPOT p50 and p90, tok/s, errors; in
+    model seconds (wall seconds / ``time_scale``)."""
+    out: dict[str, dict[str, float]] = {}
+    ok_all = [o for o in outcomes if o.ok]
+    first = min((o.start for o in outcomes), default=0.0)
+    last = max((o.start + (o.e2e or 0.0) for o in ok_all), default=first + 1e-9)
+    span = max(1e-9, last - first) / time_scale
+    for cls in ("all", "long", "short"):
+        sel = [o for o, t in zip(outcomes, tags, strict=True) if cls in ("all", t)]
+        ok = [o for o in sel if o.ok]
+        ttft = [o.ttft / time_scale for o in ok if o.ttft is not None]
+        tpot = [t / time_scale for o in ok if (t := o.tpot) is not None]
+        out[cls] = {"requests": len(sel), "errors": len(sel) - len(ok),
+                    "ttft_p50": pct(ttft, .5), "ttft_p90": pct(ttft, .9),
+                    "tpot_p50": pct(tpot, .5), "tpot_p90": pct(tpot, .9),
+                    "output_tps": sum(o.output_tokens for o in ok) / span}
+    return out
+
+
+def run(kind: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
+    workdir = args.workdir / f"{kind}-seed{seed}"
+    specs = [dataclasses.replace(s, at=s.at * args.time_scale)
+             for s in workload(seed, args.rate, args.duration)]
+    workdir.mkdir(parents=True, exist_ok=True)
+    write_specs(specs, workdir / "requests.jsonl")
+    with start(kind, workdir, seed, args.threshold, args.time_scale) as fleet:
+        subprocess.run([sys.executable, "-m", "bench.openloop", "--url", fleet.url,
+                        "--requests", str(workdir / "requests.jsonl"),
+                        "--out", str(workdir / "outcomes.jsonl"), "--timeout", "300"],
+                       check=True)
+        counters: dict[str, Any] = {}
+        if kind == "pd":
+            counters["decisions"] = _scrape(
+                fleet.epp_metrics, "llm_d_inference_scheduler_disagg_decision_total")
+            modes: dict[str, float] = {}
+            for port in fleet.sidecar_metrics:
+                for k, v in _scrape(port, "pd_sidecar_requests_total").items():
+                    modes[k] = modes.get(k, 0.0) + v
+            counters["sidecar"] = modes
+    outcomes = [Outcome(**orjson.loads(line))
+                for line in (workdir / "outcomes.jsonl").read_bytes().splitlines()]
+    summary = summarize(outcomes, [s.tag for s in specs], args.time_scale)
+    result = {"kind": kind, "seed": seed, "summary": summary, "counters": counters}
+    (workdir / "summary.json").write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
+    return result
+
+
+def ratio_interval(ratios: list[float]) -> tuple[float, float]:
+    """95 % t-interval of the geometric mean of paired ratios."""
+    logs = [math.log(r) for r in ratios if r > 0]
+    if len(logs) < 2:
+        return (math.nan, math.nan)
+    mean, sd = statistics.fmean(logs), statistics.stdev(logs)
+    half = T95.get(len(logs) - 1, 1.96) * sd / math.sqrt(len(logs))
+    return math.exp(mean - half), math.exp(mean + half)
+
+
+def verdict(lo: float, hi: float, bound: float, sense: str) -> str:
+    if math.isnan(lo):
+        return "inconclusive"
+    good, bad = (hi <= bound, lo > bound) if sense == "le" else (lo >= bound, hi < bound)
+    return "met" if good else "not met" if bad else "inconclusive"
+
+
+def report(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
+    seeds = sorted({r["seed"] for r in results})
+    by = {(r["kind"], r["seed"]): r["summary"] for r in results}
+    lines = [f"seeds {seeds}, {args.rate:g} req/s for {args.duration:g} s per run, "
+             f"nonCachedTokens {args.threshold}, time scale {args.time_scale:g}", "",
+             "| class | metric | aggregated (median) | pd (median) | pd/agg median "
+             "[95% CI] | target | verdict |", "|---|---|---|---|---|---|---|"]
+    for cls in ("all", "long", "short"):
+        for metric in ("ttft_p90", "tpot_p90", "output_tps", "ttft_p50", "tpot_p50"):
+            agg = [by["aggregated", s][cls][metric] for s in seeds]
+            pd = [by["pd", s][cls][metric] for s in seeds]
+            ratios = [p / a for p, a in zip(pd, agg, strict=True) if a > 0]
+            lo, hi = ratio_interval(ratios)
+            target, verdict_text = "", ""
+            if cls == "long" and metric in TARGETS:
+                bound, sense = TARGETS[metric]
+                target = f"{'≤' if sense == 'le' else '≥'} {bound}"
+                verdict_text = verdict(lo, hi, bound, sense)
+            unit = (lambda x: f"{x:.1f}") if metric == "output_tps" else (
+                lambda x: f"{x * 1000:.0f} ms")
+            mid = f"{statistics.median(ratios):.2f}" if ratios else "n/a"
+            lines.append(f"| {cls} | {metric} | {unit(statistics.median(agg))} | "
+                         f"{unit(statistics.median(pd))} | {mid} [{lo:.2f}, {hi:.2f}] | "
+                         f"{target} | {verdict_text} |")
+    errors = {k: sum(by[k, s]["all"]["errors"] for s in seeds) for k in ("aggregated", "pd")}
+    lines += ["", f"errors: {errors}"]
+    for r in results:
+        if r["kind"] == "pd":
+            lines.append(f"seed {r['seed']}: EPP decisions {r['counters'].get('decisions')}, "
+                         f"sidecars {r['counters'].get('sidecar')}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.pd_compare", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seeds", type=int, default=5)
+    p.add_argument("--rate", type=float, default=0.6, help="requests per second")
+    p.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals")
+    p.add_argument("--threshold", type=int, default=1024, help="nonCachedTokens of the decider")
+    p.add_argument("--time-scale", type=float, default=1.0,
+                   help="the simulator runs this many times slower than the model (less "
+                   "weight for the machine's own overheads); results are in model seconds")
+    p.add_argument("--workdir", type=Path, default=Path("/tmp/pd_compare"))
+    args = p.parse_args(argv)
+    results = []
+    for seed in range(args.seeds):
+        for kind in ("aggregated", "pd"):
+            t0 = time.monotonic()
+            results.append(run(kind, seed, args))
+            s = results[-1]["summary"]["all"]
+            print(f"seed {seed} {kind:10s} ttft_p90 {s['ttft_p90']:.3f}s tpot_p90 "
+                  f"{s['tpot_p90'] * 1000:.1f}ms tok/s {s['output_tps']:.1f} errors "
+                  f"{s['errors']} ({time.monotonic() - t0:.0f}s)", flush=True)
+    (args.workdir / "results.json").write_bytes(orjson.dumps(results))
+    print(report(results, args))
+
+
+if __name__ == "__main__":
+    main()

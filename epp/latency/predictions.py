@@ -1,0 +1,55 @@
+"""What ``predicted-latency-producer`` leaves on a request for the SLO-aware filters, scorer
+and admitter (upstream's ``LatencyPredictionInfo`` endpoint attribute)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from epp.latency.slo import SLO
+from epp.scheduling.request import LLMRequest
+
+#: The key in ``LLMRequest.plugin_state``.
+PREDICTIONS_KEY = "predicted-latency"
+
+
+@dataclass(slots=True)
+class Prediction:
+    """One candidate's prediction. Headroom = SLO * sloBufferFactor - predicted (seconds);
+    without any SLO it is -predicted (lower latency = closer to 0); a dimension without an
+    SLO or without a trained model is neutral (0). ``dispatched``: requests in flight there
+    from this EPP."""
+
+    ttft: float | None
+    tpot: float | None
+    ttft_headroom: float
+    tpot_headroom: float
+    prefix_score: float
+    dispatched: int
+    kv_usage: float
+    waiting: int
+
+    @property
+    def valid(self) -> bool:
+        """Predicted to meet the request's SLO (both headrooms ≥ 0)."""
+        return self.ttft_headroom >= 0 and self.tpot_headroom >= 0
+
+
+@dataclass(slots=True)
+class RequestPredictions:
+    """Per endpoint key: the state the model saw and its prediction."""
+
+    slo: SLO
+    predicted: bool = False
+    by_endpoint: dict[str, Prediction] = field(default_factory=dict)
+    #: Per endpoint key: matched / total prompt blocks (approximate prefix index).
+    prefix_scores: dict[str, float] = field(default_factory=dict)
+    #: Per endpoint key: the model's TTFT feature row (:meth:`EndpointState.ttft_x`).
+    states: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    #: The endpoint key whose prefill count holds this request (producer bookkeeping).
+    prefilling_at: str | None = None
+
+
+def predictions_of(request: LLMRequest) -> RequestPredictions | None:
+    """The request's predictions (None when no ``predicted-latency-producer`` ran)."""
+    found = request.plugin_state.get(PREDICTIONS_KEY)
+    return found if isinstance(found, RequestPredictions) else None

@@ -1,0 +1,246 @@
+"""The online latency model: TTFT and TPOT of a request on an endpoint, learnt from what the
+servers actually did.
+
+Features (upstream's predictor's, plus the uncached prompt as a product with the batch):
+TTFT ← prompt tokens, uncached prompt tokens (prefix match), uncached * (running + 1),
+waiting queue, running requests, KV-cache use, tokens in flight to the endpoint; TPOT ←
+prompt tokens, waiting queue, running requests, KV-cache use, tokens in flight.
+
+Model: scikit-learn's ``BayesianRidge`` (one of upstream's predictor's model types), fitted
+with weights 1/y² so that it minimises *relative* error, the way the model is judged (MAPE).
+Fitting is scheduled by a background thread every ``retrain_interval`` seconds on the latest
+``max_samples`` completed requests and, given an executor (the plugin gives it a one-worker
+process pool), runs in another process, so it does not compete with the request path for
+the GIL either; the fitted scaler and weights are folded into one weight
+vector and swapped in with a single assignment, so the request path never waits on training
+and a prediction is a dot product (microseconds, no scikit-learn call on the hot path).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Any
+
+TTFT_FEATURES = ("prompt_tokens", "uncached_tokens", "uncached_x_running", "waiting",
+                 "running", "kv_usage", "inflight_tokens", "prefill_tokens")
+TPOT_FEATURES = ("prompt_tokens", "waiting", "running", "kv_usage", "inflight_tokens",
+                 "prefill_tokens")
+#: Predictions never go below this (seconds): a linear model can extrapolate below zero.
+FLOOR = 1e-4
+#: Columns of a TTFT feature row that make the TPOT row.
+TPOT_COLUMNS = (0, 3, 4, 5, 6, 7)
+
+
+@dataclass(frozen=True, slots=True)
+class PredictorConfig:
+    """How often and on what the model is retrained."""
+
+    retrain_interval: float = 1.0
+    max_samples: int = 5000
+    min_samples: int = 20
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointState:
+    """What the model sees of one endpoint for one request."""
+
+    prompt_tokens: float
+    uncached_tokens: float
+    waiting: float
+    running: float
+    kv_usage: float
+    inflight_tokens: float
+    #: Prompt tokens sent to the endpoint whose first token has not come back yet
+    #: (upstream's prefill tokens in flight).
+    prefill_tokens: float = 0.0
+
+    def ttft_x(self) -> tuple[float, ...]:
+        return (self.prompt_tokens, self.uncached_tokens,
+                self.uncached_tokens * (self.running + 1.0), self.waiting, self.running,
+                self.kv_usage, self.inflight_tokens, self.prefill_tokens)
+
+    @classmethod
+    def from_ttft_row(cls, row: Sequence[float]) -> EndpointState:
+        """The state a :meth:`ttft_x` row was made from."""
+        return cls(row[0], row[1], row[3], row[4], row[5], row[6], row[7])
+
+    def tpot_x(self) -> tuple[float, ...]:
+        return (self.prompt_tokens, self.waiting, self.running, self.kv_usage,
+                self.inflight_tokens, self.prefill_tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class Linear:
+    """A fitted model in raw feature space: y = intercept + sum w·x."""
+
+    intercept: float
+    weights: tuple[float, ...]
+
+    def __call__(self, x: Sequence[float]) -> float:
+        y = self.intercept
+        for w, v in zip(self.weights, x, strict=True):
+            y += w * v
+        return y if y > FLOOR else FLOOR
+
+    def many(self, x: Any) -> list[float]:
+        """Predictions for the rows of the matrix ``x``."""
+        import numpy as np
+
+        return np.maximum(x @ np.asarray(self.weights) + self.intercept, FLOOR).tolist()
+
+
+def fit_linear(xs: Sequence[Sequence[float]], ys: Sequence[float]) -> Linear:
+    """Fit BayesianRidge on standardised features, weights 1/y² (relative error)."""
+    import numpy as np
+    from sklearn.linear_model import BayesianRidge
+
+    x = np.asarray(xs, dtype=float)
+    y = np.asarray(ys, dtype=float)
+    mean, std = x.mean(axis=0), x.std(axis=0)
+    std[std == 0] = 1.0
+    model = BayesianRidge()
+    model.fit((x - mean) / std, y, sample_weight=1.0 / np.maximum(y, FLOOR) ** 2)
+    w = model.coef_ / std
+    return Linear(float(model.intercept_ - (w * mean).sum()), tuple(float(v) for v in w))
+
+
+class LatencyPredictor:
+    """Learns TTFT and TPOT from completed requests; predicts them for candidates.
+
+    ``fit`` is the fitting function (tests wrap the real one to hold a retrain open); with
+    an ``executor`` it runs there (it must then be picklable, as :func:`fit_linear` is).
+    """
+
+    def __init__(self, config: PredictorConfig | None = None,
+                 fit: Callable[[Sequence[Sequence[float]], Sequence[float]], Linear] = fit_linear,
+                 executor: Executor | None = None) -> None:
+        self.config = config or PredictorConfig()
+        self._fit = fit
+        self.executor = executor
+        n = self.config.max_samples
+        # Ring buffers of the latest samples, as arrays: a retrain copies them out in one
+        # memcpy instead of walking Python objects while holding the GIL.
+        self._ttft = _Ring(n, len(TTFT_FEATURES))
+        self._tpot = _Ring(n, len(TPOT_FEATURES))
+        self._lock = threading.Lock()  # guards the sample buffers only, never a fit
+        self._new_samples = 0
+        #: The models in use (replaced whole by the trainer; None until trained).
+        self.ttft_model: Linear | None = None
+        self.tpot_model: Linear | None = None
+        self.retrains = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- the request path ------------------------------------------------------------------
+
+    def predict(self, state: EndpointState) -> tuple[float | None, float | None]:
+        """(TTFT, TPOT) in seconds, None for a model not trained yet."""
+        ttft, tpot = self.ttft_model, self.tpot_model
+        return (ttft(state.ttft_x()) if ttft is not None else None,
+                tpot(state.tpot_x()) if tpot is not None else None)
+
+    def predict_rows(self, rows: Sequence[Sequence[float]],
+                     ) -> tuple[list[float] | None, list[float] | None]:
+        """(TTFTs, TPOTs) for many :meth:`EndpointState.ttft_x` rows at once (one matrix
+        product each; None for a model not trained yet)."""
+        import numpy as np
+
+        ttft, tpot = self.ttft_model, self.tpot_model
+        x = np.array(rows, dtype=float)
+        return (ttft.many(x) if ttft is not None else None,
+                tpot.many(x[:, TPOT_COLUMNS]) if tpot is not None else None)
+
+    def observe(self, state: EndpointState, ttft: float | None, tpot: float | None) -> None:
+        """A completed request: its endpoint's state at dispatch and what it measured."""
+        with self._lock:
+            if ttft is not None and ttft > 0:
+                self._ttft.add(state.ttft_x(), ttft)
+            if tpot is not None and tpot > 0:
+                self._tpot.add(state.tpot_x(), tpot)
+            self._new_samples += 1
+
+    # -- training, off the request path ----------------------------------------------------
+
+    def retrain(self) -> bool:
+        """Fit both models on the current samples now (the fit in the executor, else in the
+        caller's thread); True when a model changed."""
+        with self._lock:
+            if not self._new_samples:
+                return False
+            self._new_samples = 0
+            ttft, tpot = self._ttft.copy(), self._tpot.copy()
+        changed = False
+        n = self.config.min_samples
+        if len(ttft[1]) >= n:
+            self.ttft_model = self._run_fit(*ttft)
+            changed = True
+        if len(tpot[1]) >= n:
+            self.tpot_model = self._run_fit(*tpot)
+            changed = True
+        if changed:
+            self.retrains += 1
+        return changed
+
+    def _run_fit(self, xs: Any, ys: Any) -> Linear:
+        if self.executor is None:
+            return self._fit(xs, ys)
+        return self.executor.submit(self._fit, xs, ys).result()
+
+    def start(self) -> None:
+        """Retrain every ``retrain_interval`` seconds in a daemon thread."""
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._loop, name="latency-predictor",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the retraining schedule (the executor is left to its owner)."""
+        self._stop.set()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.config.retrain_interval):
+            try:
+                self.retrain()
+            except Exception as e:
+                _log_fit_failure(e)
+
+    @property
+    def samples(self) -> int:
+        """TTFT samples held (at most ``max_samples``)."""
+        return self._ttft.size
+
+
+class _Ring:
+    """The latest ``capacity`` (x, y) rows in preallocated arrays."""
+
+    def __init__(self, capacity: int, width: int) -> None:
+        import numpy as np
+
+        self.x = np.zeros((capacity, width))
+        self.y = np.zeros(capacity)
+        self.size = 0
+        self._next = 0
+
+    def add(self, x: Sequence[float], y: float) -> None:
+        i = self._next
+        self.x[i] = x
+        self.y[i] = y
+        self._next = (i + 1) % len(self.y)
+        self.size = min(self.size + 1, len(self.y))
+
+    def copy(self) -> tuple[Any, Any]:
+        return self.x[: self.size].copy(), self.y[: self.size].copy()
+
+
+def _log_fit_failure(e: Exception) -> None:
+    import structlog
+
+    structlog.get_logger(__name__).warning("latency model fit failed", error=str(e))
+
+
+__all__ = ["FLOOR", "TPOT_FEATURES", "TTFT_FEATURES", "EndpointState", "LatencyPredictor",
+                      "Linear", "PredictorConfig", "fit_linear"]

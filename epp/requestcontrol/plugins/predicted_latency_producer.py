@@ -1,0 +1,212 @@
+"""``predicted-latency-producer`` (upstream v1.5): the request's SLO from its headers, a
+TTFT/TPOT prediction for every candidate before scheduling, and the training data after the
+response. Also records the predicted series and SLO violations (``epp.telemetry``).
+
+Upstream trains in a sidecar; here the model lives in process (:mod:`epp.latency.predictor`),
+retrained in a background thread, served as a dot product.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from epp import telemetry as m
+from epp.datastore import EndpointView
+from epp.latency.predictions import PREDICTIONS_KEY, Prediction, RequestPredictions
+from epp.latency.predictor import EndpointState, LatencyPredictor, PredictorConfig
+from epp.latency.slo import parse_slo
+from epp.requestcontrol.plugin import (
+    DataProducer,
+    PreRequest,
+    Response,
+    ResponseComplete,
+    ResponseStreaming,
+)
+from epp.scheduling.plugin import EndpointsRemoved, Plugin
+from epp.scheduling.plugins.prefix.producer import ApproxPrefixCacheProducer
+from epp.scheduling.request import LLMRequest
+from epp.scheduling.result import SchedulingResult
+from shared.plugins import Duration, Handle
+
+
+@dataclass(frozen=True, slots=True)
+class PredictedLatencyParameters:
+    """Upstream's ``sloBufferFactor`` (> 0; the SLO the headroom is measured against is
+    SLO * factor), ``streamingMode`` (false: train TTFT on the whole duration and no TPOT;
+    true: TTFT to the first streamed token and TPOT of streamed responses),
+    ``predictInPrepareData`` (false: collect training data only). Ours, for the in-process
+    model: ``retrainInterval``, ``maxTrainingSamples``, ``minTrainingSamples``."""
+
+    slo_buffer_factor: float = 1.0
+    streaming_mode: bool = False
+    predict_in_prepare_data: bool = True
+    retrain_interval: Duration = Duration(1.0)  # noqa: RUF009 (immutable)
+    max_training_samples: int = 5000
+    min_training_samples: int = 20
+
+    def __post_init__(self) -> None:
+        if not self.slo_buffer_factor > 0:
+            raise ValueError(f"sloBufferFactor: must be > 0, got {self.slo_buffer_factor!r}")
+        if not self.retrain_interval > 0:
+            raise ValueError(f"retrainInterval: must be > 0, got {self.retrain_interval!r}")
+        if self.max_training_samples < 1:
+            raise ValueError("maxTrainingSamples: must be >= 1")
+        if not 1 <= self.min_training_samples <= self.max_training_samples:
+            raise ValueError("minTrainingSamples: must be in [1, maxTrainingSamples]")
+
+
+class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseStreaming,
+                               ResponseComplete, EndpointsRemoved):
+    """Before scheduling: SLO = (``x-slo-ttft-ms``, ``x-slo-tpot-ms``) (400 when bad); per
+    candidate, TTFT/TPOT predicted from its state and headroom = SLO * factor - predicted.
+    After the response: the dispatch-time state and the measured TTFT/TPOT become a training
+    sample; a measured value over its SLO counts a violation."""
+
+    type_name = "predicted-latency-producer"
+    parameters_type = PredictedLatencyParameters
+    params: PredictedLatencyParameters
+
+    def __init__(self, name: str = "", params: Any = None,
+                 predictor: LatencyPredictor | None = None, handle: Handle | None = None,
+                 ) -> None:
+        super().__init__(name, params)
+        p = self.params
+        self.predictor = predictor or LatencyPredictor(PredictorConfig(
+            retrain_interval=p.retrain_interval, max_samples=p.max_training_samples,
+            min_samples=p.min_training_samples))
+        self._handle = handle
+        self._prefix: list[ApproxPrefixCacheProducer] | None = None  # looked up once
+        #: Per endpoint key: prompt tokens dispatched there with no first token back yet.
+        self._prefilling: dict[str, int] = {}
+
+    @classmethod
+    def create(cls, name: str, params: Any, handle: Handle) -> PredictedLatencyProducer:
+        plugin = cls(name, params, handle=handle)
+        # Fits run in one spawned worker process (no GIL shared with the request path;
+        # spawn, not fork: the EPP runs gRPC threads). It starts at the first fit.
+        plugin.predictor.executor = ProcessPoolExecutor(
+            max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+        plugin.predictor.start()
+        return plugin
+
+    def _prefix_producer(self) -> ApproxPrefixCacheProducer | None:
+        if self._prefix is None:
+            self._prefix = self._handle.find(ApproxPrefixCacheProducer) if self._handle else []
+        return self._prefix[0] if self._prefix else None
+
+    def produce(self, request: LLMRequest, endpoints: Sequence[EndpointView]) -> None:
+        slo = parse_slo(request.headers)
+        out = RequestPredictions(slo)
+        request.plugin_state[PREDICTIONS_KEY] = out
+        prefix = self._prefix_producer()
+        blocks: dict[str, int] = {}
+        total = 0
+        if prefix is not None:
+            match = prefix.match(request)
+            blocks, total = match.matched, len(match.hashes)
+        tokens = float(request.prompt_tokens)
+        prefilling = self._prefilling
+        keys = [v.key for v in endpoints]
+        rows = []
+        for key, v in zip(keys, endpoints, strict=True):
+            score = blocks.get(key, 0) / total if total else 0.0
+            out.prefix_scores[key] = score
+            uncached, running = tokens * (1.0 - score), float(v.metrics.running)
+            row = (tokens, uncached, uncached * (running + 1.0), float(v.queue), running,
+                   v.metrics.kv_usage, float(v.inflight_tokens), float(prefilling.get(key, 0)))
+            out.states[key] = row
+            rows.append(row)
+        if not self.params.predict_in_prepare_data:
+            return
+        predictor = self.predictor
+        tpot_model = predictor.tpot_model
+        out.predicted = predictor.ttft_model is not None
+        if not out.predicted or not rows:
+            return
+        factor = self.params.slo_buffer_factor
+        started = time.perf_counter()
+        ttfts, tpots = predictor.predict_rows(rows)
+        assert ttfts is not None
+        ttft_slo, tpot_slo, any_slo = slo.ttft, slo.tpot, slo.any
+        for i, (key, v) in enumerate(zip(keys, endpoints, strict=True)):
+            ttft, tpot = ttfts[i], tpots[i] if tpots is not None else None
+            out.by_endpoint[key] = Prediction(
+                ttft, tpot, _headroom(ttft_slo, any_slo, ttft, factor),
+                _headroom(tpot_slo, any_slo, tpot, factor),
+                out.prefix_scores[key], v.inflight_requests, v.metrics.kv_usage, v.queue)
+        elapsed = time.perf_counter() - started
+        pair = (request.client_model, request.target_model)
+        m.TTFT_PREDICTION_DURATION.labels(*pair).observe(elapsed)
+        if tpot_model is not None:
+            m.TPOT_PREDICTION_DURATION.labels(*pair).observe(elapsed)
+
+    def pre_request(self, request: LLMRequest, result: SchedulingResult) -> None:
+        out = request.plugin_state.get(PREDICTIONS_KEY)
+        if not isinstance(out, RequestPredictions):
+            return
+        key = result.endpoints[0].key
+        out.prefilling_at = key
+        self._prefilling[key] = self._prefilling.get(key, 0) + request.prompt_tokens
+        prediction = out.by_endpoint.get(key)
+        if prediction is None:
+            return
+        pair = (request.client_model, request.target_model)
+        if prediction.ttft is not None:
+            m.PREDICTED_TTFT.labels(*pair).observe(prediction.ttft)
+        if prediction.tpot is not None:
+            m.PREDICTED_TPOT.labels(*pair).observe(prediction.tpot)
+
+    def response_streaming(self, request: LLMRequest, response: Response, chunk: bytes,
+                           endpoint: EndpointView) -> None:
+        if response.ttft is not None:
+            self._prefilled(request)
+
+    def _prefilled(self, request: LLMRequest) -> None:
+        """The request's prompt is no longer in prefill (first token, or the end)."""
+        out = request.plugin_state.get(PREDICTIONS_KEY)
+        if isinstance(out, RequestPredictions) and out.prefilling_at is not None:
+            key, out.prefilling_at = out.prefilling_at, None
+            left = self._prefilling.get(key, 0) - request.prompt_tokens
+            if left > 0:
+                self._prefilling[key] = left
+            else:
+                self._prefilling.pop(key, None)
+
+    def retain_endpoints(self, keys: frozenset[str]) -> None:
+        for key in [k for k in self._prefilling if k not in keys]:
+            del self._prefilling[key]
+
+    def response_complete(self, request: LLMRequest, response: Response,
+                          endpoint: EndpointView) -> None:
+        self._prefilled(request)
+        out = request.plugin_state.get(PREDICTIONS_KEY)
+        if not isinstance(out, RequestPredictions) or response.failed:
+            return
+        if self.params.streaming_mode:
+            ttft = response.ttft if response.streamed else None
+            tpot = response.tpot if response.streamed and response.completion_tokens > 1 \
+                else None
+        else:
+            ttft, tpot = response.elapsed, None
+        row = out.states.get(endpoint.key)
+        if row is not None:
+            self.predictor.observe(EndpointState.from_ttft_row(row), ttft, tpot)
+        slo, pair = out.slo, (request.client_model, request.target_model)
+        if slo.ttft is not None and response.ttft is not None and response.ttft > slo.ttft:
+            m.SLO_VIOLATIONS.labels(*pair, "ttft").inc()
+        if slo.tpot is not None and response.tpot is not None and response.tpot > slo.tpot:
+            m.SLO_VIOLATIONS.labels(*pair, "tpot").inc()
+
+
+def _headroom(slo: float | None, any_slo: bool, predicted: float | None,
+              factor: float) -> float:
+    if predicted is None:
+        return 0.0
+    if slo is None:
+        return -predicted if not any_slo else 0.0
+    return slo * factor - predicted

@@ -1,0 +1,62 @@
+"""``bench.pd_compare``: its verdict rule, its workload, and a short run end to end (both
+fleets start, the P/D one disaggregates the long prompts and not the short ones)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from bench.pd_compare import ratio_interval, verdict, workload
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_verdict_needs_the_whole_interval_on_one_side() -> None:
+    assert verdict(0.4, 0.55, 0.6, "le") == "met"
+    assert verdict(0.65, 0.9, 0.6, "le") == "not met"
+    assert verdict(0.5, 0.7, 0.6, "le") == "inconclusive"
+    assert verdict(1.01, 1.2, 1.0, "ge") == "met"
+    assert verdict(0.8, 0.95, 1.0, "ge") == "not met"
+    assert verdict(float("nan"), float("nan"), 1.0, "ge") == "inconclusive"
+
+
+def test_ratio_interval_contains_the_geometric_mean_and_widens_with_spread() -> None:
+    lo, hi = ratio_interval([0.5, 0.5, 0.5])
+    assert abs(lo - 0.5) < 1e-9 and abs(hi - 0.5) < 1e-9
+    lo, hi = ratio_interval([0.4, 0.5, 0.6, 0.5, 0.45])
+    assert lo < 0.49 < hi < 0.6
+
+
+def test_workload_mixes_long_prompts_and_short_streaming_decodes() -> None:
+    specs = workload(3, rate=2.0, duration=50)
+    long = [s for s in specs if s.tag == "long"]
+    short = [s for s in specs if s.tag == "short"]
+    assert long and short and all(s.body["stream"] for s in specs)
+    assert all(4096 <= len(s.body["prompt"]) // 4 <= 16384 for s in long)
+    assert all(100 <= len(s.body["prompt"]) // 4 <= 400 for s in short)
+    assert all(200 <= s.body["max_tokens"] <= 500 for s in specs)
+    assert [s.body for s in specs] == [s.body for s in workload(3, 2.0, 50)]
+
+
+# Two fleets start and drain (prompts up to 16k tokens, 500 out at 12 ms a token): on this
+# shared 2-core machine that can take longer than the suite's default 120 s.
+@pytest.mark.timeout(300)
+def test_a_short_run_compares_both_fleets(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "bench.pd_compare", "--seeds", "1",
+                           "--duration", "4", "--rate", "1", "--workdir", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "| long | tpot_p90 |" in proc.stdout
+    assert "errors: {'aggregated': 0, 'pd': 0}" in proc.stdout
+    for seed in (0,):
+        pd = orjson.loads((tmp_path / f"pd-seed{seed}" / "summary.json").read_bytes())
+        tags = [orjson.loads(line)["tag"] for line in
+                (tmp_path / f"pd-seed{seed}" / "requests.jsonl").read_bytes().splitlines()]
+        assert "long" in tags and "short" in tags  # seed 0 at this rate: both classes
+        sidecar = pd["counters"]["sidecar"]
+        assert sidecar.get('{mode="disaggregated"}', 0) == tags.count("long")
+        assert sidecar.get('{mode="local"}', 0) == tags.count("short")

@@ -1,0 +1,305 @@
+"""P/D scheduling: role filters, deciders, the disaggregated profile handlers and the
+``x-prefiller-host-port`` they set, built from configs as the EPP builds them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from epp.config import ConfigError, Runtime, build, load_config_file, parse_config
+from epp.datastore import EndpointView
+from epp.scheduling.request import LLMRequest
+from epp.scheduling.result import SchedulingResult
+from epp.testing import PluginHarness, endpoint, request
+from shared.pd import PREFILLER_HEADER, ROLE_LABEL
+from shared.plugins import PluginError
+
+# llm-d's deploy/config/pd-epp-config.yaml, as documented (written here, not copied)
+LLMD_PD = """\
+apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: prefix-cache-scorer
+  parameters: {maxPrefixBlocksToMatch: 256, lruCapacityPerServer: 31250}
+- type: queue-scorer
+- type: prefill-filter
+- type: decode-filter
+- type: max-score-picker
+- type: prefix-based-pd-decider
+  parameters: {nonCachedTokens: %d}
+- type: disagg-profile-handler
+  parameters:
+    deciders: {prefill: prefix-based-pd-decider}
+schedulingProfiles:
+- name: prefill
+  plugins:
+  - pluginRef: prefill-filter
+  - pluginRef: max-score-picker
+  - {pluginRef: prefix-cache-scorer, weight: 2}
+  - {pluginRef: queue-scorer, weight: 1}
+- name: decode
+  plugins:
+  - pluginRef: decode-filter
+  - pluginRef: max-score-picker
+  - {pluginRef: prefix-cache-scorer, weight: 2}
+  - {pluginRef: queue-scorer, weight: 1}
+"""
+
+PROFILES = """\
+schedulingProfiles:
+- name: prefill
+  plugins: [{pluginRef: prefill-filter}, {pluginRef: queue-scorer}]
+- name: decode
+  plugins: [{pluginRef: decode-filter}, {pluginRef: queue-scorer}]
+"""
+
+
+def role(i: int, value: str | None, **kw: int) -> EndpointView:
+    return endpoint(i, labels={ROLE_LABEL: value} if value else {}, **kw)
+
+
+@dataclass
+class Routed:
+    result: SchedulingResult
+
+    @property
+    def decode(self) -> str:
+        return self.result.destination
+
+    @property
+    def prefiller(self) -> str | None:
+        return self.result.extra_headers.get(PREFILLER_HEADER)
+
+
+def route(rt: Runtime, req: LLMRequest, pool: Sequence[EndpointView]) -> Routed:
+    """What the director does around the scheduler: producers, schedule, pre-request."""
+    for producer in rt.producers:
+        producer.produce(req, pool)
+    result = rt.scheduler.schedule(req, pool)
+    for plugin in rt.pre_request:
+        plugin.pre_request(req, result)
+    return Routed(result)
+
+
+def runtime(text: str) -> Runtime:
+    return build(parse_config(text))
+
+
+def pool() -> list[EndpointView]:
+    """Two decode and two prefill endpoints; the first of each has the shorter queue (fresh
+    per call: routing counts requests in flight on the endpoint objects)."""
+    return [role(1, "decode"), role(2, "decode", waiting=3), role(3, "prefill"),
+            role(4, "prefill", waiting=2)]
+
+
+# -- filters ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("value", "prefill", "decode"), [
+    ("prefill", True, False), ("decode", False, True), ("both", True, True),
+    ("prefill-decode", True, True), ("encode-prefill", True, False),
+    ("encode-prefill-decode", True, True), ("encode", False, False), (None, False, True),
+])
+def test_role_filters_follow_llm_d_role_label(value: str | None, prefill: bool,
+                                              decode: bool) -> None:
+    v = role(1, value)
+    assert bool(PluginHarness.of("prefill-filter").filter([v])) is prefill
+    assert bool(PluginHarness.of("decode-filter").filter([v])) is decode
+
+
+DATA = Path(__file__).parent.parent / "data"
+LLMD_FILES = ["llm-d-pd-epp-config.yaml", "llm-d-sim-pd-epp-config.yaml",
+              "llm-d-pd-profile-handler-epp-config.yaml"]
+
+
+@pytest.mark.parametrize("name", LLMD_FILES)
+def test_llm_d_pd_config_files_load_and_route(name: str) -> None:
+    rt = build(load_config_file(DATA / name))
+    long = route(rt, request("x" * 400), pool())  # 100 tokens > nonCachedTokens 16
+    assert (long.decode, long.prefiller) == ("10.0.0.1:8000", "10.0.0.3:8000")
+    short = route(rt, request("y" * 40), pool())  # 10 tokens
+    assert (short.decode, short.prefiller) == ("10.0.0.1:8000", None)
+
+
+# -- deciders -----------------------------------------------------------------------------
+
+def test_llm_d_pd_config_disaggregates_a_long_uncached_prompt() -> None:
+    rt = runtime(LLMD_PD % 256)
+    r = route(rt, request("x" * 4000), pool())  # 1,000 tokens, nothing cached
+    assert r.decode == "10.0.0.1:8000"
+    assert r.prefiller == "10.0.0.3:8000"  # the prefill pod with the shorter queue
+
+
+def test_short_prompt_is_decoded_without_a_prefiller() -> None:
+    rt = runtime(LLMD_PD % 256)
+    r = route(rt, request("x" * 1000), pool())  # 250 tokens < 256
+    assert r.decode == "10.0.0.1:8000"
+    assert r.prefiller is None
+    assert set(r.result.results) == {"decode"}
+
+
+def test_prefix_decider_counts_only_the_uncached_part_on_the_decode_pod() -> None:
+    rt = runtime(LLMD_PD % 256)
+    shared = "s" * 3200  # 800 tokens, cached on the decode pod after the first request
+    assert route(rt, request(shared + "a" * 400), pool()).prefiller is not None
+    again = route(rt, request(shared + "b" * 400), pool())  # 100 new tokens + partial block
+    assert again.decode == "10.0.0.1:8000"
+    assert again.prefiller is None
+    fresh = route(rt, request("t" * 3200 + "b" * 400), pool())
+    assert fresh.prefiller is not None
+
+
+def test_non_cached_tokens_zero_never_disaggregates() -> None:
+    rt = runtime(LLMD_PD % 0)
+    assert route(rt, request("x" * 40_000), pool()).prefiller is None
+
+
+def test_non_cached_tokens_must_not_be_negative() -> None:
+    with pytest.raises(ConfigError, match="nonCachedTokens cannot be negative"):
+        runtime(LLMD_PD % -1)
+
+
+def test_prefix_decider_needs_a_prefix_plugin() -> None:
+    text = """\
+plugins:
+- type: prefill-filter
+- type: decode-filter
+- type: queue-scorer
+- type: prefix-based-pd-decider
+  parameters: {nonCachedTokens: 8}
+- type: disagg-profile-handler
+  parameters: {deciders: {prefill: prefix-based-pd-decider}}
+""" + PROFILES
+    with pytest.raises(ConfigError, match="needs a prefix-cache-scorer"):
+        runtime(text)
+
+
+ALWAYS = """\
+plugins:
+- type: prefill-filter
+- type: decode-filter
+- type: queue-scorer
+- type: always-disagg-pd-decider
+- type: %s
+  parameters: %s
+""" + PROFILES
+
+
+def test_always_decider_disaggregates_even_a_tiny_prompt() -> None:
+    rt = runtime(ALWAYS % ("disagg-profile-handler",
+                           "{deciders: {prefill: always-disagg-pd-decider}}"))
+    r = route(rt, request("hi"), pool())
+    assert (r.decode, r.prefiller) == ("10.0.0.1:8000", "10.0.0.3:8000")
+
+
+def test_without_a_decider_nothing_is_disaggregated() -> None:
+    rt = runtime(ALWAYS % ("disagg-profile-handler", "{}"))
+    assert route(rt, request("x" * 9000), pool()).prefiller is None
+
+
+def test_no_prefill_endpoint_means_decode_locally() -> None:
+    rt = runtime(ALWAYS % ("disagg-profile-handler",
+                           "{deciders: {prefill: always-disagg-pd-decider}}"))
+    r = route(rt, request("hi"), [role(1, "decode"), role(2, None)])
+    assert r.decode in ("10.0.0.1:8000", "10.0.0.2:8000")
+    assert r.prefiller is None
+
+
+def test_no_decode_endpoint_is_a_429_and_no_prefill_runs() -> None:
+    rt = runtime(ALWAYS % ("disagg-profile-handler",
+                           "{deciders: {prefill: always-disagg-pd-decider}}"))
+    with pytest.raises(Exception, match="rejected by decode-filter") as e:
+        route(rt, request("hi"), [role(3, "prefill")])
+    assert getattr(e.value, "status", None) == 429
+
+
+# -- handler parameters (llm-d's shapes) ----------------------------------------------------
+
+def test_pd_profile_handler_older_name_and_flat_parameters() -> None:
+    rt = runtime(ALWAYS % ("pd-profile-handler",
+                           "{deciderPluginName: always-disagg-pd-decider}"))
+    r = route(rt, request("hi"), pool())
+    assert r.prefiller == "10.0.0.3:8000"
+
+
+def test_disagg_handler_accepts_llm_d_flat_form() -> None:
+    rt = runtime(ALWAYS % ("disagg-profile-handler",
+                           "{deciderPluginName: always-disagg-pd-decider}"))
+    assert route(rt, request("hi"), pool()).prefiller == "10.0.0.3:8000"
+
+
+def test_custom_profile_names() -> None:
+    text = ALWAYS.replace("name: prefill", "name: p").replace("name: decode", "name: d")
+    rt = runtime(text % ("disagg-profile-handler",
+                         "{profiles: {decode: d, prefill: p}, "
+                         "deciders: {prefill: always-disagg-pd-decider}}"))
+    r = route(rt, request("hi"), pool())
+    assert (r.decode, r.prefiller) == ("10.0.0.1:8000", "10.0.0.3:8000")
+
+
+@pytest.mark.parametrize(("kind", "params", "error"), [
+    ("disagg-profile-handler", "{deciders: {prefill: nope}}", "no plugin named 'nope'"),
+    ("disagg-profile-handler", "{deciders: {prefill: queue-scorer}}", "is not a PDDecider"),
+    ("disagg-profile-handler", "{deciders: {encode: always-disagg-pd-decider}}",
+     "unknown parameters \\['encode'\\]"),
+    ("disagg-profile-handler", "{profiles: {decode: dec}}", "no scheduling profile named 'dec'"),
+    ("disagg-profile-handler",
+     "{decodeProfile: decode, deciders: {prefill: always-disagg-pd-decider}}", "cannot mix"),
+    ("pd-profile-handler", "{deciderPluginName: always-disagg-pd-decider, primaryPort: 8000}",
+     "primaryPort"),
+    ("pd-profile-handler", "{deciderPluginName: always-disagg-pd-decider, "
+                           "prefixPluginName: missing}", "prefixPluginName"),
+    ("pd-profile-handler", "{}", "no plugin named 'prefix-based-pd-decider'"),
+])
+def test_bad_handler_parameters_are_config_errors(kind: str, params: str, error: str) -> None:
+    with pytest.raises(ConfigError, match=error):
+        runtime(ALWAYS % (kind, params))
+
+
+def test_a_profile_the_handler_never_runs_is_an_error() -> None:
+    text = (ALWAYS % ("disagg-profile-handler", "{}")) + """\
+- name: extra
+  plugins: [{pluginRef: queue-scorer}]
+"""
+    with pytest.raises(ConfigError, match="extra would never run"):
+        runtime(text)
+
+
+def test_decider_without_prefill_profile_is_an_error() -> None:
+    text = ALWAYS.split("schedulingProfiles:")[0] + """\
+schedulingProfiles:
+- name: decode
+  plugins: [{pluginRef: decode-filter}, {pluginRef: queue-scorer}]
+"""
+    with pytest.raises(ConfigError, match="the prefill profile"):
+        runtime(text % ("disagg-profile-handler",
+                        "{deciders: {prefill: always-disagg-pd-decider}}"))
+
+
+def test_prefill_header_handler_sets_the_header_from_the_named_profile() -> None:
+    h = PluginHarness.of("prefill-header-handler", {"prefillProfile": "p"})
+    from epp.scheduling.result import ProfileResult
+    pre = role(3, "prefill")
+    result = SchedulingResult({"d": ProfileResult("d", [role(1, "decode")]),
+                               "p": ProfileResult("p", [pre])}, "d")
+    h.plugin.pre_request(request("x"), result)  # type: ignore[attr-defined]
+    assert result.extra_headers == {PREFILLER_HEADER: "10.0.0.3:8000"}
+
+
+def test_prefill_pick_is_learnt_by_the_prefix_index() -> None:
+    rt = runtime(LLMD_PD % 16)
+    first = route(rt, request("q" * 4000), pool())
+    assert first.prefiller == "10.0.0.3:8000"
+    # the same prompt again: the prefix scorer (weight 2) now prefers the prefill pod that
+    # computed it, although its queue is not the shortest any more
+    busy = [role(1, "decode"), role(2, "decode"), role(3, "prefill", waiting=5),
+            role(4, "prefill")]
+    again = route(rt, request("q" * 4000 + "r" * 200), busy)
+    assert again.prefiller == "10.0.0.3:8000"
+
+
+def test_unknown_decider_parameter_is_an_error() -> None:
+    with pytest.raises(PluginError, match="unknown parameters"):
+        PluginHarness.of("prefix-based-pd-decider", {"threshold": 3})
