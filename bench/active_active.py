@@ -41,7 +41,7 @@ from bench.contenders import (
 )
 from bench.contenders import Epp as SingleEpp
 from bench.workloads import WORKLOADS
-from shared import envoy as e
+from devkit import envoy as e
 
 
 class EppReplicas(Contender):

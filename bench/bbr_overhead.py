@@ -25,7 +25,7 @@ from bench.harness import (
     stop,
     table,
 )
-from shared import envoy as e
+from devkit import envoy as e
 
 MODES = ("BUFFERED", "FULL_DUPLEX_STREAMED")
 

@@ -34,7 +34,8 @@ import yaml
 
 from bench.peers import PEERS, peer_env
 from bench.workloads import FLEET_SIZE, LORA_ADAPTERS, PROFILE
-from shared import envoy as e
+from devkit import envoy as e
+from devkit.topology import Pool, Topology
 
 # The best EndpointPickerConfig found (see docs/benchmarks.md, "Tuning the EPP profile").
 TUNED_CONFIG = """\
@@ -229,13 +230,10 @@ def pool_gateway_config(epp_port: int, admin: int, listen: int,
     """Envoy as the Inference Extension deploys it: the EPP ext_proc filter in
     FULL_DUPLEX_STREAMED (request and response), then the pool's ``override_host`` cluster
     to the picked endpoint (retrying down the EPP's fallbacks)."""
-    mode = "FULL_DUPLEX_STREAMED"
-    filt = e.ext_proc_filter("epp", request_body_mode=mode, response_body_mode=mode,
-                             response_headers=True)
-    lst = e.listener(listen, [e.route("pool", retry_policy=e.fallback_retry_policy())], [filt])
-    lst["per_connection_buffer_limit_bytes"] = 32 * 1024 * 1024
-    return e.bootstrap(admin, [lst], [e.grpc_cluster("epp", epp_port, tls=False),
-                                      e.pool_cluster("pool", endpoints, timeout="5s")])
+    return Topology(listen=listen, admin=admin, pools=[Pool(
+        "pool", cluster="pool", epp_cluster="epp", epp_port=epp_port, connect_timeout="5s",
+        endpoints=[(h, int(p)) for h, _, p in (ep.rpartition(":") for ep in endpoints)],
+    )]).bootstrap()
 
 
 class Epp(Contender):

@@ -26,7 +26,7 @@ from bench.harness import (
     stop,
     table,
 )
-from shared import envoy as e
+from devkit import envoy as e
 
 PODS = [f"127.0.20.{i}" for i in range(1, 5)]
 DUPLEX = "FULL_DUPLEX_STREAMED"

@@ -15,7 +15,7 @@ import time
 
 import orjson
 
-from bench.manifests import pool_manifests
+from devkit.manifests import pool_manifests
 from epp.config import build
 from epp.datastore import Datastore, EndpointMetrics
 from epp.datastore.objects import parse_object

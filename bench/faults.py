@@ -1,4 +1,4 @@
-"""Long forms of the fault scenarios in ``tests/reliability/test_faults.py``: one of four
+"""Long forms of the fault scenarios in ``tests/system/reliability/test_faults.py``: one of four
 servers killed under load, repeated ``--rounds`` times, with the figures printed as JSON
 (requests lost per kill, seconds from kill to the last failure, seconds from revival to the
 first request it serves).
@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.reliability.faultkit import SimFleet, load, start_sim_gateway
+from devkit.reliability.faultkit import SimFleet, load, start_sim_gateway
 
 
 def kill_round(fleet: SimFleet, url: str, workers: int, pod: int, down: float) -> dict[str, Any]:

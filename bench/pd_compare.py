@@ -48,7 +48,7 @@ from bench.contenders import _popen, _stop, _tail, pool_gateway_config
 from bench.loadgen import percentile as pct
 from bench.openloop import Outcome
 from bench.workloads import MODEL, RequestSpec, _words, poisson_arrivals, write_specs
-from shared import envoy as e
+from devkit import envoy as e
 from shared.pd import ROLE_LABEL
 
 PD_CONFIG = """\

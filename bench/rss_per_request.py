@@ -1,6 +1,6 @@
 """Resident memory each request leaves behind in BBR and the EPP, through the real gateway
 (Envoy → BBR → EPP → ``vllm-sim``, 4 pods), with Envoy's default ext_proc stream close (a
-half-close then an immediate reset) and with graceful close (``shared.envoy.GRACEFUL_CLOSE``:
+half-close then an immediate reset) and with graceful close (``devkit.envoy.GRACEFUL_CLOSE``:
 Envoy half-closes and waits for the service's status).
 
     python -m bench.rss_per_request [--seconds 60] [--concurrency 32]
@@ -24,9 +24,9 @@ from typing import Any
 
 import orjson
 
-from bench.reliability.faultkit import MODEL, SimFleet, start_sim_gateway
-from bench.reliability.gateway import rss_kb
-from shared.envoy import GRACEFUL_CLOSE
+from devkit.envoy import GRACEFUL_CLOSE
+from devkit.reliability.faultkit import MODEL, SimFleet, start_sim_gateway
+from devkit.reliability.gateway import rss_kb
 
 
 def load(url: str, body: Path, concurrency: int, seconds: float) -> dict[str, Any]:

@@ -18,8 +18,8 @@ import time
 
 import orjson
 
-from bench.manifests import pool_manifests
 from bench.slo_twin import LATENCY
+from devkit.manifests import pool_manifests
 from epp.config import build, parse_config
 from epp.datastore import Datastore, EndpointMetrics
 from epp.datastore.objects import parse_object

@@ -36,9 +36,9 @@ from typing import Any
 
 import orjson
 
-from bench.manifests import pool_manifests
 from bench.stats import bootstrap_median
 from bench.workloads import RequestSpec, _completion, _words, poisson_arrivals
+from devkit.manifests import pool_manifests
 from epp.config import build, parse_config
 from epp.datastore import Datastore, EndpointMetrics
 from epp.datastore.objects import parse_object

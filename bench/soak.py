@@ -3,7 +3,7 @@ rate for a long time, watching the services' RSS, file descriptors and threads a
 rate per window.
 
     python -m bench.soak --minutes 30 --rate 40      # the long run (not in CI)
-    python -m bench.soak --minutes 1                 # what tests/reliability/test_soak.py runs
+    python -m bench.soak --minutes 1          # what tests/system/reliability/test_soak.py runs
     python -m bench.soak --minutes 30 --graceful-close   # Envoy with graceful ext_proc close
 
 Pass: RSS growth after warm-up ≤ 5%, no fd or thread growth, no error drift.
@@ -23,9 +23,9 @@ from pathlib import Path
 import httpx
 import orjson
 
-from bench.reliability.faultkit import MODEL, SimFleet, start_sim_gateway
-from bench.reliability.gateway import Gateway, open_fds, rss_kb, threads
-from shared.envoy import GRACEFUL_CLOSE
+from devkit.envoy import GRACEFUL_CLOSE
+from devkit.reliability.faultkit import MODEL, SimFleet, start_sim_gateway
+from devkit.reliability.gateway import Gateway, open_fds, rss_kb, threads
 
 
 @dataclass

@@ -22,12 +22,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-
-def free_port() -> int:
-    """A TCP port free on loopback right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from devkit.net import free_port
 
 
 def valkey_binary() -> str:

@@ -16,7 +16,7 @@ request's end for an exchange that does not want the response, or :data:`RESET_W
 response's end. By default Envoy resets the stream right after the response's end, and a reset
 that finds a gRPC batch in flight leaks that batch's native memory in grpc.aio
 (grpc/grpc#43360); waiting on a plain timer instead, the reset just cancels it. With Envoy's
-graceful close (``shared.envoy.GRACEFUL_CLOSE``) Envoy waits for the status instead.
+graceful close (``devkit.envoy.GRACEFUL_CLOSE``) Envoy waits for the status instead.
 
 A service subclasses :class:`Exchange` (one object per HTTP request) and hands a factory to
 :class:`ExtProcServicer`. Raising :class:`~shared.errors.GatewayError` from a callback ends

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import BackgroundLoop
+from tests.support.processes import BackgroundLoop
 
 
 @pytest.fixture(scope="session")

@@ -17,8 +17,7 @@ from typing import Any
 
 from tests.charts.kubelet import run_probe
 from tests.charts.render import one
-from tests.k8s.fake_apiserver import FakeApiServer
-from tests.k8s.test_epp_kubernetes_e2e import kubeconfig
+from tests.support.fake_apiserver import FakeApiServer, kubeconfig
 
 
 class LocalPod:

@@ -1,4 +1,4 @@
-"""Render the charts with the real helm binary (see :mod:`tests.k8s.helm`)."""
+"""Render the charts with the real helm binary (see :mod:`tests.support.helm`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.k8s.helm import REPO, HelmUnavailable, helm_binary
+from tests.support.helm import REPO, HelmUnavailable, helm_binary
 
 CHARTS = REPO / "charts"
 CRDS = CHARTS / "crds"

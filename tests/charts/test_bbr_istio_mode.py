@@ -14,10 +14,10 @@ from typing import Any
 import httpx
 import pytest
 
-from shared import envoy as e
+from devkit import envoy as e
 from tests.charts.pod import LocalPod
 from tests.charts.render import container, one, render
-from tests.support import BackgroundLoop, EchoBackend
+from tests.support.processes import BackgroundLoop, EchoBackend
 
 pytestmark = pytest.mark.envoy
 

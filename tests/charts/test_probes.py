@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from shared import envoy as e
+from devkit import envoy as e
 from tests.charts.kubelet import run_probe
 from tests.charts.pod import LocalPod
 from tests.charts.render import container, one, render
-from tests.k8s import objects
-from tests.k8s.fake_apiserver import FakeApiServer
+from tests.support import k8s_objects as objects
+from tests.support.fake_apiserver import FakeApiServer
 
 UPSTREAM_VALUES = Path(__file__).parent / "upstream" / "inferencepool-v1.5.0.yaml"
 

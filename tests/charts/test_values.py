@@ -22,7 +22,7 @@ import yaml
 
 from tests.charts.render import container, one, refusal, render
 from tests.charts.test_charts import crd_schema, validate_rendered
-from tests.k8s.helm import REPO
+from tests.support.helm import REPO
 
 UPSTREAM = Path(__file__).parent / "upstream"
 IP_VALUES = UPSTREAM / "inferencepool-v1.5.0.yaml"

@@ -13,14 +13,14 @@ import httpx
 import orjson
 import pytest
 
-from shared import envoy as e
+from devkit import envoy as e
 from shared.extproc import (
     Exchange,
     ExtProcServicer,
     RequestDecision,
     ResponseHeadersDecision,
 )
-from tests.support import BackgroundLoop, EchoBackend, InProcessService
+from tests.support.processes import BackgroundLoop, EchoBackend, InProcessService
 
 pytestmark = pytest.mark.envoy
 

@@ -13,7 +13,7 @@ import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from shared import envoy as e
+from devkit import envoy as e
 from shared.server import (
     EXT_PROC_SERVICE,
             Health,

@@ -15,7 +15,7 @@ import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from shared.extproc import RESET_WAIT, BodyMode, Exchange, ExtProcServicer
-from tests.reliability.inprocess import body_msgs, headers_msg
+from tests.support.inprocess import body_msgs, headers_msg
 
 REQUEST = [headers_msg([(":method", "POST"), (":path", "/v1/completions")]),
            *body_msgs(b'{"model": "m"}', [5])]

@@ -12,9 +12,9 @@ from epp.datastore import Datastore
 from epp.sources.kubernetes import KubernetesSource
 from shared.pd import ROLE_LABEL
 from sidecar.allowlist import PoolPrefillers
-from tests.k8s import objects as o
-from tests.k8s.conftest import FAST
-from tests.k8s.fake_apiserver import FakeApiServer, api_client
+from tests.support import k8s_objects as o
+from tests.support.fake_apiserver import FakeApiServer, api_client
+from tests.support.k8s import FAST
 
 
 def role(r: str) -> dict[str, str]:

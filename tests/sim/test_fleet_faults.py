@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from sim.config import Faults
-from tests.sim.conftest import FleetFactory, tiny
+from tests.support.sim import FleetFactory, tiny
 
 
 async def test_eight_servers_each_answer_with_their_own_port(fleet_of: FleetFactory) -> None:

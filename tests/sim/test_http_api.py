@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from sim.fleet import Fleet
-from tests.sim.conftest import MODEL, FleetFactory, tiny
+from tests.support.sim import MODEL, FleetFactory, tiny
 
 Server = tuple[Fleet, httpx.AsyncClient]
 

@@ -21,8 +21,8 @@ import zmq.asyncio
 
 from sim.fleet import Fleet, start_fleet
 from sim.kvevents import KVEventsConfig
-from tests.sim.conftest import tiny
 from tests.sim.test_kv_events_publish import complete, subscribe
+from tests.support.sim import tiny
 from tests.vllm.kv_capture import Layout, comparable
 
 FIXTURE = (Path(__file__).resolve().parents[1] / "vllm" / "fixtures"

@@ -26,7 +26,7 @@ from sim.fleet import Fleet, start_fleet
 from sim.kvevents import BlockHasher, KVEventsConfig, external
 from sim.main import build_parser, configs_from_args
 from sim.tokenizer import token_ids
-from tests.sim.conftest import tiny
+from tests.support.sim import tiny
 
 KV = KVEventsConfig(enable_kv_cache_events=True, endpoint="tcp://127.0.0.1:*",
                     replay_endpoint="tcp://127.0.0.1:*", topic="kv@{name}@{model}")

@@ -7,7 +7,7 @@ import asyncio
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.sim.conftest import MODEL, FleetFactory, tiny
+from tests.support.sim import MODEL, FleetFactory, tiny
 
 
 def samples(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:

@@ -6,7 +6,7 @@ import openai
 import pytest
 
 from sim.fleet import start_fleet
-from tests.sim.conftest import MODEL, tiny
+from tests.support.sim import MODEL, tiny
 
 
 async def test_openai_client_chat_and_streaming_completion() -> None:

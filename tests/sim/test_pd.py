@@ -15,7 +15,7 @@ from shared.pd import RemotePrefill, prefill_leg_body
 from sim.engine import Engine
 from sim.pd import LINKS, KVTransferConfig, parse_kv_transfer_config
 from sim.profiles import TINY
-from tests.sim.conftest import MODEL, FleetFactory, tiny
+from tests.support.sim import MODEL, FleetFactory, tiny
 
 PROMPT = "abcd" * 200  # 200 tokens, 12.5 blocks of 16
 BOTH = KVTransferConfig(kv_role="kv_both", abort_timeout=60.0)

@@ -12,7 +12,6 @@ import contextlib
 import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ import pytest
 from tests.vllm.harness import (
     MODEL,
     Gateway,
+    RealPool,
     VllmServer,
     local_servers,
     served_models,
@@ -30,24 +30,6 @@ from tests.vllm.harness import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@dataclass
-class RealPool:
-    """What the checks get: the servers, the gateway in front, and how they were made."""
-
-    servers: list[VllmServer]
-    gateway: Gateway
-    local: bool
-    model: str
-    #: adapter → the servers that list it in /v1/models
-    adapters: dict[str, list[VllmServer]]
-    workdir: Path
-    venv: Path | None
-
-    def server(self, feature: str) -> VllmServer:
-        """The local server started with ``feature`` (``lora``, ``small-kv``, ...)."""
-        return next(s for s in self.servers if feature in s.features)
 
 
 def _print(config: pytest.Config, line: str) -> None:

@@ -39,9 +39,9 @@ from typing import Any
 
 import yaml
 
-from bench.manifests import pool_manifests, write_yaml
-from bench.stack import PoolSpec, StackSpec, envoy_config
-from shared import envoy as e
+from devkit import envoy as e
+from devkit.manifests import pool_manifests, write_yaml
+from devkit.stack import PoolSpec, StackSpec, envoy_config
 
 MODEL = "tiny"
 #: ``--prefix-caching-hash-algo`` of the local servers.
@@ -363,3 +363,21 @@ def debug_pool(gw: Gateway) -> dict[str, dict[str, Any]]:
 
 def dump_yaml(data: Any) -> str:
     return yaml.safe_dump(data, sort_keys=False)
+
+
+@dataclass
+class RealPool:
+    """What the checks get: the servers, the gateway in front, and how they were made."""
+
+    servers: list[VllmServer]
+    gateway: Gateway
+    local: bool
+    model: str
+    #: adapter → the servers that list it in /v1/models
+    adapters: dict[str, list[VllmServer]]
+    workdir: Path
+    venv: Path | None
+
+    def server(self, feature: str) -> VllmServer:
+        """The local server started with ``feature`` (``lora``, ``small-kv``, ...)."""
+        return next(s for s in self.servers if feature in s.features)

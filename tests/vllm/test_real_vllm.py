@@ -26,6 +26,7 @@ import zmq
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
+from devkit import envoy as e
 from epp.datastore import EngineType
 from epp.kvcache import (
     IndexConfig,
@@ -36,11 +37,9 @@ from epp.kvcache import (
     SubscriberConfig,
 )
 from epp.metrics.dialects import DIALECTS
-from shared import envoy as e
 from shared.kvevents import BlockStored, decode_batch, hash_to_u64, parse_message
 from sim.kvevents import DEFAULT_NONE_HASH_SEED, BlockHasher, external
-from tests.vllm.conftest import RealPool
-from tests.vllm.harness import HASH_ALGO, VllmServer, debug_pool
+from tests.vllm.harness import HASH_ALGO, RealPool, VllmServer, debug_pool
 from tests.vllm.kv_capture import comparable
 
 T = TypeVar("T")

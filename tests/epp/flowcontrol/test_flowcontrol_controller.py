@@ -19,8 +19,8 @@ from epp.flowcontrol import (
 )
 from epp.flowcontrol.policies import GlobalStrictFairness, StaticUsageLimit
 from epp.flowcontrol.queues import Band, FlowQueue
-from tests.epp.flowcontrol.conftest import MakeFC
-from tests.epp.flowcontrol.fchelpers import Gate, release
+from tests.support.fchelpers import Gate, release
+from tests.support.flowcontrol import MakeFC
 
 Log = list[tuple[str, Outcome]]
 

@@ -15,10 +15,10 @@ import httpx
 import orjson
 import pytest
 
-from bench.manifests import pool_manifests, write_yaml
-from shared import envoy as e
-from tests.picker.conftest import start_servers
-from tests.support import BackgroundLoop, EppProcess, FakeModelServer, pool_gateway_config
+from devkit import envoy as e
+from devkit.manifests import pool_manifests, write_yaml
+from tests.support.picker import start_servers
+from tests.support.processes import BackgroundLoop, EppProcess, FakeModelServer, pool_gateway_config
 
 pytestmark = pytest.mark.envoy
 

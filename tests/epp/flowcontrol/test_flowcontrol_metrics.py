@@ -8,8 +8,8 @@ import asyncio
 from prometheus_client import CollectorRegistry
 
 from epp.flowcontrol import FlowControlConfig, FlowControlRequest, Outcome
-from tests.epp.flowcontrol.conftest import MakeFC
-from tests.epp.flowcontrol.fchelpers import Gate, release
+from tests.support.fchelpers import Gate, release
+from tests.support.flowcontrol import MakeFC
 
 FLOW = {"fairness_id", "priority", "inference_pool", "model_name", "target_model_name"}
 # name → (type, label names), from upstream v1.5.0 pkg/epp/metrics/metrics.go.

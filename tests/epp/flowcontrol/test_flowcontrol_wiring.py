@@ -10,7 +10,7 @@ import time
 import orjson
 import pytest
 
-from bench.manifests import pool_manifests
+from devkit.manifests import pool_manifests
 from epp.config import ConfigError, build, parse_config
 from epp.datastore import Datastore, EndpointMetrics
 from epp.datastore.objects import parse_object

@@ -24,7 +24,7 @@ from shared.kvevents import BlockStored, EventBatch, encode_batch, seq_to_bytes
 from sim.fleet import Fleet, start_fleet
 from sim.kvevents import KVEventsConfig
 from sim.tokenizer import token_ids
-from tests.sim.conftest import tiny
+from tests.support.sim import tiny
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 FAST = SubscriberConfig(reconnect_min=0.05, reconnect_max=0.2, replay_timeout=2.0,

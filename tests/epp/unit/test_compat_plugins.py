@@ -332,7 +332,7 @@ def test_served_verifier_through_the_ext_proc_stream() -> None:
 
     from epp.handlers.exchange import PickerExchange
     from shared.extproc import BodyMode, ExtProcServicer
-    from tests.reliability.inprocess import body_msgs, headers_msg, run_stream
+    from tests.support.inprocess import body_msgs, headers_msg, run_stream
 
     text = "plugins:\n- type: destination-endpoint-served-verifier\n- type: queue-scorer\n"
     d = Director.of(build(parse_config(text), store(), rng=random.Random(0)))
@@ -362,7 +362,7 @@ def test_models_listing_becomes_what_the_pool_serves() -> None:
 
     import aiohttp
 
-    from bench.manifests import pool_manifests
+    from devkit.manifests import pool_manifests
     from epp.datalayer import ModelsDataSource, ServedModels
     from epp.datastore import Datastore, EndpointMetrics, build_snapshot, parse_object
     from sim import ServerConfig, start_fleet
@@ -497,7 +497,7 @@ def test_reporter_metadata_reaches_envoy_with_the_last_body_answer() -> None:
     the response's last body message carries the dynamic metadata."""
     from epp.handlers.exchange import PickerExchange
     from shared.extproc import BodyMode, ExtProcServicer
-    from tests.reliability.inprocess import body_msgs, headers_msg, run_stream
+    from tests.support.inprocess import body_msgs, headers_msg, run_stream
 
     d = reporter_director()
     servicer = ExtProcServicer(lambda: PickerExchange(d),

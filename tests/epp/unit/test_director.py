@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 import pytest
 
-from bench.manifests import pool_manifests
+from devkit.manifests import pool_manifests
 from epp.config import BUILTIN_PLUGINS, build, parse_config
 from epp.datastore import Datastore, EndpointMetrics, EndpointView
 from epp.datastore.objects import parse_object

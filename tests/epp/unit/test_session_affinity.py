@@ -14,8 +14,8 @@ from epp.scheduling.plugins.scorer.session_affinity_scorer import (
     SESSION_HEADER,
     SessionAffinityScorer,
 )
-from tests.epp.unit.conftest import ViewFactory
 from tests.epp.unit.test_director import HEADERS, KEYS, body, store
+from tests.support.views import ViewFactory
 
 CONFIG = """\
 plugins:

@@ -36,8 +36,8 @@ from epp.scheduling.plugins.filter.slo_headroom_tier_filter import (
     TierFilterParameters,
 )
 from epp.scheduling.plugins.scorer.latency_scorer import LatencyScorer, LatencyScorerParameters
-from tests.epp.unit.conftest import build_view
 from tests.epp.unit.test_director import HEADERS, body, store
+from tests.support.views import build_view
 
 LATENCY_CONFIG = """\
 apiVersion: inference.networking.x-k8s.io/v1alpha1

@@ -1,0 +1,190 @@
+"""The one gateway layout builder: what sits in front of the model servers, declared once.
+
+A :class:`Topology` is one Envoy listener with, in order, an optional BBR ext_proc filter
+(every request), an optional EPP ext_proc filter (pointed per route at the matched pool's
+EPP), one route per pool and model name (``x-gateway-model-name``), and the clusters behind
+them. ``gateway-stack``, the reliability kit, the benchmarks and the tests all describe their
+gateway with it; :func:`Topology.bootstrap` turns it into an Envoy bootstrap via the small
+functions in :mod:`devkit.envoy`.
+
+Example — BBR, then one of two pools' EPPs, then the pool's pods (``override_host``)::
+
+    Topology(listen=8081, admin=9901, bbr_port=9004, pools=[
+        Pool("llama", models=["llama-8b"], epp_port=9002, endpoints=[("127.0.10.1", 8000)]),
+        Pool("qwen", models=["qwen-7b"], epp_port=9012, endpoints=[("127.0.11.1", 8000)]),
+    ], not_found="no pool serves this model").bootstrap()
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from devkit import envoy as e
+
+EPP_FILTER = "epp-ext-proc"
+BBR_FILTER = "bbr-ext-proc"
+MODEL_HEADER = "x-gateway-model-name"
+#: Envoy's per-connection buffer is 1 MiB by default; above it Envoy itself answers 413 in
+#: BUFFERED mode before the services see the body.
+BUFFER_LIMIT = 32 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Pool:
+    """A pool of model servers behind one route per model name.
+
+    With ``epp_port`` the EPP picks: given the pool's ``endpoints`` (as a Gateway knows them
+    from the InferencePool) the upstream is an ``override_host`` cluster and the route retries
+    down the EPP's fallback list (:func:`devkit.envoy.pool_cluster`,
+    :func:`devkit.envoy.fallback_retry_policy`); without, an ORIGINAL_DST cluster that takes
+    one picked endpoint. Without an EPP, ``endpoints`` is a fixed round-robin cluster (a
+    Kubernetes Service, in effect). ``models`` empty: the pool takes every request its route
+    sees (a catch-all route).
+    """
+
+    name: str
+    models: Sequence[str] = ()
+    epp_port: int | None = None
+    endpoints: Sequence[tuple[str, int]] = ()
+    #: cluster names; default ``pool-<name>`` and ``epp-<name>``
+    cluster: str = ""
+    epp_cluster: str = ""
+    connect_timeout: str = "1s"
+    request_headers_to_add: Sequence[tuple[str, str]] = ()
+    #: retries down the EPP's fallback endpoints (``override_host`` pools only)
+    num_retries: int = 2
+    #: response header that reports the endpoint Envoy recorded as the one that served
+    served_header: str | None = None
+    #: several EPP replicas as ``(grpc_port, health_port)``: one health-checked cluster
+    #: (:func:`devkit.envoy.replica_cluster`) instead of ``epp_port`` alone
+    epp_replicas: Sequence[tuple[int, int]] = ()
+
+    @property
+    def override_host(self) -> bool:
+        return self.epp_port is not None and bool(self.endpoints)
+
+    @property
+    def upstream(self) -> str:
+        return self.cluster or f"pool-{self.name}"
+
+    @property
+    def epp(self) -> str:
+        return self.epp_cluster or f"epp-{self.name}"
+
+
+@dataclass
+class Topology:
+    """One listener: [BBR] → [EPP of the matched pool] → the pool's upstream cluster."""
+
+    listen: int
+    admin: int
+    pools: Sequence[Pool]
+    #: BBR's gRPC port; None: no BBR filter
+    bbr_port: int | None = None
+    #: request body mode of both filters; the EPP's response body mode is the same for
+    #: FULL_DUPLEX_STREAMED and STREAMED otherwise, unless ``response_mode`` says
+    mode: str = "FULL_DUPLEX_STREAMED"
+    response_mode: str | None = None
+    #: TLS from Envoy to the ext_proc services (not verified, as upstream deploys it)
+    tls: bool = False
+    failure_mode_allow: bool = False
+    timeout: str = "10s"
+    #: message of the 404 for a model no pool serves; None: no catch-all 404 route
+    not_found: str | None = None
+    runtime: dict[str, Any] | None = None
+    buffer_limit: int | None = BUFFER_LIMIT
+    #: dynamic-metadata namespaces Envoy forwards to the EPP
+    epp_forwarding: Sequence[str] = ()
+    bbr_filter: str = BBR_FILTER
+    epp_filter: str = EPP_FILTER
+    extra_clusters: list[dict[str, Any]] = field(default_factory=list)
+
+    def filters(self) -> list[dict[str, Any]]:
+        """The ext_proc filters in order: BBR, then the EPP (default: the first EPP pool)."""
+        out = []
+        if self.bbr_port is not None:
+            out.append(e.ext_proc_filter("bbr", request_body_mode=self.mode,
+                                         name=self.bbr_filter, timeout=self.timeout,
+                                         failure_mode_allow=self.failure_mode_allow))
+        epp_pools = [p for p in self.pools if p.epp_port is not None]
+        if epp_pools:
+            response = self.response_mode or (
+                self.mode if self.mode == "FULL_DUPLEX_STREAMED" else "STREAMED")
+            epp = e.ext_proc_filter(epp_pools[0].epp, request_body_mode=self.mode,
+                                    response_body_mode=response, response_headers=True,
+                                    name=self.epp_filter, timeout=self.timeout,
+                                    failure_mode_allow=self.failure_mode_allow)
+            if self.epp_forwarding:
+                epp["typed_config"]["metadata_options"]["forwarding_namespaces"] = {
+                    "untyped": list(self.epp_forwarding)}
+            out.append(epp)
+        return out
+
+    def _per_route(self, pool: Pool | None) -> dict[str, Any] | None:
+        """Point the EPP filter at ``pool``'s EPP, or switch it off for this route."""
+        if not any(p.epp_port is not None for p in self.pools):
+            return None
+        if pool is None or pool.epp_port is None:
+            return {self.epp_filter: {"@type": e.EXT_PROC_PER_ROUTE, "disabled": True}}
+        return {self.epp_filter: {"@type": e.EXT_PROC_PER_ROUTE, "overrides": {
+            "grpc_service": {"envoy_grpc": {"cluster_name": pool.epp}}}}}
+
+    def _route(self, p: Pool, model: str | None) -> dict[str, Any]:
+        r = e.route(p.upstream, header=(MODEL_HEADER, model) if model is not None else None,
+                    per_filter=self._per_route(p),
+                    request_headers_to_add=p.request_headers_to_add,
+                    retry_policy=e.fallback_retry_policy(p.num_retries)
+                    if p.override_host else None)
+        if p.served_header:
+            r["response_headers_to_add"] = [{
+                "header": {"key": p.served_header,
+                           "value": f"%DYNAMIC_METADATA(envoy.lb:{e.SERVED_KEY})%"},
+                "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}]
+        return r
+
+    def routes(self) -> list[dict[str, Any]]:
+        """One route per (pool, model), catch-all pools next, then the optional 404."""
+        routes = [self._route(p, m) for p in self.pools for m in p.models]
+        routes += [self._route(p, None) for p in self.pools if not p.models]
+        if self.not_found is not None:
+            known = ", ".join(m for p in self.pools for m in p.models)
+            body = {"error": {"message": f"{self.not_found}; known models: {known}",
+                              "type": "invalid_request_error", "code": "model_not_found"}}
+            route: dict[str, Any] = {
+                "match": {"prefix": "/"},
+                "direct_response": {"status": 404, "body": {"inline_string": json.dumps(body)}},
+            }
+            per_route = self._per_route(None)
+            if per_route:
+                route["typed_per_filter_config"] = per_route
+            routes.append(route)
+        return routes
+
+    def clusters(self) -> list[dict[str, Any]]:
+        """BBR's, then per pool its EPP's and its upstream."""
+        out = []
+        if self.bbr_port is not None:
+            out.append(e.grpc_cluster("bbr", self.bbr_port, tls=self.tls))
+        for p in self.pools:
+            if len(p.epp_replicas) > 1:
+                out.append(e.replica_cluster(p.epp, p.epp_replicas, tls=self.tls))
+            elif p.epp_port is not None:
+                out.append(e.grpc_cluster(p.epp, p.epp_port, tls=self.tls))
+            if p.override_host:
+                out.append(e.pool_cluster(p.upstream, [f"{h}:{port}" for h, port in p.endpoints],
+                                          timeout=p.connect_timeout))
+            elif p.endpoints:
+                out.append(e.static_cluster(p.upstream, p.endpoints))
+            else:
+                out.append(e.original_dst_cluster(p.upstream, timeout=p.connect_timeout))
+        return out + self.extra_clusters
+
+    def bootstrap(self) -> dict[str, Any]:
+        """The Envoy bootstrap for this layout."""
+        lst = e.listener(self.listen, self.routes(), self.filters())
+        if self.buffer_limit:
+            lst["per_connection_buffer_limit_bytes"] = self.buffer_limit
+        return e.bootstrap(self.admin, [lst], self.clusters(), runtime=self.runtime)

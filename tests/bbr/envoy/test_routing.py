@@ -1,0 +1,170 @@
+"""BBR through a real Envoy, in BUFFERED and FULL_DUPLEX_STREAMED modes."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import random
+import time
+
+import httpx
+import orjson
+import pytest
+from prometheus_client import REGISTRY
+
+from tests.support.bbr_gateway import MAX_BODY, UNICODE_MODEL, Gateway
+
+pytestmark = pytest.mark.envoy
+
+JSON = {"content-type": "application/json"}
+
+
+def post(gw: Gateway, body: bytes, **kw: object) -> httpx.Response:
+    return httpx.post(gw.url(), content=body, headers=JSON, timeout=30, **kw)  # type: ignore[arg-type]
+
+
+def padded(model: str, size: int) -> bytes:
+    """A JSON body naming ``model`` that is exactly ``size`` bytes long."""
+    head = b'{"model":"' + model.encode() + b'","prompt":"'
+    tail = b'"}'
+    return head + b"x" * (size - len(head) - len(tail)) + tail
+
+
+@pytest.mark.parametrize("model", ["a", "b"])
+def test_model_selects_its_route_and_body_arrives_unchanged(gateway: Gateway, model: str) -> None:
+    body = b'{"model": "' + model.encode() + b'", "prompt": "hi",  "n": 1}'
+    r = post(gateway, body)
+    assert r.status_code == 200
+    seen = r.json()
+    assert seen["backend"] == model
+    assert seen["sha256"] == hashlib.sha256(body).hexdigest()
+    assert seen["headers"]["x-gateway-model-name"] == model
+
+
+def test_request_without_model_goes_to_default_route_and_is_counted(gateway: Gateway) -> None:
+    before = REGISTRY.get_sample_value("bbr_body_field_not_found_total", {"field": "model"}) or 0
+    r = post(gateway, b'{"prompt": "no model here"}')
+    assert r.status_code == 200
+    assert r.json()["backend"] == "default"
+    assert "x-gateway-model-name" not in r.json()["headers"]
+    after = REGISTRY.get_sample_value("bbr_body_field_not_found_total", {"field": "model"})
+    assert after == before + 1
+
+
+def test_empty_model_goes_to_default_route_and_is_counted(gateway: Gateway) -> None:
+    before = REGISTRY.get_sample_value("bbr_body_field_empty_total", {"field": "model"}) or 0
+    r = post(gateway, b'{"model": "", "prompt": "x"}')
+    assert r.json()["backend"] == "default"
+    assert REGISTRY.get_sample_value("bbr_body_field_empty_total", {"field": "model"}) == before + 1
+
+
+def test_non_string_model_sets_no_header(gateway: Gateway) -> None:
+    r = post(gateway, b'{"model": 5, "prompt": "x"}')
+    assert r.status_code == 200
+    assert r.json()["backend"] == "default"
+
+
+def test_client_model_header_cannot_pick_the_route(gateway: Gateway) -> None:
+    spoofed = {**JSON, "x-gateway-model-name": "b"}
+    r = httpx.post(gateway.url(), content=b'{"model": "a"}', headers=spoofed)
+    assert r.json()["backend"] == "a"
+    r = httpx.post(gateway.url(), content=b'{"prompt": "x"}', headers=spoofed)
+    assert r.json()["backend"] == "default"
+
+
+def test_unicode_model_name_routes(gateway: Gateway) -> None:
+    r = post(gateway, orjson.dumps({"model": UNICODE_MODEL, "prompt": "x"}))
+    assert r.status_code == 200
+    assert r.json()["backend"] == "b"
+
+
+def test_adapter_gets_its_base_model_header(gateway: Gateway) -> None:
+    r = post(gateway, b'{"model": "food-review", "prompt": "x"}')
+    assert r.json()["headers"]["x-gateway-base-model-name"] == "a"
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        (b'{"model": "a", ', "invalid_json"),
+        (b"[1, 2]", "invalid_json"),
+        (b'"just a string"', "invalid_json"),
+        (b"{", "invalid_json"),  # the 1-byte body
+    ],
+)
+def test_non_object_body_gets_400_json_error(gateway: Gateway, body: bytes, code: str) -> None:
+    r = post(gateway, body)
+    assert r.status_code == 400
+    assert r.headers["content-type"] == "application/json"
+    assert r.json()["error"]["code"] == code
+    assert r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_empty_body_passes_to_default_route(gateway: Gateway) -> None:
+    r = post(gateway, b"")
+    assert r.status_code == 200
+    assert r.json()["backend"] == "default"
+    assert r.json()["length"] == 0
+
+
+def test_headers_only_request_passes_through(gateway: Gateway) -> None:
+    r = httpx.get(gateway.url("/v1/files"))
+    assert r.status_code == 200
+    assert r.json()["method"] == "GET"
+    assert r.json()["backend"] == "default"
+
+
+@pytest.mark.parametrize("size", [61_999, 62_000, 62_001, 5 * 1024 * 1024])
+def test_body_sizes_around_the_chunk_limit_arrive_whole(gateway: Gateway, size: int) -> None:
+    body = padded("a", size)
+
+    def chunks() -> object:
+        for off in range(0, len(body), 16_384):  # many chunks on the wire
+            yield body[off : off + 16_384]
+
+    r = httpx.post(gateway.url(), content=chunks(), headers=JSON, timeout=60)  # type: ignore[arg-type]
+    assert r.status_code == 200
+    assert r.json()["backend"] == "a"
+    assert r.json()["length"] == size
+    assert r.json()["sha256"] == hashlib.sha256(body).hexdigest()
+
+
+def test_body_over_the_cap_gets_413(gateway: Gateway) -> None:
+    r = post(gateway, padded("a", MAX_BODY + 1))
+    assert r.status_code == 413
+    assert r.json()["error"]["code"] == "request_too_large"
+
+
+def test_sse_response_streams_unbuffered(gateway: Gateway) -> None:
+    start = time.monotonic()
+    with httpx.stream("POST", gateway.url("/sse?n=5&delay=0.3"), headers=JSON,
+                      content=b'{"model": "a", "stream": true, "prompt": "x"}') as r:
+        lines = r.iter_lines()
+        first = next(line for line in lines if line.startswith("data:"))
+        first_at = time.monotonic() - start
+        rest = [line for line in lines if line.startswith("data:")]
+    total = time.monotonic() - start
+    assert first == 'data: {"i": 0}'
+    assert rest[-1] == "data: [DONE]"
+    assert total >= 1.4  # the backend spaces 5 events 0.3 s apart
+    assert first_at < total / 2
+
+
+def test_200_concurrent_requests_each_reach_their_model(gateway: Gateway) -> None:
+    rng = random.Random(7)
+    models = [rng.choice("ab") for _ in range(200)]
+
+    async def run() -> list[tuple[str, str]]:
+        limits = httpx.Limits(max_connections=200)
+        async with httpx.AsyncClient(limits=limits, timeout=30) as client:
+
+            async def one(i: int, m: str) -> tuple[str, str]:
+                body = orjson.dumps({"model": m, "prompt": f"request {i}"})
+                r = await client.post(gateway.url(), content=body, headers=JSON)
+                return m, r.json()["backend"]
+
+            return await asyncio.gather(*(one(i, m) for i, m in enumerate(models)))
+
+    results = asyncio.run(run())
+    assert len(results) == 200
+    assert all(want == got for want, got in results)

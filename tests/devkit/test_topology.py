@@ -1,0 +1,96 @@
+"""The gateway layout builder: what it declares, and that the real Envoy accepts it."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from devkit import envoy as e
+from devkit.topology import BBR_FILTER, EPP_FILTER, Pool, Topology
+
+
+def two_pools(**kw: Any) -> Topology:
+    return Topology(listen=18080, admin=19901, bbr_port=19004, pools=[
+        Pool("llama", models=["llama-8b", "llama-chat"], epp_port=19002),
+        Pool("qwen", models=["qwen-7b"], epp_port=19012),
+    ], **kw)
+
+
+def listener_of(cfg: dict[str, Any]) -> dict[str, Any]:
+    hcm = cfg["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+    return dict(hcm["typed_config"])
+
+
+def test_bbr_then_epp_then_router_with_a_route_per_model() -> None:
+    hcm = listener_of(two_pools(not_found="no pool serves this model").bootstrap())
+    names = [f["name"] for f in hcm["http_filters"]]
+    assert names == [BBR_FILTER, EPP_FILTER, "envoy.filters.http.router"]
+    routes = hcm["route_config"]["virtual_hosts"][0]["routes"]
+    matched = [(r["match"]["headers"][0]["string_match"]["exact"], r["route"]["cluster"],
+                r["typed_per_filter_config"][EPP_FILTER]["overrides"]["grpc_service"])
+               for r in routes[:-1]]
+    assert matched == [
+        ("llama-8b", "pool-llama", {"envoy_grpc": {"cluster_name": "epp-llama"}}),
+        ("llama-chat", "pool-llama", {"envoy_grpc": {"cluster_name": "epp-llama"}}),
+        ("qwen-7b", "pool-qwen", {"envoy_grpc": {"cluster_name": "epp-qwen"}}),
+    ]
+    last = routes[-1]
+    assert last["direct_response"]["status"] == 404
+    assert "llama-8b" in last["direct_response"]["body"]["inline_string"]
+    assert last["typed_per_filter_config"][EPP_FILTER]["disabled"] is True
+
+
+def test_modes_and_clusters() -> None:
+    cfg = two_pools(mode="BUFFERED", tls=True).bootstrap()
+    bbr, epp, _ = listener_of(cfg)["http_filters"]
+    assert bbr["typed_config"]["processing_mode"]["request_body_mode"] == "BUFFERED"
+    assert epp["typed_config"]["processing_mode"]["response_body_mode"] == "STREAMED"
+    clusters = {c["name"]: c for c in cfg["static_resources"]["clusters"]}
+    assert list(clusters) == ["bbr", "epp-llama", "pool-llama", "epp-qwen", "pool-qwen"]
+    assert clusters["pool-qwen"]["type"] == "ORIGINAL_DST"
+    assert "transport_socket" in clusters["epp-qwen"]
+
+
+def test_a_pool_without_epp_is_a_static_cluster_and_no_epp_filter() -> None:
+    topo = Topology(listen=18080, admin=19901, bbr_port=19004, pools=[
+        Pool("a", models=["a"], cluster="a", endpoints=[("127.0.0.1", 18000)]),
+        Pool("default", cluster="default", endpoints=[("127.0.0.1", 18001)]),
+    ])
+    hcm = listener_of(topo.bootstrap())
+    assert [f["name"] for f in hcm["http_filters"]] == [BBR_FILTER, "envoy.filters.http.router"]
+    routes = hcm["route_config"]["virtual_hosts"][0]["routes"]
+    assert [r["route"]["cluster"] for r in routes] == ["a", "default"]
+    assert "headers" not in routes[-1]["match"]  # the catch-all comes last
+    assert topo.clusters()[1]["type"] == "STATIC"
+
+
+def test_the_real_envoy_validates_the_layout(tmp_path: Path) -> None:
+    cfg = two_pools(not_found="no pool serves this model", runtime=e.GRACEFUL_CLOSE,
+                    epp_forwarding=["envoy.lb.subset_hint"]).bootstrap()
+    path = tmp_path / "envoy.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    done = subprocess.run([e.envoy_binary(), "--mode", "validate", "-c", str(path)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_pool_with_epp_and_known_pods_is_override_host_with_fallback_retries() -> None:
+    topo = Topology(listen=18080, admin=19901, pools=[Pool(
+        "pool", cluster="pool", epp_cluster="epp", epp_port=19002, num_retries=3,
+        endpoints=[("127.0.0.1", 18000), ("127.0.0.2", 18000)], served_header="x-served")])
+    cluster = topo.clusters()[1]
+    policy = cluster["load_balancing_policy"]["policies"][0]["typed_extension_config"]
+    assert policy["name"] == "envoy.load_balancing_policies.override_host"
+    hosts = [ep["endpoint"]["address"]["socket_address"]["address"]
+             for ep in cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]]
+    assert hosts == ["127.0.0.1", "127.0.0.2"]
+    route = topo.routes()[0]
+    assert route["route"]["retry_policy"]["num_retries"] == 3
+    assert route["response_headers_to_add"][0]["header"]["key"] == "x-served"
+    # without known pods the EPP's pick goes to an ORIGINAL_DST cluster, with no retries
+    plain = Topology(listen=18080, admin=19901, pools=[Pool("pool", epp_port=19002)])
+    assert plain.clusters()[1]["type"] == "ORIGINAL_DST"
+    assert "retry_policy" not in plain.routes()[0]["route"]

@@ -1,0 +1,197 @@
+"""Prefill/decode disaggregation end to end: a real Envoy, the real ``epp`` process with
+llm-d's P/D config, a ``pd-sidecar`` beside a simulated decode server and a simulated prefill
+server (both with vLLM's NixlConnector role). Pods get their own loopback IPs and share the
+pool's target port, as in a cluster: the decode pod's target port is the sidecar's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+import yaml
+from aiohttp import web
+
+from devkit import envoy as e
+from epp.datastore import Datastore
+from epp.sources import ManifestSource
+from shared.pd import PREFILLER_HEADER, ROLE_LABEL
+from sidecar.allowlist import PoolPrefillers
+from sidecar.proxy import Sidecar, SidecarConfig, SidecarMetrics
+from sim.config import ServerConfig
+from sim.fleet import Fleet
+from sim.pd import KVTransferConfig
+from sim.profiles import TINY
+from tests.support.processes import BackgroundLoop, EppProcess, pool_gateway_config
+
+pytestmark = pytest.mark.envoy
+
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+DECODE_IP, PREFILL_IP = "127.0.3.1", "127.0.3.2"
+LONG = "long" * 1000  # 1,000 tokens (4 bytes each)
+SHORT = "tiny" * 10  # 10 tokens: under the config's nonCachedTokens (16)
+
+# llm-d's P/D config for simulators (its deploy/config/sim-pd-epp-config.yaml): the decider
+# disaggregates when at least 16 prompt tokens are not cached on the decode pod.
+PD_CONFIG = Path(__file__).parents[1] / "data" / "llm-d-sim-pd-epp-config.yaml"
+
+
+def pool_objects(port: int) -> list[dict[str, Any]]:
+    pool = {"apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
+            "metadata": {"name": "pd", "namespace": "default"},
+            "spec": {"selector": {"matchLabels": {"app": "vllm"}},
+                     "targetPorts": [{"number": port}],
+                     "endpointPickerRef": {"name": "epp", "port": {"number": 9002}}}}
+    pods = [{"apiVersion": "v1", "kind": "Pod",
+             "metadata": {"name": name, "namespace": "default",
+                          "labels": {"app": "vllm", ROLE_LABEL: role}},
+             "status": {"podIP": ip}}
+            for name, ip, role in (("decode", DECODE_IP, "decode"),
+                                   ("prefill", PREFILL_IP, "prefill"))]
+    return [pool, *pods]
+
+
+@dataclass
+class PDGateway:
+    bg: BackgroundLoop
+    fleet: Fleet
+    sidecar: Sidecar
+    epp: EppProcess
+    envoy: e.Envoy
+    listen: int
+    port: int
+
+    @property
+    def prefiller(self) -> str:
+        return f"{PREFILL_IP}:{self.port}"
+
+    def send(self, prompt: str, headers: dict[str, str] | None = None,
+             **body: Any) -> httpx.Response:
+        payload = {"model": MODEL, "prompt": prompt, "max_tokens": 4, **body}
+        return httpx.post(f"http://127.0.0.1:{self.listen}/v1/completions",
+                          content=orjson.dumps(payload), headers=headers or {}, timeout=20)
+
+    def sim_metric(self, server: int, name: str) -> float:
+        text = httpx.get(f"{self.fleet.urls[server]}/metrics", timeout=5).text
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith((name + " ", name + "{")))
+
+    def sidecar_metric(self, name: str, **labels: str) -> float:
+        return self.sidecar.metrics.registry.get_sample_value(name, labels) or 0.0
+
+    def epp_metric(self, name: str, **labels: str) -> float:
+        text = httpx.get(f"http://127.0.0.1:{self.epp.metrics}/metrics", timeout=5).text
+        want = ",".join(f'{k}="{v}"' for k, v in labels.items())
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith(f"{name}{{") and all(
+                       f'{k}="{v}"' in line for k, v in labels.items()) and want)
+
+
+@pytest.fixture
+def gw(bg: BackgroundLoop, tmp_path: Path) -> Iterator[PDGateway]:
+    port, decoder_port = e.free_port(), e.free_port()
+    kv = KVTransferConfig(kv_role="kv_both", abort_timeout=60.0)
+    fleet = Fleet([ServerConfig(host=DECODE_IP, port=decoder_port, name="decode", profile=TINY,
+                                kv_transfer=kv),
+                   ServerConfig(host=PREFILL_IP, port=port, name="prefill", profile=TINY,
+                                kv_transfer=kv)])
+    bg.run(fleet.start())
+    manifests = tmp_path / "pool.yaml"
+    manifests.write_text(yaml.safe_dump_all(pool_objects(port)))
+    datastore = Datastore()
+    ManifestSource(manifests, datastore, pool_name="pd").load()
+    sidecar = Sidecar(SidecarConfig(decoder_url=f"http://{DECODE_IP}:{decoder_port}",
+                                    prefill_timeout=5.0),
+                      PoolPrefillers(datastore), SidecarMetrics())
+
+    async def serve() -> web.AppRunner:
+        runner = web.AppRunner(sidecar.app(), access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, DECODE_IP, port).start()
+        return runner
+
+    runner = bg.run(serve())
+    epp = EppProcess(manifests, "--config-file", str(PD_CONFIG),
+                     log_path=tmp_path / "epp.log").wait_serving()
+    admin, listen = e.free_port(), e.free_port()
+    envoy = e.Envoy(pool_gateway_config(epp.port, admin, listen), admin_port=admin,
+                    workdir=tmp_path / "envoy").start()
+    try:
+        yield PDGateway(bg, fleet, sidecar, epp, envoy, listen, port)
+    finally:
+        envoy.stop()
+        epp.stop()
+        bg.run(runner.cleanup())
+        bg.run(fleet.stop())
+
+
+def test_long_prompt_is_prefilled_on_the_prefill_pod_and_decoded_on_the_decode_pod(
+        gw: PDGateway) -> None:
+    r = gw.send(LONG)
+    assert r.status_code == 200, r.text
+    assert r.headers["x-inference-pod"] == "decode"
+    assert r.json()["usage"]["completion_tokens"] == 4
+    assert gw.sim_metric(1, "vllm:prompt_tokens_total") == 1000  # the prefill leg
+    assert gw.sim_metric(1, "vllm:generation_tokens_total") == 1
+    assert gw.sim_metric(0, "vllm:external_prefix_cache_hits_total") == 999  # KV pulled
+    assert gw.sim_metric(0, "vllm:nixl_num_failed_transfers_total") == 0
+    assert gw.sidecar_metric("pd_sidecar_requests_total", mode="disaggregated") == 1
+    assert gw.epp_metric("llm_d_inference_scheduler_disagg_decision_total",
+                         decision_type="prefill-decode") == 1
+
+
+def test_streaming_chat_with_a_long_prompt_is_disaggregated(gw: PDGateway) -> None:
+    r = httpx.post(f"http://127.0.0.1:{gw.listen}/v1/chat/completions", content=orjson.dumps({
+        "model": MODEL, "messages": [{"role": "user", "content": LONG}], "max_tokens": 5,
+        "stream": True}), timeout=20)
+    assert r.status_code == 200
+    assert r.text.rstrip().endswith("data: [DONE]")
+    assert gw.sim_metric(1, "vllm:generation_tokens_total") == 1
+    assert gw.sim_metric(0, "vllm:external_prefix_cache_hits_total") > 0
+    assert gw.sidecar_metric("pd_sidecar_requests_total", mode="disaggregated") == 1
+
+
+def test_short_prompt_is_not_disaggregated(gw: PDGateway) -> None:
+    r = gw.send(SHORT)
+    assert r.status_code == 200, r.text
+    assert r.headers["x-inference-pod"] == "decode"
+    assert gw.sim_metric(1, "vllm:prompt_tokens_total") == 0
+    assert gw.sim_metric(0, "vllm:external_prefix_cache_queries_total") == 0
+    assert gw.sidecar_metric("pd_sidecar_requests_total", mode="local") == 1
+    assert gw.epp_metric("llm_d_inference_scheduler_disagg_decision_total",
+                         decision_type="decode-only") == 1
+
+
+def test_client_cannot_choose_a_prefiller_even_an_allowed_one(gw: PDGateway) -> None:
+    # The named pod is a real prefill pod of the pool, so the sidecar would honour the
+    # header: only the EPP removing it keeps this short prompt from being disaggregated.
+    r = gw.send(SHORT, {PREFILLER_HEADER: gw.prefiller})
+    assert r.status_code == 200, r.text
+    assert gw.sim_metric(1, "vllm:prompt_tokens_total") == 0
+    assert gw.sidecar_metric("pd_sidecar_requests_total", mode="local") == 1
+    assert gw.sidecar_metric("pd_sidecar_requests_total", mode="disaggregated") == 0
+
+
+def test_client_prefiller_is_replaced_by_the_epp_pick(gw: PDGateway) -> None:
+    r = gw.send(LONG, {PREFILLER_HEADER: "169.254.169.254:80"})
+    assert r.status_code == 200, r.text
+    assert gw.sim_metric(1, "vllm:prompt_tokens_total") == 1000
+    assert gw.sidecar_metric("pd_sidecar_requests_total", mode="disaggregated") == 1
+    assert gw.sidecar_metric("pd_sidecar_prefiller_rejected_total") == 0
+
+
+def test_killed_prefiller_costs_the_client_no_error(gw: PDGateway) -> None:
+    gw.bg.run(gw.fleet.kill(gw.port))
+    r = gw.send(LONG)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 4
+    # Either the EPP already saw the prefill pod fail its scrape (no prefiller named) or the
+    # sidecar could not reach it (counted fallback): the decode pod computes the prompt.
+    assert gw.sim_metric(0, "vllm:prompt_tokens_total") == 1000
+    assert gw.sidecar_metric("pd_sidecar_requests_total", mode="local") == 1
+    assert gw.sidecar_metric("pd_sidecar_requests_total", mode="disaggregated") == 0

@@ -1,0 +1,32 @@
+"""A one-minute soak in the default run (``python -m bench.soak --minutes 30`` is the long
+one): steady load through the whole gateway, no memory, fd, thread or error growth."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from bench.soak import run_soak
+from devkit.reliability.faultkit import SimFleet, start_sim_gateway
+from devkit.reliability.gateway import Gateway
+
+pytestmark = pytest.mark.envoy
+
+SECONDS = 55
+
+
+@pytest.fixture
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    fleet = SimFleet(4, tmp_path_factory.mktemp("soak-fleet")).start()
+    gw = start_sim_gateway(tmp_path_factory.mktemp("soak-gw"), fleet)
+    yield gw
+    gw.stop()
+    fleet.stop()
+
+
+def test_one_minute_soak_grows_no_memory_fds_threads_or_errors(gateway: Gateway) -> None:
+    report = run_soak(gateway, SECONDS, rate=30, window=SECONDS / 3)
+    assert report.requests > SECONDS * 30 * 0.9
+    assert report.errors == 0, report.window_errors
+    assert report.problems() == [], {s: report.growth(s) for s in report.samples}
