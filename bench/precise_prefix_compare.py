@@ -45,7 +45,7 @@ import yaml
 
 from bench.contenders import _popen, _stop, _tail, pool_gateway_config
 from bench.stats import bootstrap_median, paired_ratios, quantile, verdict
-from shared import envoy as e
+from devkit import envoy as e
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 OFFSET = 1000

@@ -15,12 +15,12 @@ import httpx
 import orjson
 import pytest
 
-from bench.manifests import write_yaml
-from shared import envoy as e
+from devkit import envoy as e
+from devkit.manifests import write_yaml
 from sim import ServerConfig, start_fleet
 from sim.kvevents import KVEventsConfig
 from sim.profiles import TINY
-from tests.support import BackgroundLoop, EppProcess, pool_gateway_config
+from tests.support.processes import BackgroundLoop, EppProcess, pool_gateway_config
 
 pytestmark = pytest.mark.envoy
 

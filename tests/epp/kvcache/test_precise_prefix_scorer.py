@@ -27,7 +27,7 @@ from sim import start_fleet
 from sim.kvevents import KVEventsConfig
 from sim.tokenizer import token_ids
 from tests.epp.kvcache.test_precise_prefix_envoy import OFFSET, free_run, manifests
-from tests.sim.conftest import tiny
+from tests.support.sim import tiny
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 

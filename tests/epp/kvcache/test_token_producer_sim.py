@@ -7,16 +7,16 @@ from __future__ import annotations
 import orjson
 from aiohttp import web
 
+from devkit import envoy as e
 from epp.requestcontrol.plugins.token_producer import (
     TokenProducer,
     TokenProducerParameters,
     VllmBackend,
 )
 from epp.scheduling.request import LLMRequest, prefix_input
-from shared import envoy as e
 from sim import start_fleet
 from sim.tokenizer import apply_chat_template, token_ids
-from tests.sim.conftest import tiny
+from tests.support.sim import tiny
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
