@@ -143,6 +143,7 @@ def ext_proc_streams(gw: Gateway, cluster: str) -> int:
 def test_slow_loris_and_mid_stream_disconnects_release_everything(gateway: Gateway) -> None:
     epp_pid = gateway.epps["sim"].proc.pid  # type: ignore[union-attr]
     _ok(gateway)
+
     def streams(cluster: str) -> int:
         return ext_proc_streams(gateway, cluster)
 
