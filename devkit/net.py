@@ -2,12 +2,45 @@
 
 from __future__ import annotations
 
+import random
 import socket
 import time
+from pathlib import Path
+
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_LOWEST = 10000
+_handed_out: set[int] = set()
+
+
+def _below_ephemeral() -> range | None:
+    """Ports below the kernel's ephemeral range, or None when it cannot be read."""
+    try:
+        first = int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return range(_LOWEST, first) if first - _LOWEST >= 1000 else None
 
 
 def free_port() -> int:
-    """A TCP port free on loopback right now."""
+    """A TCP port free on loopback right now.
+
+    It is taken below the kernel's ephemeral range: a port the kernel hands out with
+    ``bind(0)`` can be given again to any outgoing connection (a scrape, a Valkey client)
+    between now and the moment the caller's server binds it, and Envoy then exits with
+    "Address already in use". No port is handed out twice by this process.
+    """
+    ports = _below_ephemeral()
+    for _ in range(100 if ports else 0):
+        port = random.choice(ports)  # type: ignore[arg-type]
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])

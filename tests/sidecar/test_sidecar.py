@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -22,6 +21,7 @@ import pytest
 import yaml
 from aiohttp import web
 
+from devkit.net import free_port
 from epp.datastore import Datastore
 from epp.sources import ManifestSource
 from shared.pd import PREFILLER_HEADER, ROLE_LABEL
@@ -341,13 +341,6 @@ async def test_other_paths_pass_through_and_health_is_answered(stack: Stack) -> 
     assert "vllm:num_requests_running" in metrics.text
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @pytest.mark.parametrize(("args", "message"), [
     ([], "--enable-ssrf-protection needs --inference-pool"),
     (["--kv-connector", "sglang"], "--kv-connector sglang is llm-d's, not implemented here"),
@@ -371,7 +364,7 @@ async def test_cli_serves_a_disaggregated_request(tmp_path: Path) -> None:
         manifests = tmp_path / "pool.yaml"
         write_manifests(manifests, fleet.ports, [_pod("decode", DECODE_IP, "decode"),
                                                  _pod("prefill", PREFILL_IP, "prefill")])
-        port, metrics_port = _free_port(), _free_port()
+        port, metrics_port = free_port(), free_port()
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "sidecar.main", "--port", str(port), "--host", "127.0.0.1",
             "--vllm-port", str(fleet.ports[0]), "--manifests", str(manifests),

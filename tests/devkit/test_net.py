@@ -1,0 +1,22 @@
+"""devkit.net.free_port stays out of the ports an outgoing connection can be given."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from devkit.net import free_port
+
+
+def test_free_ports_are_below_the_ephemeral_range_distinct_and_bindable() -> None:
+    ranges = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    if not ranges.exists():
+        pytest.skip("no /proc/sys/net/ipv4/ip_local_port_range: not Linux, bind(0) is used")
+    first_ephemeral = int(ranges.read_text().split()[0])
+    ports = [free_port() for _ in range(50)]
+    assert len(set(ports)) == len(ports)
+    assert all(p < first_ephemeral for p in ports)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", ports[-1]))
