@@ -265,7 +265,8 @@ def write_section(section: str, text: str, path: Path = RESULTS) -> None:
         new = old.rstrip() + "\n\n" + text
     else:
         end = old.find("\n## ", start + len(section))
-        new = old[:start] + text + (old[end + 1:] if end >= 0 else "")
+        rest = "\n" + old[end + 1:] if end >= 0 else ""
+        new = old[:start] + text.rstrip() + "\n" + rest
     path.write_text(new)
 
 
