@@ -81,7 +81,8 @@ def run_one(workload: Workload, load: float, contender: Contender, *, duration: 
     res.wall_seconds = time.monotonic() - started
     outcomes = [Outcome(**dict(orjson.loads(line).items()))
                 for line in (workdir / "outcomes.jsonl").read_bytes().splitlines()]
-    return summarize(res, outcomes, time_scale)
+    return summarize(res, outcomes, time_scale,
+                     tags=[s.tag for s in specs] if workload.by_class else None)
 
 
 def _peer_status() -> list[str]:

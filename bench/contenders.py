@@ -33,8 +33,9 @@ from typing import Any
 import yaml
 
 from bench.peers import PEERS, peer_env
-from bench.workloads import FLEET_SIZE, LORA_ADAPTERS, PROFILE
+from bench.workloads import FLEET_SIZE, LORA_ADAPTERS, PROFILE, objective_manifests
 from devkit import envoy as e
+from devkit.manifests import pool_manifests as devkit_pool_manifests
 from devkit.topology import Pool, Topology
 
 # The best EndpointPickerConfig found (see docs/benchmarks.md, "Tuning the EPP profile").
@@ -209,20 +210,10 @@ class EnvoyLB(Contender):
 
 
 def pool_manifests(pool: str, fleet: SimFleet) -> list[dict[str, Any]]:
-    """An InferencePool selecting ``app: <pool>`` plus one ready Pod per simulated server
-    (what ``--manifests`` reads instead of the Kubernetes API)."""
-    sel = {"app": pool}
-    docs: list[dict[str, Any]] = [{
-        "apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
-        "metadata": {"name": pool, "namespace": "default"},
-        "spec": {"selector": {"matchLabels": sel}, "targetPorts": [{"number": fleet.port}],
-                 "endpointPickerRef": {"name": f"{pool}-epp", "port": {"number": 9002}}},
-    }]
-    for i, host in enumerate(fleet.hosts):
-        docs.append({"apiVersion": "v1", "kind": "Pod",
-                     "metadata": {"name": f"sim-{i}", "namespace": "default", "labels": sel},
-                     "status": {"podIP": host}})
-    return docs
+    """An InferencePool selecting ``app: <pool>``, one ready Pod per simulated server and the
+    benchmark's InferenceObjectives (what ``--manifests`` reads instead of the Kubernetes API)."""
+    return devkit_pool_manifests(pool, [(f"sim-{i}", h) for i, h in enumerate(fleet.hosts)],
+                                 fleet.port, objective_manifests(pool))
 
 
 def pool_gateway_config(epp_port: int, admin: int, listen: int,

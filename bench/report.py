@@ -73,6 +73,9 @@ class RunResult:
     cold_ttft_p90: float = 0.0
     wall_seconds: float = 0.0
     pods: dict[str, int] = field(default_factory=dict)
+    #: Per request class (tag, e.g. ``tenant/objective``) of by-class workloads, over the
+    #: warm requests: ``{"requests", "errors", "ttft_p90"}``.
+    classes: dict[str, dict[str, float]] = field(default_factory=dict)
     error_samples: list[str] = field(default_factory=list)
     skipped: str = ""
 
@@ -86,8 +89,11 @@ class RunResult:
 
 
 def summarize(res: RunResult, outcomes: Sequence[OutcomeLike], time_scale: float = 1.0,
-              warmup: float = WARMUP) -> RunResult:
-    """Fill ``res`` from per-request outcomes (``start`` etc. in wall seconds)."""
+              warmup: float = WARMUP, tags: Sequence[str] | None = None) -> RunResult:
+    """Fill ``res`` from per-request outcomes (``start`` etc. in wall seconds); with
+    ``tags`` (one per outcome, in the same order) also the per-class figures."""
+    if tags is not None:
+        res.classes = _classes(outcomes, tags, time_scale, warmup)
     ordered = sorted(outcomes, key=lambda o: o.start)
     n_cold = int(len(ordered) * warmup)
     cold, warm = ordered[:n_cold], ordered[n_cold:]
@@ -120,6 +126,19 @@ def summarize(res: RunResult, outcomes: Sequence[OutcomeLike], time_scale: float
         pods[o.pod] = pods.get(o.pod, 0) + 1
     res.pods = dict(sorted(pods.items()))
     return res
+
+
+def _classes(outcomes: Sequence[OutcomeLike], tags: Sequence[str], time_scale: float,
+             warmup: float) -> dict[str, dict[str, float]]:
+    tagged = sorted(zip(outcomes, tags, strict=True), key=lambda ot: ot[0].start)
+    warm = tagged[int(len(tagged) * warmup):]
+    out: dict[str, dict[str, float]] = {}
+    for tag in sorted(set(tags)):
+        mine = [o for o, t in warm if t == tag]
+        ttft = [o.ttft / time_scale for o in mine if o.ok and o.ttft is not None]
+        out[tag] = {"requests": len(mine), "errors": sum(not o.ok for o in mine),
+                    "ttft_p90": quantile(ttft, .9)}
+    return out
 
 
 # -- aggregation over seeds ------------------------------------------------------------------
@@ -286,7 +305,30 @@ def point_sections(results: Sequence[RunResult], workloads: dict[str, Any],
             offered = rows[0].offered_rps
             lines += [f"#### {wl.name} @ load {load:g} ({offered:.2f} req/s offered, "
                       f"{rows[0].servers} servers)", "", *table(rows, order), ""]
+            if any(r.classes for r in rows):
+                lines += [*class_table(rows, order), ""]
     return lines
+
+
+def class_table(rows: Sequence[RunResult], order: Sequence[str]) -> list[str]:
+    """Per request class: TTFT p90 (median over seeds) and the error share, per contender."""
+    classes = sorted({c for r in rows for c in r.classes})
+    names = [n for n in dict.fromkeys([*order, *(r.contender for r in rows)])
+             if any(r.contender == n and r.classes for r in rows)]
+    out = ["Per class (tenant/objective): TTFT p90 s, median over seeds (errors, all seeds).",
+           "", "| contender | " + " | ".join(classes) + " |",
+           "|---|" + "---:|" * len(classes)]
+    for name in names:
+        mine = [r for r in rows if r.contender == name and r.classes]
+        cells = []
+        for c in classes:
+            stats = [r.classes[c] for r in mine if c in r.classes]
+            p90 = statistics.median(s["ttft_p90"] for s in stats) if stats else 0.0
+            sent = sum(s["requests"] for s in stats)
+            failed = sum(s["errors"] for s in stats)
+            cells.append(f"{p90:.3f} ({failed / sent:.0%})" if sent else "n/a")
+        out.append(f"| {name} | " + " | ".join(cells) + " |")
+    return out
 
 
 # -- plots ------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ They read no metrics; their only state is their own in-flight count, like Envoy'
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 
 from bench.twin.loop import ServerState
 
@@ -29,7 +30,8 @@ class _Baseline:
     def choose(self) -> str:
         raise NotImplementedError
 
-    def route(self, index: int, path: str, body: bytes, now: float) -> str:
+    def route(self, index: int, path: str, body: bytes, now: float,
+              headers: Mapping[str, str]) -> str:
         key = self.choose()
         self.inflight[key] += 1
         self._where[index] = key

@@ -74,7 +74,7 @@ def run_job(job: Job) -> list[RunResult]:
         outcomes = run(specs, factories[name](cfg.keys(), seed), cfg)
         res = RunResult(wl_name, load, load * wl.capacity(servers), name, kind(name),
                         seed=seed, servers=servers)
-        summarize(res, outcomes)
+        summarize(res, outcomes, tags=[s.tag for s in specs] if wl.by_class else None)
         res.wall_seconds = time.monotonic() - started
         out.append(res)
     return out

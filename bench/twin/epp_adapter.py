@@ -23,11 +23,14 @@ from __future__ import annotations
 import random
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import yaml
 
-from bench.twin.loop import ServerState
+from bench.twin.loop import Refused, ServerState
+from bench.workloads import objective_manifests
+from devkit.manifests import pool_manifests
 from epp.config import ConfigError, build, load_config_file, parse_config
 from epp.datastore import Datastore, EndpointMetrics, EndpointView
 from epp.datastore.endpoint_state import LoraInfo
@@ -35,6 +38,7 @@ from epp.handle import Settings
 from epp.requestcontrol import Director
 from epp.requestcontrol.director import DESTINATION, Routed
 from epp.sources.manifests import load_snapshot
+from shared.errors import GatewayError
 
 #: ``--refresh-metrics-interval`` and ``--metrics-staleness-threshold`` defaults of epp.main.
 SCRAPE_INTERVAL = 0.05
@@ -43,20 +47,11 @@ POOL = "twin"
 
 
 def _manifests(keys: list[str]) -> list[dict[str, object]]:
-    """An InferencePool and one ready Pod per server (as ``bench.contenders`` writes them)."""
+    """An InferencePool, one ready Pod per server and the benchmark's InferenceObjectives
+    (as ``bench.contenders`` writes them)."""
     port = int(keys[0].rsplit(":", 1)[1])
-    sel = {"app": POOL}
-    docs: list[dict[str, object]] = [{
-        "apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
-        "metadata": {"name": POOL, "namespace": "default"},
-        "spec": {"selector": {"matchLabels": sel}, "targetPorts": [{"number": port}],
-                 "endpointPickerRef": {"name": f"{POOL}-epp", "port": {"number": 9002}}},
-    }]
-    for i, key in enumerate(keys):
-        docs.append({"apiVersion": "v1", "kind": "Pod",
-                     "metadata": {"name": f"sim-{i}", "namespace": "default", "labels": sel},
-                     "status": {"podIP": key.rsplit(":", 1)[0]}})
-    return docs
+    pods = [(f"sim-{i}", key.rsplit(":", 1)[0]) for i, key in enumerate(keys)]
+    return pool_manifests(POOL, pods, port, objective_manifests(POOL))
 
 
 class EppRouter:
@@ -88,11 +83,15 @@ class EppRouter:
         self.views: dict[str, EndpointView] = {v.key: v for v in self.datastore.views()}
         self._routed: dict[int, Routed] = {}
 
-    def route(self, index: int, path: str, body: bytes, now: float) -> str:
+    def route(self, index: int, path: str, body: bytes, now: float,
+              headers: Mapping[str, str]) -> str:
         """``Director.route`` with the client's request, as the ext_proc exchange calls it."""
-        headers = {":path": path, ":method": "POST", "content-type": "application/json",
-                   "x-request-id": f"twin-{index}"}
-        decision, routed = self.director.route(headers, body, {})
+        headers = {**headers, ":path": path, ":method": "POST",
+                   "content-type": "application/json", "x-request-id": f"twin-{index}"}
+        try:
+            decision, routed = self.director.route(headers, body, {})
+        except GatewayError as e:
+            raise Refused(e.status, str(e)) from None
         self._routed[index] = routed
         return decision.set_headers[DESTINATION]
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import heapq
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -50,6 +50,15 @@ class ServerState:
     num_gpu_blocks: int
 
 
+class Refused(Exception):
+    """Raised by :meth:`Router.route` when the router answers the client itself (e.g. the
+    EPP sheds a sheddable request with 429): the request reaches no server."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 class Router(Protocol):
     """A routing policy in the twin. Servers are named ``ip:port`` like real endpoints."""
 
@@ -57,9 +66,10 @@ class Router(Protocol):
     #: Seconds between scrapes of each server (None: the router reads no metrics).
     scrape_interval: float | None
 
-    def route(self, index: int, path: str, body: bytes, now: float) -> str:
-        """Pick the server for request ``index`` (``body`` as the client sent it to
-        ``path``); returns its key."""
+    def route(self, index: int, path: str, body: bytes, now: float,
+              headers: Mapping[str, str]) -> str:
+        """Pick the server for request ``index`` (``body`` and ``headers`` as the client
+        sent them to ``path``); returns its key, or raises :class:`Refused`."""
         ...
 
     def done(self, index: int, prompt_tokens: int, completion_tokens: int) -> None:
@@ -179,7 +189,11 @@ def run(specs: Sequence[RequestSpec], router: Router, config: TwinConfig) -> lis
             pending -= 1
             i = int(payload)
             body = orjson.dumps(specs[i].body)
-            key = router.route(i, specs[i].path, body, t)
+            try:
+                key = router.route(i, specs[i].path, body, t, specs[i].headers)
+            except Refused as e:
+                outcomes[i].status, outcomes[i].error = e.status, str(e)
+                continue
             outcomes[i].pod = key
             error = admit(engines[key], i, key, body, specs[i].path, t)
             if error:

@@ -33,6 +33,13 @@ PROFILE = "8b-h100"
 LORA_ADAPTERS = tuple(f"adapter-{i:02d}" for i in range(12))   # 12 adapters > 4 slots/server
 HERE = Path(__file__).resolve().parent
 
+#: The InferenceObjectives every benchmark pool declares (name -> priority), so a workload's
+#: requests can name one in ``x-gateway-inference-objective``. Negative = sheddable, as
+#: upstream v1.5 reads priorities.
+OBJECTIVES = {"interactive": 10, "standard": 0, "sheddable": -1}
+OBJECTIVE_HEADER = "x-gateway-inference-objective"
+FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
+
 # 8b-h100 timing (sim/profiles.py), used only to state nominal capacities.
 _ITL, _OVERHEAD, _PER_TOKEN = 0.012, 0.030, 0.00025
 
@@ -151,6 +158,23 @@ def lengths(rng: random.Random, p: Params, times: list[float]) -> list[RequestSp
     return specs
 
 
+def tenants(rng: random.Random, p: Params, times: list[float]) -> list[RequestSpec]:
+    """The ShareGPT-like lengths from several tenants: each request belongs to a tenant
+    drawn by its ``share``, names it in ``x-gateway-inference-fairness-id`` and the tenant's
+    InferenceObjective (priority) in ``x-gateway-inference-objective``; tagged
+    ``tenant/objective`` for the per-class table."""
+    names = list(p["tenants"])
+    shares = [float(p["tenants"][t]["share"]) for t in names]
+    specs = []
+    for spec in lengths(rng, p, times):
+        tenant = rng.choices(names, shares)[0]
+        objective = str(p["tenants"][tenant]["objective"])
+        specs.append(RequestSpec(spec.at, spec.path, spec.body, tag=f"{tenant}/{objective}",
+                                 headers={FAIRNESS_HEADER: tenant,
+                                          OBJECTIVE_HEADER: objective}))
+    return specs
+
+
 def _lengths_capacity(p: Params) -> float:
     return 1 / _prefill(p["input_median"] * math.exp(p["input_sigma"] ** 2 / 2))
 
@@ -194,6 +218,9 @@ GENERATORS: dict[str, tuple[Generator, Callable[[Params], float], frozenset[str]
     "lengths": (lengths, _lengths_capacity,
                 frozenset({"input_median", "input_sigma", "input_min", "input_max",
                            "output_median", "output_sigma", "output_max"})),
+    "tenants": (tenants, _lengths_capacity,
+                frozenset({"input_median", "input_sigma", "input_min", "input_max",
+                           "output_median", "output_sigma", "output_max", "tenants"})),
     "multi-turn": (multi_turn, _mt_capacity,
                    frozenset({"system_tokens", "question_tokens", "output_tokens", "turns",
                               "think_seconds"})),
@@ -220,6 +247,11 @@ class Workload:
     parameters: Params
     loads: tuple[float, ...]
     duration: float
+
+    @property
+    def by_class(self) -> bool:
+        """Whether the report breaks this workload down by request tag (tenant/objective)."""
+        return self.generator == "tenants"
 
     @property
     def per_server(self) -> float:
@@ -262,6 +294,28 @@ def _arrivals(path: Path, raw: Any) -> tuple[str, float, float]:
                         "{bursts: {period: S, width: S}}")
 
 
+def _check_tenants(path: Path, tenants: Any) -> None:
+    if not isinstance(tenants, dict) or not tenants:
+        raise WorkloadError(f"{path}: parameters.tenants: expected a mapping of tenant names")
+    for name, t in tenants.items():
+        where = f"{path}: parameters.tenants.{name}"
+        if not isinstance(t, dict) or set(t) != {"share", "objective"}:
+            raise WorkloadError(f"{where}: expected exactly {{share, objective}}")
+        if not isinstance(t["share"], int | float) or t["share"] <= 0:
+            raise WorkloadError(f"{where}.share: expected a positive number")
+        if t["objective"] not in OBJECTIVES:
+            raise WorkloadError(f"{where}.objective: {t['objective']!r} is not one of "
+                                f"{sorted(OBJECTIVES)}")
+
+
+def objective_manifests(pool: str) -> list[dict[str, Any]]:
+    """The :data:`OBJECTIVES` as InferenceObjectives of ``pool``."""
+    return [{"apiVersion": "inference.networking.x-k8s.io/v1alpha2", "kind": "InferenceObjective",
+             "metadata": {"name": name, "namespace": "default"},
+             "spec": {"priority": priority, "poolRef": {"name": pool}}}
+            for name, priority in OBJECTIVES.items()]
+
+
 def load_workload(path: Path) -> Workload:
     """Read and check one workload file (unknown fields and parameters are errors)."""
     try:
@@ -282,6 +336,8 @@ def load_workload(path: Path) -> Workload:
     if have != need:
         raise WorkloadError(f"{path}: parameters: unknown {sorted(have - need)}, "
                             f"missing {sorted(need - have)}")
+    if gen == "tenants":
+        _check_tenants(path, params["tenants"])
     arrivals, period, width = _arrivals(path, raw["arrivals"])
     try:
         loads = tuple(float(x) for x in raw["loads"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 
@@ -104,9 +105,10 @@ class _Recorder(LeastRequest):
         self.log: list[tuple[str, str, float]] = []
         self.states: list[ServerState] = []
 
-    def route(self, index: int, path: str, body: bytes, now: float) -> str:
+    def route(self, index: int, path: str, body: bytes, now: float,
+              headers: Mapping[str, str]) -> str:
         self.now = now
-        return super().route(index, path, body, now)
+        return super().route(index, path, body, now, headers)
 
     def begin_scrape(self, key: str) -> None:
         self.log.append(("begin", key, self.now))
