@@ -26,38 +26,14 @@ from shared.errors import BadRequest
 from shared.extproc import BodyMode, ExtProcServicer
 from tests.epp.unit.test_director import store
 from tests.support.inprocess import body_msgs, headers_msg, request_outcome, run_stream
+from tests.support.protowire import frame, lfield, packed, varint, vfield
 
 GENERATE = "/vllm.grpc.engine.VllmEngine/Generate"
 EMBED = "/vllm.grpc.engine.VllmEngine/Embed"
 VERTEX = "/google.cloud.aiplatform.v1beta1.PredictionService/ChatCompletions"
 
 
-# -- the protobuf wire format, by hand ---------------------------------------------------------
-
-
-def varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        b, n = n & 0x7F, n >> 7
-        out.append(b | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def vfield(number: int, value: int) -> bytes:
-    return varint(number << 3) + varint(value)
-
-
-def lfield(number: int, value: bytes) -> bytes:
-    return varint(number << 3 | 2) + varint(len(value)) + value
-
-
-def packed(number: int, values: list[int]) -> bytes:
-    return lfield(number, b"".join(varint(v) for v in values))
-
-
-def frame(message: bytes, flag: int = 0) -> bytes:
-    return bytes([flag]) + len(message).to_bytes(4, "big") + message
+# -- bodies ------------------------------------------------------------------------------------
 
 
 def generate_text(text: str, *, stream: bool = False) -> bytes:
