@@ -304,11 +304,6 @@ def test_latency_predictor_is_refused_until_it_exists() -> None:
 # -- inferencePool, routes, objectives, providers -------------------------------------------
 
 
-def test_grpc_model_servers_are_refused_with_the_reason() -> None:
-    err = refusal("inferencepool", "inferencePool.modelServerProtocol=grpc")
-    assert "only http model servers" in err
-
-
 def test_parser_renders_into_a_config_the_epp_loads() -> None:
     from epp.config import build, parse_config
 
