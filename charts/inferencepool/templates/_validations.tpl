@@ -5,9 +5,6 @@
 {{- fail "inferenceExtension.latencyPredictor.enabled: predicted-latency scheduling is not built yet (issue 17); leave it false" }}
 {{- end }}
 {{- $_ := include "inferencepool.protocol" . }}
-{{- if and $ie.monitoring.prometheus.enabled (eq .Values.provider.name "gke") }}
-{{- fail "inferenceExtension.monitoring.prometheus.enabled with provider.name=gke: the GKE PodMonitoring objects are not rendered yet (issue 13); scrape the EPP's metrics port yourself" }}
-{{- end }}
 {{- $store := $ie.stateStore | default dict -}}
 {{- if and (eq ($ie.haMode | default "") "active-active") (not $store.url) (not $store.secretRef) }}
 {{- fail "inferenceExtension.haMode=active-active needs inferenceExtension.stateStore.url or stateStore.secretRef (the Valkey the replicas share; docs/active-active.md)" }}
