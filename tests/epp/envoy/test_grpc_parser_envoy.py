@@ -1,6 +1,7 @@
-"""``vllmgrpc-parser`` through a real Envoy: gRPC clients call vLLM's engine API on the
-gateway, the EPP reads the protobuf request, picks a pod, and Envoy carries the call over
-h2c to a real gRPC server (grpcio) standing in for vLLM's gRPC entrypoint.
+"""``vllmgrpc-parser`` and ``vertexai-parser`` through a real Envoy: gRPC clients call
+vLLM's engine API (or Vertex AI's ChatCompletions) on the gateway, the EPP reads the protobuf
+request, picks a pod, and Envoy carries the call over h2c to a real gRPC server (grpcio)
+standing in for the model server's gRPC entrypoint.
 
 Two pods; their vLLM metrics come from small HTTP servers on a separate port
 (``--model-server-metrics-port``) so the test decides which one the EPP prefers.
@@ -9,7 +10,7 @@ Two pods; their vLLM metrics come from small HTTP servers on a separate port
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,13 +20,14 @@ import grpc
 import httpx
 import orjson
 import pytest
+from google.api import httpbody_pb2
 
 from devkit import envoy as e
 from devkit.manifests import pool_manifests, write_yaml
 from devkit.topology import Pool, Topology
-from tests.epp.unit.test_grpc_parsers import GENERATE, generate_text
+from tests.epp.unit.test_grpc_parsers import GENERATE, generate_text, vertex_chat
 from tests.support.processes import BackgroundLoop, EppProcess, FakeModelServer
-from tests.support.protowire import lfield, packed, vfield
+from tests.support.protowire import lfield, packed, varint, vfield
 
 pytestmark = pytest.mark.envoy
 
@@ -51,24 +53,27 @@ COMPLETE = lfield(2, packed(1, [101, 102, 103]) + lfield(2, b"stop") + vfield(3,
 
 
 @dataclass
-class VllmGrpcServer:
-    """A real gRPC server answering ``Generate`` with two messages; keeps what it received."""
+class GrpcPod:
+    """A real gRPC server answering one server-streaming method with ``replies``; keeps the
+    request messages it received."""
 
     name: str
     host: str
     port: int
+    service: str = "vllm.grpc.engine.VllmEngine"
+    method: str = "Generate"
+    replies: tuple[bytes, ...] = (CHUNK, COMPLETE)
     received: list[bytes] = field(default_factory=list)
     server: Any = None
 
-    def start(self) -> VllmGrpcServer:
-        def generate(request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
+    def start(self) -> GrpcPod:
+        def handle(request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
             self.received.append(request)
             context.send_initial_metadata((("x-inference-pod", self.name),))
-            yield CHUNK
-            yield COMPLETE
+            yield from self.replies
 
-        handler = grpc.method_handlers_generic_handler("vllm.grpc.engine.VllmEngine", {
-            "Generate": grpc.unary_stream_rpc_method_handler(generate)})
+        handler = grpc.method_handlers_generic_handler(self.service, {
+            self.method: grpc.unary_stream_rpc_method_handler(handle)})
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         self.server.add_generic_rpc_handlers((handler,))
         self.server.add_insecure_port(f"{self.host}:{self.port}")
@@ -83,34 +88,39 @@ class VllmGrpcServer:
 class Gateway:
     listen: int
     epp: EppProcess
-    pods: list[VllmGrpcServer]
+    pods: list[GrpcPod]
 
-    def generate(self, body: bytes) -> tuple[list[bytes], dict[str, str]]:
-        """One Generate call on the gateway: the raw response messages and initial metadata."""
+    def call(self, method: str, body: bytes) -> tuple[list[bytes], dict[str, str]]:
+        """One server-streaming call on the gateway: the raw response messages and the
+        initial metadata."""
         with grpc.insecure_channel(f"127.0.0.1:{self.listen}") as channel:
-            call = channel.unary_stream(GENERATE)(body, timeout=10)
+            call = channel.unary_stream(method)(body, timeout=10)
             messages = list(call)
             return messages, dict(call.initial_metadata())
 
+    def generate(self, body: bytes) -> tuple[list[bytes], dict[str, str]]:
+        return self.call(GENERATE, body)
 
-@pytest.fixture
-def gateway(bg: BackgroundLoop, tmp_path: Path) -> Iterator[Gateway]:
+
+def start_gateway(bg: BackgroundLoop, tmp_path: Path, config: str,
+                  pod: Callable[[str, str, int], GrpcPod],
+                  extra_manifests: Sequence[dict[str, Any]] = ()) -> Iterator[Gateway]:
     port, metrics_port = e.free_port(), e.free_port()
     metrics = []
     for i, host in enumerate(HOSTS):
         m = bg.run(FakeModelServer(f"metrics-{i}", host, metrics_port).start())
         m.waiting = QUEUES[i]
         metrics.append(m)
-    pods = [VllmGrpcServer(f"pod-{i}", h, port).start() for i, h in enumerate(HOSTS)]
+    pods = [pod(f"pod-{i}", h, port).start() for i, h in enumerate(HOSTS)]
     manifests = tmp_path / "pool.yaml"
-    write_yaml(manifests, pool_manifests("pool", [(f"pod-{i}", h) for i, h in enumerate(HOSTS)],
-                                         port))
-    epp = EppProcess(manifests, "--config-text", CONFIG, "--model-server-metrics-port",
+    write_yaml(manifests, [*pool_manifests(
+        "pool", [(f"pod-{i}", h) for i, h in enumerate(HOSTS)], port), *extra_manifests])
+    epp = EppProcess(manifests, "--config-text", config, "--model-server-metrics-port",
                      str(metrics_port), log_path=tmp_path / "epp.log").wait_serving()
     admin, listen = e.free_port(), e.free_port()
-    config = Topology(listen=listen, admin=admin, pools=[Pool(
+    bootstrap = Topology(listen=listen, admin=admin, pools=[Pool(
         "pool", epp_port=epp.port, endpoints=[(h, port) for h in HOSTS], h2c=True)]).bootstrap()
-    envoy = e.Envoy(config, admin_port=admin, workdir=tmp_path / "envoy").start()
+    envoy = e.Envoy(bootstrap, admin_port=admin, workdir=tmp_path / "envoy").start()
     g = Gateway(listen, epp, pods)
     wait_ranked(g)
     yield g
@@ -120,6 +130,11 @@ def gateway(bg: BackgroundLoop, tmp_path: Path) -> Iterator[Gateway]:
         p.stop()
     for m in metrics:
         bg.run(m.stop())
+
+
+@pytest.fixture
+def gateway(bg: BackgroundLoop, tmp_path: Path) -> Iterator[Gateway]:
+    yield from start_gateway(bg, tmp_path, CONFIG, GrpcPod)
 
 
 def wait_ranked(g: Gateway) -> None:
@@ -176,3 +191,54 @@ def test_malformed_frame_from_a_plain_http_client_is_400(gateway: Gateway) -> No
     assert r.status_code == 400
     assert r.json()["error"]["code"] == "invalid_grpc_frame"
     assert gateway.pods[0].received == [] and gateway.pods[1].received == []
+
+
+# -- vertexai-parser: a model rewrite re-encodes the protobuf message --------------------------
+
+VERTEX_SERVICE = "google.cloud.aiplatform.v1beta1.PredictionService"
+VERTEX_CONFIG = CONFIG.replace("vllmgrpc-parser", "vertexai-parser")
+REWRITE = {"apiVersion": "inference.networking.x-k8s.io/v1alpha2",
+           "kind": "InferenceModelRewrite", "metadata": {"name": "to-v2"},
+           "spec": {"poolRef": {"name": "pool"}, "rules": [{
+               "matches": [{"model": {"type": "Exact", "value": "chat"}}],
+               "targets": [{"modelRewrite": "chat-v2"}]}]}}
+SSE_REPLY = httpbody_pb2.HttpBody(
+    content_type="text/event-stream",
+    data=b'data: {"model":"chat-v2","choices":[]}\n\n').SerializeToString()
+
+
+def vertex_pod(name: str, host: str, port: int) -> GrpcPod:
+    return GrpcPod(name, host, port, service=VERTEX_SERVICE, method="ChatCompletions",
+                   replies=(SSE_REPLY,))
+
+
+@pytest.fixture
+def vertex_gateway(bg: BackgroundLoop, tmp_path: Path) -> Iterator[Gateway]:
+    yield from start_gateway(bg, tmp_path, VERTEX_CONFIG, vertex_pod, [REWRITE])
+
+
+def test_vertex_chat_is_rewritten_inside_its_protobuf_and_reaches_the_pod(
+        vertex_gateway: Gateway) -> None:
+    chat = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    body = vertex_chat(chat)[5:]
+    messages, metadata = vertex_gateway.call(f"/{VERTEX_SERVICE}/ChatCompletions", body)
+    assert messages == [SSE_REPLY] and metadata["x-inference-pod"] == "pod-0"
+    (received,) = vertex_gateway.pods[0].received
+    # ChatCompletionsRequest{endpoint = 1, http_body = 2}, read back by hand
+    endpoint = lfield(1, b"projects/p/endpoints/e")
+    assert received.startswith(endpoint)
+    inner = received[len(endpoint):]
+    assert inner[0] == 0x12
+    http_body = httpbody_pb2.HttpBody.FromString(inner[1 + len(varint(len(inner) - 2)):])
+    assert orjson.loads(http_body.data) == {**chat, "model": "chat-v2"}
+    assert http_body.extensions[0].type_url == "type.googleapis.com/x.Extra"
+
+
+def test_vertex_chat_without_messages_is_refused_before_any_pod(
+        vertex_gateway: Gateway) -> None:
+    with pytest.raises(grpc.RpcError) as err:
+        vertex_gateway.call(f"/{VERTEX_SERVICE}/ChatCompletions",
+                            vertex_chat({"model": "chat"})[5:])
+    assert orjson.loads(err.value.details() or "{}")["error"]["message"] == (
+        "'messages' is required for chat requests")
+    assert vertex_gateway.pods[0].received == [] and vertex_gateway.pods[1].received == []
