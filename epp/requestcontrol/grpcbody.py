@@ -37,8 +37,9 @@ def message_classes(package: str, messages: dict[str, Sequence[Field]], *,
                     oneofs: dict[str, Sequence[str]] | None = None,
                     ) -> dict[str, type[Message]]:
     """Message classes for ``messages`` (name → fields) in ``package`` (proto3), in a pool of
-    their own so they never clash with generated modules of the same names. Fields of a type
-    this subset does not declare are kept as unknown fields when a message is read."""
+    their own so they never clash with generated modules of the same names. Fields the
+    declarations leave out are kept as unknown fields when a message is read (and written
+    back unchanged when it is re-encoded)."""
     fdp = descriptor_pb2.FileDescriptorProto(name=f"{package}.subset.proto", package=package,
                                              syntax="proto3")
     for name, fields in messages.items():
