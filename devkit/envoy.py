@@ -166,7 +166,7 @@ def static_cluster(
 
 
 def pool_cluster(
-    name: str, endpoints: Sequence[str], *, timeout: str = "1s"
+    name: str, endpoints: Sequence[str], *, timeout: str = "1s", h2c: bool = False
 ) -> dict[str, Any]:
     """The pool's model servers (``ip:port`` each) behind Envoy's ``override_host`` policy.
 
@@ -178,7 +178,8 @@ def pool_cluster(
     falls back to round robin over the pool. The endpoint that served is written back to
     ``envoy.lb`` → ``x-gateway-destination-endpoint-served`` (the protocol's served report).
     In a cluster the Gateway fills the endpoints from the InferencePool's pods; here they are
-    listed up front (see docs/local-stack.md).
+    listed up front (see docs/local-stack.md). ``h2c``: the pods speak HTTP/2 in cleartext
+    (an InferencePool's ``appProtocol: kubernetes.io/h2c``, e.g. vLLM's gRPC API).
     """
     hosts = []
     for ep in endpoints:
@@ -186,6 +187,11 @@ def pool_cluster(
         hosts.append((host, int(port)))
     cluster = static_cluster(name, hosts)
     cluster["connect_timeout"] = timeout
+    if h2c:
+        cluster["typed_extension_protocol_options"] = {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": HTTP_OPTIONS,
+                "explicit_http_config": {"http2_protocol_options": {}}}}
     del cluster["lb_policy"]
     cluster["load_balancing_policy"] = {"policies": [{"typed_extension_config": {
         "name": "envoy.load_balancing_policies.override_host",

@@ -61,6 +61,8 @@ class Pool:
     #: several EPP replicas as ``(grpc_port, health_port)``: one health-checked cluster
     #: (:func:`devkit.envoy.replica_cluster`) instead of ``epp_port`` alone
     epp_replicas: Sequence[tuple[int, int]] = ()
+    #: the pods speak HTTP/2 cleartext (``appProtocol: kubernetes.io/h2c``: gRPC model servers)
+    h2c: bool = False
 
     @property
     def override_host(self) -> bool:
@@ -175,7 +177,7 @@ class Topology:
                 out.append(e.grpc_cluster(p.epp, p.epp_port, tls=self.tls))
             if p.override_host:
                 out.append(e.pool_cluster(p.upstream, [f"{h}:{port}" for h, port in p.endpoints],
-                                          timeout=p.connect_timeout))
+                                          timeout=p.connect_timeout, h2c=p.h2c))
             elif p.endpoints:
                 out.append(e.static_cluster(p.upstream, p.endpoints))
             else:

@@ -71,6 +71,8 @@ class OpenAIRequest:
     kind: ApiKind
     body: dict[str, Any]
     model: str
+    #: The prompt as token ids, when the API sends it tokenized (vLLM's gRPC API).
+    token_ids: list[int] | None = None
 
     @property
     def stream(self) -> bool:

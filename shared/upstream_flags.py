@@ -104,8 +104,8 @@ IGNORED: Mapping[str, str] = {
     "metrics_endpoint_auth": "--metrics-endpoint-auth: Kubernetes TokenReview is not "
                              "done here; protect the metrics port with "
                              "--metrics-bearer-token-file",
-    "tracing": "--tracing: OpenTelemetry tracing is not implemented yet (issue #13); "
-               "no spans are emitted",
+    "tracing": "--tracing: OpenTelemetry tracing is not implemented here (no issue "
+               "plans it); no spans are emitted",
     "zap_stacktrace_level": "--zap-stacktrace-level: every logged exception carries its "
                             "traceback",
 }

@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from epp.requestcontrol import Director, Routed
-from epp.requestcontrol.response import ResponseRewriter
+from epp.requestcontrol.grpcbody import FrameReader, GrpcResponseReader
+from epp.requestcontrol.response import ResponseRewriter, Usage
 from shared.errors import GatewayError
 from shared.extproc import Exchange, RequestDecision, ResponseHeadersDecision
 
@@ -20,6 +21,7 @@ class PickerExchange(Exchange):
         self.rewriter: ResponseRewriter | None = None
         self.status = 0
         self.response_size = 0
+        self.grpc: _GrpcUsage | None = None
 
     async def on_request(self, headers: dict[str, str], body: bytes) -> RequestDecision:
         director = self.director
@@ -43,12 +45,25 @@ class PickerExchange(Exchange):
         if self.routed is not None:
             added = self.director.response_received(self.routed, self.status or 200, headers,
                                                     self.response_metadata)
-        sse = headers.get("content-type", "").startswith("text/event-stream")
+        content_type = headers.get("content-type", "")
+        if content_type.startswith("application/grpc") and self.routed is not None:
+            # Protobuf frames, never JSON: passed on untouched (a gRPC stream must not wait
+            # for its end), usage read by the parser when it knows the API.
+            parser = self.director.runtime.parser
+            self.rewriter = None
+            if isinstance(parser, GrpcResponseReader):
+                self.grpc = _GrpcUsage(parser, self.routed.request.headers.get(":path", ""))
+            return ResponseHeadersDecision(set_headers=dict(added))
+        sse = content_type.startswith("text/event-stream")
         return ResponseHeadersDecision(set_headers=dict(added),
                                        buffer_body=not sse and self.rewriter is not None)
 
     def on_response_chunk(self, chunk: bytes, end_of_stream: bool) -> bytes:
         self.response_size += len(chunk)
+        if self.grpc is not None:
+            if self.grpc.feed(chunk) and self.routed is not None:
+                self.director.response_chunk(self.routed, chunk, True)
+            return chunk
         if self.rewriter is None:
             return chunk
         out = self.rewriter.chunk(chunk, end_of_stream)
@@ -59,6 +74,8 @@ class PickerExchange(Exchange):
 
     def on_response_body(self, body: bytes) -> bytes:
         self.response_size += len(body)
+        if self.grpc is not None:
+            self.grpc.feed(body)
         if self.rewriter is None:
             return body
         return self.rewriter.body(body)
@@ -73,6 +90,8 @@ class PickerExchange(Exchange):
         if self.routed is None:
             return
         usage = self.rewriter.usage if self.rewriter is not None else None
+        if self.grpc is not None:
+            usage = self.grpc.usage
         self.director.finish(
             self.routed, completed=completed, status=self.status or 200,
             response_size=self.response_size,
@@ -81,3 +100,21 @@ class PickerExchange(Exchange):
             cached_tokens=usage.cached_tokens if usage else 0,
         )
         self.routed = None
+
+
+class _GrpcUsage:
+    """Reads usage from a gRPC response's messages as they pass."""
+
+    __slots__ = ("frames", "parser", "path", "usage")
+
+    def __init__(self, parser: GrpcResponseReader, path: str) -> None:
+        self.parser, self.path = parser, path
+        self.frames = FrameReader()
+        self.usage = Usage()
+
+    def feed(self, chunk: bytes) -> bool:
+        """True when ``chunk`` completed at least one message."""
+        messages = self.frames.feed(chunk)
+        for message in messages:
+            self.parser.read_response(self.path, message, self.usage)
+        return bool(messages)

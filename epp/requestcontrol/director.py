@@ -255,7 +255,7 @@ class Director:
             new_body = None
             if res.target_model != req.model and req.model:  # no model: passthrough body
                 req.body["model"] = res.target_model
-                new_body = orjson.dumps(req.body)
+                new_body = req.dumps()  # JSON, or the parser's own wire format
         except orjson.JSONEncodeError as e:
             raise BadRequest(f"request body cannot be re-encoded: {e}",
                              code="invalid_body") from None
@@ -265,7 +265,9 @@ class Director:
             target_model=res.target_model,
             client_model=req.model,
             prompt=prompt,
-            prompt_tokens=estimate_tokens(prompt),
+            prompt_tokens=(estimate_tokens(prompt) if req.token_ids is None
+                           else len(req.token_ids)),
+            prompt_token_ids=req.token_ids,
             priority=res.priority,
             headers=headers,
             lora_adapter=None if self._serves_base(res.target_model) else res.target_model,

@@ -35,6 +35,7 @@ NOT_CORE = {
     "GCPBackendPolicy": "GKE CRD",
     "GCPRoutingExtension": "GKE CRD",
     "ServiceMonitor": "prometheus-operator CRD",
+    "PodMonitoring": "Google Cloud Managed Service for Prometheus CRD",
 }
 
 

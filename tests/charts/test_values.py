@@ -258,10 +258,44 @@ def test_prometheus_without_auth_has_no_token() -> None:
     assert parse("epp", epp(objs)["args"]).metrics_bearer_token_file is None
 
 
-def test_prometheus_on_gke_is_refused_with_the_reason() -> None:
-    err = refusal("inferencepool", "provider.name=gke",
+@pytest.mark.parametrize(("autopilot", "gmp"), [("false", "gmp-system"),
+                                               ("true", "gke-gmp-system")])
+def test_prometheus_on_gke_is_a_pod_monitoring_sharing_the_token(autopilot: str,
+                                                                 gmp: str) -> None:
+    """Google's managed Prometheus scrapes the EPP pods with the token the EPP accepts; its
+    collector may read that one Secret."""
+    objs = render("inferencepool", "provider.name=gke", f"provider.gke.autopilot={autopilot}",
                   "inferenceExtension.monitoring.prometheus.enabled=true")
-    assert "PodMonitoring" in err
+    validate_rendered(objs)
+    assert not [o for o in objs if o["kind"] == "ServiceMonitor"]
+    monitor = one(objs, "PodMonitoring")
+    pod_labels = one(objs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    (endpoint,) = monitor["spec"]["endpoints"]
+    ports = {p["name"]: p["containerPort"] for p in epp(objs)["ports"]}
+    assert ports[endpoint["port"]] == parse("epp", epp(objs)["args"]).metrics_port
+    secret = one(objs, "Secret")["metadata"]["name"]
+    assert endpoint["authorization"]["credentials"]["secret"] == {"name": secret, "key": "token"}
+    volumes = one(objs, "Deployment")["spec"]["template"]["spec"]["volumes"]
+    assert any(v.get("secret", {}).get("secretName") == secret for v in volumes)
+    assert parse("epp", epp(objs)["args"]).metrics_bearer_token_file
+    role = next(o for o in objs if o["kind"] == "Role"
+                and o["metadata"]["name"].endswith("metrics-token-read"))
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["secrets"],
+                              "resourceNames": [secret], "verbs": ["get", "list", "watch"]}]
+    binding = next(o for o in objs if o["kind"] == "RoleBinding"
+                   and o["roleRef"]["name"] == role["metadata"]["name"])
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "collector",
+                                    "namespace": gmp}]
+
+
+def test_prometheus_on_gke_without_auth_has_no_token_rbac() -> None:
+    objs = render("inferencepool", "provider.name=gke",
+                  "inferenceExtension.monitoring.prometheus.enabled=true",
+                  "inferenceExtension.monitoring.prometheus.auth.enabled=false")
+    assert "authorization" not in one(objs, "PodMonitoring")["spec"]["endpoints"][0]
+    assert not [o for o in objs if o["kind"] == "Secret"]
+    assert parse("epp", epp(objs)["args"]).metrics_bearer_token_file is None
 
 
 def test_extra_ports_volumes_and_mounts_render() -> None:
@@ -302,11 +336,6 @@ def test_latency_predictor_is_refused_until_it_exists() -> None:
 
 
 # -- inferencePool, routes, objectives, providers -------------------------------------------
-
-
-def test_grpc_model_servers_are_refused_with_the_reason() -> None:
-    err = refusal("inferencepool", "inferencePool.modelServerProtocol=grpc")
-    assert "only http model servers" in err
 
 
 def test_parser_renders_into_a_config_the_epp_loads() -> None:
@@ -407,3 +436,22 @@ def test_values_schemas_are_valid_json_schema() -> None:
         jsonschema.Draft7Validator.check_schema(schema)
         defaults = yaml.safe_load((REPO / "charts" / chart / "values.yaml").read_text())
         jsonschema.validate(defaults, schema)
+
+
+def test_route_retry_is_rendered_for_fallback_endpoints() -> None:
+    """``experimentalHttpRoute.retry`` (ours): the rule's Gateway API retry, which is what
+    walks the EPP's fallback list on override_host gateways (Istio, Envoy Gateway)."""
+    route = one(render("inferencepool", "experimentalHttpRoute.enabled=true",
+                       "experimentalHttpRoute.retry.attempts=2",
+                       "experimentalHttpRoute.retry.backoff=100ms"), "HTTPRoute")
+    assert route["spec"]["rules"][0]["retry"] == {"attempts": 2, "backoff": "100ms"}
+    plain = one(render("inferencepool", "experimentalHttpRoute.enabled=true"), "HTTPRoute")
+    assert "retry" not in plain["spec"]["rules"][0]
+
+
+@pytest.mark.parametrize(("value", "where"), [
+    ("experimentalHttpRoute.retry.tries=2", "additional properties 'tries'"),
+    ("experimentalHttpRoute.retry.codes[0]=200", "/experimentalHttpRoute/retry/codes/0"),
+])
+def test_route_retry_outside_gateway_apis_shape_is_refused(value: str, where: str) -> None:
+    assert where in refusal("inferencepool", "experimentalHttpRoute.enabled=true", value)

@@ -80,3 +80,40 @@ earlier key) when given, else upstream's inferenceExtension.failureMode. */}}
 {{- end }}
 {{- end -}}
 {{- end -}}
+
+{{/* "true" when inferenceExtension.flags (map or v1.0 list form) sets the flag named by the
+second argument, else "". */}}
+{{- define "inferencepool.hasFlag" -}}
+{{- $root := index . 0 -}}
+{{- $name := index . 1 -}}
+{{- $flags := $root.Values.inferenceExtension.flags -}}
+{{- if kindIs "slice" $flags -}}
+{{- range $flags }}{{ if and (kindIs "map" .) (eq (toString .name) $name) }}true{{ end }}{{ end -}}
+{{- else if kindIs "map" $flags -}}
+{{- if hasKey $flags $name }}true{{ end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The request parser plugin type, as upstream picks it: vLLM over gRPC →
+vllmgrpc-parser, else inferencePool.parser ("" = the EPP's default, openai-parser). */}}
+{{- define "inferencepool.parser" -}}
+{{- $pool := .Values.inferencePool -}}
+{{- if eq (include "inferencepool.protocol" .) "grpc" -}}
+vllmgrpc-parser
+{{- else -}}
+{{- $pool.parser | default "" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* inferencePool.modelServerProtocol: http, or grpc (vLLM's gRPC API only: the one gRPC
+model-server API the EPP reads). */}}
+{{- define "inferencepool.protocol" -}}
+{{- $p := lower (.Values.inferencePool.modelServerProtocol | default "http") -}}
+{{- if not (has $p (list "http" "grpc")) -}}
+{{- fail (printf "inferencePool.modelServerProtocol=%s: must be http or grpc" .Values.inferencePool.modelServerProtocol) -}}
+{{- end -}}
+{{- if and (eq $p "grpc") (ne (include "inferencepool.modelServerType" .) "vllm") -}}
+{{- fail (printf "inferencePool.modelServerProtocol=grpc is vLLM's gRPC API: it needs modelServerType=vllm, got %s (no parser reads %s's gRPC API)" .Values.inferencePool.modelServerType .Values.inferencePool.modelServerType) -}}
+{{- end -}}
+{{- $p -}}
+{{- end -}}

@@ -4,12 +4,7 @@
 {{- if $ie.latencyPredictor.enabled }}
 {{- fail "inferenceExtension.latencyPredictor.enabled: predicted-latency scheduling is not built yet (issue 17); leave it false" }}
 {{- end }}
-{{- if ne (.Values.inferencePool.modelServerProtocol | default "http") "http" }}
-{{- fail (printf "inferencePool.modelServerProtocol=%s: only http model servers are supported (the EPP has no vLLM gRPC parser yet, issue 13)" .Values.inferencePool.modelServerProtocol) }}
-{{- end }}
-{{- if and $ie.monitoring.prometheus.enabled (eq .Values.provider.name "gke") }}
-{{- fail "inferenceExtension.monitoring.prometheus.enabled with provider.name=gke: the GKE PodMonitoring objects are not rendered yet (issue 13); scrape the EPP's metrics port yourself" }}
-{{- end }}
+{{- $_ := include "inferencepool.protocol" . }}
 {{- $store := $ie.stateStore | default dict -}}
 {{- if and (eq ($ie.haMode | default "") "active-active") (not $store.url) (not $store.secretRef) }}
 {{- fail "inferenceExtension.haMode=active-active needs inferenceExtension.stateStore.url or stateStore.secretRef (the Valkey the replicas share; docs/active-active.md)" }}

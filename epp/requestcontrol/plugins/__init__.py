@@ -18,14 +18,18 @@ from epp.requestcontrol.plugins.utilization_detector import (
     SaturationDetectorConfig,
     UtilizationDetector,
 )
+from epp.requestcontrol.plugins.vertexai_parser import VertexAIParser
+from epp.requestcontrol.plugins.vllmgrpc_parser import VllmGrpcParser
 
 BUILTIN_PLUGINS = (OpenAIParser, InflightLoadProducer, RequestMetricsRecorder,
                    UtilizationDetector, ConcurrencyDetector, PredictedLatencyProducer,
                    LatencySloAdmitter, PassthroughParser, ProbabilisticAdmitter,
-                   DestinationEndpointServedVerifier, RequestAttributeReporter)
+                   DestinationEndpointServedVerifier, RequestAttributeReporter,
+                   VllmGrpcParser, VertexAIParser)
 
 __all__ = ["BUILTIN_PLUGINS", "ConcurrencyDetector", "ConcurrencyParameters",
            "DestinationEndpointServedVerifier", "InflightLoadProducer", "LatencySloAdmitter",
            "OpenAIParser", "PassthroughParser", "PredictedLatencyProducer",
            "ProbabilisticAdmitter", "RequestAttributeReporter", "RequestMetricsRecorder",
-           "SaturationDetectorConfig", "UtilizationDetector"]
+           "SaturationDetectorConfig", "UtilizationDetector", "VertexAIParser",
+           "VllmGrpcParser"]

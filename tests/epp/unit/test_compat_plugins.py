@@ -312,7 +312,7 @@ def test_served_verifier_alone_on_a_response() -> None:
 
 @pytest.mark.parametrize(("type_name", "issue"), [
     ("eviction-sheddable-filter", "#14"), ("tokenizer", "#15"), ("encode-filter", "#16"),
-    ("predicted-latency-scorer", "#17"), ("vllmgrpc-parser", "#13"),
+    ("predicted-latency-scorer", "#17"),
 ])
 def test_types_of_other_issues_are_unknown_naming_the_issue(type_name: str, issue: str) -> None:
     with pytest.raises(ConfigError) as e:

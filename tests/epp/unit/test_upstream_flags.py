@@ -127,7 +127,7 @@ def test_ignored_flags_log_why_when_given() -> None:
     assert [r.split(":")[0] for r in reasons] == [
         "--enable-pprof", "--metrics-endpoint-auth", "--tracing", "--zap-stacktrace-level",
         "--refresh-prometheus-metrics-interval", "--enable-cert-reload"]
-    assert "issue #13" in reasons[2]
+    assert "no spans are emitted" in reasons[2]
     # asking for what already happens stays quiet
     assert warnings_for(["--tracing=false", "--enable-pprof=false"]) == []
 
