@@ -106,6 +106,9 @@ class Args:
     concurrency: int
     background: int
     time_scale: float
+    #: The unrouted requests carry a shared prefix (another client of the same servers
+    #: sending the same system prompts straight to a server) instead of unrelated text.
+    background_shared: bool = False
 
 
 @dataclass
@@ -319,9 +322,31 @@ def schedule(a: Args, seed: int) -> list[tuple[str, str]]:
         p = rng.choices(prefixes, weights)[0]
         out.append(("routed", p + f" question {n}: {rng.random():.12f}?"))
         if a.background and n % a.background == a.background - 1:
-            noise = " ".join(str(rng.random()) for _ in range(a.prefix_blocks * BLOCK // 4))
-            out.append((f"direct:{rng.randrange(a.servers)}", noise))
+            if a.background_shared:
+                other = rng.choices(prefixes, weights)[0] + f" direct {n}: {rng.random():.12f}?"
+            else:
+                other = " ".join(str(rng.random()) for _ in range(a.prefix_blocks * BLOCK // 4))
+            out.append((f"direct:{rng.randrange(a.servers)}", other))
     return out
+
+
+def ceiling(a: Args, seed: int) -> float:
+    """The best hit rate any router could reach on this schedule: every routed request hits
+    its whole shared prefix except the first of each prefix (unbounded caches, no restart,
+    perfect knowledge). A ratio to a baseline can be at most ``ceiling / baseline``."""
+    seen: set[str] = set()
+    hit = total = 0
+    plen = a.prefix_blocks * BLOCK
+    for kind, prompt in schedule(a, seed):
+        if kind != "routed":
+            continue
+        tokens = -(-len(prompt.encode()) // 4)
+        total += tokens
+        prefix = prompt.split("]")[0]
+        if prefix in seen:
+            hit += min(plen, tokens - 1)
+        seen.add(prefix)
+    return hit / total if total else 0.0
 
 
 async def one(session: aiohttp.ClientSession, url: str,
@@ -399,6 +424,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--concurrency", type=int, default=6)
     ap.add_argument("--background", type=int, default=4,
                     help="one direct (unrouted) request after every N routed ones (0: none)")
+    ap.add_argument("--background-shared", action="store_true",
+                    help="the direct requests carry the shared prefixes (default: unrelated "
+                         "text)")
     ap.add_argument("--time-scale", type=float, default=1.0)
     ap.add_argument("--contenders", default=",".join(CONTENDERS),
                     help=f"comma-separated subset of {', '.join(CONTENDERS)}")
@@ -410,7 +438,7 @@ def main(argv: list[str] | None = None) -> None:
     if unknown:
         ap.error(f"--contenders: unknown {', '.join(unknown)}")
     a = Args(ns.servers, ns.kv_blocks, ns.prefixes, ns.prefix_blocks, ns.requests,
-             ns.concurrency, ns.background, ns.time_scale)
+             ns.concurrency, ns.background, ns.time_scale, ns.background_shared)
     results: dict[str, dict[int, Run]] = {c: {} for c in names}
     for seed in range(ns.first_seed, ns.first_seed + ns.seeds):
         for name in names:
@@ -426,19 +454,21 @@ def main(argv: list[str] | None = None) -> None:
             print(f"seed {seed} {name:12s} ttft_p90={run.ttft_p90 * 1000:7.1f} ms "
                   f"hit={run.hit_rate:.3f} failures={run.failures} evictions={run.evictions} "
                   f"epp={run.epp} load1={os.getloadavg()[0]:.1f}", flush=True)
-    report(results, ns)
+    ceilings = {seed: ceiling(a, seed)
+                for seed in range(ns.first_seed, ns.first_seed + ns.seeds)}
+    report(results, ns, ceilings)
 
 
-def report(results: dict[str, dict[int, Run]], ns: argparse.Namespace) -> None:
+def report(results: dict[str, dict[int, Run]], ns: argparse.Namespace,
+           ceilings: dict[int, float]) -> None:
     """Medians per contender, then the issue's checks as paired ratios (those whose
     contenders ran)."""
     p90 = {c: {s: r.ttft_p90 for s, r in runs.items()} for c, runs in results.items()}
     hit = {c: {s: r.hit_rate for s, r in runs.items()} for c, runs in results.items()}
-    out: dict[str, Any] = {"per_seed": {c: {s: {"ttft_p90_s": p90[c][s], "hit_rate": hit[c][s],
-                                                "failures": r.failures,
-                                                "evictions": r.evictions, "epp": r.epp}
-                                            for s, r in results[c].items()}
-                                        for c in results}}
+    per_seed = {c: {s: {"ttft_p90_s": p90[c][s], "hit_rate": hit[c][s],
+                        "failures": r.failures, "evictions": r.evictions, "epp": r.epp}
+                    for s, r in results[c].items()} for c in results}
+    out: dict[str, Any] = {"ceiling": ceilings, "per_seed": per_seed}
     lines = ["| figure | median over seeds [95% interval] | target | verdict |",
              "|---|---|---|---|"]
     for c in results:
@@ -446,6 +476,11 @@ def report(results: dict[str, dict[int, Run]], ns: argparse.Namespace) -> None:
                      f"{bootstrap_median([v * 1000 for v in p90[c].values()])} | | |")
         lines.append(f"| {c}: prefix-cache hit rate | {bootstrap_median(list(hit[c].values()))}"
                      " | | |")
+    lines.append(f"| hit-rate ceiling of the schedule (any router) | "
+                 f"{bootstrap_median(list(ceilings.values()))} | | |")
+    if "approximate" in results:
+        lines.append(f"| most any router can reach: ceiling / approximate's hit rate | "
+                     f"{bootstrap_median(paired_ratios(ceilings, hit['approximate']))} | | |")
     peers = [c for c in results if c == "round-robin" or c in PEER_CONTENDERS]
     best = min(peers, key=lambda c: statistics.median(p90[c].values()), default=None)
     checks = []
