@@ -292,6 +292,7 @@ def epp_figures(metrics_port: int) -> dict[str, float]:
     if buckets and max(c for _, c in buckets) > 0:
         buckets.sort()
         total = buckets[-1][1]
+        sums["lag_p50_le_s"] = next((le for le, c in buckets if c >= 0.5 * total), math.inf)
         sums["lag_p99_le_s"] = next((le for le, c in buckets if c >= 0.99 * total), math.inf)
         sums["lag_count"] = total
     return sums
