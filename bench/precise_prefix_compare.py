@@ -1,4 +1,4 @@
-"""Precise (KV-event) prefix routing vs the approximate prefix scorer vs round-robin, on a
+"""Precise (KV-event) prefix routing vs the approximate prefix scorer and the peers, on a
 shared-prefix workload with cache pressure and a server restart mid-run (issue #15).
 
 Per seed and contender: a fresh ``vllm-sim`` process serving ``--servers`` servers on
@@ -10,17 +10,25 @@ Per seed and contender: a fresh ``vllm-sim`` process serving ``--servers`` serve
   + ``queue-scorer`` (weight 1);
 - ``precise-speculative``: the same with ``speculativeIndexing: true`` (TTL 2 s);
 - ``approximate``: Envoy + EPP with ``prefix-cache-scorer`` (weight 3) + ``queue-scorer``;
-- ``round-robin``: Envoy's ``ROUND_ROBIN`` over the same servers.
+- ``round-robin``: Envoy's ``ROUND_ROBIN`` over the same servers;
+- ``sglang-router:cache_aware``, ``vllm-router:cache_aware``: the peer routers
+  (``bench/peers.py``, ``python -m bench.peers install`` first), as they come.
+
+``--contenders`` picks a subset.
 
 The workload (seeded, the same for every contender): ``--requests`` streamed completions
 from ``--concurrency`` workers, each a shared prefix (``--prefixes`` of ``--prefix-blocks``
 blocks, Zipf-weighted) plus a unique question; one request in ``--background`` goes straight
-to a random server with an unrelated long prompt (traffic the EPP did not route, which evicts);
-halfway through, server 0 is killed and revived a second later (a cold cache).
+to a random server with an unrelated long prompt (traffic the EPP did not route, which evicts;
+``--background-shared``: with a shared prefix instead); halfway through, server 0 is killed
+and revived a second later (a cold cache).
 
 Figures per run: TTFT p90 of routed requests, and the prefix-cache hit rate from the servers'
-own counters (``usage.prompt_tokens_details.cached_tokens`` / ``prompt_tokens``). Over seeds:
-paired ratios precise / baseline, median and 95% bootstrap interval (``bench/stats.py``).
+own counters (``usage.prompt_tokens_details.cached_tokens`` / ``prompt_tokens``); blocks the
+servers evicted (``/sim/state``); for EPP contenders the KV-event lag and stream figures from
+the EPP's ``/metrics``; a per-request trace (``trace.jsonl`` in the run's directory). Over
+seeds: paired ratios precise / baseline, median and 95% bootstrap interval
+(``bench/stats.py``), and the schedule's hit-rate ceiling (:func:`ceiling`).
 
     python -m bench.precise_prefix_compare --seeds 5
 """
