@@ -22,6 +22,7 @@ import random
 import statistics
 import threading
 import time
+from array import array
 
 import zmq
 from prometheus_client import CollectorRegistry
@@ -163,12 +164,48 @@ async def sockets(quick: bool) -> None:
     pub.close(linger=0)
 
 
+def memory(quick: bool) -> None:
+    """Index memory against its bound: 4 endpoints each storing 3 x ``max_keys`` distinct
+    blocks and never evicting (the worst case: nothing is ever removed), measured with
+    ``tracemalloc`` (the index's own allocations, events freed after each apply)."""
+    import gc
+    import os
+    import tracemalloc
+
+    for max_keys in ((2_000, 8_000) if quick else (10_000, 40_000)):
+        gc.collect()
+        tracemalloc.start()
+        base = tracemalloc.get_traced_memory()[0]
+        index = KVBlockIndex(IndexConfig(block_size=BS, max_keys=max_keys))
+        per_event = 8
+        stored = 0
+        for ep in range(4):
+            for _ in range(3 * max_keys // per_event):
+                toks = array("I", os.urandom(per_event * BS * 4)).tolist()
+                hashes: list[int | bytes] = [random.getrandbits(64) for _ in range(per_event)]
+                stored += index.apply(f"10.0.0.{ep}:8000", BlockStored(
+                    block_hashes=hashes, parent_block_hash=None, token_ids=toks,
+                    block_size=BS, lora_id=None, medium="GPU", lora_name=None), MODEL)
+        gc.collect()
+        used = tracemalloc.get_traced_memory()[0] - base
+        tracemalloc.stop()
+        engine = max(index.endpoint_blocks().values())
+        print(f"memory: max_keys {max_keys:,}: {stored:,} blocks stored over 4 endpoints -> "
+              f"{len(index):,} keys (<= max_keys), <= {engine:,} engine hashes per endpoint; "
+              f"{used / 2**20:.1f} MiB ({used / max_keys:.0f} B per max_key)")
+        del index
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true")
-    quick = p.parse_args().quick
-    run(quick)
-    asyncio.run(sockets(quick))
+    p.add_argument("--memory-only", action="store_true", help="only the memory bound")
+    ns = p.parse_args()
+    memory(ns.quick)
+    if ns.memory_only:
+        return
+    run(ns.quick)
+    asyncio.run(sockets(ns.quick))
 
 
 if __name__ == "__main__":

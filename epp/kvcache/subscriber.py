@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import structlog
@@ -92,8 +92,12 @@ class KVEventSubscriber:
     """Subscribes to one endpoint's KV events and keeps the index in step with them."""
 
     def __init__(self, source: KVEventSource, index: KVBlockIndex, metrics: KVEventMetrics,
-                 config: SubscriberConfig | None = None) -> None:
+                 config: SubscriberConfig | None = None,
+                 on_cold: Callable[[str], None] | None = None) -> None:
         self.source = source
+        #: Called with the endpoint when its cache must be presumed cold (the stream was
+        #: lost, or a new publisher appeared): whoever else guesses at that cache forgets too.
+        self.on_cold = on_cold
         self.index = index
         self.metrics = metrics
         self.config = config or SubscriberConfig()
@@ -210,8 +214,13 @@ class KVEventSubscriber:
         self._reset = True
         self.metrics.disconnects.labels(ep).inc()
         forgotten = self.index.clear_endpoint(ep)
+        self._cold()
         log.warning("kv events: stream lost, endpoint unknown until it publishes again",
                     endpoint=ep, forgotten_blocks=forgotten)
+
+    def _cold(self) -> None:
+        if self.on_cold is not None:
+            self.on_cold(self.source.endpoint)
 
     # -- sequence handling ------------------------------------------------------------------
     async def _on_batch(self, seq: int, payload: bytes) -> None:
@@ -221,6 +230,7 @@ class KVEventSubscriber:
             # A new publisher (the server restarted): what we knew of its cache is gone.
             self.metrics.restarts.labels(ep).inc()
             self.index.clear_endpoint(ep)
+            self._cold()
             log.info("kv events: publisher restarted", endpoint=ep, seq=seq, expected=expected)
             expected = None
         if expected is None:
@@ -318,10 +328,13 @@ class KVEventSubscriptions:
     """The set of subscribers for a pool: follows the endpoints as they come and go."""
 
     def __init__(self, index: KVBlockIndex, metrics: KVEventMetrics,
-                 config: SubscriberConfig | None = None) -> None:
+                 config: SubscriberConfig | None = None,
+                 on_cold: Callable[[str], None] | None = None) -> None:
         self.index = index
         self.metrics = metrics
         self.config = config or SubscriberConfig()
+        #: See :attr:`KVEventSubscriber.on_cold`.
+        self.on_cold = on_cold
         self.subscribers: dict[str, KVEventSubscriber] = {}
 
     async def sync(self, sources: Iterable[KVEventSource]) -> None:
@@ -334,7 +347,8 @@ class KVEventSubscriptions:
                 self.index.clear_endpoint(ep)
         for ep, src in wanted.items():
             if ep not in self.subscribers:
-                sub = KVEventSubscriber(src, self.index, self.metrics, self.config)
+                sub = KVEventSubscriber(src, self.index, self.metrics, self.config,
+                                        self.on_cold)
                 self.subscribers[ep] = sub
                 sub.start()
 

@@ -150,3 +150,43 @@ async def test_speculative_indexing_counts_a_pick_until_the_events_can_confirm_i
         finally:
             for sc in scorers.values():
                 await sc.close()
+
+
+async def test_a_restarted_server_is_not_scored_warm_from_its_past_life() -> None:
+    """A lost stream (the server died) makes the endpoint cold for every guess the scorer
+    keeps: while its stream is down the endpoint is scored approximately, and the approximate
+    side must not remember picks made before the restart, nor speculative entries."""
+    base = free_run()
+    cfg = tiny(model=MODEL, port=base, kv_events=KVEventsConfig(
+        enable_kv_cache_events=True, endpoint=f"tcp://*:{base + OFFSET}",
+        topic="kv@{host}@{model}"))
+    params = parse_parameters(PrecisePrefixCacheParameters, {
+        "speculativeIndexing": True, "speculativeTTL": "1m",
+        "kvEventsConfig": {"podDiscoveryConfig": {"socketPortOffset": OFFSET}}}, label="t")
+    scorer = PrecisePrefixCacheScorer("precise-restart", params)
+    ds = pool(base, 1)
+    async with start_fleet([cfg]) as fleet:
+        await scorer.endpoints_changed(ds.views())
+        try:
+            key = f"127.0.0.1:{base}"
+            await until(lambda: scorer.live(key), "subscribed")
+            ids = token_ids(("a prompt picked before the restart. " * 10).encode())
+            views = ds.views()
+            first = LLMRequest("a", MODEL, prompt_token_ids=ids)
+            scorer.score(first, views)
+            scorer.pre_request(first, SchedulingResult(
+                {"default": ProfileResult("default", [views[0]])}, "default"))
+            assert list(scorer.score(LLMRequest("b", MODEL, prompt_token_ids=ids),
+                                     views)) == [1.0]  # the speculative entry
+
+            await fleet.kill(base)
+            await until(lambda: not scorer.live(key), "stream lost")
+            # Down: scored approximately, and the approximate side forgot the old pick.
+            assert list(scorer.score(LLMRequest("c", MODEL, prompt_token_ids=ids),
+                                     views)) == [0.0]
+            await fleet.revive(base)
+            await until(lambda: scorer.live(key), "stream back")
+            assert list(scorer.score(LLMRequest("d", MODEL, prompt_token_ids=ids),
+                                     views)) == [0.0]
+        finally:
+            await scorer.close()

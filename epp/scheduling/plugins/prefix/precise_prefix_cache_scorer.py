@@ -209,7 +209,7 @@ class PrecisePrefixCacheScorer(Scorer, EndpointSetExtractor, PreRequest, Endpoin
                                               max_endpoints_per_key=mem.pod_cache_size))
         _INDEXES.add(self.index)
         self.subscriptions = KVEventSubscriptions(self.index, KV_EVENT_METRICS,
-                                                  subscriber_config)
+                                                  subscriber_config, on_cold=self.forget)
         #: The approximate fallback, learning from every pick (token blocks of the same size).
         self.approx = ApproxPrefixCacheProducer(
             f"{self.name}/approx", PrefixCacheParameters(block_size_tokens=self.block_size))
@@ -244,6 +244,14 @@ class PrecisePrefixCacheScorer(Scorer, EndpointSetExtractor, PreRequest, Endpoin
 
     def retain_endpoints(self, keys: frozenset[str]) -> None:
         self.approx.retain_endpoints(keys)
+
+    def forget(self, key: str) -> None:
+        """``key``'s cache is presumed cold (its event stream was lost or its publisher
+        restarted): drop the guesses about it too - the approximate fallback's picks and the
+        speculative entries - so a restarted server is not scored warm from its past life."""
+        self.approx.retain_endpoints(frozenset(self.subscriptions.subscribers) - {key})
+        for eps in self.speculative.values():
+            eps.pop(key, None)
 
     # -- scoring ---------------------------------------------------------------------------
     def live(self, key: str) -> bool:
