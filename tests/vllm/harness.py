@@ -244,10 +244,6 @@ flowControl:
   - priority: -1
     maxRequests: {SHEDDABLE_QUEUE}
 """
-#: Envoy's ext_proc ``message_timeout`` in front of a flow-control EPP: a request waits in the
-#: EPP's queue while Envoy waits for the answer to its body message, so the timeout bounds the
-#: wait (upstream's standalone chart uses 1000s; the route timeout is 300s).
-FLOW_CONTROL_EXT_PROC_TIMEOUT = "300s"
 
 
 @dataclass
@@ -260,8 +256,6 @@ class Gateway:
     adapters: list[str]
     #: The EPP's EndpointPickerConfig (:data:`EPP_CONFIG` or :data:`FLOW_CONTROL_CONFIG`).
     epp_config: str = EPP_CONFIG
-    #: Envoy's ext_proc timeout per message (devkit's default: 10s).
-    ext_proc_timeout: str = "10s"
     children: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     envoy: e.Envoy | None = None
     port: int = 0
@@ -326,7 +320,7 @@ class Gateway:
         the EPP's fallbacks), with the real servers as the pool's endpoints."""
         return Topology(
             listen=self.port, admin=self.ports["admin"], bbr_port=self.ports["bbr_grpc"],
-            tls=True, timeout=self.ext_proc_timeout,
+            tls=True,
             pools=[Pool(POOL, models=list(dict.fromkeys([self.model, *self.adapters, "alias"])),
                         epp_port=self.ports["epp_grpc"],
                         endpoints=[(s.host, s.port) for s in self.servers])],
