@@ -41,7 +41,7 @@ import yaml
 
 from devkit import envoy as e
 from devkit.manifests import pool_manifests, write_yaml
-from devkit.stack import PoolSpec, StackSpec, envoy_config
+from devkit.topology import Pool, Topology
 
 MODEL = "tiny"
 #: ``--prefix-caching-hash-algo`` of the local servers.
@@ -204,6 +204,9 @@ def served_models(server: VllmServer) -> tuple[str, list[str]]:
 
 # --- the gateway ---------------------------------------------------------------------------
 
+#: The saturation detector's thresholds in :data:`EPP_CONFIG` (the flow-control check computes
+#: the pool's saturation from vLLM's /metrics with them).
+EPP_SATURATION = {"queueDepthThreshold": 2, "kvCacheUtilThreshold": 0.95}
 EPP_CONFIG = """
 apiVersion: inference.networking.x-k8s.io/v1alpha1
 kind: EndpointPickerConfig
@@ -224,9 +227,22 @@ schedulingProfiles:
   - pluginRef: lora-affinity-scorer
     weight: 4
 saturationDetector:
-  queueDepthThreshold: 2
-  kvCacheUtilThreshold: 0.95
+  queueDepthThreshold: {queueDepthThreshold}
+  kvCacheUtilThreshold: {kvCacheUtilThreshold}
   metricsStalenessThreshold: 10s
+""".format(**EPP_SATURATION)
+
+#: :data:`EPP_CONFIG` with flow control on: critical (``chat``, priority 1) and sheddable
+#: (``batch``, -1) bands; the sheddable band holds at most :data:`SHEDDABLE_QUEUE` requests,
+#: more get 429. No TTL: a queued request waits until the pool has room.
+SHEDDABLE_QUEUE = 4
+FLOW_CONTROL_CONFIG = EPP_CONFIG + f"""
+featureGates: [flowControl]
+flowControl:
+  priorityBands:
+  - priority: 1
+  - priority: -1
+    maxRequests: {SHEDDABLE_QUEUE}
 """
 
 
@@ -238,6 +254,8 @@ class Gateway:
     servers: list[VllmServer]
     model: str
     adapters: list[str]
+    #: The EPP's EndpointPickerConfig (:data:`EPP_CONFIG` or :data:`FLOW_CONTROL_CONFIG`).
+    epp_config: str = EPP_CONFIG
     children: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     envoy: e.Envoy | None = None
     port: int = 0
@@ -277,7 +295,7 @@ class Gateway:
             POOL, [(s.name, s.host) for s in self.servers], self.servers[0].port,
             [rewrite, *objectives]))
         config = self.workdir / "epp.yaml"
-        config.write_text(EPP_CONFIG)
+        config.write_text(self.epp_config)
         py = sys.executable
         p = self.ports
         self._spawn("epp", [py, "-m", "epp.main", "--manifests", str(manifests),
@@ -292,16 +310,22 @@ class Gateway:
                             "--grpc-health-port", str(p["bbr_health"]),
                             "--metrics-port", str(p["bbr_metrics"]), "--grace-period", "2"])
         self._wait_serving(60)
-        spec = StackSpec(port=self.port, admin_port=p["admin"],
-                         bbr={"grpc_port": p["bbr_grpc"]},
-                         pools=[PoolSpec(name=POOL, model=self.model, index=0,
-                                         epp={"grpc_port": p["epp_grpc"]},
-                                         lora_modules=self.adapters,
-                                         rewrites={"alias": {self.model: 1}})],
-                         demo={})
-        self.envoy = e.Envoy(envoy_config(spec), admin_port=p["admin"],
+        self.envoy = e.Envoy(self.envoy_config(), admin_port=p["admin"],
                              workdir=self.workdir / "envoy").start()
         return self
+
+    def envoy_config(self) -> dict[str, Any]:
+        """Envoy as ``make run`` builds it (:func:`devkit.stack.envoy_config`'s topology: BBR,
+        then the EPP, then an ``override_host`` cluster of the pool's endpoints, retrying down
+        the EPP's fallbacks), with the real servers as the pool's endpoints."""
+        return Topology(
+            listen=self.port, admin=self.ports["admin"], bbr_port=self.ports["bbr_grpc"],
+            tls=True,
+            pools=[Pool(POOL, models=list(dict.fromkeys([self.model, *self.adapters, "alias"])),
+                        epp_port=self.ports["epp_grpc"],
+                        endpoints=[(s.host, s.port) for s in self.servers])],
+            not_found="no pool serves this model", runtime=e.GRACEFUL_CLOSE,
+        ).bootstrap()
 
     def _spawn(self, name: str, args: list[str]) -> None:
         with (self.workdir / f"{name}.log").open("wb") as out:

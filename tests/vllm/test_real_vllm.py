@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import random
+import statistics
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -39,7 +42,16 @@ from epp.kvcache import (
 from epp.metrics.dialects import DIALECTS
 from shared.kvevents import BlockStored, decode_batch, hash_to_u64, parse_message
 from sim.kvevents import DEFAULT_NONE_HASH_SEED, BlockHasher, external
-from tests.vllm.harness import HASH_ALGO, RealPool, VllmServer, debug_pool
+from tests.vllm.harness import (
+    EPP_SATURATION,
+    FLOW_CONTROL_CONFIG,
+    HASH_ALGO,
+    SHEDDABLE_QUEUE,
+    Gateway,
+    RealPool,
+    VllmServer,
+    debug_pool,
+)
 from tests.vllm.kv_capture import comparable
 
 T = TypeVar("T")
@@ -165,8 +177,10 @@ def gw(pool: RealPool, path: str, body: dict[str, Any], **headers: str) -> httpx
     return httpx.post(pool.gateway.url + path, json=body, headers=headers, timeout=300)
 
 
-def epp_metric(pool: RealPool, name: str, **labels: str) -> float:
-    page = samples(pool.gateway.epp_get("/metrics"))
+def epp_metric(pool: RealPool | Gateway, name: str, **labels: str) -> float:
+    """The EPP's ``name`` summed over the series whose labels include ``labels``."""
+    gateway = pool.gateway if isinstance(pool, RealPool) else pool
+    page = samples(gateway.epp_get("/metrics"))
     return sum(v for lab, v in page.get(name, []) if labels.items() <= lab.items())
 
 
@@ -367,6 +381,133 @@ def test_sheddable_requests_shed_against_a_real_queue(real: RealPool) -> None:
     wait_idle(real)
     r = gw(real, "/v1/completions", body, **{"x-gateway-inference-objective": "batch"})
     assert r.status_code == 200, r.text
+
+
+def expected_saturation(pool: RealPool) -> float:
+    """The pool's saturation computed here from each server's own ``/metrics``, as the EPP's
+    ``utilization-detector`` does: mean of max(waiting / queueDepthThreshold,
+    KV usage / kvCacheUtilThreshold)."""
+    per_server = []
+    for s in pool.servers:
+        page = scrape(s)
+        per_server.append(max(
+            total(page, "vllm:num_requests_waiting") / EPP_SATURATION["queueDepthThreshold"],
+            total(page, "vllm:kv_cache_usage_perc") / EPP_SATURATION["kvCacheUtilThreshold"]))
+    return statistics.fmean(per_server)
+
+
+#: What the burst holds for at least: longer than the 10 s ext_proc message timeout of the
+#: gateway's Envoy, so the check fails if Envoy gives up on a request that waits in the EPP's
+#: queue longer than that (it does not: in FULL_DUPLEX_STREAMED mode the timeout does not
+#: apply). A minimum hold, not a timing assertion.
+HOLD = 12.0
+FC_QUEUE = "inference_extension_flow_control_request_queue_duration_seconds"
+
+
+def test_flow_control_holds_a_burst_by_band_against_a_real_queue(real: RealPool) -> None:
+    """flow control: a burst waits in the EPP while vLLM queues, critical goes first, none lost"""
+    local_only(real, "holding every server saturated needs their small --max-num-seqs")
+    fc = Gateway(real.workdir / "gateway-flow-control", real.servers, real.model,
+                 sorted(real.adapters), epp_config=FLOW_CONTROL_CONFIG)
+    try:
+        fc.start()
+        _flow_control_burst(real, fc)
+    finally:
+        fc.stop()
+
+
+def _flow_control_burst(real: RealPool, fc: Gateway) -> None:
+    n_critical, n_sheddable, max_tokens = 8, SHEDDABLE_QUEUE + 2, 16
+    rank = itertools.count()  # completion order (of every answer, 429s included)
+    answers: list[tuple[str, int, httpx.Response]] = []
+    lock = threading.Lock()
+
+    def send(objective: str, i: int) -> None:
+        r = httpx.post(fc.url + "/v1/completions", timeout=600,
+                       headers={"x-gateway-inference-objective": objective},
+                       json={"model": real.model, "prompt": f"{objective} request {i}",
+                             "max_tokens": max_tokens, "ignore_eos": True})
+        with lock:
+            answers.append((objective, next(rank), r))
+
+    def queued() -> dict[int, int]:
+        return {b["priority"]: b["queued"]
+                for b in json.loads(fc.epp_get("/debug/pool"))["flowControl"]["bands"]}
+
+    def status(objective: str, code: int) -> int:
+        with lock:
+            return sum(1 for o, _, r in answers if o == objective and r.status_code == code)
+
+    def sees_real_queues() -> bool:
+        """The EPP's endpoints show each server's own waiting queue, >= 4 on each."""
+        pool = debug_pool(fc)
+        for s in real.servers:
+            waiting = round(total(scrape(s), "vllm:num_requests_waiting"))
+            if waiting < 4 or pool[s.key]["waiting"] != waiting:
+                return False
+        return True
+
+    # 10 long requests per server straight to vLLM: 4 run (--max-num-seqs 4), 6 wait. The
+    # floods end first (vLLM aborts them), then the pool waits for every answer.
+    with (ThreadPoolExecutor(n_critical + n_sheddable) as ex,
+          floods(*(Flood(s, real.model, 10, max_tokens=200) for s in real.servers))):
+        until("the flow-control EPP to see every server's real waiting queue",
+              sees_real_queues)
+        sent = [ex.submit(send, "batch", i) for i in range(n_sheddable)]
+        until(f"{SHEDDABLE_QUEUE} sheddable requests queued and the rest refused",
+              lambda: queued().get(-1) == SHEDDABLE_QUEUE
+              and status("batch", 429) == n_sheddable - SHEDDABLE_QUEUE)
+        sent += [ex.submit(send, "chat", i) for i in range(n_critical)]
+        until(f"{n_critical} critical requests queued",
+              lambda: queued().get(1) == n_critical)
+        held = time.monotonic()
+        # What the EPP's saturation detector reads is vLLM's own queue: its gauge equals
+        # the saturation computed here from the servers' /metrics.
+        got, want = until(
+            "the EPP's pool saturation to equal the one computed from vLLM's /metrics",
+            lambda: (lambda g, w: (g, w) if abs(g - w) < 1e-9 else None)(
+                epp_metric(fc, "inference_extension_flow_control_pool_saturation"),
+                expected_saturation(real)))
+        assert got >= 1.0, (got, want)
+        assert epp_metric(fc, "inference_extension_flow_control_queue_size",
+                          priority="1") == n_critical
+        assert epp_metric(fc, "inference_extension_flow_control_queue_size",
+                          priority="-1") == SHEDDABLE_QUEUE
+        until(f"the burst to have waited {HOLD:.0f}s in the EPP",
+              lambda: time.monotonic() - held >= HOLD, timeout=HOLD + 5)
+        assert queued() == {1: n_critical, -1: SHEDDABLE_QUEUE}, "released while saturated"
+        assert len(answers) == n_sheddable - SHEDDABLE_QUEUE  # only the refusals so far
+    for f in sent:
+        f.result()  # a request that failed in the client (no answer) fails the check here
+    assert len(answers) == n_critical + n_sheddable
+    problems = []
+    for objective, _, r in answers:
+        if r.status_code == 200:
+            if r.json()["usage"]["completion_tokens"] != max_tokens:
+                problems.append(f"{objective}: {r.text[:200]}")
+        elif not (objective == "batch" and r.status_code == 429
+                  and r.json()["error"]["code"] == "flow_control_queue_full"
+                  and int(r.headers["retry-after"]) >= 1):
+            problems.append(f"{objective}: {r.status_code} {r.text[:200]}")
+    assert not problems, problems
+    assert status("chat", 200) == n_critical
+    assert status("batch", 200) == SHEDDABLE_QUEUE
+    assert status("batch", 429) == n_sheddable - SHEDDABLE_QUEUE
+    # Released by band: the critical answers come back before the sheddable ones on average.
+    served_ranks = {o: [k for oo, k, r in answers if oo == o and r.status_code == 200]
+                    for o in ("chat", "batch")}
+    assert statistics.fmean(served_ranks["chat"]) < statistics.fmean(served_ranks["batch"]), (
+        served_ranks)
+    # The EPP's flow-control metrics: every served request was dispatched from the queue
+    # after the hold (none took the fast path, which records a wait of 0); the refusals are
+    # RejectedCapacity.
+    for priority, n in (("1", n_critical), ("-1", SHEDDABLE_QUEUE)):
+        assert epp_metric(fc, FC_QUEUE + "_count", priority=priority,
+                          outcome="Dispatched") == n
+        assert epp_metric(fc, FC_QUEUE + "_bucket", priority=priority, outcome="Dispatched",
+                          le="10.0") == 0, "a served request shows no wait in the metrics"
+    assert epp_metric(fc, FC_QUEUE + "_count", priority="-1",
+                      outcome="RejectedCapacity") == n_sheddable - SHEDDABLE_QUEUE
 
 
 # --- fidelity: the simulator against the real server ---------------------------------------
