@@ -239,7 +239,7 @@ def test_a_long_prompt_stalls_a_running_decode_by_at_most_one_budget_per_step() 
 def test_prompts_waiting_together_are_served_first_come_first_served_within_the_budget() -> None:
     engine = Engine(BUDGETED)
     reqs = [engine.new_request(text(900, str(i)), 1) for i in range(5)]
-    run_virtual(engine, [(0.0, (lambda r: lambda t: r)(r)) for r in reqs])
+    run_virtual(engine, [(0.0, lambda t, r=r: r) for r in reqs])
     firsts = [r.first_token_time or 0 for r in reqs]
     assert firsts == sorted(firsts)
     # The first prompt does not wait for the other four to be prefilled with it.
