@@ -11,10 +11,16 @@ Per step (vLLM's scheduler, simplified):
 1. every running request that already has its prompt computed decodes one token; if it needs a
    new KV block and none is free, the most recently admitted running request is preempted
    (blocks freed, back to the *front* of the waiting queue, recomputed when readmitted);
-2. if nothing was preempted, waiting requests are admitted in FIFO order while fewer than
-   ``max_num_seqs`` run: a request whose LoRA adapter has no slot is skipped (it keeps its
-   place), a request whose blocks do not fit stops admission (head of line);
-3. the step lasts ``factor * (ITL [if decoding] + overhead + uncached * per_token [if
+2. the step has a token budget, ``max_num_batched_tokens`` (vLLM V1's scheduler): running
+   requests take from it first, in admission order (a decode one token, a prompt still in
+   prefill its next chunk);
+3. if nothing was preempted, waiting requests are admitted in FIFO order while fewer than
+   ``max_num_seqs`` run and budget is left: a request whose LoRA adapter has no slot is
+   skipped (it keeps its place), a request whose blocks do not fit stops admission (head of
+   line); with ``enable_chunked_prefill`` (vLLM V1's default) a prompt larger than what is
+   left is split (its first token comes with its last chunk), without it admission stops
+   at a prompt that does not fit;
+4. the step lasts ``factor * (ITL [if decoding] + overhead + prefill_tokens * per_token [if
    prefilling]) + lora_load_time * loads`` with ``factor = 1 + (load_factor - 1) *
    running / max_num_seqs``, all scaled by ``time_scale``.
 """
@@ -80,6 +86,9 @@ class SimRequest:
     finish_time: float | None = None
     blocks: BlockTable = field(default_factory=BlockTable)
     prefilled: bool = False
+    #: Prompt tokens still to compute in this residency before the next token (chunked
+    #: prefill); 0 while decoding.
+    to_prefill: int = 0
     #: Prompt tokens whose KV a prefill server computed and this server pulled (P/D decode
     #: side); used at the first admission only (a preempted request recomputes locally).
     remote_tokens: int = 0
@@ -160,6 +169,7 @@ class Engine:
         self._rng = random.Random(self.seed)
         self._counter = 0
         self._batch: list[SimRequest] = []
+        self._partial: set[int] = set()
         self._step_end: float | None = None
         # Counters exported as Prometheus counters.
         self.prompt_tokens_total = 0
@@ -289,11 +299,14 @@ class Engine:
         kv = self.kv
         running = self.running
         preempted = False
-        decoding = 0
-        # 1. Decode: each running request grows by one token and may need one more block.
+        # 1. Running requests keep their KV: each that decodes grows by one token and may
+        #    need one more block (a prompt still being prefilled already holds its blocks).
         i = 0
         while i < len(running):
             req = running[i]
+            if req.to_prefill:
+                i += 1
+                continue
             need = kv.blocks_for(req.prompt_tokens + req.generated + 1)
             if need > req.blocks.num_blocks and not kv.append_block(req.blocks):
                 victim = running[-1]
@@ -303,18 +316,40 @@ class Engine:
                     continue  # req itself went back to waiting; running[i] is the next one
                 continue  # retry req with the freed blocks
             i += 1
-        decoding = len(running)
 
-        # 2. Admit from the waiting queue.
+        # 2. The token budget, running requests first (vLLM V1): a decode takes one token,
+        #    an unfinished prefill its next chunk; past the budget a request sits this out.
+        budget = self.profile.max_num_batched_tokens
+        chunked = self.profile.enable_chunked_prefill
+        batch: list[SimRequest] = []
+        partial: set[int] = set()
+        decoding = 0
         prefill_tokens = 0
+        local_prefills = 0
+        for req in running:
+            if budget <= 0:
+                break
+            if req.to_prefill:
+                chunk = min(req.to_prefill, budget)
+                req.to_prefill -= chunk
+                prefill_tokens += chunk
+                budget -= chunk
+                local_prefills += 1
+                if req.to_prefill:
+                    partial.add(id(req))
+            else:
+                budget -= 1
+                decoding += 1
+            batch.append(req)
+
+        # 3. Admit from the waiting queue while the budget lasts.
         loads = 0
         admitted = 0
-        local_prefills = 0
         if not preempted and self.waiting:
             max_seqs = self.profile.max_num_seqs
             skipped: list[SimRequest] = []
             waiting = self.waiting
-            while waiting and len(running) < max_seqs:
+            while waiting and len(running) < max_seqs and budget > 0:
                 req = waiting[0]
                 if req.lora is not None and not self.loras.can_acquire(req.lora):
                     skipped.append(waiting.popleft())
@@ -323,24 +358,33 @@ class Engine:
                 hashes = req.block_hashes
                 hit = kv.match_prefix(hashes)
                 total = kv.blocks_for(tokens + 1)
-                if not kv.can_allocate(hashes, hit, total):
-                    break
-                waiting.popleft()
-                req.blocks = kv.allocate(hashes, hit, total)
-                if kv.journal:
-                    self._record_kv(req)
                 # vLLM always recomputes at least the last prompt token.
                 local = min(hit * kv.block_size, tokens - 1)
                 cached = local
                 if req.remote_tokens:
                     # KV pulled from a prefiller fills what the local cache did not have.
                     cached = max(local, min(req.remote_tokens, tokens - 1))
+                uncached = tokens - cached
+                if not chunked and uncached > budget and batch:
+                    break  # a whole prompt must fit the step (unless the step is empty)
+                if not kv.can_allocate(hashes, hit, total):
+                    break
+                waiting.popleft()
+                req.blocks = kv.allocate(hashes, hit, total)
+                if kv.journal:
+                    self._record_kv(req)
+                if req.remote_tokens:
                     self.external_queries_total += tokens - local
                     self.external_hits_total += cached - local
                     req.remote_tokens = 0
                 else:
                     local_prefills += 1
-                prefill_tokens += tokens - cached
+                chunk = min(uncached, budget) if chunked else uncached
+                req.to_prefill = uncached - chunk
+                if req.to_prefill:
+                    partial.add(id(req))
+                prefill_tokens += chunk
+                budget -= chunk
                 if req.lora is not None and self.loras.acquire(req.lora):
                     loads += 1
                 self.prefix_queries_total += tokens
@@ -354,6 +398,7 @@ class Engine:
                 req.state = RUNNING
                 req.prefilled = False
                 running.append(req)
+                batch.append(req)
                 admitted += 1
                 self._emit("admit", req, now)
             if skipped:
@@ -361,19 +406,20 @@ class Engine:
             if admitted or loads:
                 self.lora_version += 1
 
-        # 3. Duration.
+        # 4. Duration.
         factor = 1.0 + self._load_slope * len(running)
         work = 0.0
         if decoding:
             work += self._itl
-        if admitted:
+        if prefill_tokens:
             # A request whose KV was pulled only computes its last prompt token: it rides in
             # the decode batch without the fixed cost of a prefill step.
             work += prefill_tokens * self._per_token
             if local_prefills:
                 work += self._overhead
         duration = factor * work + loads * self._lora_load
-        self._batch = list(running)
+        self._batch = batch
+        self._partial = partial
         if kv.journal:
             self._record_kv(None)
         end = now + duration
@@ -389,8 +435,11 @@ class Engine:
         self._step_end = None
         stats = self.stats
         finished: list[SimRequest] = []
+        partial = self._partial
         for req in self._batch:
             if req.state != RUNNING:  # aborted or preempted during the step
+                continue
+            if id(req) in partial:  # a prefill chunk that did not reach the prompt's end
                 continue
             req.prefilled = True
             req.generated += 1
@@ -502,6 +551,7 @@ class Engine:
     def _preempt(self, req: SimRequest, now: float) -> None:
         self.running.remove(req)
         self._release(req)
+        req.to_prefill = 0
         req.state = WAITING
         req.preemptions += 1
         self.preemptions_total += 1

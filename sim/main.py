@@ -108,6 +108,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="slowdown when the batch is full (1 = none)")
     t.add_argument("--max-num-seqs", type=int, help="running batch size")
     t.add_argument("--max-waiting", type=int, help="waiting queue cap (429 beyond)")
+    t.add_argument("--max-num-batched-tokens", type=int,
+                   help="token budget of one engine step (vLLM V1; decodes + prefill chunks)")
+    t.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction,
+                   default=None, help="split prompts over steps to fit the token budget "
+                   "(vLLM V1's default: on)")
     t.add_argument("--block-size", type=int, help="tokens per KV block")
     t.add_argument("--num-gpu-blocks", type=int, help="KV cache size in blocks")
     t.add_argument("--max-model-len", type=int, help="prompt + output token limit")
@@ -145,13 +150,13 @@ def build_parser() -> argparse.ArgumentParser:
 _MS_FIELDS = {"inter_token_latency", "prefill_overhead", "prefill_time_per_token",
               "lora_load_time"}
 _INT_FIELDS = {"max_num_seqs", "max_waiting", "block_size", "num_gpu_blocks", "max_model_len",
-               "max_loras", "default_max_tokens"}
+               "max_loras", "default_max_tokens", "max_num_batched_tokens"}
 
 
 def configs_from_args(args: argparse.Namespace) -> list[ServerConfig]:
     """Server configs for the parsed command line (raises ``ValueError`` on bad input)."""
     overrides: dict[str, Any] = {}
-    for name in _MS_FIELDS | _INT_FIELDS | {"load_factor"}:
+    for name in _MS_FIELDS | _INT_FIELDS | {"load_factor", "enable_chunked_prefill"}:
         value = getattr(args, name)
         if value is None:
             continue

@@ -20,8 +20,12 @@ class Profile:
         factor   = 1 + (load_factor - 1) * running / max_num_seqs
         step     = factor * (inter_token_latency            if any request decodes
                              + prefill_overhead
-                             + uncached_tokens * prefill_time_per_token   if any prefills)
+                             + prefill_tokens * prefill_time_per_token   if any prefills)
                    + lora_load_time * adapters_loaded_this_step
+
+    ``prefill_tokens`` is bounded by the step's token budget, vLLM V1's
+    ``max_num_batched_tokens`` (decodes take one token each, prefills share the rest; with
+    ``enable_chunked_prefill`` a prompt that does not fit is split over several steps).
     """
 
     name: str
@@ -37,6 +41,15 @@ class Profile:
     max_loras: int
     lora_load_time: float
     default_max_tokens: int
+    #: vLLM V1's per-step token budget (``--max-num-batched-tokens``).
+    max_num_batched_tokens: int = 8192
+    #: vLLM V1's default; False: a prompt is prefilled whole (admission stops at the first
+    #: prompt that does not fit the step's budget, unless the step is otherwise empty).
+    enable_chunked_prefill: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_batched_tokens must be positive")
 
     def with_overrides(self, overrides: dict[str, Any]) -> Profile:
         """A copy with some fields replaced; unknown field names raise ``ValueError``."""
@@ -51,7 +64,9 @@ class Profile:
 #: the calibration quoted in REFERENCE.md ("8B on H100"); capacity follows from the hardware:
 #: KV per token = 2 (K,V) x 32 layers x 8 KV heads x 128 dims x 2 B = 128 KiB, ~56 GiB free after
 #: weights at 0.9 GPU memory utilisation -> ~450k tokens -> 28,000 blocks of 16.
-#: max_num_seqs = 256 is vLLM's long-standing default.
+#: max_num_seqs = 256 is vLLM's long-standing default. max_num_batched_tokens = 8192 and
+#: chunked prefill on are vLLM V1's defaults for its OpenAI server on a GPU with >= 70 GiB
+#: that is not an A100 (``EngineArgs`` batch defaults).
 H100_8B = Profile(
     name="8b-h100",
     inter_token_latency=0.012,
@@ -83,6 +98,8 @@ TINY = Profile(
     max_loras=2,
     lora_load_time=0.005,
     default_max_tokens=16,
+    # vLLM V1's OpenAI-server default on smaller GPUs.
+    max_num_batched_tokens=2048,
 )
 
 #: The shape of llm-d-inference-sim's defaults: few concurrent sequences, so queueing shows up

@@ -47,6 +47,8 @@ class RequestPredictions:
     states: dict[str, tuple[float, ...]] = field(default_factory=dict)
     #: The endpoint key whose prefill count holds this request (producer bookkeeping).
     prefilling_at: str | None = None
+    #: The uncached prompt tokens this request added to ``prefilling_at``'s prefill count.
+    prefill_charge: int = 0
 
 
 def predictions_of(request: LLMRequest) -> RequestPredictions | None:

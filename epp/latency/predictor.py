@@ -74,22 +74,29 @@ class EndpointState:
 
 @dataclass(frozen=True, slots=True)
 class Linear:
-    """A fitted model in raw feature space: y = intercept + sum w·x."""
+    """A fitted model in raw feature space: y = intercept + sum w·x, clipped to
+    [``low``, ``high``], the range of the latencies it was fitted on: a linear model
+    extrapolates without bound (to zero or to many times the slowest request seen) in
+    states its samples did not cover, and a prediction outside what was ever measured is
+    less likely than the nearest measured extreme."""
 
     intercept: float
     weights: tuple[float, ...]
+    low: float = FLOOR
+    high: float = float("inf")
 
     def __call__(self, x: Sequence[float]) -> float:
         y = self.intercept
         for w, v in zip(self.weights, x, strict=True):
             y += w * v
-        return y if y > FLOOR else FLOOR
+        return self.low if y < self.low else self.high if y > self.high else y
 
     def many(self, x: Any) -> list[float]:
         """Predictions for the rows of the matrix ``x``."""
         import numpy as np
 
-        return np.maximum(x @ np.asarray(self.weights) + self.intercept, FLOOR).tolist()
+        return np.clip(x @ np.asarray(self.weights) + self.intercept, self.low,
+                       self.high).tolist()
 
 
 def fit_linear(xs: Sequence[Sequence[float]], ys: Sequence[float]) -> Linear:
@@ -104,7 +111,8 @@ def fit_linear(xs: Sequence[Sequence[float]], ys: Sequence[float]) -> Linear:
     model = BayesianRidge()
     model.fit((x - mean) / std, y, sample_weight=1.0 / np.maximum(y, FLOOR) ** 2)
     w = model.coef_ / std
-    return Linear(float(model.intercept_ - (w * mean).sum()), tuple(float(v) for v in w))
+    return Linear(float(model.intercept_ - (w * mean).sum()), tuple(float(v) for v in w),
+                  max(float(y.min()), FLOOR), float(y.max()))
 
 
 class LatencyPredictor:

@@ -97,3 +97,15 @@ def test_serves_then_stops_cleanly_on_sigterm() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_token_budget_and_chunked_prefill_flags_reach_the_profile() -> None:
+    (cfg,) = configs("--port", "9000", "--max-num-batched-tokens", "2048",
+                     "--no-enable-chunked-prefill")
+    assert cfg.profile.max_num_batched_tokens == 2048
+    assert not cfg.profile.enable_chunked_prefill
+    (default,) = configs("--port", "9000")
+    assert default.profile.max_num_batched_tokens == 8192
+    assert default.profile.enable_chunked_prefill
+    with pytest.raises(ValueError, match="max-num-batched-tokens"):
+        configs("--port", "9000", "--max-num-batched-tokens", "0")

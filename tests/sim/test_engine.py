@@ -192,3 +192,77 @@ def test_profile_override_rejects_unknown_field() -> None:
     with pytest.raises(ValueError, match="unknown profile field"):
         TINY.with_overrides({"itl": 1})
     assert isinstance(TINY.with_overrides({"max_num_seqs": 9}), Profile)
+
+
+# -- the step's token budget (vLLM V1: max_num_batched_tokens, chunked prefill) ------------
+
+BUDGETED = dataclasses.replace(H100_8B, max_num_batched_tokens=1000)
+
+
+def test_h100_profile_has_vllm_v1_token_budget_and_chunked_prefill() -> None:
+    assert H100_8B.max_num_batched_tokens == 8192
+    assert H100_8B.enable_chunked_prefill
+
+
+def test_a_prompt_over_the_budget_is_prefilled_in_chunks_and_gets_one_first_token() -> None:
+    engine = Engine(BUDGETED)
+    req = engine.new_request(text(2500, "a"), 3)
+    events = record(engine)
+    run_virtual(engine, [(0.0, lambda t: req)])
+    # Three steps of 1000, 1000 and 500 prompt tokens, each with the prefill overhead; the
+    # first token comes with the last chunk.
+    factor = 1 + 1 / H100_8B.max_num_seqs
+    chunks = factor * (3 * 0.030 + 2500 * 0.00025)
+    assert (req.first_token_time or 0) == pytest.approx(chunks)
+    assert [k for k, rid, _ in events if rid == req.id].count("first_token") == 1
+    assert req.generated == 3
+
+
+def test_a_long_prompt_stalls_a_running_decode_by_at_most_one_budget_per_step() -> None:
+    engine = Engine(BUDGETED)
+    decoder = engine.new_request(text(10, "d"), 40)
+    long = engine.new_request(text(8000, "l"), 2)
+    run_virtual(engine, [(0.0, lambda t: decoder), (0.05, lambda t: long)])
+    assert decoder.finish_time is not None and long.first_token_time is not None
+    # Each step mixes the decode with at most budget - 1 prompt tokens.
+    bound = (1 + 2 / H100_8B.max_num_seqs) * (0.012 + 0.030 + 999 * 0.00025)
+    gaps = (decoder.finish_time - (decoder.first_token_time or 0)) / (decoder.generated - 1)
+    assert gaps <= bound
+    # Without the budget the whole 8,000-token prompt stalls one step for ~2 s.
+    free = Engine(dataclasses.replace(H100_8B, max_num_batched_tokens=100_000))
+    d2 = free.new_request(text(10, "d"), 40)
+    l2 = free.new_request(text(8000, "l"), 2)
+    run_virtual(free, [(0.0, lambda t: d2), (0.05, lambda t: l2)])
+    assert (d2.finish_time or 0) - (d2.first_token_time or 0) > 2.0
+
+
+def test_prompts_waiting_together_are_served_first_come_first_served_within_the_budget() -> None:
+    engine = Engine(BUDGETED)
+    reqs = [engine.new_request(text(900, str(i)), 1) for i in range(5)]
+    run_virtual(engine, [(0.0, lambda t, r=r: r) for r in reqs])
+    firsts = [r.first_token_time or 0 for r in reqs]
+    assert firsts == sorted(firsts)
+    # The first prompt does not wait for the other four to be prefilled with it.
+    assert firsts[0] < 0.35
+    assert firsts[-1] > 4 * 900 * 0.00025
+
+
+def test_without_chunked_prefill_a_prompt_that_does_not_fit_waits_for_the_next_step() -> None:
+    engine = Engine(dataclasses.replace(BUDGETED, enable_chunked_prefill=False))
+    a = engine.new_request(text(600, "a"), 1)
+    b = engine.new_request(text(600, "b"), 1)
+    engine.add(a)
+    engine.add(b)
+    engine.begin_step(0.0)
+    assert engine.num_running == 1 and engine.num_waiting == 1
+    engine.finish_step()
+    assert a.first_token_time is not None
+    # An empty step takes a prompt larger than the budget whole rather than never.
+    big = engine.new_request(text(1500, "c"), 1)
+    run_virtual(engine, [(1.0, lambda t: big)])
+    assert big.first_token_time is not None and big.cached_tokens == 0
+
+
+def test_a_zero_token_budget_is_rejected() -> None:
+    with pytest.raises(ValueError, match="max_num_batched_tokens"):
+        H100_8B.with_overrides({"max_num_batched_tokens": 0})

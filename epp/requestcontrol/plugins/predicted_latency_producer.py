@@ -105,18 +105,23 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseStreami
         request.plugin_state[PREDICTIONS_KEY] = out
         prefix = self._prefix_producer()
         blocks: dict[str, int] = {}
-        total = 0
+        total, per_block = 0, 0.0
         if prefix is not None:
             match = prefix.match(request)
             blocks, total = match.matched, len(match.hashes)
+            per_block = float(prefix.tokens_per_block)
         tokens = float(request.prompt_tokens)
         prefilling = self._prefilling
         keys = [v.key for v in endpoints]
         rows = []
         for key, v in zip(keys, endpoints, strict=True):
-            score = blocks.get(key, 0) / total if total else 0.0
-            out.prefix_scores[key] = score
-            uncached, running = tokens * (1.0 - score), float(v.metrics.running)
+            matched = blocks.get(key, 0)
+            out.prefix_scores[key] = matched / total if total else 0.0
+            # Uncached tokens from the matched blocks, not prompt * score: the index hashes
+            # at most maxPrefixBlocksToMatch blocks, so a long prompt whose hashed head is
+            # all cached scores 1.0 while its tail still has to be computed.
+            uncached = max(0.0, tokens - matched * per_block)
+            running = float(v.metrics.running)
             row = (tokens, uncached, uncached * (running + 1.0), float(v.queue), running,
                    v.metrics.kv_usage, float(v.inflight_tokens), float(prefilling.get(key, 0)))
             out.states[key] = row
@@ -151,7 +156,10 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseStreami
             return
         key = result.endpoints[0].key
         out.prefilling_at = key
-        self._prefilling[key] = self._prefilling.get(key, 0) + request.prompt_tokens
+        # The prefill work this request adds there: its uncached tokens as estimated.
+        row = out.states.get(key)
+        out.prefill_charge = int(row[1]) if row is not None else request.prompt_tokens
+        self._prefilling[key] = self._prefilling.get(key, 0) + out.prefill_charge
         prediction = out.by_endpoint.get(key)
         if prediction is None:
             return
@@ -171,7 +179,7 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseStreami
         out = request.plugin_state.get(PREDICTIONS_KEY)
         if isinstance(out, RequestPredictions) and out.prefilling_at is not None:
             key, out.prefilling_at = out.prefilling_at, None
-            left = self._prefilling.get(key, 0) - request.prompt_tokens
+            left = self._prefilling.get(key, 0) - out.prefill_charge
             if left > 0:
                 self._prefilling[key] = left
             else:

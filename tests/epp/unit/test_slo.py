@@ -137,8 +137,16 @@ def test_the_fitted_model_learns_ttft_and_tpot_from_completed_requests() -> None
 
 def test_a_fitted_linear_model_is_served_as_a_dot_product() -> None:
     model = fit_linear([[0.0], [1.0], [2.0], [3.0]], [1.0, 3.0, 5.0, 7.0])
-    assert model([10.0]) == pytest.approx(21.0, rel=0.01)
+    assert model([2.5]) == pytest.approx(6.0, rel=0.01)
     assert Linear(-5.0, (1.0,))([0.0]) > 0  # never below the floor
+
+
+def test_a_prediction_stays_within_the_latencies_the_model_was_fitted_on() -> None:
+    model = fit_linear([[0.0], [1.0], [2.0], [3.0]], [1.0, 3.0, 5.0, 7.0])
+    assert model([10.0]) == pytest.approx(7.0)
+    assert model([-10.0]) == pytest.approx(1.0)
+    assert model.many(__import__("numpy").array([[10.0], [-10.0], [2.5]])) == \
+        pytest.approx([7.0, 1.0, 6.0], rel=0.01)
 
 
 def test_a_pick_is_never_blocked_by_retraining() -> None:
@@ -363,18 +371,40 @@ def test_prompt_tokens_count_as_in_prefill_until_the_first_token() -> None:
     d = Director.of(build(parse_config(LATENCY_CONFIG), store(), rng=random.Random(0)))
     _, first = d.route(HEADERS, body(), {})
     key, tokens = first.endpoint.key, first.request.prompt_tokens
+    assert first.request.plugin_state[PREDICTIONS_KEY].prefill_charge == tokens  # all uncached
     _, second = d.route(HEADERS, body(), {})
     assert second.request.plugin_state[PREDICTIONS_KEY].states[key][7] == tokens
     d.response_received(first, 200, {"content-type": "text/event-stream"})
     d.response_chunk(first, b"data: {}\n\n", True)
     _, third = d.route(HEADERS, body(), {})
-    expected = tokens if second.endpoint.key == key else 0
+    charge = second.request.plugin_state[PREDICTIONS_KEY].prefill_charge
+    expected = charge if second.endpoint.key == key else 0
     assert third.request.plugin_state[PREDICTIONS_KEY].states[key][7] == expected
     for routed in (second, third):
         d.finish(routed, completed=False, status=200, response_size=0, prompt_tokens=0,
                  completion_tokens=0)
     _, fourth = d.route(HEADERS, body(), {})
     assert fourth.request.plugin_state[PREDICTIONS_KEY].states[key][7] == 0
+
+
+def test_uncached_tokens_come_from_the_matched_blocks_not_the_prefix_score() -> None:
+    """The prefix index hashes at most 256 blocks (64 bytes ~ 16 tokens each): a prompt whose
+    hashed head is all cached scores 1.0, yet its tail still has to be prefilled, and that
+    tail is also what the request adds to the endpoint's prefill count."""
+    d = Director.of(build(parse_config(LATENCY_CONFIG), store(), rng=random.Random(0)))
+    head = "system prompt. " * (64 * 300 // 15)
+    _, first = d.route(HEADERS, body(head + "first question"), {})
+    key = first.endpoint.key
+    _, second = d.route(HEADERS, body(head + "a much longer second question " * 40), {})
+    preds = second.request.plugin_state[PREDICTIONS_KEY]
+    assert preds.prefix_scores[key] == 1.0
+    tail = second.request.prompt_tokens - 256 * 16
+    assert preds.states[key][1] == tail > 0
+    assert second.endpoint.key == key  # the strict affinity filter keeps the cached endpoint
+    assert preds.prefill_charge == tail
+    _, third = d.route(HEADERS, body("unrelated"), {})
+    first_charge = first.request.plugin_state[PREDICTIONS_KEY].prefill_charge
+    assert third.request.plugin_state[PREDICTIONS_KEY].states[key][7] == first_charge + tail
 
 
 def test_predicting_many_rows_at_once_equals_predicting_each() -> None:

@@ -91,6 +91,12 @@ class ApproxPrefixCacheProducer(Plugin, DataProducer, PreRequest, EndpointsRemov
         self._hooks = hooks
 
     @property
+    def tokens_per_block(self) -> int:
+        """Prompt tokens one index block stands for (bytes blocks: ~4 bytes a token)."""
+        p = self.params
+        return p.block_size_tokens or max(1, p.block_size // CHARS_PER_TOKEN)
+
+    @property
     def indexer_size(self) -> int:
         """Entries in the index (``inference_extension_prefix_indexer_size``)."""
         return self.store.prefix_size
