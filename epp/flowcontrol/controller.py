@@ -13,7 +13,8 @@ exactly one :class:`Outcome`:
 - **queued**: the dispatcher releases it (``Dispatched``) when the saturation callable says
   there is room; or its TTL passes (``EvictedTTL``, 503); or the caller is cancelled — the
   client went away — and it leaves the queue at once (``EvictedContextCancelled``); or the
-  controller shuts down (``EvictedOther``, 503).
+  controller shuts down (``EvictedOther``, 503; or ``Dispatched`` when it closes with
+  ``release``, for a FailOpen pool).
 
 The dispatcher runs one cycle per release: read saturation once, walk bands from the highest
 priority, stop at the first band whose usage limit the pool has reached (head-of-line blocking,
@@ -163,8 +164,10 @@ class FlowController:
 
     # --- lifecycle ---------------------------------------------------------------------
 
-    async def aclose(self) -> None:
-        """Stop dispatching; every queued request ends ``EvictedOther``, new ones are refused."""
+    async def aclose(self, *, release: bool = False) -> None:
+        """Stop dispatching and refuse new requests. Every queued request ends
+        ``EvictedOther`` (503), or with ``release`` is let go as ``Dispatched`` without
+        waiting for room — what a FailOpen pool wants when its EPP goes away."""
         self._closed = True
         if self._task is not None:
             self._task.cancel()
@@ -174,7 +177,7 @@ class FlowController:
         for band in self._order:
             for flow in list(band.flows.values()):
                 while (item := flow.head()) is not None:
-                    self._finalize(item, Outcome.EVICTED_OTHER)
+                    self._finalize(item, Outcome.DISPATCHED if release else Outcome.EVICTED_OTHER)
 
     def snapshot(self) -> dict[str, Any]:
         """The queues as JSON-ready data (for ``/debug/pool``)."""

@@ -442,6 +442,18 @@ async def test_shutdown_evicts_queued_and_refuses_new(make_fc: MakeFC) -> None:
     assert e.value.status == 503
 
 
+async def test_shutdown_with_release_dispatches_queued_and_refuses_new(
+        make_fc: MakeFC) -> None:
+    fc = make_fc()
+    log: Log = []
+    tasks = await queue_all(fc, [req("a"), req("b", prio=3)], log)
+    await fc.aclose(release=True)  # a FailOpen pool's EPP going away
+    assert set(await asyncio.gather(*tasks)) == {Outcome.DISPATCHED}
+    assert fc.length == 0 and fc.nbytes == 0
+    with pytest.raises(FlowControlUnavailable):
+        await fc.admit(req("c"))
+
+
 # --- retry-after and bookkeeping ---------------------------------------------------------
 
 
