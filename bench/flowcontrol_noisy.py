@@ -95,12 +95,13 @@ class TenantMix:
 
 def concurrency_config(max_concurrency: int) -> str:
     """TUNED_CONFIG + flow control with round-robin fairness, dispatching on upstream's
-    ``concurrency-detector`` (requests in flight per endpoint) instead of the scraped queue."""
+    ``concurrency-detector`` (requests in flight per endpoint) instead of the scraped queue;
+    also a filter, so no endpoint goes past it."""
     return TUNED_CONFIG.replace("plugins:\n", f"""plugins:
 - type: concurrency-detector
   parameters: {{maxConcurrency: {max_concurrency}}}
 - type: round-robin-fairness-policy
-""", 1) + """\
+""", 1).replace("  plugins:\n", "  plugins:\n  - pluginRef: concurrency-detector\n", 1) + """\
 saturationDetector: {pluginRef: concurrency-detector}
 featureGates:
 - flowControl

@@ -58,20 +58,27 @@ OBJECTIVES: list[dict[str, Any]] = [
 SHAREGPT = WORKLOADS["sharegpt"]
 
 
-def priority_config(max_concurrency: int, sheddable_queue: int) -> str:
+def priority_config(max_concurrency: int, sheddable_queue: int,
+                    sheddable_ceiling: float = 1.0) -> str:
     """TUNED_CONFIG + flow control dispatching on upstream's ``concurrency-detector``
     (requests in flight per endpoint, also a filter so no endpoint goes past it); the
-    sheddable band holds at most ``sheddable_queue`` requests, so a flood gets 429s."""
+    sheddable band holds at most ``sheddable_queue`` requests, so a flood gets 429s. With
+    ``sheddable_ceiling`` < 1, ``priority-usage-limit-policy`` stops sheddable dispatch at
+    that saturation, keeping the rest of the pool for critical requests."""
     cfg = TUNED_CONFIG.replace("plugins:\n", f"""plugins:
 - type: concurrency-detector
   parameters: {{maxConcurrency: {max_concurrency}}}
+- type: priority-usage-limit-policy
+  name: reserve
+  parameters: {{bands: [{{priority: -1, threshold: {sheddable_ceiling}}}]}}
 """, 1).replace("  plugins:\n", "  plugins:\n  - pluginRef: concurrency-detector\n", 1)
+    limit = "  usageLimitPolicyPluginRef: reserve\n" if sheddable_ceiling < 1 else ""
     return cfg + f"""\
 saturationDetector: {{pluginRef: concurrency-detector}}
 featureGates:
 - flowControl
 flowControl:
-  defaultRequestTTL: 60s
+{limit}  defaultRequestTTL: 60s
   priorityBands:
   - priority: -1
     maxRequests: {sheddable_queue}
@@ -151,16 +158,21 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def contenders(max_concurrency: int, sheddable_queue: int) -> list[Contender]:
+def contenders(max_concurrency: int, sheddable_queue: int,
+               sheddable_ceiling: float) -> list[Contender]:
     return [EnvoyLB("envoy-rr", "ROUND_ROBIN"),
             Epp("epp-tuned", TUNED_CONFIG, OBJECTIVES),
             SampledFlowEpp("epp-flowcontrol-priority",
-                           priority_config(max_concurrency, sheddable_queue), OBJECTIVES)]
+                           priority_config(max_concurrency, sheddable_queue), OBJECTIVES),
+            SampledFlowEpp("epp-flowcontrol-reserve",
+                           priority_config(max_concurrency, sheddable_queue, sheddable_ceiling),
+                           OBJECTIVES)]
 
 
 def flood_part(args: argparse.Namespace, run_dir: Path) -> None:
     seeds = [int(s) for s in args.seeds.split(",")]
-    cs = [c for c in contenders(args.max_concurrency, args.sheddable_queue)
+    cs = [c for c in contenders(args.max_concurrency, args.sheddable_queue,
+                                args.sheddable_ceiling)
           if not args.contenders or c.name in args.contenders.split(",")]
     rows: dict[str, list[dict[str, Any]]] = {}
     for i, seed in enumerate(seeds):
@@ -329,6 +341,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="concurrency-detector maxConcurrency of the flow-control contender")
     p.add_argument("--sheddable-queue", type=int, default=200,
                    help="maxRequests of the sheddable band")
+    p.add_argument("--sheddable-ceiling", type=float, default=0.5,
+                   help="epp-flowcontrol-reserve: saturation above which sheddable requests "
+                        "wait (priority-usage-limit-policy)")
     p.add_argument("--duration", type=float, default=20.0, help="model seconds per run")
     p.add_argument("--timeout", type=float, default=120.0)
     p.add_argument("--servers", type=int, default=FLEET_SIZE)

@@ -17,7 +17,13 @@ from epp.flowcontrol import (
     Outcome,
     PriorityBandConfig,
 )
-from epp.flowcontrol.policies import GlobalStrictFairness, StaticUsageLimit
+from epp.flowcontrol.policies import (
+    BandThreshold,
+    GlobalStrictFairness,
+    PriorityUsageLimit,
+    PriorityUsageLimitParameters,
+    StaticUsageLimit,
+)
 from epp.flowcontrol.queues import Band, FlowQueue
 from tests.support.fchelpers import Gate, release
 from tests.support.flowcontrol import MakeFC
@@ -237,6 +243,22 @@ async def test_usage_limit_blocks_every_band_at_its_ceiling(make_fc: MakeFC,
     gate.value = 0.4
     assert fc.dispatch_cycle()
     assert await t is Outcome.DISPATCHED
+
+
+async def test_a_lower_ceiling_keeps_the_rest_of_the_pool_for_higher_bands(
+        make_fc: MakeFC, gate: Gate) -> None:
+    reserve = PriorityUsageLimit("reserve", PriorityUsageLimitParameters(
+        bands=(BandThreshold(priority=-1, threshold=0.5),)))
+    fc = make_fc(FlowControlConfig(usage_limit_policy_ref="reserve"),
+                 plugins={"reserve": reserve})
+    gate.value = 0.6
+    log: Log = []
+    [shed] = await queue_all(fc, [req("sheddable", prio=-1)], log)  # above its ceiling
+    assert await fc.enqueue_and_wait(req("critical", prio=1)) is Outcome.DISPATCHED  # fast
+    assert not fc.dispatch_cycle() and fc.length == 1
+    gate.value = 0.4
+    assert fc.dispatch_cycle()
+    assert await shed is Outcome.DISPATCHED
 
 
 async def test_a_failing_saturation_detector_counts_as_saturated(make_fc: MakeFC) -> None:

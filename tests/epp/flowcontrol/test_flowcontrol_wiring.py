@@ -154,3 +154,30 @@ async def test_refusal_reaches_the_client_as_the_controllers_error() -> None:
         await first
     assert e2.value.status == 503
     assert fc.snapshot()["queued"] == 0
+
+
+async def test_concurrency_detector_releases_a_waiting_request_when_one_finishes() -> None:
+    """Dispatching on upstream's concurrency-detector (in-flight requests per endpoint, the
+    signal docs/flow-control.md recommends when the engine's own queue stays empty): the
+    endpoint's one slot is taken at the pick, so the next request waits in the EPP although
+    the scraped queue is empty, and goes as soon as the first response completes."""
+    d = director("featureGates: [flowControl]\n"
+                 "plugins:\n- type: concurrency-detector\n  parameters: {maxConcurrency: 1}\n"
+                 "saturationDetector: {pluginRef: concurrency-detector}\n", waiting=0)
+    fc = d.runtime.flow_control
+    assert fc is not None
+    first = d.prepare({**HEADERS, "x-request-id": "r1"}, BODY, {})
+    await d.admit(first)  # fast path: the pool is empty
+    _, routed = d.dispatch(first)
+    second = d.prepare({**HEADERS, "x-request-id": "r2"}, BODY, {})
+    admitted = asyncio.create_task(d.admit(second))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert fc.snapshot()["queued"] == 1 and not admitted.done()
+    d.finish(routed, completed=True, status=200, response_size=1, prompt_tokens=1,
+             completion_tokens=1)
+    await asyncio.wait_for(admitted, 5)
+    assert fc.snapshot()["queued"] == 0
+    decision, _ = d.dispatch(second)
+    assert decision.set_headers["x-gateway-destination-endpoint"] == "10.1.0.1:8000"
+    await fc.aclose()
