@@ -80,6 +80,18 @@ def decided_at_once(fc: FlowController, r: FlowControlRequest) -> Outcome:
     raise AssertionError("the request waited")
 
 
+def waits(fc: FlowController, r: FlowControlRequest) -> bool:
+    """Run ``enqueue_and_wait`` to its first suspension: True if it queued there (the
+    coroutine is then closed, which takes the request out of the queue again)."""
+    coro = fc.enqueue_and_wait(r)
+    try:
+        coro.send(None)
+    except StopIteration:
+        return False
+    coro.close()
+    return True
+
+
 def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
     v = registry.get_sample_value(name, labels)
     return 0.0 if v is None else v
@@ -243,6 +255,41 @@ async def test_usage_limit_blocks_every_band_at_its_ceiling(make_fc: MakeFC,
     gate.value = 0.4
     assert fc.dispatch_cycle()
     assert await t is Outcome.DISPATCHED
+
+
+async def test_no_fast_path_while_a_released_request_is_on_its_way_to_its_pick(
+        make_fc: MakeFC, gate: Gate) -> None:
+    fc = make_fc()
+    log: Log = []
+    [a] = await queue_all(fc, [req("a", prio=-1)], log)
+    assert release(fc, gate) == 1  # a's caller has not resumed (nor picked) yet
+    assert fc.in_transit == 1
+    gate.value = 0.0  # saturation does not show a's pick yet
+    # b would otherwise take a's slot: it waits instead (higher priority, empty band)
+    assert waits(fc, req("b", prio=5))
+    assert await a is Outcome.DISPATCHED
+    assert fc.in_transit == 0
+    assert fc.length == 0  # b's closed waiter took it out of the queue
+    assert decided_at_once(fc, req("c", prio=5)) is Outcome.DISPATCHED
+
+
+async def test_the_dispatcher_goes_on_after_each_released_request_arrives(
+        make_fc: MakeFC, gate: Gate) -> None:
+    fc = make_fc()
+    arrivals: list[tuple[str, int]] = []
+
+    async def one(rid: str) -> None:
+        await fc.enqueue_and_wait(req(rid))
+        arrivals.append((rid, fc.in_transit))  # what the caller sees when it resumes
+
+    tasks = []
+    for rid in ("a", "b", "c"):
+        tasks.append(asyncio.create_task(one(rid)))
+        await until(lambda n=len(tasks): fc.length == n)
+    gate.value = 0.0
+    fc.notify()
+    await asyncio.wait_for(asyncio.gather(*tasks), 10)  # no wait for an arrival is lost
+    assert arrivals == [("a", 0), ("b", 0), ("c", 0)]  # one in transit at a time
 
 
 async def test_a_lower_ceiling_keeps_the_rest_of_the_pool_for_higher_bands(
