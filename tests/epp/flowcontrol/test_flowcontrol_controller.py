@@ -283,9 +283,9 @@ async def test_the_dispatcher_goes_on_after_each_released_request_arrives(
         arrivals.append((rid, fc.in_transit))  # what the caller sees when it resumes
 
     tasks = []
-    for rid in ("a", "b", "c"):
+    for n, rid in enumerate(("a", "b", "c"), 1):
         tasks.append(asyncio.create_task(one(rid)))
-        await until(lambda n=len(tasks): fc.length == n)
+        await until(lambda n=n: fc.length == n)
     gate.value = 0.0
     fc.notify()
     await asyncio.wait_for(asyncio.gather(*tasks), 10)  # no wait for an arrival is lost

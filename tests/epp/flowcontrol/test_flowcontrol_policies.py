@@ -7,14 +7,14 @@ import math
 
 from epp.flowcontrol import FlowControlRequest, PriorityBandConfig
 from epp.flowcontrol.policies import (
+    BandThreshold,
     EDFOrdering,
     FCFSOrdering,
     GlobalStrictFairness,
-    RoundRobinFairness,
-    SLODeadlineOrdering,
-    BandThreshold,
     PriorityUsageLimit,
     PriorityUsageLimitParameters,
+    RoundRobinFairness,
+    SLODeadlineOrdering,
     StaticUsageLimit,
 )
 from epp.flowcontrol.queues import Band
