@@ -286,7 +286,11 @@ async def rss_part(n: int, body_bytes: int, workdir: Path) -> dict[str, Any]:
 
         prompt = ("abc " * (body_bytes // 4))[:body_bytes]
         payload = orjson.dumps({"model": "m", "prompt": prompt, "max_tokens": 16})
-        channels = [grpc.aio.insecure_channel(f"127.0.0.1:{epp.port}") for _ in range(20)]
+        # One connection per channel (no shared subchannel): one HTTP/2 connection stalled
+        # at ~6,000 open streams here.
+        channels = [grpc.aio.insecure_channel(f"127.0.0.1:{epp.port}",
+                                              options=[("grpc.use_local_subchannel_pool", 1)])
+                    for _ in range(20)]
 
         def messages(i: int) -> list[Any]:
             hdrs = [(":method", "POST"), (":path", "/v1/completions"),

@@ -66,3 +66,20 @@ def test_queue_summary_reads_the_epps_queue_duration_histogram() -> None:
     assert summary["0/t1"] == {"count": 4, "Dispatched": 3, "RejectedCapacity": 1,
                                "waited": 1, "mean_wait_s": 0.125}
     assert summary["-1/t2"]["waited"] == 1 and summary["-1/t2"]["mean_wait_s"] == 2.0
+
+
+def test_burst_bound_orders_a_burst_as_each_policy_says() -> None:
+    from bench.flowcontrol_burst_bound import global_queue, prefill, round_robin
+
+    def req(at: float, tokens: int) -> RequestSpec:
+        return RequestSpec(at, "/v1/completions", {"prompt": "abc " * tokens})
+
+    # one server, a long prompt then two short ones arriving together
+    burst = [req(0.0, 4000), req(0.0, 40), req(0.0, 40)]
+    long_, short = prefill(burst[0]), prefill(burst[1])
+    fcfs = global_queue(burst, 1, lambda s: s.at)
+    sjf = global_queue(burst, 1, prefill)
+    assert fcfs == pytest.approx([long_, long_ + short, long_ + 2 * short])
+    assert sorted(sjf) == pytest.approx([short, 2 * short, 2 * short + long_])
+    # two servers: round-robin puts the third request behind the long one
+    assert round_robin(burst, 2)[2] == pytest.approx(long_ + short)
