@@ -232,16 +232,22 @@ class Epp(Contender):
 
     kind = "ours"
 
-    def __init__(self, name: str, config: str | None = None) -> None:
+    def __init__(self, name: str, config: str | None = None,
+                 extra_manifests: list[dict[str, Any]] | None = None) -> None:
         self.name = name
         self.config = config
+        #: more objects for the EPP's manifests (e.g. InferenceObjectives)
+        self.extra_manifests = extra_manifests or []
         self._metrics_port = 0
+        #: the running EPP's process id (while :meth:`running`)
+        self.pid = 0
 
     @contextlib.contextmanager
     def running(self, fleet: SimFleet, workdir: Path) -> Iterator[str]:
         workdir.mkdir(parents=True, exist_ok=True)
         manifests = workdir / "pool.yaml"
-        manifests.write_text(yaml.safe_dump_all(pool_manifests("sims", fleet), sort_keys=False))
+        manifests.write_text(yaml.safe_dump_all(pool_manifests("sims", fleet)
+                                                + self.extra_manifests, sort_keys=False))
         grpc, health, self._metrics_port = e.free_port(), e.free_port(), e.free_port()
         cmd = [sys.executable, "-m", "epp.main", "--manifests", str(manifests),
                "--secure-serving=false", "--grpc-port", str(grpc),
@@ -253,6 +259,7 @@ class Epp(Contender):
             cmd += ["--config-file", str(cfg)]
         log = workdir / "epp.log"
         proc = _popen(cmd, log)
+        self.pid = proc.pid
         try:
             self._wait_ready(proc, log, fleet.size)
             admin, listen = e.free_port(), e.free_port()

@@ -19,6 +19,7 @@ import time
 
 from bench.compare import RUNS, RunResult, run_one
 from bench.contenders import TUNED_CONFIG, Contender, EnvoyLB, Epp
+from bench.flowcontrol_probe import FlowEpp
 from bench.workloads import FLEET_SIZE, WORKLOADS
 
 #: TUNED_CONFIG plus flow control: requests wait in the EPP while the pool is saturated, with
@@ -38,10 +39,22 @@ def fc_config(queue_depth: int) -> str:
                                        1)
 
 
+def concurrency_config(max_concurrency: int) -> str:
+    """FLOW_CONTROL_CONFIG dispatching on upstream's ``concurrency-detector`` (requests in
+    flight per endpoint) instead of the scraped queue; also a filter, so no endpoint goes
+    past it."""
+    return FLOW_CONTROL_CONFIG.replace("plugins:\n", f"""plugins:
+- type: concurrency-detector
+  parameters: {{maxConcurrency: {max_concurrency}}}
+""", 1).replace("  plugins:\n", "  plugins:\n  - pluginRef: concurrency-detector\n", 1) + \
+        "saturationDetector: {pluginRef: concurrency-detector}\n"
+
+
 def contenders() -> list[Contender]:
     return [EnvoyLB("envoy-rr", "ROUND_ROBIN"), Epp("epp-tuned", TUNED_CONFIG),
             Epp("epp-flowcontrol", FLOW_CONTROL_CONFIG),
-            Epp("epp-flowcontrol-q1", fc_config(1)), Epp("epp-flowcontrol-q2", fc_config(2))]
+            Epp("epp-flowcontrol-q1", fc_config(1)), Epp("epp-flowcontrol-q2", fc_config(2)),
+            *(FlowEpp(f"epp-flowcontrol-c{n}", concurrency_config(n)) for n in (4, 8, 16))]
 
 
 def spread(values: list[float]) -> str:

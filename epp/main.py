@@ -18,7 +18,7 @@ from aiohttp import web
 from epp import telemetry as m
 from epp.config import ConfigError, EndpointPickerConfig, Runtime, build, load_config_file
 from epp.config import parse_config as parse_config_text
-from epp.datastore import Datastore
+from epp.datastore import Datastore, FailureMode
 from epp.flowcontrol import FlowController
 from epp.handle import Settings
 from epp.handlers.exchange import PickerExchange
@@ -342,7 +342,7 @@ async def run(args: Any, store_url: StoreURL) -> None:
         # Sharing ``stop``: a draining leader hands the Lease back at once.
         background.append(elector.run(stop))
     if runtime.flow_control is not None:
-        background.append(close_on_stop(runtime.flow_control, stop))
+        background.append(close_on_stop(runtime.flow_control, stop, datastore))
     if args.ha_mode == "active-active" and store_url.kind == "memory":
         log.warning("active-active without a shared --state-store: each replica routes on "
                     "the picks it made itself")
@@ -361,11 +361,15 @@ def store_pool(args: Any, datastore: Datastore) -> str:
     return f"{args.pool_namespace}/{name}"
 
 
-async def close_on_stop(flow_control: FlowController, stop: asyncio.Event) -> None:
-    """When draining starts, queued requests get their 503 at once (they would otherwise wait
-    out the grace period and be cut off)."""
+async def close_on_stop(flow_control: FlowController, stop: asyncio.Event,
+                        datastore: Datastore) -> None:
+    """When draining starts, queued requests are answered at once (they would otherwise wait
+    out the grace period and be cut off): 503 in a FailClose pool; in a FailOpen pool they are
+    released to be scheduled now, as the gateway would pass them without an EPP."""
     await stop.wait()
-    await flow_control.aclose()
+    pool = datastore.snapshot.pool
+    await flow_control.aclose(
+        release=pool is not None and pool.failure_mode is FailureMode.FAIL_OPEN)
 
 
 def connect_notification_sources(args: Any, runtime: Runtime) -> None:

@@ -13,14 +13,19 @@ exactly one :class:`Outcome`:
 - **queued**: the dispatcher releases it (``Dispatched``) when the saturation callable says
   there is room; or its TTL passes (``EvictedTTL``, 503); or the caller is cancelled — the
   client went away — and it leaves the queue at once (``EvictedContextCancelled``); or the
-  controller shuts down (``EvictedOther``, 503).
+  controller shuts down (``EvictedOther``, 503; or ``Dispatched`` when it closes with
+  ``release``, for a FailOpen pool).
 
 The dispatcher runs one cycle per release: read saturation once, walk bands from the highest
 priority, stop at the first band whose usage limit the pool has reached (head-of-line blocking,
 as upstream), else let the band's fairness policy choose a flow and release that flow's head.
-After a release it yields once to the event loop so the released request can commit its pick
-before saturation is read again. While saturated it sleeps until :meth:`notify` (call it when
-capacity may have freed: a response ended, metrics were refreshed) or ``poll_interval``.
+A released request is *in transit* until its caller resumes (from there to its pick nothing
+yields to the event loop); while one is in transit the dispatcher releases nothing more and
+the fast path is closed, so saturation is never read without that pick — otherwise a request
+arriving in between could take the slot the released one was given, and the released one
+would find no endpoint with room. While saturated the dispatcher sleeps until :meth:`notify`
+(call it when capacity may have freed: a response ended, metrics were refreshed) or
+``poll_interval``.
 
 The saturation callable must be synchronous and cheap, and should count requests the EPP has
 sent but the servers' metrics do not show yet (the utilization detector's queue does).
@@ -97,6 +102,9 @@ class FlowController:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
         self._dispatched: deque[float] = deque(maxlen=256)
+        #: Released requests whose callers have not resumed yet (see the module docstring).
+        self.in_transit = 0
+        self._settled = asyncio.Event()
 
     # --- the caller's side -------------------------------------------------------------
 
@@ -136,6 +144,10 @@ class FlowController:
         except asyncio.CancelledError:
             self._finalize(item, Outcome.EVICTED_CONTEXT_CANCELLED)
             raise
+        finally:
+            if item.outcome is None:  # the waiter went away without a cancellation
+                self._finalize(item, Outcome.EVICTED_CONTEXT_CANCELLED)
+            self._arrived(item)
         assert item.outcome is not None
         return item.outcome
 
@@ -163,8 +175,10 @@ class FlowController:
 
     # --- lifecycle ---------------------------------------------------------------------
 
-    async def aclose(self) -> None:
-        """Stop dispatching; every queued request ends ``EvictedOther``, new ones are refused."""
+    async def aclose(self, *, release: bool = False) -> None:
+        """Stop dispatching and refuse new requests. Every queued request ends
+        ``EvictedOther`` (503), or with ``release`` is let go as ``Dispatched`` without
+        waiting for room — what a FailOpen pool wants when its EPP goes away."""
         self._closed = True
         if self._task is not None:
             self._task.cancel()
@@ -174,7 +188,7 @@ class FlowController:
         for band in self._order:
             for flow in list(band.flows.values()):
                 while (item := flow.head()) is not None:
-                    self._finalize(item, Outcome.EVICTED_OTHER)
+                    self._finalize(item, Outcome.DISPATCHED if release else Outcome.EVICTED_OTHER)
 
     def snapshot(self) -> dict[str, Any]:
         """The queues as JSON-ready data (for ``/debug/pool``)."""
@@ -234,7 +248,9 @@ class FlowController:
                 log.exception("flow control dispatch cycle failed")
                 released = False
             if released:
-                await asyncio.sleep(0)  # the released request commits its pick first
+                if self.in_transit:  # the released request makes its pick first
+                    self._settled.clear()
+                    await self._settled.wait()
                 continue
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.poll_interval):
@@ -259,8 +275,19 @@ class FlowController:
         self.metrics.saturation(self.pool_name, sat)
         return sat
 
+    def _arrived(self, item: QueueItem) -> None:
+        """``item``'s caller resumed: it is no longer in transit."""
+        if item.in_transit:
+            item.in_transit = False
+            self.in_transit -= 1
+            if self.in_transit == 0:
+                self._settled.set()
+
     def _may_bypass(self, band: Band) -> bool:
-        """Fast path: nothing waits at this priority or above, and the pool has room for it."""
+        """Fast path: nothing waits at this priority or above, no released request is still
+        on its way to its pick, and the pool has room for it."""
+        if self.in_transit:
+            return False
         for b in self._order:
             if b.priority < band.priority:
                 break
@@ -316,6 +343,9 @@ class FlowController:
         self.metrics.outcome((req.fairness_id, str(req.priority), outcome.value, self.pool_name,
                               req.model_name, req.target_model_name), max(0.0, waited))
         if not item.future.done():
+            if outcome is Outcome.DISPATCHED and q is not None and not self._closed:
+                item.in_transit = True
+                self.in_transit += 1
             item.future.set_result(outcome)
         return True
 

@@ -13,7 +13,8 @@ Three tiers pick the next request to dispatch (upstream's "3-tier dispatch hiera
    ``x-slo-ttft-ms``; no or bad header sorts last). Ties fall back to arrival order.
 
 They are plugins (``plugins:`` entries referenced by name from ``flowControl``); none takes
-parameters except the usage-limit policy (``threshold``, default 1.0).
+parameters except the usage-limit policies: ``static-usage-limit-policy`` (``threshold``,
+default 1.0, for every band) and our ``priority-usage-limit-policy`` (a ceiling per priority).
 """
 
 from __future__ import annotations
@@ -181,10 +182,66 @@ class StaticUsageLimit(Plugin):
         return [self.threshold] * len(priorities)
 
 
+@dataclass(frozen=True, slots=True)
+class BandThreshold:
+    """One band's usage limit in ``priority-usage-limit-policy``."""
+
+    priority: int
+    threshold: float
+
+
+@dataclass(frozen=True, slots=True)
+class PriorityUsageLimitParameters:
+    """``priority-usage-limit-policy`` parameters: ``threshold`` for every band not listed in
+    ``bands``, which give single priorities their own (lower) ceiling."""
+
+    threshold: float = 1.0
+    bands: tuple[BandThreshold, ...] = ()
+
+    def __post_init__(self) -> None:
+        StaticUsageLimitParameters(self.threshold)  # same check
+        seen: set[int] = set()
+        for b in self.bands:
+            if isinstance(b.priority, bool) or not isinstance(b.priority, int):
+                raise ValueError(f"bands: priority must be an integer, got {b.priority!r}")
+            if b.priority in seen:
+                raise ValueError(f"bands: priority {b.priority} is listed twice")
+            seen.add(b.priority)
+            try:
+                StaticUsageLimitParameters(b.threshold)
+            except ValueError as e:
+                raise ValueError(f"bands[priority {b.priority}].{e}") from None
+
+
+class PriorityUsageLimit(Plugin):
+    """A ceiling per priority: the listed bands' own ``threshold``, every other band the
+    default one. A lower band with a ceiling below 1 stops dispatching while the pool is
+    still below full, so the capacity above its ceiling stays free for higher bands: e.g.
+    ``bands: [{priority: -1, threshold: 0.6}]`` keeps 40% of the pool (by the saturation
+    detector's measure) for requests of priority >= 0 under a sheddable flood.
+
+    Ours, not upstream's: upstream v1.5 defines the per-priority contract (``ComputeLimit``
+    returns a ceiling per priority; "values between 0.0 and 1.0 reserve capacity headroom")
+    but ships only the static policy, whose one ceiling applies to every band.
+    """
+
+    type_name: ClassVar[str] = "priority-usage-limit-policy"
+    parameters_type = PriorityUsageLimitParameters
+    params: PriorityUsageLimitParameters
+
+    def __init__(self, name: str = "", params: Any = None) -> None:
+        super().__init__(name, params)
+        self._by_priority = {b.priority: b.threshold for b in self.params.bands}
+
+    def ceilings(self, saturation: float, priorities: Sequence[int]) -> Sequence[float]:
+        default = self.params.threshold
+        return [self._by_priority.get(p, default) for p in priorities]
+
+
 #: The built-in policy plugin types (the EPP's registry includes them).
 POLICY_PLUGINS: tuple[type[Plugin], ...] = (
     FCFSOrdering, EDFOrdering, SLODeadlineOrdering, GlobalStrictFairness, RoundRobinFairness,
-    StaticUsageLimit)
+    StaticUsageLimit, PriorityUsageLimit)
 _BY_TYPE = {cls.type_name: cls for cls in POLICY_PLUGINS}
 
 

@@ -90,6 +90,8 @@ class QueueItem:
     queue: FlowQueue | None = None
     #: Ordering key given by the band's ordering policy when it was queued.
     key: tuple[float, float] = (0.0, 0.0)
+    #: Released by the dispatcher, and its caller has not resumed yet to make its pick.
+    in_transit: bool = False
 
     @property
     def received_at(self) -> float:

@@ -16,7 +16,7 @@ from epp.flowcontrol import (
     PriorityBandConfig,
 )
 from epp.flowcontrol.config import DEFAULT_BAND_MAX_BYTES, parse_go_duration, parse_quantity
-from epp.flowcontrol.policies import RoundRobinFairness, StaticUsageLimit
+from epp.flowcontrol.policies import PriorityUsageLimit, RoundRobinFairness, StaticUsageLimit
 from shared.plugins import PluginError
 
 # Upstream's documented example (site-src/guides/epp-configuration/config-text.md).
@@ -186,3 +186,20 @@ def test_policy_plugins_are_registered_with_strict_parameters() -> None:
     for bad in (0, -1, "1", True, float("nan")):
         with pytest.raises(PluginError, match="threshold"):
             registry.create("static-usage-limit-policy", "", {"threshold": bad})
+
+
+def test_priority_usage_limit_parameters_are_strict() -> None:
+    registry = builtin_registry()
+    limit = registry.create("priority-usage-limit-policy", "reserve",
+                            {"bands": [{"priority": -1, "threshold": 0.6}]})
+    assert isinstance(limit, PriorityUsageLimit)
+    assert list(limit.ceilings(0.0, [1, -1])) == [1.0, 0.6]
+    for bad, match in (({"bands": [{"priority": -1, "threshold": 0}]}, "threshold"),
+                       ({"bands": [{"priority": -1, "threshold": 0.5},
+                                   {"priority": -1, "threshold": 0.6}]}, "listed twice"),
+                       ({"bands": [{"priority": -1}]}, "threshold"),
+                       ({"bands": [{"priority": "low", "threshold": 0.5}]}, "priority"),
+                       ({"bands": [{"priority": 1, "threshold": 0.5, "x": 1}]}, "unknown"),
+                       ({"threshold": -1}, "threshold")):
+        with pytest.raises(PluginError, match=match):
+            registry.create("priority-usage-limit-policy", "", bad)

@@ -17,7 +17,13 @@ from epp.flowcontrol import (
     Outcome,
     PriorityBandConfig,
 )
-from epp.flowcontrol.policies import GlobalStrictFairness, StaticUsageLimit
+from epp.flowcontrol.policies import (
+    BandThreshold,
+    GlobalStrictFairness,
+    PriorityUsageLimit,
+    PriorityUsageLimitParameters,
+    StaticUsageLimit,
+)
 from epp.flowcontrol.queues import Band, FlowQueue
 from tests.support.fchelpers import Gate, release
 from tests.support.flowcontrol import MakeFC
@@ -72,6 +78,18 @@ def decided_at_once(fc: FlowController, r: FlowControlRequest) -> Outcome:
         return done.value  # type: ignore[no-any-return]
     coro.close()
     raise AssertionError("the request waited")
+
+
+def waits(fc: FlowController, r: FlowControlRequest) -> bool:
+    """Run ``enqueue_and_wait`` to its first suspension: True if it queued there (the
+    coroutine is then closed, which takes the request out of the queue again)."""
+    coro = fc.enqueue_and_wait(r)
+    try:
+        coro.send(None)
+    except StopIteration:
+        return False
+    coro.close()
+    return True
 
 
 def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
@@ -237,6 +255,57 @@ async def test_usage_limit_blocks_every_band_at_its_ceiling(make_fc: MakeFC,
     gate.value = 0.4
     assert fc.dispatch_cycle()
     assert await t is Outcome.DISPATCHED
+
+
+async def test_no_fast_path_while_a_released_request_is_on_its_way_to_its_pick(
+        make_fc: MakeFC, gate: Gate) -> None:
+    fc = make_fc()
+    log: Log = []
+    [a] = await queue_all(fc, [req("a", prio=-1)], log)
+    assert release(fc, gate) == 1  # a's caller has not resumed (nor picked) yet
+    assert fc.in_transit == 1
+    gate.value = 0.0  # saturation does not show a's pick yet
+    # b would otherwise take a's slot: it waits instead (higher priority, empty band)
+    assert waits(fc, req("b", prio=5))
+    assert await a is Outcome.DISPATCHED
+    assert fc.in_transit == 0
+    assert fc.length == 0  # b's closed waiter took it out of the queue
+    assert decided_at_once(fc, req("c", prio=5)) is Outcome.DISPATCHED
+
+
+async def test_the_dispatcher_goes_on_after_each_released_request_arrives(
+        make_fc: MakeFC, gate: Gate) -> None:
+    fc = make_fc()
+    arrivals: list[tuple[str, int]] = []
+
+    async def one(rid: str) -> None:
+        await fc.enqueue_and_wait(req(rid))
+        arrivals.append((rid, fc.in_transit))  # what the caller sees when it resumes
+
+    tasks = []
+    for n, rid in enumerate(("a", "b", "c"), 1):
+        tasks.append(asyncio.create_task(one(rid)))
+        await until(lambda n=n: fc.length == n)
+    gate.value = 0.0
+    fc.notify()
+    await asyncio.wait_for(asyncio.gather(*tasks), 10)  # no wait for an arrival is lost
+    assert arrivals == [("a", 0), ("b", 0), ("c", 0)]  # one in transit at a time
+
+
+async def test_a_lower_ceiling_keeps_the_rest_of_the_pool_for_higher_bands(
+        make_fc: MakeFC, gate: Gate) -> None:
+    reserve = PriorityUsageLimit("reserve", PriorityUsageLimitParameters(
+        bands=(BandThreshold(priority=-1, threshold=0.5),)))
+    fc = make_fc(FlowControlConfig(usage_limit_policy_ref="reserve"),
+                 plugins={"reserve": reserve})
+    gate.value = 0.6
+    log: Log = []
+    [shed] = await queue_all(fc, [req("sheddable", prio=-1)], log)  # above its ceiling
+    assert await fc.enqueue_and_wait(req("critical", prio=1)) is Outcome.DISPATCHED  # fast
+    assert not fc.dispatch_cycle() and fc.length == 1
+    gate.value = 0.4
+    assert fc.dispatch_cycle()
+    assert await shed is Outcome.DISPATCHED
 
 
 async def test_a_failing_saturation_detector_counts_as_saturated(make_fc: MakeFC) -> None:
@@ -440,6 +509,18 @@ async def test_shutdown_evicts_queued_and_refuses_new(make_fc: MakeFC) -> None:
     with pytest.raises(FlowControlUnavailable) as e:
         await fc.admit(req("c"))
     assert e.value.status == 503
+
+
+async def test_shutdown_with_release_dispatches_queued_and_refuses_new(
+        make_fc: MakeFC) -> None:
+    fc = make_fc()
+    log: Log = []
+    tasks = await queue_all(fc, [req("a"), req("b", prio=3)], log)
+    await fc.aclose(release=True)  # a FailOpen pool's EPP going away
+    assert set(await asyncio.gather(*tasks)) == {Outcome.DISPATCHED}
+    assert fc.length == 0 and fc.nbytes == 0
+    with pytest.raises(FlowControlUnavailable):
+        await fc.admit(req("c"))
 
 
 # --- retry-after and bookkeeping ---------------------------------------------------------

@@ -7,9 +7,12 @@ import math
 
 from epp.flowcontrol import FlowControlRequest, PriorityBandConfig
 from epp.flowcontrol.policies import (
+    BandThreshold,
     EDFOrdering,
     FCFSOrdering,
     GlobalStrictFairness,
+    PriorityUsageLimit,
+    PriorityUsageLimitParameters,
     RoundRobinFairness,
     SLODeadlineOrdering,
     StaticUsageLimit,
@@ -99,3 +102,9 @@ async def test_queue_head_and_tail_skip_removed_items() -> None:
 
 def test_static_usage_limit_gives_every_band_the_threshold() -> None:
     assert list(StaticUsageLimit(0.9).ceilings(0.5, [3, 2, 1])) == [0.9, 0.9, 0.9]
+
+
+def test_priority_usage_limit_gives_listed_bands_their_own_ceiling() -> None:
+    limit = PriorityUsageLimit("", PriorityUsageLimitParameters(
+        threshold=0.9, bands=(BandThreshold(-1, 0.5), BandThreshold(2, 0.8))))
+    assert list(limit.ceilings(0.3, [3, 2, 0, -1])) == [0.9, 0.8, 0.9, 0.5]

@@ -53,6 +53,44 @@ def test_off_by_default_even_with_a_flow_control_section() -> None:
         d.prepare(HEADERS, BODY, {})
 
 
+def picks_and_headers(text: str) -> list[tuple[object, ...]]:
+    """Route 60 requests (varied prompts, objectives and tenants) through a director built
+    from ``text`` over four endpoints with different loads; every decision, in order."""
+    docs = pool_manifests("pool", [(f"pod-{i}", f"10.1.0.{i + 1}") for i in range(4)], 8000,
+                          [BATCH])
+    ds = Datastore()
+    ds.replace(build_snapshot([o for d in docs if (o := parse_object(d)) is not None],
+                              pool_name="pool", pool_namespace="default"))
+    for i, view in enumerate(ds.views()):
+        view.begin_scrape()
+        ds.record_scrape(view, EndpointMetrics(waiting=i % 3, running=i, kv_usage=0.2 * i,
+                                               updated_at=time.monotonic() + 3600))
+    d = Director.of(build(parse_config(text), ds, rng=random.Random(7)))
+    out: list[tuple[object, ...]] = []
+    for n in range(60):
+        headers = {":path": "/v1/completions", "x-request-id": f"r{n}",
+                   "x-gateway-inference-fairness-id": f"t{n % 3}",
+                   "x-gateway-destination-endpoint": "10.9.9.9:1"}  # a client's spoof
+        if n % 4 == 0:
+            headers["x-gateway-inference-objective"] = "batch"
+        body = orjson.dumps({"model": "m", "prompt": f"shared prefix {n % 5} " * (n % 7 + 1)})
+        decision, routed = d.route(headers, body, {})
+        out.append((decision.set_headers, sorted(decision.remove_headers), decision.body,
+                    decision.metadata))
+        d.finish(routed, completed=True, status=200, response_size=1, prompt_tokens=1,
+                 completion_tokens=1)
+    return out
+
+
+def test_a_flow_control_section_without_the_gate_changes_no_pick_or_header() -> None:
+    base = "plugins:\n- type: utilization-detector\n  parameters: {queueDepthThreshold: 2}\n"
+    section = ("flowControl:\n  maxRequests: 5\n  defaultRequestTTL: 1s\n"
+               "  priorityBands: [{priority: -1, maxRequests: 1}]\n")
+    before = picks_and_headers(base)
+    assert len({str(p[0]) for p in before}) > 1  # the picks do vary with the load
+    assert picks_and_headers(base + section) == before
+
+
 def test_section_is_validated_without_the_gate() -> None:
     with pytest.raises(ConfigError, match=r"flowControl\.maxRequests: must be non-negative"):
         parse_config("flowControl: {maxRequests: -5}\n")
@@ -116,3 +154,30 @@ async def test_refusal_reaches_the_client_as_the_controllers_error() -> None:
         await first
     assert e2.value.status == 503
     assert fc.snapshot()["queued"] == 0
+
+
+async def test_concurrency_detector_releases_a_waiting_request_when_one_finishes() -> None:
+    """Dispatching on upstream's concurrency-detector (in-flight requests per endpoint, the
+    signal docs/flow-control.md recommends when the engine's own queue stays empty): the
+    endpoint's one slot is taken at the pick, so the next request waits in the EPP although
+    the scraped queue is empty, and goes as soon as the first response completes."""
+    d = director("featureGates: [flowControl]\n"
+                 "plugins:\n- type: concurrency-detector\n  parameters: {maxConcurrency: 1}\n"
+                 "saturationDetector: {pluginRef: concurrency-detector}\n", waiting=0)
+    fc = d.runtime.flow_control
+    assert fc is not None
+    first = d.prepare({**HEADERS, "x-request-id": "r1"}, BODY, {})
+    await d.admit(first)  # fast path: the pool is empty
+    _, routed = d.dispatch(first)
+    second = d.prepare({**HEADERS, "x-request-id": "r2"}, BODY, {})
+    admitted = asyncio.create_task(d.admit(second))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert fc.snapshot()["queued"] == 1 and not admitted.done()
+    d.finish(routed, completed=True, status=200, response_size=1, prompt_tokens=1,
+             completion_tokens=1)
+    await asyncio.wait_for(admitted, 5)
+    assert fc.snapshot()["queued"] == 0
+    decision, _ = d.dispatch(second)
+    assert decision.set_headers["x-gateway-destination-endpoint"] == "10.1.0.1:8000"
+    await fc.aclose()
