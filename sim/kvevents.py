@@ -223,6 +223,21 @@ class KVEventRecorder:
                 self.sink(events)
 
 
+def _bind(sock: zmq.Socket[Any], endpoint: str, patience: float = 2.0) -> None:
+    """Bind ``endpoint``, waiting out a previous life's socket: ZMQ closes a socket in its
+    I/O thread after ``close()`` returns, so a revived server binding the same concrete
+    address can find it still held for a few milliseconds."""
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            sock.bind(endpoint)
+            return
+        except zmq.ZMQError as e:
+            if e.errno != zmq.EADDRINUSE or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
 def _is_bind(endpoint: str) -> bool:
     # vLLM's rule: bind wildcard and ipc/inproc endpoints, connect to the rest.
     return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
@@ -271,7 +286,7 @@ class KVEventPublisher:
         apub.setsockopt(zmq.SNDHWM, self.cfg.hwm)
         apub.setsockopt(zmq.LINGER, 0)
         if self._bind:
-            apub.bind(self.endpoint)
+            _bind(apub, self.endpoint)
             self.endpoint = apub.getsockopt_string(zmq.LAST_ENDPOINT)
         else:
             apub.connect(self.endpoint)
@@ -280,7 +295,7 @@ class KVEventPublisher:
         if self.replay_endpoint is not None:
             router = ctx.socket(zmq.ROUTER)
             router.setsockopt(zmq.LINGER, 0)
-            router.bind(self.replay_endpoint)
+            _bind(router, self.replay_endpoint)
             self.replay_endpoint = router.getsockopt_string(zmq.LAST_ENDPOINT)
             self._replay = router
             self._task = asyncio.get_running_loop().create_task(self._serve_replay(),
