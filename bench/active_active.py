@@ -27,6 +27,7 @@ import argparse
 import contextlib
 import os
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -48,6 +49,7 @@ from bench.contenders import Epp as SingleEpp
 from bench.stats import bootstrap_median, paired_ratios, verdict
 from bench.workloads import WORKLOADS
 from devkit import envoy as e
+from devkit.valkey import ValkeyServer
 
 
 class EppReplicas(Contender):
@@ -59,6 +61,10 @@ class EppReplicas(Contender):
     def __init__(self, name: str, n: int, store: str) -> None:
         self.name, self.n, self.store = name, n, store
         self._replicas: list[SingleEpp] = []
+        #: while running: the replicas' processes and the Valkey started here (fault
+        #: injection, bench.active_active_faults)
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.valkey: ValkeyServer | None = None
 
     @contextlib.contextmanager
     def running(self, fleet: SimFleet, workdir: Path) -> Iterator[str]:
@@ -67,11 +73,13 @@ class EppReplicas(Contender):
         manifests.write_text(yaml.safe_dump_all(pool_manifests("sims", fleet), sort_keys=False))
         with contextlib.ExitStack() as stack:
             url = self.store
+            self.valkey = None
             if url == "valkey":
-                from devkit.valkey import ValkeyServer
-
-                url = stack.enter_context(ValkeyServer()).url
-            procs, ports = [], []
+                self.valkey = stack.enter_context(ValkeyServer())
+                url = self.valkey.url
+            procs: list[subprocess.Popen[bytes]] = []
+            ports = []
+            self.procs = procs
             self._replicas = []
             for i in range(self.n):
                 grpc, health = e.free_port(), e.free_port()
