@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import statistics
 import subprocess
@@ -34,6 +35,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import orjson
 import yaml
 
 from bench.compare import RUNS, RunResult, run_one
@@ -46,6 +48,8 @@ from bench.contenders import (
     pool_manifests,
 )
 from bench.contenders import Epp as SingleEpp
+from bench.openloop import Outcome
+from bench.report import summarize
 from bench.stats import bootstrap_median, paired_ratios, verdict
 from bench.workloads import WORKLOADS
 from devkit import envoy as e
@@ -133,6 +137,21 @@ def report(rows: dict[str, dict[int, RunResult]], baseline: str) -> list[str]:
     return lines
 
 
+def load_runs(run_dir: Path, time_scale: float) -> dict[str, dict[int, RunResult]]:
+    """The finished runs of ``run_dir`` (``<seed>/<contender>/outcomes.jsonl``); a seed
+    counts only when every contender of it finished (the ratios are paired)."""
+    found: dict[int, dict[str, RunResult]] = {}
+    for path in sorted(run_dir.glob("*/*/outcomes.jsonl")):
+        seed, name = int(path.parent.parent.name), path.parent.name
+        outcomes = [Outcome(**orjson.loads(line)) for line in path.read_bytes().splitlines()]
+        res = RunResult("shared-prefix", 0.0, 0.0, name, "ours", seed=seed)
+        found.setdefault(seed, {})[name] = summarize(res, outcomes, time_scale)
+    names = sorted({n for runs in found.values() for n in runs},
+                   key=lambda n: (n != "epp-1", n))
+    complete = {s: runs for s, runs in found.items() if set(runs) == set(names)}
+    return {n: {s: runs[n] for s, runs in sorted(complete.items())} for n in names}
+
+
 def targets(rows: dict[str, dict[int, RunResult]], baseline: str) -> list[str]:
     """Issue 18's verdicts for every sharing contender (bench.stats: met only when the
     whole interval is on the right side)."""
@@ -162,7 +181,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--replicas", default="2", help="comma-separated replica counts")
     p.add_argument("--servers", type=int, default=4, help="simulated servers in the fleet")
     p.add_argument("--timeout", type=float, default=90.0)
+    p.add_argument("--report", type=Path, default=None, metavar="RUN_DIR",
+                   help="only report the runs already in RUN_DIR (e.g. an interrupted run)")
     args = p.parse_args(argv)
+    if args.report is not None:
+        meta = args.report / "meta.json"
+        scale = (json.loads(meta.read_text())["time_scale"] if meta.exists()
+                 else args.time_scale)
+        done = load_runs(args.report, scale)
+        if not done.get("epp-1"):
+            p.error(f"--report: no epp-1 outcomes under {args.report}")
+        print(f"{args.report} (time scale {scale:g}): median [95% bootstrap interval] over "
+              "the seeds every contender finished")
+        print("\n".join(report(done, "epp-1")))
+        print()
+        print("\n".join(targets(done, "epp-1")))
+        return 0
     contenders: list[Contender] = [SingleEpp("epp-1")]
     for n in (int(x) for x in args.replicas.split(",")):
         contenders += [EppReplicas(f"epp-{n}-shared", n, "valkey"),
@@ -171,6 +205,10 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = RUNS / f"active-active-{time.strftime('%Y%m%d-%H%M%S')}"
     rows: dict[str, dict[int, RunResult]] = {c.name: {} for c in contenders}
     loads: list[float] = []
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "meta.json").write_text(json.dumps({"time_scale": args.time_scale,
+                                                   "argv": sys.argv[1:] if argv is None
+                                                   else argv}))
     for k, seed in enumerate(int(s) for s in args.seeds.split(",")):
         order = contenders if k % 2 == 0 else contenders[::-1]  # drift falls on all
         for c in order:
