@@ -27,9 +27,10 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from bench.active_active import EppReplicas
 from bench.compare import RUNS
@@ -60,10 +61,9 @@ class FaultRun:
         return max(0, self.errors - self.in_flight_on_killed)
 
 
-def own_in_flight(debug: dict[str, object]) -> int:
+def own_in_flight(debug: Mapping[str, Any]) -> int:
     """Requests a replica has in flight itself (``/debug/pool``: all minus the others')."""
     endpoints = debug.get("endpoints", [])
-    assert isinstance(endpoints, list)
     return sum(int(ep.get("inflight_requests", 0)) - int(ep.get("remote_inflight_requests", 0))
                for ep in endpoints)
 
