@@ -12,10 +12,12 @@ What is modelled, and how it maps to the real thing:
 - **The store** (:class:`TwinStore`): the same contract as
   :class:`epp.statestore.valkey.ValkeyStateStore` - writes land in a local
   :class:`~epp.statestore.MemoryStateStore` at once and are queued; every ``sync_interval``
-  (each replica on its own phase) a sync publishes this replica's own in-flight counts and
-  its queued prefix writes, and pulls the others' counts as of their last sync. Published
-  prefix writes reach the other replicas ``pubsub_latency`` later (pub/sub). ``shared=False``
-  is ``--state-store memory://``: replicas that share nothing.
+  (each replica on its own phase) a sync pushes this replica's own in-flight counts and
+  its queued prefix writes, and pulls the others' counts as of their last push; a change of
+  the counts is also pushed ``flush_delay`` later. What a push publishes (prefix writes,
+  changed counts) reaches the other replicas ``pubsub_latency`` later. ``flush_delay`` None
+  is the store before it published counts (``-pull`` contenders); ``shared=False`` is
+  ``--state-store memory://``: replicas that share nothing.
 - **Scrapes**: every replica scrapes every server at the loop's scrape instants (the same
   phase for all replicas: a simplification; real replicas scrape on their own phases).
 
@@ -24,7 +26,8 @@ Not modelled: the EPP's CPU time (a pick is instant here), Valkey's latency beyo
 the routing", not "how many picks per second do n replicas serve".
 
     python -m bench.twin.replicas [--replicas 2,3] [--seeds 10] [--servers 4] [--load 0.5]
-                                  [--sync-interval 0.05] [--duration 20]
+                                  [--sync-interval 0.05] [--flush-delay 0.005] [--duration 20]
+    python -m bench.twin.replicas --replay RUN_DIR   # a bench.active_active run's picks
 """
 
 from __future__ import annotations
@@ -45,10 +48,12 @@ from bench.twin.loop import ServerState, TwinConfig, run
 from bench.workloads import MODEL, WORKLOADS, RequestSpec
 from epp.statestore import InFlight, MemoryStateStore, StateStore
 from epp.statestore.base import RemoteListener
+from epp.statestore.valkey import FLUSH_DELAY as VALKEY_FLUSH_DELAY
 
 #: Defaults of the Valkey store (``sync_interval`` URL option) and a loopback pub/sub hop.
 SYNC_INTERVAL = 0.05
 PUBSUB_LATENCY = 0.001
+FLUSH_DELAY = VALKEY_FLUSH_DELAY
 
 
 class TwinStore(StateStore):
@@ -64,6 +69,7 @@ class TwinStore(StateStore):
 
     def add_inflight(self, endpoint: str, requests: int, tokens: int = 0) -> None:
         self.local.add_inflight(endpoint, requests, tokens)
+        self.bus.changed(self.replica)
 
     def inflight(self, endpoint: str) -> InFlight:
         return self.local.inflight(endpoint)
@@ -95,60 +101,96 @@ class TwinStore(StateStore):
 
 @dataclass
 class Bus:
-    """Valkey in virtual time: the replicas' published counts and the pub/sub deliveries."""
+    """Valkey in virtual time: the replicas' published counts and the pub/sub deliveries.
+
+    ``flush_delay`` None models the store before in-flight changes were published (a replica
+    saw the others' counts only by pulling at its own sync); a number models today's store
+    (:data:`epp.statestore.valkey.FLUSH_DELAY`): a change is pushed that much later and
+    reaches the others one pub/sub hop after that."""
 
     n: int
     shared: bool = True
     sync_interval: float = SYNC_INTERVAL
     pubsub_latency: float = PUBSUB_LATENCY
+    flush_delay: float | None = FLUSH_DELAY
     stores: list[TwinStore] = field(default_factory=list)
-    #: each replica's counts as of its last sync (``ns:inflight:<replica>``)
+    #: each replica's counts as of its last push (``ns:inflight:<replica>``)
     published: list[dict[str, tuple[int, int]]] = field(default_factory=list)
-    _events: list[tuple[float, int, int, object]] = field(default_factory=list)
+    #: ``views[i][j]``: replica j's counts as replica i last got them
+    views: list[dict[int, dict[str, tuple[int, int]]]] = field(default_factory=list)
+    now: float = 0.0
+    _events: list[tuple[float, int, int, tuple[object, ...]]] = field(default_factory=list)
+    _flush_pending: set[int] = field(default_factory=set)
     _seq: int = 0
 
     def __post_init__(self) -> None:
         self.stores = [TwinStore(self, i) for i in range(self.n)]
         self.published = [{} for _ in range(self.n)]
+        self.views = [{} for _ in range(self.n)]
         if self.shared and self.n > 1:
             for i in range(self.n):   # replicas sync on evenly spread phases
-                self._push(self.sync_interval * i / self.n, i, None)
+                self._push(self.sync_interval * i / self.n, i, ("sync",))
 
-    def _push(self, t: float, replica: int, payload: object) -> None:
+    def _push(self, t: float, replica: int, payload: tuple[object, ...]) -> None:
         self._seq += 1
         heapq.heappush(self._events, (t, self._seq, replica, payload))
 
+    def changed(self, replica: int) -> None:
+        """Replica ``replica``'s own counts changed now."""
+        if (self.shared and self.n > 1 and self.flush_delay is not None
+                and replica not in self._flush_pending):
+            self._flush_pending.add(replica)
+            self._push(self.now + self.flush_delay, replica, ("flush",))
+
     def advance(self, now: float) -> None:
-        """Run every sync and delivery due at or before ``now``."""
+        """Run every sync, flush and delivery due at or before ``now``."""
         events = self._events
         while events and events[0][0] <= now:
             t, _, replica, payload = heapq.heappop(events)
-            if payload is None:
-                self._sync(t, replica)
-            else:
+            self.now = t
+            kind = payload[0]
+            if kind == "sync":
+                self._publish(t, replica)
+                self._pull(replica)
+                self._push(t + self.sync_interval, replica, ("sync",))
+            elif kind == "flush":
+                self._flush_pending.discard(replica)
+                self._publish(t, replica)
+            elif kind == "prefix":
                 local = self.stores[replica].local
-                for endpoint, hashes, capacity in payload:  # type: ignore[attr-defined]
+                for endpoint, hashes, capacity in payload[1]:  # type: ignore[attr-defined]
                     local.prefix_add(endpoint, hashes, capacity)
+            else:   # "counts": another replica's published counts arrive
+                self.views[replica][payload[1]] = payload[2]  # type: ignore[index,assignment]
+                self._install(replica)
+        self.now = now
 
-    def _sync(self, t: float, i: int) -> None:
+    def _publish(self, t: float, i: int) -> None:
         store = self.stores[i]
-        self.published[i] = {ep: (c[0], c[1]) for ep, c in store.local.own.items()}
-        if store.queued:
-            for j in range(self.n):
-                if j != i:
-                    self._push(t + self.pubsub_latency, j, store.queued)
-            store.queued = []
-        totals: dict[str, list[int]] = {}
-        for j, counts in enumerate(self.published):
+        counts = {ep: (c[0], c[1]) for ep, c in store.local.own.items()}
+        self.published[i] = counts
+        for j in range(self.n):
             if j == i:
                 continue
+            if store.queued:
+                self._push(t + self.pubsub_latency, j, ("prefix", store.queued))
+            if self.flush_delay is not None:
+                self._push(t + self.pubsub_latency, j, ("counts", i, counts))
+        store.queued = []
+
+    def _pull(self, i: int) -> None:
+        self.views[i] = {j: c for j, c in enumerate(self.published) if j != i}
+        self._install(i)
+
+    def _install(self, i: int) -> None:
+        totals: dict[str, list[int]] = {}
+        for counts in self.views[i].values():
             for ep, (r, tok) in counts.items():
                 total = totals.setdefault(ep, [0, 0])
                 total[0] += r
                 total[1] += tok
         remote: Mapping[str, InFlight] = {ep: InFlight(r, tok) for ep, (r, tok) in totals.items()}
-        store.local.set_remote(remote)
-        self._push(t + self.sync_interval, i, None)
+        self.stores[i].local.set_remote(remote)
 
 
 class Replicas:
@@ -157,9 +199,10 @@ class Replicas:
     scrape_interval: float | None = SCRAPE_INTERVAL
 
     def __init__(self, name: str, keys: list[str], seed: int, n: int, *, shared: bool,
-                 sync_interval: float = SYNC_INTERVAL) -> None:
+                 sync_interval: float = SYNC_INTERVAL,
+                 flush_delay: float | None = FLUSH_DELAY) -> None:
         self.name = name
-        self.bus = Bus(n, shared=shared, sync_interval=sync_interval)
+        self.bus = Bus(n, shared=shared, sync_interval=sync_interval, flush_delay=flush_delay)
         self.replicas = [EppRouter(f"{name}-{i}", keys, seed, model=MODEL,
                                    state_store=self.bus.stores[i]) for i in range(n)]
         self._next = 0
@@ -233,23 +276,31 @@ def replay(run_dir: Path, time_scale: float = 1.0) -> dict[str, dict[int, RunRes
     return rows
 
 
-def contenders(replicas: list[int], sync_interval: float) -> list[tuple[str, int, bool]]:
-    """(name, n, shared): one replica, then per ``n`` the sharing and the local replicas."""
-    out = [("epp-1", 1, False)]
+Contender = tuple[str, int, bool, float | None]
+
+
+def contenders(replicas: list[int], flush_delay: float) -> list[Contender]:
+    """(name, n, shared, flush delay): one replica, then per ``n`` the sharing replicas as
+    the store is now, as it was before in-flight changes were published (``-pull``: the
+    others' counts only at each sync), and replicas that share nothing."""
+    out: list[Contender] = [("epp-1", 1, False, None)]
     for n in replicas:
-        out += [(f"epp-{n}-shared", n, True), (f"epp-{n}-local", n, False)]
+        out += [(f"epp-{n}-shared", n, True, flush_delay),
+                (f"epp-{n}-shared-pull", n, True, None),
+                (f"epp-{n}-local", n, False, None)]
     return out
 
 
-def run_seed(seed: int, names: list[tuple[str, int, bool]], *, load: float, duration: float,
+def run_seed(seed: int, names: list[Contender], *, load: float, duration: float,
              servers: int, sync_interval: float) -> dict[str, RunResult]:
     """One seed's shared-prefix schedule through every contender."""
     wl = WORKLOADS["shared-prefix"]
     specs = wl.schedule(load, duration, seed, servers)
     cfg = TwinConfig(servers=servers, seed=seed, model=MODEL)
     out = {}
-    for name, n, shared in names:
-        router = Replicas(name, cfg.keys(), seed, n, shared=shared, sync_interval=sync_interval)
+    for name, n, shared, flush in names:
+        router = Replicas(name, cfg.keys(), seed, n, shared=shared, sync_interval=sync_interval,
+                          flush_delay=flush)
         res = RunResult(wl.name, load, load * wl.capacity(servers), name, "ours", seed=seed,
                         servers=servers)
         out[name] = summarize(res, run(specs, router, cfg))
@@ -283,6 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--load", type=float, default=0.5)
     p.add_argument("--duration", type=float, default=20.0, help="model seconds of arrivals")
     p.add_argument("--sync-interval", type=float, default=SYNC_INTERVAL)
+    p.add_argument("--flush-delay", type=float, default=FLUSH_DELAY,
+                   help="seconds from an in-flight change to its publication")
     p.add_argument("--replay", type=Path, default=None, metavar="RUN_DIR",
                    help="replay the picks of a bench.active_active run instead")
     p.add_argument("--time-scale", type=float, default=1.0,
@@ -302,14 +355,15 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--replicas: expected integers, got {args.replicas!r}")
     if min(counts) < 2 or args.seeds < 1 or args.sync_interval <= 0:
         p.error("--replicas must be >= 2, --seeds >= 1, --sync-interval > 0")
-    names = contenders(counts, args.sync_interval)
-    rows: dict[str, dict[int, RunResult]] = {name: {} for name, _, _ in names}
+    names = contenders(counts, args.flush_delay)
+    rows: dict[str, dict[int, RunResult]] = {name: {} for name, *_ in names}
     for seed in range(args.seeds):
         for name, res in run_seed(seed, names, load=args.load, duration=args.duration,
                                   servers=args.servers, sync_interval=args.sync_interval).items():
             rows[name][seed] = res
     print(f"twin, shared-prefix, load {args.load:g}, {args.servers} servers, "
-          f"{args.duration:g} model s, sync every {args.sync_interval:g} s, seeds 0-"
+          f"{args.duration:g} model s, sync every {args.sync_interval:g} s, in-flight changes "
+          f"published after {args.flush_delay:g} s, seeds 0-"
           f"{args.seeds - 1}: median [95% bootstrap interval] over seeds, ratios paired by seed")
     print("\n".join(report(rows)))
     return 0

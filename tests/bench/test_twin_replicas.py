@@ -16,7 +16,7 @@ A, B = "127.0.10.1:8000", "127.0.10.2:8000"
 
 
 def test_own_counts_are_immediate_and_the_others_arrive_at_their_sync() -> None:
-    bus = Bus(2, sync_interval=0.05)   # replica 0 syncs at 0, 0.05...; replica 1 at 0.025...
+    bus = Bus(2, sync_interval=0.05, flush_delay=None)   # syncs: r0 at 0, 0.05; r1 at 0.025
     r0, r1 = bus.stores
     r0.add_inflight(A, 1, 100)
     assert r0.inflight(A).requests == 1
@@ -26,6 +26,20 @@ def test_own_counts_are_immediate_and_the_others_arrive_at_their_sync() -> None:
     bus.advance(0.025)   # replica 1 pulls
     assert (r1.inflight(A).requests, r1.inflight(A).tokens) == (1, 100)
     assert r0.inflight(A).requests == 1   # not counted twice on the owner
+
+
+def test_a_change_is_published_after_the_flush_delay_without_waiting_for_a_pull() -> None:
+    bus = Bus(2, sync_interval=0.05, flush_delay=0.005, pubsub_latency=0.001)
+    r0, r1 = bus.stores
+    bus.advance(0.030)   # both synced once; the next syncs are at 0.05 and 0.075
+    r0.add_inflight(A, 1, 100)
+    bus.advance(0.0355)
+    assert r1.inflight(A).requests == 0
+    bus.advance(0.036)   # pushed at 0.035, delivered one hop later
+    assert r1.inflight(A).requests == 1
+    r0.add_inflight(A, -1, -100)
+    bus.advance(0.042)
+    assert r1.inflight(A).requests == 0
 
 
 def test_prefix_writes_reach_the_other_replica_after_the_pubsub_hop() -> None:
@@ -62,8 +76,8 @@ def test_requests_alternate_over_the_replicas() -> None:
 
 
 def test_sharing_keeps_the_single_replicas_hit_rate_and_local_replicas_lose_it() -> None:
-    got = run_seed(0, [("epp-1", 1, False), ("epp-2-shared", 2, True),
-                       ("epp-2-local", 2, False)],
+    got = run_seed(0, [("epp-1", 1, False, None), ("epp-2-shared", 2, True, 0.005),
+                       ("epp-2-local", 2, False, None)],
                    load=0.5, duration=12.0, servers=4, sync_interval=0.05)
     one = got["epp-1"].cache_hit
     assert got["epp-2-shared"].cache_hit >= one - 0.03
@@ -96,4 +110,5 @@ def test_replaying_a_runs_picks_reproduces_its_outcomes(tmp_path: Path) -> None:
 def test_cli_prints_the_table_with_verdict_columns(capsys: object) -> None:
     assert main(["--replicas", "2", "--seeds", "1", "--duration", "6"]) == 0
     out = capsys.readouterr().out  # type: ignore[attr-defined]
-    assert "| epp-2-shared | 1 |" in out and "| epp-2-local | 1 |" in out
+    for name in ("epp-2-shared", "epp-2-shared-pull", "epp-2-local"):
+        assert f"| {name} | 1 |" in out
