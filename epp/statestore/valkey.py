@@ -12,22 +12,16 @@ Keys (``ns`` = ``<namespace>:<pool>``):
 
 ==============================  ==============================================================
 ``ns:replicas``                 set of replica ids that push in-flight counts
-``ns:inflight:<replica>``       JSON ``{"n": seq, "c": {endpoint: [requests, tokens]}}`` of that
-                                replica, written whole every push with TTL ``inflight_ttl``,
-                                so a dead replica's counts expire
+``ns:inflight:<replica>``       JSON ``{endpoint: [requests, tokens]}`` of that replica, written
+                                whole every push with TTL ``inflight_ttl``, so a dead
+                                replica's counts expire
 ``ns:prefix-endpoints``         set of endpoints that have a prefix key
 ``ns:prefix:<endpoint>``        sorted set block hash -> last use (wall seconds), trimmed to
                                 the endpoint's capacity (LRU); TTL ``prefix_ttl``
 ``ns:session:<key>``            string, TTL ``session_ttl``
 ``ns:updates``                  pub/sub channel: ``{"r": replica, "p": [[endpoint, [hash...],
-                                capacity]...], "s": {key: value}, "n": seq, "c": counts}``
-                                (``c`` only when the counts changed)
+                                capacity]...], "s": {key: value}}``
 ==============================  ==============================================================
-
-In-flight counts travel two ways: a change is pushed within ``flush_delay`` and published,
-so the other replicas apply it as it arrives; and every ``sync_interval`` each replica re-reads
-all counts (the authority: it drops replicas that died or left). ``n`` orders the two: a
-replica keeps, per other replica, the counts with the highest sequence number it has seen.
 
 When Valkey cannot be reached the store logs one warning, sets
 ``inference_extension_state_store_up`` to 0, forgets the other replicas' counts (they can no
@@ -70,11 +64,6 @@ MAX_PENDING = 10_000
 PUSH_BATCH = 500
 #: Seconds between reconnection attempts while Valkey is unreachable.
 RETRY_INTERVAL = 0.5
-#: Seconds from a change of this replica's in-flight counts to their publication: the picks
-#: of that window go out in one push. Without it the others saw a pick only at our next sync
-#: and their next pull (up to 2 x sync_interval), and replicas picking in that window piled
-#: onto the same "idle" endpoint (bench.twin.replicas: TTFT p90 +4-6% at load 0.75).
-FLUSH_DELAY = 0.005
 
 
 async def _done(reply: Awaitable[Any] | Any) -> Any:
@@ -132,7 +121,7 @@ class ValkeyStateStore(StateStore):
 
     def __init__(self, url: StoreURL, *, pool: str = "default", replica: str | None = None,
                  inflight_ttl: float = 5.0, prefix_ttl: float = 3600.0,
-                 session_ttl: float = 600.0, flush_delay: float = FLUSH_DELAY) -> None:
+                 session_ttl: float = 600.0) -> None:
         if url.kind != "valkey":
             raise ValueError(f"ValkeyStateStore needs a valkey:// URL, got {url.redacted()}")
         self.url = url
@@ -140,7 +129,6 @@ class ValkeyStateStore(StateStore):
         self.inflight_ttl = inflight_ttl
         self.prefix_ttl = prefix_ttl
         self.session_ttl = session_ttl
-        self.flush_delay = flush_delay
         self.local = MemoryStateStore(session_ttl=session_ttl)
         ns = self._ns = f"{url.namespace}:{pool}"
         self._k_replicas = f"{ns}:replicas"
@@ -153,12 +141,6 @@ class ValkeyStateStore(StateStore):
         # Writes not yet pushed.
         self._prefix: deque[tuple[str, list[int], int]] = deque(maxlen=MAX_PENDING)
         self._sessions: dict[str, str] = {}
-        # In-flight counts: ours as last published, and the others' by replica as
-        # (sequence number, counts), summed into the local view's remote part.
-        self._seq = 0
-        self._published_counts = b""
-        self._changed = asyncio.Event()
-        self._others: dict[str, tuple[int, dict[str, list[int]]]] = {}
         self._up = False
         self._subscribed = False
         self._closing = False
@@ -169,7 +151,6 @@ class ValkeyStateStore(StateStore):
     # --- the request path: local only ---------------------------------------------------
     def add_inflight(self, endpoint: str, requests: int, tokens: int = 0) -> None:
         self.local.add_inflight(endpoint, requests, tokens)
-        self._changed.set()   # the sync loop publishes it within flush_delay
 
     def inflight(self, endpoint: str) -> InFlight:
         return self.local.inflight(endpoint)
@@ -270,42 +251,15 @@ class ValkeyStateStore(StateStore):
                                                                           self._pull(client)):
             self._mark_up()
 
-    async def flush(self) -> None:
-        """Push this replica's writes (and changed counts) now, without pulling."""
-        client = self._client
-        if client is None:
-            raise RuntimeError("state store not started")
-        async with self._sync_lock:
-            await self._op("push", self._push(client))
-
     async def _sync_loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        next_sync = loop.time() + self.url.sync_interval
         while not self._closing:
             if not self._up:
                 await asyncio.sleep(RETRY_INTERVAL)
-            elif self.backlog >= PUSH_BATCH:
-                await asyncio.sleep(0)  # a backlog: push the next batch now
-            elif await self._wait_for_change(next_sync - loop.time()):
-                # A pick or a completion: gather the others of the next few ms, then publish.
-                await asyncio.sleep(self.flush_delay)
-            self._changed.clear()
-            if not self._up or loop.time() >= next_sync:
-                await self.sync()
-                next_sync = loop.time() + self.url.sync_interval
+            elif self.backlog < PUSH_BATCH:
+                await asyncio.sleep(self.url.sync_interval)
             else:
-                await self.flush()
-
-    async def _wait_for_change(self, timeout: float) -> bool:
-        """True when this replica's counts changed within ``timeout`` seconds."""
-        if timeout <= 0:
-            return False
-        try:
-            async with asyncio.timeout(timeout):
-                await self._changed.wait()
-        except TimeoutError:
-            return False
-        return True
+                await asyncio.sleep(0)  # a backlog: push the next batch now
+            await self.sync()
 
     async def _op(self, name: str, work: Awaitable[Any]) -> bool:
         """Run one store operation with its metrics; False (and fallback) on failure."""
@@ -328,8 +282,6 @@ class ValkeyStateStore(StateStore):
                         store=self.url.redacted(), replica=self.replica, operation=operation,
                         error=str(exc) or type(exc).__name__)
         self._up = False
-        self._others.clear()
-        self._published_counts = b""   # publish them again once back
         self.local.set_remote({})
         metrics.UP.labels(self.kind).set(0)
 
@@ -362,58 +314,36 @@ class ValkeyStateStore(StateStore):
     async def _send(self, client: avalkey.Valkey, prefix: list[tuple[str, list[int], int]],
                     sessions: dict[str, str]) -> None:
         # This replica's counts go whole every time (endpoints with requests in flight only):
-        # one small JSON value that also renews the TTL and that readers decode in C. When
-        # they changed since the last push they are also published, for the others to apply
-        # at once.
-        own = orjson.dumps(self.local.own)
-        self._seq += 1
-        counts = b'{"n":%d,"c":%s}' % (self._seq, own)
-        changed = own != self._published_counts
+        # one small JSON value that also renews the TTL and that readers decode in C.
+        counts = orjson.dumps(self.local.own)
         # Hashes travel as strings: Lua numbers are doubles and would round 64-bit hashes.
         update = b""
-        if prefix or sessions or changed:
-            message: dict[str, Any] = {"r": self.replica,
-                                       "p": [(ep, [str(h) for h in hs], cap)
-                                             for ep, hs, cap in prefix],
-                                       "s": sessions}
-            if changed:
-                message["n"], message["c"] = self._seq, self.local.own
-            update = orjson.dumps(message)
+        if prefix or sessions:
+            update = orjson.dumps({"r": self.replica,
+                                   "p": [(ep, [str(h) for h in hs], cap)
+                                         for ep, hs, cap in prefix],
+                                   "s": sessions})
         await self._push_script(
             keys=[], client=client,
             args=[self._ns, self.replica, int(self.inflight_ttl * 1000),
                   int(self.prefix_ttl * 1000), int(self.session_ttl * 1000),
                   counts, update, repr(time.time())])
-        if changed:
-            self._published_counts = own
 
     async def _pull(self, client: avalkey.Valkey) -> None:
         """Sum the other live replicas' in-flight counts into the local view."""
         members = [m.decode() for m in await _done(client.smembers(self._k_replicas))]
         others = [m for m in members if m != self.replica]
-        blobs: list[bytes | None] = (
-            await client.mget([self._k_inflight + r for r in others]) if others else [])
-        known = self._others
-        fresh: dict[str, tuple[int, dict[str, list[int]]]] = {}
+        if not others:
+            self.local.set_remote({})
+            return
+        blobs: list[bytes | None] = await client.mget([self._k_inflight + r for r in others])
+        totals: dict[str, list[int]] = {}
         gone = []
         for replica, blob in zip(others, blobs, strict=True):
             if blob is None:
                 gone.append(replica)  # expired: that replica stopped syncing
                 continue
-            value = orjson.loads(blob)
-            seq, counts = value["n"], value["c"]
-            # A publication may have brought newer counts than this read.
-            held = known.get(replica)
-            fresh[replica] = held if held is not None and held[0] > seq else (seq, counts)
-        if gone:
-            await _done(client.srem(self._k_replicas, *gone))
-        self._others = fresh   # replicas that left or died are dropped here
-        self._install_remote()
-
-    def _install_remote(self) -> None:
-        """Sum the other replicas' counts into the local view."""
-        totals: dict[str, list[int]] = {}
-        for _, counts in self._others.values():
+            counts: dict[str, list[int]] = orjson.loads(blob)
             for endpoint, (requests, tokens) in counts.items():
                 total = totals.get(endpoint)
                 if total is None:
@@ -421,6 +351,8 @@ class ValkeyStateStore(StateStore):
                 else:
                     total[0] += requests
                     total[1] += tokens
+        if gone:
+            await _done(client.srem(self._k_replicas, *gone))
         self.local.set_remote({ep: InFlight(r, t) for ep, (r, t) in totals.items()})
 
     # --- the update feed ----------------------------------------------------------------
@@ -461,13 +393,6 @@ class ValkeyStateStore(StateStore):
         if data.startswith(self._own_update):
             return  # our own publication, echoed back: skip it without decoding
         update = orjson.loads(data)
-        counts = update.get("c")
-        if counts is not None and self._up:
-            replica, seq = update["r"], update["n"]
-            held = self._others.get(replica)
-            if held is None or held[0] < seq:
-                self._others[replica] = (seq, counts)
-                self._install_remote()
         local = self.local
         for endpoint, hashes, capacity in update.get("p", ()):
             local.prefix_add(endpoint, [int(h) for h in hashes], capacity)

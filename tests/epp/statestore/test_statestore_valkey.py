@@ -65,35 +65,6 @@ async def test_released_requests_leave_the_other_replicas_view(
     assert b.inflight("e") == InFlight(0, 0)
 
 
-async def test_a_pick_reaches_the_other_replicas_before_their_next_sync(
-        store_url: str, replicas: Replicas, eventually: Eventually) -> None:
-    # A sync every minute: within the test's patience only the publication of the change
-    # can bring it to b (before, b saw a's picks only at its own next pull).
-    slow = f"{store_url}?sync_interval=60"
-    a = await replicas(slow, "a")
-    b = await replicas(slow, "b")
-    await eventually(lambda: a.shared and b.shared, "both subscribed")
-    a.add_inflight("e", 1, 5)
-    await eventually(lambda: b.inflight("e") == InFlight(1, 5), "b saw a's pick")
-    a.add_inflight("e", -1, -5)
-    await eventually(lambda: b.inflight("e") == InFlight(0, 0), "b saw a's completion")
-
-
-async def test_a_pull_never_rolls_back_newer_published_counts(
-        store_url: str, replicas: Replicas, eventually: Eventually) -> None:
-    slow = f"{store_url}?sync_interval=60"
-    a = await replicas(slow, "a")
-    b = await replicas(slow, "b")
-    await eventually(lambda: b.shared, "b subscribed")
-    a.add_inflight("e", 2, 20)
-    await eventually(lambda: b.inflight("e") == InFlight(2, 20), "b saw a's picks")
-    # An older value of a's counts (a read racing a newer publication) must not win.
-    with raw(store_url) as r:
-        r.set("gie:pool-a:inflight:a", b'{"n":0,"c":{"e":[9,90]}}', px=60_000)
-    await b.sync()
-    assert b.inflight("e") == InFlight(2, 20)
-
-
 async def test_a_dead_replicas_counts_expire(
         store_url: str, replicas: Replicas, eventually: Eventually) -> None:
     a = await replicas(store_url, "a", inflight_ttl=0.3)
