@@ -13,11 +13,10 @@ What is modelled, and how it maps to the real thing:
   :class:`epp.statestore.valkey.ValkeyStateStore` - writes land in a local
   :class:`~epp.statestore.MemoryStateStore` at once and are queued; every ``sync_interval``
   (each replica on its own phase) a sync pushes this replica's own in-flight counts and
-  its queued prefix writes, and pulls the others' counts as of their last push; a change of
-  the counts is also pushed ``flush_delay`` later. What a push publishes (prefix writes,
-  changed counts) reaches the other replicas ``pubsub_latency`` later. ``flush_delay`` None
-  is the store before it published counts (``-pull`` contenders); ``shared=False`` is
-  ``--state-store memory://``: replicas that share nothing.
+  its queued prefix writes, and pulls the others' counts as of their last push. Published
+  prefix writes reach the other replicas ``pubsub_latency`` later. ``shared=False`` is
+  ``--state-store memory://``: replicas that share nothing. ``--flush-delay`` adds a what-if
+  (tried, not adopted): in-flight changes published that long after they happen.
 - **Scrapes**: every replica scrapes every server at the loop's scrape instants (the same
   phase for all replicas: a simplification; real replicas scrape on their own phases).
 
@@ -26,7 +25,7 @@ Not modelled: the EPP's CPU time (a pick is instant here), Valkey's latency beyo
 the routing", not "how many picks per second do n replicas serve".
 
     python -m bench.twin.replicas [--replicas 2,3] [--seeds 10] [--servers 4] [--load 0.5]
-                                  [--sync-interval 0.05] [--flush-delay 0.005] [--duration 20]
+                                  [--sync-interval 0.05] [--flush-delay S] [--duration 20]
     python -m bench.twin.replicas --replay RUN_DIR   # a bench.active_active run's picks
 """
 
@@ -48,12 +47,10 @@ from bench.twin.loop import ServerState, TwinConfig, run
 from bench.workloads import MODEL, WORKLOADS, RequestSpec
 from epp.statestore import InFlight, MemoryStateStore, StateStore
 from epp.statestore.base import RemoteListener
-from epp.statestore.valkey import FLUSH_DELAY as VALKEY_FLUSH_DELAY
 
 #: Defaults of the Valkey store (``sync_interval`` URL option) and a loopback pub/sub hop.
 SYNC_INTERVAL = 0.05
 PUBSUB_LATENCY = 0.001
-FLUSH_DELAY = VALKEY_FLUSH_DELAY
 
 
 class TwinStore(StateStore):
@@ -103,16 +100,16 @@ class TwinStore(StateStore):
 class Bus:
     """Valkey in virtual time: the replicas' published counts and the pub/sub deliveries.
 
-    ``flush_delay`` None models the store before in-flight changes were published (a replica
-    saw the others' counts only by pulling at its own sync); a number models today's store
-    (:data:`epp.statestore.valkey.FLUSH_DELAY`): a change is pushed that much later and
-    reaches the others one pub/sub hop after that."""
+    ``flush_delay`` None is the store as built: a replica sees the others' counts when it
+    pulls at its own sync, as of their last push. A number is a what-if that was tried and
+    not adopted (docs/active-active.md, Measurements): a change of the counts is pushed that
+    much later and reaches the others one pub/sub hop after that."""
 
     n: int
     shared: bool = True
     sync_interval: float = SYNC_INTERVAL
     pubsub_latency: float = PUBSUB_LATENCY
-    flush_delay: float | None = FLUSH_DELAY
+    flush_delay: float | None = None
     stores: list[TwinStore] = field(default_factory=list)
     #: each replica's counts as of its last push (``ns:inflight:<replica>``)
     published: list[dict[str, tuple[int, int]]] = field(default_factory=list)
@@ -200,7 +197,7 @@ class Replicas:
 
     def __init__(self, name: str, keys: list[str], seed: int, n: int, *, shared: bool,
                  sync_interval: float = SYNC_INTERVAL,
-                 flush_delay: float | None = FLUSH_DELAY) -> None:
+                 flush_delay: float | None = None) -> None:
         self.name = name
         self.bus = Bus(n, shared=shared, sync_interval=sync_interval, flush_delay=flush_delay)
         self.replicas = [EppRouter(f"{name}-{i}", keys, seed, model=MODEL,
@@ -279,15 +276,15 @@ def replay(run_dir: Path, time_scale: float = 1.0) -> dict[str, dict[int, RunRes
 Contender = tuple[str, int, bool, float | None]
 
 
-def contenders(replicas: list[int], flush_delay: float) -> list[Contender]:
+def contenders(replicas: list[int], flush_delay: float | None = None) -> list[Contender]:
     """(name, n, shared, flush delay): one replica, then per ``n`` the sharing replicas as
-    the store is now, as it was before in-flight changes were published (``-pull``: the
-    others' counts only at each sync), and replicas that share nothing."""
+    the store is built, replicas that share nothing, and with ``flush_delay`` the what-if of
+    published in-flight changes (``-flush``)."""
     out: list[Contender] = [("epp-1", 1, False, None)]
     for n in replicas:
-        out += [(f"epp-{n}-shared", n, True, flush_delay),
-                (f"epp-{n}-shared-pull", n, True, None),
-                (f"epp-{n}-local", n, False, None)]
+        out += [(f"epp-{n}-shared", n, True, None), (f"epp-{n}-local", n, False, None)]
+        if flush_delay is not None:
+            out.append((f"epp-{n}-shared-flush", n, True, flush_delay))
     return out
 
 
@@ -334,8 +331,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--load", type=float, default=0.5)
     p.add_argument("--duration", type=float, default=20.0, help="model seconds of arrivals")
     p.add_argument("--sync-interval", type=float, default=SYNC_INTERVAL)
-    p.add_argument("--flush-delay", type=float, default=FLUSH_DELAY,
-                   help="seconds from an in-flight change to its publication")
+    p.add_argument("--flush-delay", type=float, default=None,
+                   help="what-if: also run sharing replicas that publish in-flight changes "
+                        "this many seconds after they happen (epp-N-shared-flush)")
     p.add_argument("--replay", type=Path, default=None, metavar="RUN_DIR",
                    help="replay the picks of a bench.active_active run instead")
     p.add_argument("--time-scale", type=float, default=1.0,
@@ -362,8 +360,7 @@ def main(argv: list[str] | None = None) -> int:
                                   servers=args.servers, sync_interval=args.sync_interval).items():
             rows[name][seed] = res
     print(f"twin, shared-prefix, load {args.load:g}, {args.servers} servers, "
-          f"{args.duration:g} model s, sync every {args.sync_interval:g} s, in-flight changes "
-          f"published after {args.flush_delay:g} s, seeds 0-"
+          f"{args.duration:g} model s, sync every {args.sync_interval:g} s, seeds 0-"
           f"{args.seeds - 1}: median [95% bootstrap interval] over seeds, ratios paired by seed")
     print("\n".join(report(rows)))
     return 0

@@ -28,7 +28,7 @@ def test_own_counts_are_immediate_and_the_others_arrive_at_their_sync() -> None:
     assert r0.inflight(A).requests == 1   # not counted twice on the owner
 
 
-def test_a_change_is_published_after_the_flush_delay_without_waiting_for_a_pull() -> None:
+def test_the_flush_what_if_publishes_a_change_without_waiting_for_a_pull() -> None:
     bus = Bus(2, sync_interval=0.05, flush_delay=0.005, pubsub_latency=0.001)
     r0, r1 = bus.stores
     bus.advance(0.030)   # both synced once; the next syncs are at 0.05 and 0.075
@@ -76,7 +76,7 @@ def test_requests_alternate_over_the_replicas() -> None:
 
 
 def test_sharing_keeps_the_single_replicas_hit_rate_and_local_replicas_lose_it() -> None:
-    got = run_seed(0, [("epp-1", 1, False, None), ("epp-2-shared", 2, True, 0.005),
+    got = run_seed(0, [("epp-1", 1, False, None), ("epp-2-shared", 2, True, None),
                        ("epp-2-local", 2, False, None)],
                    load=0.5, duration=12.0, servers=4, sync_interval=0.05)
     one = got["epp-1"].cache_hit
@@ -108,7 +108,8 @@ def test_replaying_a_runs_picks_reproduces_its_outcomes(tmp_path: Path) -> None:
 
 
 def test_cli_prints_the_table_with_verdict_columns(capsys: object) -> None:
-    assert main(["--replicas", "2", "--seeds", "1", "--duration", "6"]) == 0
+    assert main(["--replicas", "2", "--seeds", "1", "--duration", "6",
+                 "--flush-delay", "0.005"]) == 0
     out = capsys.readouterr().out  # type: ignore[attr-defined]
-    for name in ("epp-2-shared", "epp-2-shared-pull", "epp-2-local"):
+    for name in ("epp-2-shared", "epp-2-local", "epp-2-shared-flush"):
         assert f"| {name} | 1 |" in out
