@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from bench.active_active import EppReplicas
 from bench.compare import RUNS
 from bench.contenders import SimFleet
@@ -49,8 +51,10 @@ class FaultRun:
     seed: int
     requests: int = 0
     errors: int = 0
-    #: replica fault: the killed replica's own requests in flight just before the kill
+    #: replica fault: the killed replica's own requests in flight just before the kill, and
+    #: the failed requests sent after the kill (new streams that still reached it)
     in_flight_on_killed: int = 0
+    errors_sent_after_kill: int = 0
     #: hit rate (cached / prompt tokens) of the ok requests sent before/during/after
     hit: dict[str, float] = field(default_factory=dict)
     load: float = 0.0
@@ -120,6 +124,11 @@ def one_run(fault: str, seed: int, args: argparse.Namespace, run_dir: Path) -> F
     result.errors = sum(1 for o in outcomes if not o.ok)
     result.error_samples = sorted({o.error or f"HTTP {o.status}"
                                    for o in outcomes if not o.ok})[:3]
+    if fault == "replica":
+        result.errors_sent_after_kill = sum(1 for o in outcomes
+                                            if not o.ok and o.start >= marks["kill"])
+    (workdir / "outcomes.jsonl").write_bytes(b"".join(
+        orjson.dumps(dataclasses.asdict(o)) + b"\n" for o in outcomes))
     if fault == "valkey":
         kill, restart = marks["kill"], marks["restart"]
     else:   # the same phases by the schedule, for the reference run
@@ -143,9 +152,10 @@ def report(runs: list[FaultRun], args: argparse.Namespace) -> list[str]:
     if kills:
         lines += ["Replica 0 SIGKILLed at 40% of the schedule:", "",
                   "| seed | requests | client errors | in flight on the killed replica | "
-                  "errors beyond those |", "|---:|---:|---:|---:|---:|"]
+                  "errors beyond those | failed requests sent after the kill |",
+                  "|---:|---:|---:|---:|---:|---:|"]
         lines += [f"| {r.seed} | {r.requests} | {r.errors} | {r.in_flight_on_killed} | "
-                  f"{r.beyond} |" for r in kills]
+                  f"{r.beyond} | {r.errors_sent_after_kill} |" for r in kills]
         lines.append("")
     phased = [r for r in runs if r.fault in ("valkey", "none")]
     if phased:
