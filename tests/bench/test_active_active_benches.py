@@ -68,7 +68,7 @@ def test_the_fault_report_shows_errors_beyond_the_killed_replicas_streams() -> N
                      hit={"before": 0.5, "during": 0.6, "after": 0.7, "all": 0.6})]
     args = argparse.Namespace(load=0.5, duration=30.0, servers=4, seeds="0")
     text = "\n".join(fault_report(runs, args))
-    assert "| 0 | 90 | 5 | 4 | 1 | 1 |" in text
+    assert "| 0 | 90 | 5 | 4 | 1 | 1 | 0.000 |" in text
     assert "| valkey | 0 | 90 | 0 | 50.0 | 60.0 | 70.0 |" in text
 
 
