@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -216,14 +216,16 @@ def pool_manifests(pool: str, fleet: SimFleet) -> list[dict[str, Any]]:
                                  fleet.port, objective_manifests(pool))
 
 
-def pool_gateway_config(epp_port: int, admin: int, listen: int,
-                        endpoints: list[str]) -> dict[str, Any]:
+def pool_gateway_config(epp_port: int, admin: int, listen: int, endpoints: list[str],
+                        replicas: Sequence[tuple[int, int]] = ()) -> dict[str, Any]:
     """Envoy as the Inference Extension deploys it: the EPP ext_proc filter in
     FULL_DUPLEX_STREAMED (request and response), then the pool's ``override_host`` cluster
-    to the picked endpoint (retrying down the EPP's fallbacks)."""
+    to the picked endpoint (retrying down the EPP's fallbacks). ``replicas``: several
+    active-active EPPs as ``(grpc_port, health_port)``, one health-checked ext_proc cluster."""
     return Topology(listen=listen, admin=admin, pools=[Pool(
         "pool", cluster="pool", epp_cluster="epp", epp_port=epp_port, connect_timeout="5s",
         endpoints=[(h, int(p)) for h, _, p in (ep.rpartition(":") for ep in endpoints)],
+        epp_replicas=replicas,
     )]).bootstrap()
 
 

@@ -27,6 +27,7 @@ from bench.harness import (
     table,
 )
 from devkit import envoy as e
+from devkit.topology import Pool, Topology, bootstrap
 
 PODS = [f"127.0.20.{i}" for i in range(1, 5)]
 DUPLEX = "FULL_DUPLEX_STREAMED"
@@ -68,20 +69,19 @@ def main() -> None:
     ]
     pods = [(ip, backend_port) for ip in PODS]
     listen = {name: e.free_port() for name in ("direct", "noop", "epp")}
-    filters = {name: e.ext_proc_filter(name, request_body_mode=DUPLEX, response_body_mode=DUPLEX,
-                                       response_headers=True) for name in ("noop", "epp")}
-    listeners = [
-        e.listener(listen["direct"], [e.route("pods")], [], name="direct"),
-        e.listener(listen["noop"], [e.route("pods")], [filters["noop"]], name="noop"),
-        e.listener(listen["epp"], [e.route("pool", retry_policy=e.fallback_retry_policy())],
-                   [filters["epp"]], name="epp"),
-    ]
     admin = e.free_port()
-    cfg = e.bootstrap(admin, listeners, [
-        e.static_cluster("pods", pods),
-        e.pool_cluster("pool", [f"{ip}:{port}" for ip, port in pods]),
-        e.grpc_cluster("noop", ports["noop"], tls=False),
-        e.grpc_cluster("epp", ports["epp"], tls=False)])
+    # One Envoy, three listeners (devkit.topology): straight to the pods, through the no-op
+    # ext_proc (observes every request, Envoy balances), through the EPP (it picks).
+    cfg = bootstrap([
+        Topology(listen=listen["direct"], admin=admin, name="direct", mode=DUPLEX,
+                 pools=[Pool("direct", cluster="pods", endpoints=pods)]),
+        Topology(listen=listen["noop"], admin=admin, name="noop", mode=DUPLEX, pools=[Pool(
+            "noop", cluster="pods", epp_cluster="noop", epp_port=ports["noop"],
+            endpoints=pods, epp_picks=False)]),
+        Topology(listen=listen["epp"], admin=admin, name="epp", mode=DUPLEX, pools=[Pool(
+            "pool", cluster="pool", epp_cluster="epp", epp_port=ports["epp"],
+            endpoints=pods)]),
+    ])
     contenders = {
         "envoy direct (round robin)": listen["direct"],
         "no-op ext_proc (floor)": listen["noop"],

@@ -127,7 +127,12 @@ def replica_cluster(name: str, replicas: Sequence[tuple[int, int]], *, tls: bool
     for lb_endpoint, (_, health) in zip(cluster["load_assignment"]["endpoints"][0]
                                         ["lb_endpoints"], replicas, strict=True):
         lb_endpoint["endpoint"]["health_check_config"] = {"port_value": health}
-    check: dict[str, Any] = {"timeout": "0.5s", "interval": "0.5s", "unhealthy_threshold": 1,
+    # A dead replica is ejected by its first failed connection (outlier detection below);
+    # the active check keeps it out after that. The check itself tolerates a slow answer
+    # (2 s, two misses): with a 0.5 s timeout and one miss, a busy live replica was marked
+    # unhealthy, and with half the hosts unhealthy Envoy balances over all of them ("panic"),
+    # dead one included (bench.active_active_faults saw 500s ~10 s after a kill at load 30).
+    check: dict[str, Any] = {"timeout": "2s", "interval": "0.5s", "unhealthy_threshold": 2,
                              "healthy_threshold": 1, "no_traffic_interval": "0.5s",
                              "grpc_health_check": {}}
     if tls:  # the health port is plaintext while the streams use TLS

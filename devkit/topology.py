@@ -63,10 +63,18 @@ class Pool:
     epp_replicas: Sequence[tuple[int, int]] = ()
     #: the pods speak HTTP/2 cleartext (``appProtocol: kubernetes.io/h2c``: gRPC model servers)
     h2c: bool = False
+    #: False: the service on ``epp_port`` sees every request but picks nothing (the no-op
+    #: ext_proc floor of the overhead benchmark); ``endpoints`` are then a round-robin cluster
+    epp_picks: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.epp_picks and (self.epp_port is None or not self.endpoints):
+            raise ValueError(f"pool {self.name!r}: epp_picks=False needs an epp_port and "
+                             "endpoints (a filter that observes, a cluster that balances)")
 
     @property
     def override_host(self) -> bool:
-        return self.epp_port is not None and bool(self.endpoints)
+        return self.epp_port is not None and bool(self.endpoints) and self.epp_picks
 
     @property
     def upstream(self) -> str:
@@ -103,6 +111,8 @@ class Topology:
     bbr_filter: str = BBR_FILTER
     epp_filter: str = EPP_FILTER
     extra_clusters: list[dict[str, Any]] = field(default_factory=list)
+    #: the listener's name (also its stats prefix); distinct per layout in :func:`bootstrap`
+    name: str = "gateway"
 
     def filters(self) -> list[dict[str, Any]]:
         """The ext_proc filters in order: BBR, then the EPP (default: the first EPP pool)."""
@@ -184,9 +194,34 @@ class Topology:
                 out.append(e.original_dst_cluster(p.upstream, timeout=p.connect_timeout))
         return out + self.extra_clusters
 
-    def bootstrap(self) -> dict[str, Any]:
-        """The Envoy bootstrap for this layout."""
-        lst = e.listener(self.listen, self.routes(), self.filters())
+    def listener(self) -> dict[str, Any]:
+        """This layout's Envoy listener."""
+        lst = e.listener(self.listen, self.routes(), self.filters(), name=self.name)
         if self.buffer_limit:
             lst["per_connection_buffer_limit_bytes"] = self.buffer_limit
-        return e.bootstrap(self.admin, [lst], self.clusters(), runtime=self.runtime)
+        return lst
+
+    def bootstrap(self) -> dict[str, Any]:
+        """The Envoy bootstrap for this layout."""
+        return e.bootstrap(self.admin, [self.listener()], self.clusters(), runtime=self.runtime)
+
+
+def bootstrap(layouts: Sequence[Topology]) -> dict[str, Any]:
+    """One Envoy serving several layouts side by side, one listener each (benchmarks that
+    compare layouts under the same proxy). The admin port and runtime are the first layout's;
+    a cluster two layouts declare must be the same cluster."""
+    if not layouts:
+        raise ValueError("no layout to serve")
+    names = [t.name for t in layouts]
+    if len(set(names)) != len(names):
+        raise ValueError(f"layouts need distinct names, got {names}")
+    clusters: dict[str, dict[str, Any]] = {}
+    for layout in layouts:
+        for cluster in layout.clusters():
+            known = clusters.setdefault(cluster["name"], cluster)
+            if known != cluster:
+                raise ValueError(f"cluster {cluster['name']!r} is declared differently by "
+                                 f"two layouts")
+    first = layouts[0]
+    return e.bootstrap(first.admin, [t.listener() for t in layouts], list(clusters.values()),
+                       runtime=first.runtime)

@@ -38,6 +38,7 @@ from epp.handle import Settings
 from epp.requestcontrol import Director
 from epp.requestcontrol.director import DESTINATION, Routed
 from epp.sources.manifests import load_snapshot
+from epp.statestore import StateStore
 from shared.errors import GatewayError
 
 #: ``--refresh-metrics-interval`` and ``--metrics-staleness-threshold`` defaults of epp.main.
@@ -61,9 +62,11 @@ class EppRouter:
 
     def __init__(self, name: str, keys: list[str], seed: int, *, config_text: str | None = None,
                  config_file: Path | None = None, model: str = "",
-                 scrape_interval: float = SCRAPE_INTERVAL) -> None:
+                 scrape_interval: float = SCRAPE_INTERVAL,
+                 state_store: StateStore | None = None) -> None:
         """``config_file`` or ``config_text`` (neither: the EPP's default config); raises
-        :class:`ConfigError` for a bad config, naming the file."""
+        :class:`ConfigError` for a bad config, naming the file. ``state_store``: what the
+        handle shares (:mod:`bench.twin.replicas`; a private in-memory store when None)."""
         self.name = name
         self.scrape_interval = scrape_interval
         self.model = model
@@ -72,7 +75,7 @@ class EppRouter:
         rng = random.Random(f"{name}:{seed}")
         self.datastore = Datastore()
         runtime = build(config, self.datastore, Settings(staleness=STALENESS),
-                        rng=random.Random(rng.random()))
+                        rng=random.Random(rng.random()), state_store=state_store)
         self.datastore.subscribe(lambda s: runtime.retain_endpoints(
             frozenset(e.key for e in s.endpoints)))
         with tempfile.TemporaryDirectory() as tmp:

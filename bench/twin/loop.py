@@ -168,8 +168,13 @@ def run(specs: Sequence[RequestSpec], router: Router, config: TwinConfig) -> lis
     readings: dict[str, ServerState] = {}
     admit = _admit(config.model, owner)
     pending = len(specs)
+    # A router with background work of its own (replicas syncing a shared store,
+    # bench.twin.replicas) catches up to each event's time before it runs.
+    advance: Callable[[float], None] | None = getattr(router, "advance", None)
     while events:
         t, kind, _, payload = heapq.heappop(events)
+        if advance is not None:
+            advance(t)
         if kind == STEP:
             engine = engines[payload]
             engine.finish_step()

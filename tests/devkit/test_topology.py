@@ -6,10 +6,11 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from devkit import envoy as e
-from devkit.topology import BBR_FILTER, EPP_FILTER, Pool, Topology
+from devkit.topology import BBR_FILTER, EPP_FILTER, Pool, Topology, bootstrap
 
 
 def two_pools(**kw: Any) -> Topology:
@@ -94,3 +95,72 @@ def test_a_pool_with_epp_and_known_pods_is_override_host_with_fallback_retries()
     plain = Topology(listen=18080, admin=19901, pools=[Pool("pool", epp_port=19002)])
     assert plain.clusters()[1]["type"] == "ORIGINAL_DST"
     assert "retry_policy" not in plain.routes()[0]["route"]
+
+
+def _validate(cfg: dict[str, Any], tmp_path: Path) -> None:
+    path = tmp_path / "envoy.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    done = subprocess.run([e.envoy_binary(), "--mode", "validate", "-c", str(path)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_epp_replicas_are_one_health_checked_ext_proc_cluster(tmp_path: Path) -> None:
+    topo = Topology(listen=18080, admin=19901, pools=[Pool(
+        "pool", cluster="pool", epp_cluster="epp", epp_port=19002,
+        endpoints=[("127.0.0.1", 18000)], epp_replicas=[(19002, 19003), (19012, 19013)])])
+    epp = topo.clusters()[0]
+    ports = [ep["endpoint"]["address"]["socket_address"]["port_value"]
+             for ep in epp["load_assignment"]["endpoints"][0]["lb_endpoints"]]
+    health = [ep["endpoint"]["health_check_config"]["port_value"]
+              for ep in epp["load_assignment"]["endpoints"][0]["lb_endpoints"]]
+    assert (epp["name"], ports, health) == ("epp", [19002, 19012], [19003, 19013])
+    assert epp["health_checks"][0]["grpc_health_check"] == {}
+    _validate(topo.bootstrap(), tmp_path)
+
+
+def test_an_observing_service_keeps_the_round_robin_cluster() -> None:
+    pods = [("127.0.0.1", 18000), ("127.0.0.2", 18000)]
+    topo = Topology(listen=18080, admin=19901, pools=[Pool(
+        "noop", cluster="pods", epp_cluster="noop", epp_port=19002, endpoints=pods,
+        epp_picks=False)])
+    assert [f["name"] for f in topo.filters()] == [EPP_FILTER]
+    upstream = topo.clusters()[1]
+    assert (upstream["name"], upstream["type"]) == ("pods", "STATIC")
+    assert "retry_policy" not in topo.routes()[0]["route"]
+
+
+def test_an_observing_service_needs_endpoints_to_balance() -> None:
+    with pytest.raises(ValueError, match="epp_picks=False needs an epp_port and endpoints"):
+        Pool("noop", epp_port=19002, epp_picks=False)
+
+
+def test_several_layouts_share_one_envoy_and_their_common_clusters(tmp_path: Path) -> None:
+    pods = [("127.0.0.1", 18000), ("127.0.0.2", 18000)]
+    layouts = [
+        Topology(listen=18080, admin=19901, name="direct",
+                 pools=[Pool("direct", cluster="pods", endpoints=pods)]),
+        Topology(listen=18081, admin=19901, name="noop", pools=[Pool(
+            "noop", cluster="pods", epp_cluster="noop", epp_port=19002, endpoints=pods,
+            epp_picks=False)]),
+        Topology(listen=18082, admin=19901, name="epp", pools=[Pool(
+            "pool", cluster="pool", epp_cluster="epp", epp_port=19012, endpoints=pods)]),
+    ]
+    cfg = bootstrap(layouts)
+    listeners = cfg["static_resources"]["listeners"]
+    assert [(lst["name"], lst["address"]["socket_address"]["port_value"])
+            for lst in listeners] == [("direct", 18080), ("noop", 18081), ("epp", 18082)]
+    assert [c["name"] for c in cfg["static_resources"]["clusters"]] == [
+        "pods", "noop", "epp", "pool"]
+    _validate(cfg, tmp_path)
+
+
+def test_layouts_that_disagree_on_a_cluster_or_share_a_name_are_refused() -> None:
+    a = Topology(listen=18080, admin=19901, name="a",
+                 pools=[Pool("a", cluster="pods", endpoints=[("127.0.0.1", 18000)])])
+    b = Topology(listen=18081, admin=19901, name="b",
+                 pools=[Pool("b", cluster="pods", endpoints=[("127.0.0.2", 18000)])])
+    with pytest.raises(ValueError, match="cluster 'pods' is declared differently"):
+        bootstrap([a, b])
+    with pytest.raises(ValueError, match="distinct names"):
+        bootstrap([a, a])

@@ -141,7 +141,7 @@ def main() -> None:
     ap.add_argument("--quiet", type=float, default=2.0)
     ap.add_argument("--connect", action="store_true", help="connect instead of binding")
     args = ap.parse_args()
-    sock = zmq.Context.instance().socket(zmq.SUB)
+    sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.SUB)
     sock.setsockopt(zmq.SUBSCRIBE, b"kv-events")
     if args.connect:
         sock.connect(args.endpoint)

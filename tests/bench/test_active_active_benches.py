@@ -1,0 +1,83 @@
+"""Issue 18's benchmarks: what they count and how they judge (bench.active_active,
+bench.active_active_faults, bench.active_active_throughput). Figures come from bench/ runs;
+here only the arithmetic, the reading of a run directory and one short real run."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+
+from bench.active_active import load_runs, report, targets
+from bench.active_active_faults import FaultRun, hit_rate, own_in_flight
+from bench.active_active_faults import report as fault_report
+from bench.openloop import Outcome
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _outcomes(path: Path, ttfts: list[float], cached: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"".join(orjson.dumps({
+        "index": i, "start": i * 0.1, "status": 200, "ttft": t, "e2e": t + 1.0,
+        "output_tokens": 10, "prompt_tokens": 100, "cached_tokens": cached,
+        "pod": "sim-0"}) + b"\n" for i, t in enumerate(ttfts)))
+
+
+def test_a_run_directory_is_read_back_paired_by_complete_seeds(tmp_path: Path) -> None:
+    for seed in (0, 1):
+        _outcomes(tmp_path / str(seed) / "epp-1" / "outcomes.jsonl", [1.0] * 20, 80)
+        _outcomes(tmp_path / str(seed) / "epp-2-shared" / "outcomes.jsonl", [2.0] * 20, 70)
+    _outcomes(tmp_path / "2" / "epp-1" / "outcomes.jsonl", [1.0] * 20, 80)  # unfinished seed
+    rows = load_runs(tmp_path, 1.0)
+    assert list(rows) == ["epp-1", "epp-2-shared"]
+    assert sorted(rows["epp-1"]) == [0, 1]
+    table = "\n".join(report(rows, "epp-1"))
+    assert "| epp-2-shared | 2 | 70.0 [70.0, 70.0] | -10.0 [-10.0, -10.0] |" in table
+    assert "2.00 [2.00, 2.00]" in table   # TTFT p90 ratio, paired by seed
+    verdicts = targets(rows, "epp-1")
+    assert verdicts == [
+        "- epp-2-shared: hit rate loss vs 1 replica 10.00 [10.00, 10.00] points "
+        "(target <= 3): **not met**",
+        "- epp-2-shared: TTFT p90 / 1 replica 2.00 [2.00, 2.00] (target <= 1.1): **not met**"]
+
+
+def test_a_replicas_own_requests_in_flight_leave_out_the_others() -> None:
+    debug = {"endpoints": [
+        {"inflight_requests": 5, "remote_inflight_requests": 2},
+        {"inflight_requests": 1, "remote_inflight_requests": 1},
+        {"inflight_requests": 0, "remote_inflight_requests": 0}]}
+    assert own_in_flight(debug) == 3
+    assert own_in_flight({}) == 0
+
+
+def test_hit_rate_counts_only_completed_requests() -> None:
+    ok = Outcome(index=0, status=200, ttft=0.1, prompt_tokens=100, cached_tokens=60)
+    failed = Outcome(index=1, status=500, prompt_tokens=100, cached_tokens=0)
+    assert hit_rate([ok, failed]) == 0.6
+    assert hit_rate([failed]) == 0.0
+
+
+def test_the_fault_report_shows_errors_beyond_the_killed_replicas_streams() -> None:
+    runs = [FaultRun("replica", 0, requests=90, errors=5, in_flight_on_killed=4,
+                     errors_sent_after_kill=1, load=3.0),
+            FaultRun("valkey", 0, requests=90, errors=0, load=3.0,
+                     hit={"before": 0.5, "during": 0.6, "after": 0.7, "all": 0.6})]
+    args = argparse.Namespace(load=0.5, duration=30.0, servers=4, seeds="0")
+    text = "\n".join(fault_report(runs, args))
+    assert "| 0 | 90 | 5 | 4 | 1 | 1 | 0.000 |" in text
+    assert "| valkey | 0 | 90 | 0 | 50.0 | 60.0 | 70.0 |" in text
+
+
+def test_the_throughput_bench_runs_its_three_contenders_on_one_envoy() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.active_active_throughput", "--seconds", "0.5",
+         "--rounds", "1", "--concurrency", "4"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for row in ("| 1 replica, no store |", "| 1 replica + Valkey |", "| 2 replicas + Valkey |",
+                "req/s, 1 replica + Valkey / no store:", "2 replicas / 1 replica"):
+        assert row in done.stdout
