@@ -1,7 +1,7 @@
-"""P/D disaggregation vs an aggregated fleet of the same size, through the real gateway.
+"""P/D disaggregation vs an aggregated fleet of the same size, and vs vllm-router's PD mode.
 
-Run: ``python -m bench.pd_compare`` (defaults: 5 seeds x 2 fleets, 60 s of arrivals each;
-about 15 minutes). Every run starts from nothing on loopback:
+Run: ``python -m bench.pd_compare`` (defaults: 5 seeds x 3 fleets, 60 s of arrivals each;
+about 21 minutes on a busy 2-core machine). Every run starts from nothing on loopback:
 
 - **aggregated**: 4 ``8b-h100`` simulated servers behind Envoy + our EPP with its default
   config (queue, KV-cache and prefix scorers), as an upstream v1.5 user runs it;
