@@ -1,14 +1,25 @@
-"""P/D disaggregation vs an aggregated fleet of the same size, through the real gateway.
+"""P/D disaggregation vs an aggregated fleet of the same size, and vs vllm-router's PD mode.
 
-Run: ``python -m bench.pd_compare`` (defaults: 5 seeds x 2 fleets, 60 s of arrivals each;
-about 15 minutes). Every run starts from nothing on loopback:
+Run: ``python -m bench.pd_compare`` (defaults: 5 seeds x 3 fleets, 60 s of arrivals each;
+about 21 minutes on a busy 2-core machine). Every run starts from nothing on loopback:
 
 - **aggregated**: 4 ``8b-h100`` simulated servers behind Envoy + our EPP with its default
   config (queue, KV-cache and prefix scorers), as an upstream v1.5 user runs it;
 - **pd**: 2 prefill + 2 decode servers (``--kv-transfer-config`` NixlConnector, ``rdma``
   link) labelled ``llm-d.ai/role``; a ``pd-sidecar`` process in front of each decode server;
   Envoy + our EPP with llm-d's P/D config (``disagg-profile-handler``,
-  ``prefix-based-pd-decider`` with ``nonCachedTokens: 1024``).
+  ``prefix-based-pd-decider`` with ``nonCachedTokens: 1024``);
+- **vllm-router-pd**: the same 2 prefill + 2 decode servers (no sidecars, no Envoy, no EPP)
+  behind vllm-router's PD mode (``--vllm-pd-disaggregation --kv-connector nixl``, its default
+  ``cache_aware`` policy for both sides): it sends the prefill leg (``max_tokens: 1``,
+  ``do_remote_decode``) and then the decode leg with the returned ``kv_transfer_params``, the
+  protocol the simulator's NixlConnector roles speak. It disaggregates every request (no
+  decider). Skipped with a note when the peer is not installed (``python -m bench.peers
+  install``).
+
+sglang-router's PD mode is not a contender: it sends the request to the prefill and the
+decode server at once with SGLang's ``bootstrap_host/port/room``, which vLLM ignores, so both
+servers compute the whole request and no KV moves (docs/pd.md).
 
 Workload (same schedule for both fleets of a seed; Poisson arrivals, every request streamed):
 70 % long prompts (4,096-16,384 tokens in, 200-500 out, the issue's long-input workload) and
@@ -30,6 +41,7 @@ import argparse
 import contextlib
 import dataclasses
 import math
+import os
 import random
 import statistics
 import subprocess
@@ -44,9 +56,10 @@ from typing import Any
 import orjson
 import yaml
 
-from bench.contenders import _popen, _stop, _tail, pool_gateway_config
+from bench.contenders import _popen, _stop, _tail, http_ok, pool_gateway_config
 from bench.loadgen import percentile as pct
 from bench.openloop import Outcome
+from bench.peers import PEERS, peer_env
 from bench.workloads import MODEL, RequestSpec, _words, poisson_arrivals, write_specs
 from devkit import envoy as e
 from shared.pd import ROLE_LABEL
@@ -76,6 +89,8 @@ schedulingProfiles:
 """
 #: Issue #16's targets: metric -> (pd / aggregated bound, "le" | "ge").
 TARGETS = {"tpot_p90": (0.6, "le"), "output_tps": (1.0, "ge"), "ttft_p90": (1.3, "le")}
+#: The fleets, in run order within a seed; ratios are against ``aggregated``.
+KINDS = ("aggregated", "pd", "vllm-router-pd")
 T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
 
 
@@ -119,6 +134,8 @@ class Fleet:
     url: str
     epp_metrics: int
     sidecar_metrics: list[int]
+    #: The decode servers' own ports (for their NIXL counters).
+    decoders: list[int] = dataclasses.field(default_factory=list)
 
 
 def _wait_pool(port: int, size: int, proc: subprocess.Popen[bytes], log: Path) -> None:
@@ -155,7 +172,8 @@ def start(kind: str, workdir: Path, seed: int, threshold: int,
             decoder = e.free_port()
             servers.append({"host": "127.0.0.1", "port": decoder, "name": f"decode-{i}",
                             "kv_transfer_config": kv})
-            sidecars.append((ip, decoder, e.free_port()))
+            if kind == "pd":
+                sidecars.append((ip, decoder, e.free_port()))
             pods.append(_pod(f"decode-{i}", ip, "decode"))
         for i, ip in enumerate(ips[2:]):
             servers.append({"host": ip, "port": port, "name": f"prefill-{i}",
@@ -176,6 +194,11 @@ def start(kind: str, workdir: Path, seed: int, threshold: int,
         assert sim.stdout is not None
         if not sim.stdout.readline().startswith(b"vllm-sim ready:"):
             raise RuntimeError(f"simulator did not start: {_tail(workdir / 'sim.log')}")
+        if kind == "vllm-router-pd":
+            decoders = [f"http://127.0.0.1:{s['port']}" for s in servers[:2]]
+            prefillers = [f"http://{s['host']}:{s['port']}" for s in servers[2:]]
+            yield _vllm_router_pd(procs, workdir, prefillers, decoders)
+            return
         for i, (ip, decoder, metrics) in enumerate(sidecars):
             procs.append(_popen([sys.executable, "-m", "sidecar.main", "--host", ip,
                                  "--port", str(port), "--vllm-port", str(decoder),
@@ -197,10 +220,38 @@ def start(kind: str, workdir: Path, seed: int, threshold: int,
         with e.Envoy(pool_gateway_config(grpc, admin, listen, endpoints), admin_port=admin,
                      workdir=workdir / "envoy"):
             yield Fleet(procs, f"http://127.0.0.1:{listen}", metrics_port,
-                        [m for _, _, m in sidecars])
+                        [m for _, _, m in sidecars],
+                        [s["port"] for s in servers[:2]] if kind == "pd" else [])
     finally:
         for p in reversed(procs):
             _stop(p)
+
+
+def _vllm_router_pd(procs: list[subprocess.Popen[bytes]], workdir: Path,
+                    prefillers: list[str], decoders: list[str]) -> Fleet:
+    """Start vllm-router in PD mode over the simulated servers (added to ``procs``)."""
+    peer = PEERS["vllm-router"]
+    port, prom = e.free_port(), e.free_port()
+    cmd = [str(peer.python), "-m", peer.module, "--host", "127.0.0.1", "--port", str(port),
+           "--prometheus-port", str(prom), "--vllm-pd-disaggregation", "--kv-connector", "nixl",
+           "--policy", "cache_aware"]
+    for url in prefillers:
+        cmd += ["--prefill", url]
+    for url in decoders:
+        cmd += ["--decode", url]
+    (workdir / "command.txt").write_text(" ".join(cmd) + "\n")
+    log = workdir / "vllm-router.log"
+    proc = _popen(cmd, log, env=peer_env())
+    procs.append(proc)
+    deadline = time.monotonic() + 60
+    while not http_ok(f"http://127.0.0.1:{port}/v1/models"):
+        if proc.poll() is not None:
+            raise RuntimeError(f"vllm-router exited {proc.returncode}: {_tail(log)}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"vllm-router not ready: {_tail(log)}")
+        time.sleep(0.2)
+    return Fleet(procs, f"http://127.0.0.1:{port}", 0, [],
+                 [int(u.rsplit(":", 1)[1]) for u in decoders])
 
 
 def _scrape(port: int, name: str) -> dict[str, float]:
@@ -258,6 +309,9 @@ def run(kind: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
                 for k, v in _scrape(port, "pd_sidecar_requests_total").items():
                     modes[k] = modes.get(k, 0.0) + v
             counters["sidecar"] = modes
+        for name, key in (("vllm:nixl_xfer_time_seconds_count", "kv_pulls"),
+                          ("vllm:nixl_num_failed_transfers_total", "failed_pulls")):
+            counters[key] = sum(sum(_scrape(port, name).values()) for port in fleet.decoders)
     outcomes = [Outcome(**orjson.loads(line))
                 for line in (workdir / "outcomes.jsonl").read_bytes().splitlines()]
     summary = summarize(outcomes, [s.tag for s in specs], args.time_scale)
@@ -283,36 +337,59 @@ def verdict(lo: float, hi: float, bound: float, sense: str) -> str:
     return "met" if good else "not met" if bad else "inconclusive"
 
 
+def _ratios(by: dict[tuple[str, int], Any], seeds: list[int], kind: str, base: str,
+            cls: str, metric: str) -> list[float]:
+    """``kind / base`` of one figure, per seed that has both and a positive base."""
+    return [by[kind, s][cls][metric] / by[base, s][cls][metric] for s in seeds
+            if (kind, s) in by and (base, s) in by and by[base, s][cls][metric] > 0]
+
+
 def report(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
-    seeds = sorted({r["seed"] for r in results})
     by = {(r["kind"], r["seed"]): r["summary"] for r in results}
+    kinds = [k for k in KINDS if any(r["kind"] == k for r in results)]
+    # Only seeds every fleet completed, so every ratio is paired on the same seeds.
+    seeds = sorted(s for s in {r["seed"] for r in results} if all((k, s) in by for k in kinds))
+    others = [k for k in kinds if k != "aggregated"]
+    pairs = [(k, "aggregated") for k in others]
+    if "vllm-router-pd" in kinds:
+        pairs.append(("pd", "vllm-router-pd"))
+    head = " | ".join(f"{k} (median)" for k in kinds)
+    ratio_head = " | ".join(f"{a}/{b} median [95% CI]" for a, b in pairs)
     lines = [f"seeds {seeds}, {args.rate:g} req/s for {args.duration:g} s per run, "
              f"nonCachedTokens {args.threshold}, time scale {args.time_scale:g}", "",
-             "| class | metric | aggregated (median) | pd (median) | pd/agg median "
-             "[95% CI] | target | verdict |", "|---|---|---|---|---|---|---|"]
+             f"| class | metric | {head} | {ratio_head} | target | verdict pd/agg |"
+             + (" verdict vllm-router-pd/agg |" if "vllm-router-pd" in kinds else ""),
+             "|---|---|" + "---|" * (len(kinds) + len(pairs) + 2
+                                     + ("vllm-router-pd" in kinds))]
     for cls in ("all", "long", "short"):
         for metric in ("ttft_p90", "tpot_p90", "output_tps", "ttft_p50", "tpot_p50"):
-            agg = [by["aggregated", s][cls][metric] for s in seeds]
-            pd = [by["pd", s][cls][metric] for s in seeds]
-            ratios = [p / a for p, a in zip(pd, agg, strict=True) if a > 0]
-            lo, hi = ratio_interval(ratios)
-            target, verdict_text = "", ""
+            unit = (lambda x: f"{x:.1f}") if metric == "output_tps" else (
+                lambda x: f"{x * 1000:.0f} ms")
+            cells = [unit(statistics.median(by[k, s][cls][metric] for s in seeds))
+                     for k in kinds]
+            intervals = {}
+            for a, b in pairs:
+                ratios = _ratios(by, seeds, a, b, cls, metric)
+                lo, hi = ratio_interval(ratios)
+                intervals[a, b] = (lo, hi)
+                mid = f"{statistics.median(ratios):.2f}" if ratios else "n/a"
+                cells.append(f"{mid} [{lo:.2f}, {hi:.2f}]")
+            target, verdicts = "", [""] * (1 + ("vllm-router-pd" in kinds))
             if cls == "long" and metric in TARGETS:
                 bound, sense = TARGETS[metric]
                 target = f"{'≤' if sense == 'le' else '≥'} {bound}"
-                verdict_text = verdict(lo, hi, bound, sense)
-            unit = (lambda x: f"{x:.1f}") if metric == "output_tps" else (
-                lambda x: f"{x * 1000:.0f} ms")
-            mid = f"{statistics.median(ratios):.2f}" if ratios else "n/a"
-            lines.append(f"| {cls} | {metric} | {unit(statistics.median(agg))} | "
-                         f"{unit(statistics.median(pd))} | {mid} [{lo:.2f}, {hi:.2f}] | "
-                         f"{target} | {verdict_text} |")
-    errors = {k: sum(by[k, s]["all"]["errors"] for s in seeds) for k in ("aggregated", "pd")}
+                verdicts = [verdict(*intervals[k, "aggregated"], bound, sense)
+                            for k in others]
+            lines.append(f"| {cls} | {metric} | " + " | ".join(cells)
+                         + f" | {target} | " + " | ".join(verdicts) + " |")
+    errors = {k: sum(by[k, s]["all"]["errors"] for s in seeds) for k in kinds}
     lines += ["", f"errors: {errors}"]
     for r in results:
-        if r["kind"] == "pd":
-            lines.append(f"seed {r['seed']}: EPP decisions {r['counters'].get('decisions')}, "
-                         f"sidecars {r['counters'].get('sidecar')}")
+        if r["kind"] != "aggregated" and r["seed"] in seeds:
+            c = r["counters"]
+            lines.append(f"seed {r['seed']} {r['kind']}: EPP decisions {c.get('decisions')}, "
+                         f"sidecars {c.get('sidecar')}, KV pulls {c.get('kv_pulls')} "
+                         f"(failed {c.get('failed_pulls')})")
     return "\n".join(lines)
 
 
@@ -326,18 +403,37 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--time-scale", type=float, default=1.0,
                    help="the simulator runs this many times slower than the model (less "
                    "weight for the machine's own overheads); results are in model seconds")
+    p.add_argument("--fleets", default=",".join(KINDS),
+                   help=f"comma-separated subset of {', '.join(KINDS)} (aggregated is always run)")
     p.add_argument("--workdir", type=Path, default=Path("/tmp/pd_compare"))
+    p.add_argument("--report-only", action="store_true",
+                   help="print the report of WORKDIR/results.json (e.g. of an interrupted run)")
     args = p.parse_args(argv)
+    if args.report_only:
+        print(report(orjson.loads((args.workdir / "results.json").read_bytes()), args))
+        return
+    wanted = set(args.fleets.split(",")) | {"aggregated"}
+    if unknown := wanted - set(KINDS):
+        p.error(f"--fleets: unknown fleet(s) {', '.join(sorted(unknown))}")
+    if "vllm-router-pd" in wanted and not PEERS["vllm-router"].installed():
+        print("vllm-router-pd skipped: vllm-router not installed "
+              "(run `python -m bench.peers install`)", flush=True)
+        wanted.discard("vllm-router-pd")
+    kinds = [k for k in KINDS if k in wanted]
     results = []
+    args.workdir.mkdir(parents=True, exist_ok=True)
     for seed in range(args.seeds):
-        for kind in ("aggregated", "pd"):
+        for kind in kinds:
             t0 = time.monotonic()
+            load = os.getloadavg()[0]
             results.append(run(kind, seed, args))
             s = results[-1]["summary"]["all"]
-            print(f"seed {seed} {kind:10s} ttft_p90 {s['ttft_p90']:.3f}s tpot_p90 "
+            print(f"seed {seed} {kind:14s} ttft_p90 {s['ttft_p90']:.3f}s tpot_p90 "
                   f"{s['tpot_p90'] * 1000:.1f}ms tok/s {s['output_tps']:.1f} errors "
-                  f"{s['errors']} ({time.monotonic() - t0:.0f}s)", flush=True)
-    (args.workdir / "results.json").write_bytes(orjson.dumps(results))
+                  f"{s['errors']} ({time.monotonic() - t0:.0f}s, load {load:.1f} at start)",
+                  flush=True)
+            # Written after every run: an interrupted benchmark keeps its finished seeds.
+            (args.workdir / "results.json").write_bytes(orjson.dumps(results))
     print(report(results, args))
 
 

@@ -1,5 +1,6 @@
-"""``bench.pd_compare``: its verdict rule, its workload, and a short run end to end (both
-fleets start, the P/D one disaggregates the long prompts and not the short ones)."""
+"""``bench.pd_compare``: its verdict rule, its workload, and short runs end to end (the fleets
+start, ours disaggregates the long prompts and not the short ones, vllm-router's PD mode
+moves the KV of every request through the simulator's NixlConnector roles)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import orjson
 import pytest
 
 from bench.pd_compare import ratio_interval, verdict, workload
+from bench.peers import PEERS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,7 +49,8 @@ def test_workload_mixes_long_prompts_and_short_streaming_decodes() -> None:
 @pytest.mark.timeout(300)
 def test_a_short_run_compares_both_fleets(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "bench.pd_compare", "--seeds", "1",
-                           "--duration", "4", "--rate", "1", "--workdir", str(tmp_path)],
+                           "--duration", "4", "--rate", "1", "--fleets", "pd",
+                           "--workdir", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "| long | tpot_p90 |" in proc.stdout
@@ -60,3 +63,36 @@ def test_a_short_run_compares_both_fleets(tmp_path: Path) -> None:
         sidecar = pd["counters"]["sidecar"]
         assert sidecar.get('{mode="disaggregated"}', 0) == tags.count("long")
         assert sidecar.get('{mode="local"}', 0) == tags.count("short")
+        assert pd["counters"]["kv_pulls"] == tags.count("long")
+        assert pd["counters"]["failed_pulls"] == 0
+
+
+@pytest.mark.timeout(300)
+def test_vllm_router_pd_mode_moves_kv_through_the_simulator_roles(tmp_path: Path) -> None:
+    """vllm-router 0.1.x ``--vllm-pd-disaggregation`` over the same 2 prefill + 2 decode
+    simulated servers: every request is prefilled on a prefill server and its KV pulled by a
+    decode server (none recomputed), and the clients see no error."""
+    if not PEERS["vllm-router"].installed():
+        pytest.skip("vllm-router is not installed in .cache/peers (python -m bench.peers "
+                    "install); it is a PyPI wheel, not a project dependency")
+    proc = subprocess.run([sys.executable, "-m", "bench.pd_compare", "--seeds", "1",
+                           "--duration", "4", "--rate", "1", "--fleets", "vllm-router-pd",
+                           "--workdir", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "errors: {'aggregated': 0, 'vllm-router-pd': 0}" in proc.stdout
+    run = tmp_path / "vllm-router-pd-seed0"
+    summary = orjson.loads((run / "summary.json").read_bytes())
+    requests = len((run / "requests.jsonl").read_bytes().splitlines())
+    assert requests > 0
+    assert summary["counters"]["kv_pulls"] == requests
+    assert summary["counters"]["failed_pulls"] == 0
+    assert "--vllm-pd-disaggregation" in (run / "command.txt").read_text()
+
+
+def test_an_unknown_fleet_is_a_one_line_error(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "bench.pd_compare", "--fleets", "pd,sglang",
+                           "--workdir", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "--fleets: unknown fleet(s) sglang" in proc.stderr
