@@ -68,15 +68,19 @@ def ext_proc_filter(
     failure_mode_allow: bool = False,
     timeout: str = "10s",
     name: str = "envoy.filters.http.ext_proc",
+    replicas: bool = False,
 ) -> dict[str, Any]:
-    """An ext_proc HTTP filter. FULL_DUPLEX_STREAMED needs trailers sent in that direction."""
+    """An ext_proc HTTP filter. FULL_DUPLEX_STREAMED needs trailers sent in that direction;
+    ``replicas``: ``cluster`` has several replicas (:func:`replica_grpc_service`)."""
     duplex_req = request_body_mode == "FULL_DUPLEX_STREAMED"
     duplex_resp = response_body_mode == "FULL_DUPLEX_STREAMED"
     return {
         "name": name,
         "typed_config": {
             "@type": EXT_PROC,
-            "grpc_service": {"envoy_grpc": {"cluster_name": cluster}, "timeout": timeout},
+            "grpc_service": {**(replica_grpc_service(cluster) if replicas
+                                else {"envoy_grpc": {"cluster_name": cluster}}),
+                             "timeout": timeout},
             "failure_mode_allow": failure_mode_allow,
             "message_timeout": timeout,
             "processing_mode": {
@@ -90,6 +94,19 @@ def ext_proc_filter(
             "metadata_options": {"receiving_namespaces": {"untyped": ["envoy.lb"]}},
         },
     }
+
+
+def replica_grpc_service(cluster: str) -> dict[str, Any]:
+    """The ext_proc ``grpc_service`` of a replica cluster: a stream whose connection to a
+    replica fails (killed, not yet ejected) is retried once on another replica, so a killed
+    replica costs only the streams that were already open on it."""
+    return {"envoy_grpc": {"cluster_name": cluster}, "retry_policy": {
+        "retry_on": "connect-failure,refused-stream,reset",
+        "num_retries": 2,
+        "retry_host_predicate": [{
+            "name": "envoy.retry_host_predicates.previous_hosts",
+            "typed_config": {"@type": PREVIOUS_HOSTS}}],
+        "host_selection_retry_max_attempts": 3}}
 
 
 def grpc_cluster(name: str, port: int, *, tls: bool, host: str = "127.0.0.1") -> dict[str, Any]:

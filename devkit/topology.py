@@ -128,7 +128,8 @@ class Topology:
             epp = e.ext_proc_filter(epp_pools[0].epp, request_body_mode=self.mode,
                                     response_body_mode=response, response_headers=True,
                                     name=self.epp_filter, timeout=self.timeout,
-                                    failure_mode_allow=self.failure_mode_allow)
+                                    failure_mode_allow=self.failure_mode_allow,
+                                    replicas=bool(epp_pools[0].epp_replicas))
             if self.epp_forwarding:
                 epp["typed_config"]["metadata_options"]["forwarding_namespaces"] = {
                     "untyped": list(self.epp_forwarding)}
@@ -141,8 +142,10 @@ class Topology:
             return None
         if pool is None or pool.epp_port is None:
             return {self.epp_filter: {"@type": e.EXT_PROC_PER_ROUTE, "disabled": True}}
+        service = (e.replica_grpc_service(pool.epp) if pool.epp_replicas
+                   else {"envoy_grpc": {"cluster_name": pool.epp}})
         return {self.epp_filter: {"@type": e.EXT_PROC_PER_ROUTE, "overrides": {
-            "grpc_service": {"envoy_grpc": {"cluster_name": pool.epp}}}}}
+            "grpc_service": service}}}
 
     def _route(self, p: Pool, model: str | None) -> dict[str, Any]:
         r = e.route(p.upstream, header=(MODEL_HEADER, model) if model is not None else None,

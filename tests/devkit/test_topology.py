@@ -116,6 +116,16 @@ def test_epp_replicas_are_one_health_checked_ext_proc_cluster(tmp_path: Path) ->
               for ep in epp["load_assignment"]["endpoints"][0]["lb_endpoints"]]
     assert (epp["name"], ports, health) == ("epp", [19002, 19012], [19003, 19013])
     assert epp["health_checks"][0]["grpc_health_check"] == {}
+    # A stream that cannot connect to a (killed) replica is retried on another one, in the
+    # filter and in the route's override alike.
+    services = [topo.filters()[0]["typed_config"]["grpc_service"],
+                topo.routes()[0]["typed_per_filter_config"][EPP_FILTER]["overrides"]
+                ["grpc_service"]]
+    for service in services:
+        assert service["envoy_grpc"] == {"cluster_name": "epp"}
+        assert "connect-failure" in service["retry_policy"]["retry_on"]
+        assert service["retry_policy"]["retry_host_predicate"][0]["name"] == (
+            "envoy.retry_host_predicates.previous_hosts")
     _validate(topo.bootstrap(), tmp_path)
 
 

@@ -285,7 +285,8 @@ class EppProcess:
 def pool_gateway_config(epp_port: int, admin: int, listen: int, *,
                         mode: str = "FULL_DUPLEX_STREAMED", tls: bool = False,
                         endpoints: Sequence[str] | None = None,
-                        num_retries: int = 2) -> dict[str, Any]:
+                        num_retries: int = 2,
+                        epp_replicas: Sequence[tuple[int, int]] = ()) -> dict[str, Any]:
     """Envoy with one pool route: the EPP filter, then the pool's endpoints.
 
     With ``endpoints`` (``ip:port`` of every pod, as a Gateway knows them from the
@@ -294,6 +295,8 @@ def pool_gateway_config(epp_port: int, admin: int, listen: int, *,
     takes a single picked endpoint. The route copies the ``envoy.lb`` metadata value into
     ``x-lb-metadata`` so a backend can show that header and metadata agree, and answers with
     ``x-served-endpoint``: the endpoint Envoy recorded as the one that served.
+    ``epp_replicas`` (``(grpc_port, health_port)`` each) replaces ``epp_port`` by a
+    health-checked cluster of several EPP replicas.
     """
     from devkit.topology import Pool, Topology
 
@@ -305,6 +308,6 @@ def pool_gateway_config(epp_port: int, admin: int, listen: int, *,
                         "%DYNAMIC_METADATA(envoy.lb:x-gateway-destination-endpoint)%")],
                     endpoints=[(h, int(p)) for h, _, p in
                                (ep.rpartition(":") for ep in endpoints or ())],
-                    num_retries=num_retries,
+                    num_retries=num_retries, epp_replicas=epp_replicas,
                     served_header="x-served-endpoint" if endpoints else None)],
     ).bootstrap()
