@@ -50,7 +50,9 @@ def test_workload_mixes_long_prompts_and_short_streaming_decodes() -> None:
 def test_a_short_run_compares_both_fleets(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "bench.pd_compare", "--seeds", "1",
                            "--duration", "4", "--rate", "1", "--fleets", "pd",
-                           "--workdir", str(tmp_path)],
+                           # the simulator 4x faster than model time: same requests and
+                           # decisions, a third of the wall time
+                           "--time-scale", "0.25", "--workdir", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "| long | tpot_p90 |" in proc.stdout
