@@ -8,12 +8,17 @@ LINT_PATHS := shared bbr epp sim sidecar bench devkit tests examples/plugin-pack
 .PHONY: venv run test test-vllm lint bench bench-quick bench-compare bench-compare-quick bench-twin \
 	bench-twin-quick bench-agreement bench-inference-perf clean
 
+# pip's output (index warnings, setuptools notices) goes to $(VENV)/install.log, so the
+# first screen of `make run` shows the stack, not the install; a failure prints its tail.
+# The example third-party plugin package is installed too: the tests schedule through it.
 $(STAMP): pyproject.toml examples/plugin-package/pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,bench,local]'
-	# the example third-party plugin package the tests schedule through Envoy with
-	$(PY) -m pip install -q --no-deps -e examples/plugin-package
+	@echo "setting up $(VENV) (first run only, a few minutes; log: $(VENV)/install.log)"
+	@$(PYTHON) -m venv $(VENV)
+	@{ $(PY) -m pip install -q --upgrade pip && \
+	   $(PY) -m pip install -q -e '.[test,bench,local]' && \
+	   $(PY) -m pip install -q --no-deps -e examples/plugin-package; \
+	 } > $(VENV)/install.log 2>&1 || { tail -n 30 $(VENV)/install.log; \
+	   echo "setting up $(VENV) failed: see $(VENV)/install.log"; exit 1; }
 	@touch $(STAMP)
 
 venv: $(STAMP)
