@@ -1,17 +1,24 @@
 """The flow-control benchmarks' own arithmetic: goodput within the flood window, Jain's index
-over max-min fair shares, the priority mix's schedules, and the EPP queue summary."""
+over max-min fair shares, the priority mix's schedules, the EPP queue summary, and that the
+priority bench's manifests load."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from types import SimpleNamespace
+
 import pytest
+import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 
+from bench.contenders import pool_manifests
 from bench.flowcontrol_noisy import jain_of_shares, max_min_shares, tokens_within
-from bench.flowcontrol_priority import PriorityMix
+from bench.flowcontrol_priority import OBJECTIVES, PriorityMix
 from bench.flowcontrol_probe import queue_summary
 from bench.openloop import Outcome
 from bench.workloads import RequestSpec
 from epp.flowcontrol import FlowControlMetrics
+from epp.sources.manifests import load_snapshot
 
 
 def spec(tag: str, at: float, max_tokens: int) -> RequestSpec:
@@ -83,3 +90,14 @@ def test_burst_bound_orders_a_burst_as_each_policy_says() -> None:
     assert sorted(sjf) == pytest.approx([short, 2 * short, 2 * short + long_])
     # two servers: round-robin puts the third request behind the long one
     assert round_robin(burst, 2)[2] == pytest.approx(long_ + short)
+
+
+def test_the_priority_bench_manifests_load_with_every_pools_objectives(tmp_path: Path) -> None:
+    # Every benchmark pool declares bench.workloads.OBJECTIVES; the priority bench adds
+    # `critical`. An objective declared twice would stop the EPP at start.
+    fleet = SimpleNamespace(hosts=["127.0.0.1", "127.0.0.2"], port=8000)
+    path = tmp_path / "pool.yaml"
+    path.write_text(yaml.safe_dump_all(pool_manifests("sims", fleet) + OBJECTIVES))  # type: ignore[arg-type]
+    snapshot = load_snapshot(path, pool_name="sims", pool_namespace="default")
+    priorities = {name: o.priority for name, o in snapshot.objectives.items()}
+    assert priorities["critical"] == 1 and priorities["sheddable"] == -1
