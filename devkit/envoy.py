@@ -78,8 +78,7 @@ def ext_proc_filter(
         "name": name,
         "typed_config": {
             "@type": EXT_PROC,
-            "grpc_service": {**(replica_grpc_service(cluster) if replicas
-                                else {"envoy_grpc": {"cluster_name": cluster}}),
+            "grpc_service": {**ext_proc_service(cluster, replicas=replicas),
                              "timeout": timeout},
             "failure_mode_allow": failure_mode_allow,
             "message_timeout": timeout,
@@ -94,6 +93,12 @@ def ext_proc_filter(
             "metadata_options": {"receiving_namespaces": {"untyped": ["envoy.lb"]}},
         },
     }
+
+
+def ext_proc_service(cluster: str, *, replicas: bool = False) -> dict[str, Any]:
+    """The ``grpc_service`` naming ``cluster``, with the replica retry policy when it has
+    several replicas (:func:`replica_grpc_service`)."""
+    return replica_grpc_service(cluster) if replicas else {"envoy_grpc": {"cluster_name": cluster}}
 
 
 def replica_grpc_service(cluster: str) -> dict[str, Any]:

@@ -142,8 +142,7 @@ class Topology:
             return None
         if pool is None or pool.epp_port is None:
             return {self.epp_filter: {"@type": e.EXT_PROC_PER_ROUTE, "disabled": True}}
-        service = (e.replica_grpc_service(pool.epp) if pool.epp_replicas
-                   else {"envoy_grpc": {"cluster_name": pool.epp}})
+        service = e.ext_proc_service(pool.epp, replicas=bool(pool.epp_replicas))
         return {self.epp_filter: {"@type": e.EXT_PROC_PER_ROUTE, "overrides": {
             "grpc_service": service}}}
 
