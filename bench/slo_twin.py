@@ -26,6 +26,7 @@ Time the EPP would add on the wire is not modelled (the twin measures scheduling
 from __future__ import annotations
 
 import argparse
+import asyncio
 import heapq
 import math
 import random
@@ -39,7 +40,15 @@ from typing import Any
 import orjson
 
 from bench.stats import bootstrap_median
-from bench.workloads import RequestSpec, _completion, _words, poisson_arrivals
+from bench.twin.vtime import RESOLUTION, run_in_virtual_time
+from bench.workloads import (
+    OBJECTIVE_HEADER,
+    RequestSpec,
+    _completion,
+    _words,
+    objective_manifests,
+    poisson_arrivals,
+)
 from devkit.manifests import pool_manifests
 from epp.config import build, parse_config
 from epp.datastore import Datastore, EndpointMetrics
@@ -134,6 +143,58 @@ LATENCY_MOST = LATENCY.replace(
     "- type: latency-scorer\n",
     "- type: latency-scorer\n  parameters: {headroomSelectionStrategy: most}\n")
 assert LATENCY_MOST != LATENCY
+# Flow control, the way upstream v1.5 / llm-d users give interactive traffic priority: the
+# interactive requests name the ``interactive`` InferenceObjective (priority 10; batch has
+# none: priority 0), the ``flowControl`` gate holds requests in the EPP by priority band,
+# ``concurrency-detector`` (the dispatch signal and a filter) keeps each server's batch at
+# ``maxConcurrency`` so the waiting happens in the EPP where priority applies (the engines'
+# own queues stay empty: ``max_num_seqs`` 256), and ``priority-usage-limit-policy`` stops
+# releasing batch at 70% of that, so an interactive request finds a free slot at once.
+_FLOW = """\
+- {type: concurrency-detector, parameters: {maxConcurrency: %(n)d}}
+- type: priority-usage-limit-policy
+  name: reserve
+  parameters: {threshold: 1.0, bands: [{priority: 0, threshold: %(reserve)s}]}
+"""
+_FLOW_TAIL = """\
+saturationDetector: {pluginRef: concurrency-detector}
+featureGates: [flowControl]
+flowControl: {usageLimitPolicyPluginRef: reserve}
+"""
+FLOW_DEFAULT = """\
+plugins:
+- type: queue-scorer
+- type: kv-cache-utilization-scorer
+- type: prefix-cache-scorer
+""" + _FLOW % {"n": 12, "reserve": 0.7} + """\
+schedulingProfiles:
+- name: default
+  plugins:
+  - {pluginRef: concurrency-detector}
+  - {pluginRef: queue-scorer, weight: 2}
+  - {pluginRef: kv-cache-utilization-scorer, weight: 2}
+  - {pluginRef: prefix-cache-scorer, weight: 3}
+""" + _FLOW_TAIL
+FLOW_LATENCY = LATENCY_MOST.replace(
+    "schedulingProfiles:", (_FLOW % {"n": 16, "reserve": 0.7}) + "schedulingProfiles:").replace(
+    "  - pluginRef: predicted-latency-producer\n",
+    "  - pluginRef: predicted-latency-producer\n  - pluginRef: concurrency-detector\n",
+) + _FLOW_TAIL
+# One band for everyone, ordered by SLO deadline (arrival + ``x-slo-ttft-ms``; none sorts
+# last): interactive overtakes batch from the SLO header alone, no objective needed (the
+# usage limit cannot tell them apart then, so nothing is reserved).
+FLOW_DEADLINE = LATENCY_MOST.replace(
+    "schedulingProfiles:",
+    "- {type: concurrency-detector, parameters: {maxConcurrency: 16}}\n"
+    "schedulingProfiles:").replace(
+    "  - pluginRef: predicted-latency-producer\n",
+    "  - pluginRef: predicted-latency-producer\n  - pluginRef: concurrency-detector\n",
+) + """\
+saturationDetector: {pluginRef: concurrency-detector}
+featureGates: [flowControl]
+flowControl:
+  defaultPriorityBand: {orderingPolicyRef: slo-deadline-ordering-policy}
+"""
 # Prediction only: the default profile schedules, the producer predicts and learns.
 PREDICT_ONLY = """\
 plugins:
@@ -203,7 +264,8 @@ class Twin:
     def __init__(self, config: str | None, seed: int, fleet: int = FLEET) -> None:
         self.engines = [Engine(H100_8B, seed=seed * 100 + i) for i in range(fleet)]
         pods = [(f"pod-{i}", f"10.9.0.{i + 1}") for i in range(fleet)]
-        objects = [parse_object(d) for d in pool_manifests("pool", pods, 8000)]
+        objects = [parse_object(d) for d in pool_manifests("pool", pods, 8000,
+                                                             objective_manifests("pool"))]
         self.datastore = Datastore()
         self.datastore.replace(build_snapshot([o for o in objects if o is not None],
                                               pool_name="pool", pool_namespace="default"))
@@ -223,6 +285,8 @@ class Twin:
         self.refused = 0
         self.now = 0.0
         self._seq = 0
+        #: Per engine, set when a request joins it (:meth:`run_async` only).
+        self._wake: list[asyncio.Event] | None = None
         for i, e in enumerate(self.engines):
             e.on_event = self._event(i)
 
@@ -283,16 +347,112 @@ class Twin:
         except GatewayError:
             self.refused += 1
             return
+        self._start(a, routed)
+
+    def _start(self, a: Arrival, routed: Routed) -> None:
+        """The response side opens and the request joins its engine's queue (now)."""
         self.director.response_received(routed, 200, {"content-type": "text/event-stream"})
         i = self.by_key[routed.endpoint.key]
         e = self.engines[i]
-        req = e.new_request(a.body["prompt"].encode(), a.body["max_tokens"], now=a.at,
+        req = e.new_request(a.body["prompt"].encode(), a.body["max_tokens"], now=self.now,
                             request_id=f"r{a.seq}")
-        req.arrival = a.at
+        req.arrival = self.now
         self.inflight[req.id] = (routed, a, req)
         e.add(req)
+        if self._wake is not None:
+            self._wake[i].set()
+
+    async def _route_async(self, a: Arrival) -> None:
+        """One request through the director as the ext_proc exchange drives it: prepare,
+        admit (flow control may hold it here), dispatch; then queued on its engine."""
+        body = orjson.dumps(a.body)
+        headers = {":path": "/v1/completions", "x-request-id": f"r{a.seq}", **a.headers}
+        director = self.director
+        try:
+            pending = director.prepare(headers, body, {})
+            await director.admit(pending)
+            _, routed = director.dispatch(pending)
+        except GatewayError:
+            self.refused += 1
+            return
+        self._start(a, routed)
+
+    async def run_async(self) -> None:
+        """The same fleet as :meth:`run_sync`, as asyncio tasks on the running loop's clock
+        (:func:`bench.twin.vtime.run_in_virtual_time`): one task per engine (a step, then
+        the next while it has work), the scrape and retrain schedules, and one task per
+        arrival that awaits the director's admitters - the real flow controller and its
+        dispatcher run on the same loop."""
+        loop = asyncio.get_running_loop()
+        wake = [asyncio.Event() for _ in self.engines]
+        self._wake = wake
+        routing: set[asyncio.Task[None]] = set()
+
+        def clock() -> float:
+            self.now = loop.time()
+            return self.now
+
+        async def engine(i: int) -> None:
+            e = self.engines[i]
+            while True:
+                if not e.has_work:
+                    wake[i].clear()
+                    await wake[i].wait()
+                    continue
+                now = clock()
+                end = e.begin_step(now)
+                if end == now and not e.running:
+                    e.finish_step()  # blocked until something frees
+                    wake[i].clear()
+                    await wake[i].wait()
+                    continue
+                await asyncio.sleep(end - now)
+                clock()
+                e.finish_step()
+
+        async def every(interval: float, first: float, tick: Callable[[], None]) -> None:
+            await asyncio.sleep(first)
+            while True:
+                clock()
+                tick()
+                await asyncio.sleep(interval)
+
+        def retrain() -> None:
+            for p in self.producers:
+                p.predictor.retrain()
+
+        background = [loop.create_task(engine(i)) for i in range(len(self.engines))]
+        background.append(loop.create_task(every(SCRAPE, 0.0, self._scrape)))
+        background.append(loop.create_task(every(RETRAIN, RETRAIN, retrain)))
+        try:
+            while self.pending or self.inflight or routing:
+                # Due within the clock's resolution: a shorter sleep would not move the
+                # clock (asyncio runs a timer that close at once), so it would never be due.
+                if self.pending and self.pending[0].at <= clock() + RESOLUTION:
+                    task = loop.create_task(self._route_async(heapq.heappop(self.pending)))
+                    routing.add(task)
+                    task.add_done_callback(routing.discard)
+                    continue
+                wait = self.pending[0].at - self.now if self.pending else SCRAPE
+                await asyncio.sleep(min(wait, SCRAPE))
+        finally:
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+            if self.runtime.flow_control is not None:  # its dispatcher task ends too
+                await self.runtime.flow_control.aclose()
+            self._wake = None
 
     def run(self) -> None:
+        """Play every arrival to its end: :meth:`run_async` on a virtual-time event loop when
+        the runtime has flow control (its queues wait on asyncio), else :meth:`run_sync`."""
+        if self.runtime.flow_control is not None:
+            run_in_virtual_time(self.run_async())
+        else:
+            self.run_sync()
+
+    def run_sync(self) -> None:
+        """The discrete-event loop (no event loop: the director's admitters never wait)."""
         next_scrape, next_retrain = 0.0, RETRAIN
         while self.pending or self.inflight:
             candidates = [next_scrape, next_retrain]
@@ -384,16 +544,24 @@ def prediction_error(workload: str, seed: int, duration: float,
 # -- 2. mixed SLO ---------------------------------------------------------------------------------
 
 
-def mixed_slo(config: str | None, seed: int, duration: float, slo_ms: float,
-              ) -> tuple[float, float]:
+def mixed_slo(config: str | None, seed: int, duration: float, slo_ms: int,
+              objective: bool = True) -> tuple[float, float]:
+    """(fraction of interactive requests whose TTFT met ``slo_ms``, batch output tokens/s).
+    Every config gets the same requests and headers (interactive: ``x-slo-ttft-ms`` and,
+    unless ``objective`` is False, the ``interactive`` objective; batch: neither) and runs on
+    the virtual-time event loop, so the ratios compare schedulers, not drivers (the
+    objective's priority changes nothing without flow control: it is not sheddable)."""
     rng = random.Random(seed)
     specs = sharegpt_like(rng, MIXED_LOAD * SG_SUSTAINABLE * SG_CAPACITY, duration)
     twin = Twin(config, seed)
+    interactive_headers = {"x-slo-ttft-ms": str(slo_ms)}
+    if objective:
+        interactive_headers[OBJECTIVE_HEADER] = "interactive"
     for i, s in enumerate(specs):
         interactive = i % 2 == 0
-        twin.add(s.at, s.body, {"x-slo-ttft-ms": str(slo_ms)} if interactive else {},
+        twin.add(s.at, s.body, interactive_headers if interactive else {},
                  "interactive" if interactive else "batch")
-    twin.run()
+    run_in_virtual_time(twin.run_async())
     inter = [d for d in twin.done if d.tag == "interactive"]
     n_inter = sum(1 for i in range(len(specs)) if i % 2 == 0)
     met = sum(1 for d in inter if d.ttft <= slo_ms / 1000) / n_inter
@@ -478,13 +646,18 @@ def main() -> None:
                 + ", ".join(f"seed {s}: {a} / {b}" for s in seeds
                             for a, b in [in_system(load, s, dur)]) + " |")
     if args.only in (None, "slo"):
-        slo_ms = 400.0
+        slo_ms = 400
         base = [mixed_slo(DEFAULT, s, dur, slo_ms) for s in seeds]
-        say(f"| mixed SLO (TTFT {slo_ms:.0f} ms, load {MIXED_LOAD} x {SG_SUSTAINABLE} x "
+        say(f"| mixed SLO (TTFT {slo_ms} ms, load {MIXED_LOAD} x {SG_SUSTAINABLE} x "
             f"SG_CAPACITY) | default: met {fmt([b[0] for b in base])}, batch tok/s "
             f"{fmt([b[1] for b in base], 0)} |")
-        for name, cfg in (("latency profile (chart)", LATENCY), ("latency, most", LATENCY_MOST)):
-            lat = [mixed_slo(cfg, s, dur, slo_ms) for s in seeds]
+        for name, cfg in (("latency profile (chart)", LATENCY), ("latency, most", LATENCY_MOST),
+                          ("default + flow control (priority)", FLOW_DEFAULT),
+                          ("latency, most + flow control (priority)", FLOW_LATENCY),
+                          ("latency, most + flow control (SLO deadline)", FLOW_DEADLINE)):
+            # The deadline ordering alone: interactive names no objective (one band).
+            lat = [mixed_slo(cfg, s, dur, slo_ms, objective=cfg is not FLOW_DEADLINE)
+                   for s in seeds]
             met = [x[0] / b[0] for x, b in zip(lat, base, strict=True)]
             goodput = [x[1] / b[1] for x, b in zip(lat, base, strict=True)]
             say(f"| {name} | met {fmt([x[0] for x in lat])}, batch tok/s "
