@@ -20,9 +20,10 @@ What is modelled, and how it maps to the real thing:
 - **Scrapes**: every replica scrapes every server at the loop's scrape instants (the same
   phase for all replicas: a simplification; real replicas scrape on their own phases).
 - **CPU** (``--cpu``, off by default): each replica is one core; a pick costs the CPU measured
-  on the real EPP (:mod:`bench.twin.cpu`: the median round of ``bench/twin/epp_cpu.json``,
-  the sharing replicas' cost with the store), requests wait while their replica is busy and
-  the request reaches its server when the pick is done. Without it a pick is instant.
+  on the real EPP (:mod:`bench.twin.cpu`: medians over the rounds of
+  ``bench/twin/epp_cpu.json``; sharing replicas pay the cost with the store), exponential
+  around it; requests wait while their replica is busy and reach their server when the pick
+  is done. Without it a pick is instant.
 
 Not modelled: Valkey's latency beyond ``pubsub_latency``, and lost syncs. The twin answers
 "what do separate views cost the routing"; how many picks per second n replicas serve is
