@@ -13,7 +13,13 @@ Per round and contender: req/s, and CPU seconds per request of the EPP processes
 Valkey (``/proc/<pid>/stat``, 10 ms ticks, over the round). Ratios are paired by round,
 ``median [95% bootstrap interval]`` (:mod:`bench.stats`).
 
+``--save FILE`` writes, per round, what the replica twin's CPU model takes
+(:mod:`bench.twin.cpu`): the store-less EPP's CPU per request and the serving replica of the
+sharing pair's (each process's own CPU over the round, its background work included), and for
+the record the idle peer's CPU per wall second.
+
     python -m bench.active_active_throughput [--seconds 5] [--rounds 5] [--concurrency 32]
+                                             [--save FILE]
 """
 
 from __future__ import annotations
@@ -24,12 +30,11 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
-from bench.epp_overhead import PODS, manifests
+from bench.epp_overhead import PODS, echo_pool
 from bench.harness import start, stop
 from bench.stats import bootstrap_median, verdict
 from devkit import envoy as e
@@ -52,6 +57,10 @@ class Round:
     errors: int
     epp_cpu_per_request_ms: float
     valkey_cpu_per_request_ms: float
+    #: the round's requests and wall seconds, and each watched EPP's CPU seconds over it
+    requests: int = 0
+    wall: float = 0.0
+    epp_cpu: tuple[float, ...] = ()
 
 
 def epp(work: Path, name: str, store: str | None) -> tuple[subprocess.Popen[bytes], int, int]:
@@ -71,20 +80,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=5.0)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--save", type=Path, default=None, metavar="FILE",
+                   help="write the CPU figures per round for the twin (bench.twin.cpu)")
     args = p.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="bench-aa-"))
-    body = work / "body.json"
-    body.write_bytes(json.dumps({
-        "model": "m", "max_tokens": 16,
-        "messages": [{"role": "user", "content": "Tell me about Envoy. " * 40}]}).encode())
-    backend_port = e.free_port()
-    (work / "pool.yaml").write_text(yaml.safe_dump_all(manifests(backend_port)))
-    pods = [(ip, backend_port) for ip in PODS]
     results: dict[str, list[Round]] = {ONE: [], SHARED: [], PAIR: []}
     loads: list[float] = []
     with ValkeyServer() as valkey:
-        procs = [start([sys.executable, "-m", "bench.echo_backend", "--port", str(backend_port),
-                        *(a for ip in PODS for a in ("--host", ip))], work / "backend.log")]
+        body, backend_port, backend = echo_pool(work)
+        pods = [(ip, backend_port) for ip in PODS]
+        procs = [backend]
         try:
             alone, a_port, _ = epp(work, "epp-alone", None)
             first, b_port, b_health = epp(work, "epp-shared-0", valkey.url)
@@ -124,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             stop(procs)
     print("\n".join(report(results, args, loads)))
+    if args.save is not None:
+        args.save.write_text(json.dumps(cpu_rounds(results, args, loads), indent=1) + "\n")
     return 1 if any(r.errors for rs in results.values() for r in rs) else 0
 
 
@@ -131,15 +138,44 @@ def one_round(url: str, body: Path, args: argparse.Namespace, pids: list[int],
               valkey_pid: int | None) -> Round:
     before = [cpu_seconds(p) for p in pids]
     v_before = cpu_seconds(valkey_pid) if valkey_pid else 0.0
+    t0 = time.monotonic()
     out = subprocess.run([sys.executable, "-m", "bench.loadgen", url, str(body),
                           str(args.concurrency), str(args.seconds)],
                          capture_output=True, text=True, check=True)
-    used = sum(cpu_seconds(p) for p in pids) - sum(before)
+    wall = time.monotonic() - t0
+    used = tuple(cpu_seconds(p) - b for p, b in zip(pids, before, strict=True))
     v_used = (cpu_seconds(valkey_pid) if valkey_pid else 0.0) - v_before
     stats = json.loads(out.stdout)
     n = max(1, stats["requests"])
-    return Round(stats["requests"] / stats["seconds"], stats["errors"], 1000 * used / n,
-                 1000 * v_used / n)
+    return Round(stats["requests"] / stats["seconds"], stats["errors"], 1000 * sum(used) / n,
+                 1000 * v_used / n, stats["requests"], wall, used)
+
+
+def cpu_rounds(results: dict[str, list[Round]], args: argparse.Namespace,
+               loads: list[float]) -> dict[str, object]:
+    """Per round, the twin's CPU inputs (:func:`bench.twin.cpu.load_rounds` reads them).
+
+    ``none_ms`` and ``shared_ms``: the store-less EPP's and the serving sharing replica's own
+    CPU per request, each with its background work (scrapes; syncs for the sharing one) at the
+    round's rate. ``idle_peer_core``: the sharing replica that got no traffic, CPU seconds per
+    wall second; not the store's cost alone (it scrapes the pods too, as the store-less EPP
+    does), so the model does not take it."""
+    rounds = []
+    for one, shared, pair in zip(results[ONE], results[SHARED], results[PAIR], strict=True):
+        serving, idle = shared.epp_cpu
+        rounds.append({
+            "none_ms": round(1000 * one.epp_cpu[0] / max(1, one.requests), 4),
+            "shared_ms": round(1000 * serving / max(1, shared.requests), 4),
+            "idle_peer_core": round(idle / shared.wall, 5),
+            "pair_ms": round(pair.epp_cpu_per_request_ms, 4),
+            "rps": {ONE: round(one.rps, 1), SHARED: round(shared.rps, 1),
+                    PAIR: round(pair.rps, 1)}})
+    return {"command": "python -m bench.active_active_throughput " + " ".join(
+                f"--{k} {v:g}" for k, v in (("seconds", args.seconds), ("rounds", args.rounds),
+                                            ("concurrency", args.concurrency))),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "load_average": [round(min(loads), 1), round(max(loads), 1)],
+            "cpus": os.cpu_count(), "rounds": rounds}
 
 
 def report(results: dict[str, list[Round]], args: argparse.Namespace,

@@ -10,6 +10,7 @@ the gateway is measured.
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -45,21 +46,30 @@ def manifests(port: int) -> list[dict[str, object]]:
     return docs
 
 
-def main() -> None:
-    args = overhead_args(__doc__)
-
-    work = Path(tempfile.mkdtemp(prefix="bench-epp-"))
+def echo_pool(work: Path) -> tuple[Path, int, subprocess.Popen[bytes]]:
+    """What the gateway benches share, in ``work``: the 0.9 KB chat body (``body.json``), the
+    pool's manifests (``pool.yaml``) and the echo pods (one process answering at once on every
+    :data:`PODS` address). Returns the body file, the pods' port and their process."""
     body = work / "body.json"
     body.write_bytes(json.dumps({
         "model": "m", "max_tokens": 16,
         "messages": [{"role": "user", "content": "Tell me about Envoy. " * 40}]}).encode())
-    backend_port = e.free_port()
-    (work / "pool.yaml").write_text(yaml.safe_dump_all(manifests(backend_port)))
+    port = e.free_port()
+    (work / "pool.yaml").write_text(yaml.safe_dump_all(manifests(port)))
+    backend = start([sys.executable, "-m", "bench.echo_backend", "--port", str(port),
+                     *(a for ip in PODS for a in ("--host", ip))], work / "backend.log")
+    return body, port, backend
+
+
+def main() -> None:
+    args = overhead_args(__doc__)
+
+    work = Path(tempfile.mkdtemp(prefix="bench-epp-"))
+    body, backend_port, backend = echo_pool(work)
     ports = {name: e.free_port() for name in ("noop", "noop_h", "epp", "epp_h", "epp_m")}
     py = sys.executable
     procs = [
-        start([py, "-m", "bench.echo_backend", "--port", str(backend_port),
-               *(a for ip in PODS for a in ("--host", ip))], work / "backend.log"),
+        backend,
         start([py, "-m", "bench.noop_extproc", "--grpc-port", str(ports["noop"]),
                "--grpc-health-port", str(ports["noop_h"])], work / "noop.log"),
         start([py, "-m", "epp.main", "--secure-serving=false", "--manifests",
@@ -90,7 +100,8 @@ def main() -> None:
     urls = {k: f"http://127.0.0.1:{v}/v1/chat/completions" for k, v in contenders.items()}
     try:
         for port in (ports["noop"], ports["epp"], backend_port):
-            e.wait_for_port(port, host="127.0.0.1" if port != backend_port else PODS[0])
+            e.wait_for_port(port, timeout=60,
+                            host="127.0.0.1" if port != backend_port else PODS[0])
         with e.Envoy(cfg, admin_port=admin, workdir=work / "envoy"):
             results = run_rounds(urls, body, args.concurrency, args.seconds, args.rounds)
     finally:

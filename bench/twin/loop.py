@@ -9,7 +9,9 @@ Events, in time order (ties broken by kind, then by insertion):
   the scrape's start and handed to the router ``scrape_latency`` later, each server on its own
   phase of the ``interval`` - so the router sees numbers as stale as a real scrape's;
 - **arrival** of a request: the router picks a server (its in-flight count goes up), the
-  server's engine queues the request and starts a step if it was idle.
+  server's engine queues the request and starts a step if it was idle. A router that models
+  its own CPU (``pick_done``, :mod:`bench.twin.cpu` in :mod:`bench.twin.replicas`) says when
+  the pick is done instead, and a **pick** event at that time does the above.
 
 A request leaves the router's in-flight accounting when its last token is out. Times are model
 seconds; nothing sleeps, so one seed gives the same outcomes every time.
@@ -33,7 +35,7 @@ from sim.profiles import Profile, get_profile
 
 # Event kinds, in the order they run at equal times: a step's tokens are out before a scrape
 # taken at the same instant reads the engine, and both before an arrival is routed.
-STEP, SCRAPE_START, SCRAPE_DONE, ARRIVAL = 0, 1, 2, 3
+STEP, SCRAPE_START, SCRAPE_DONE, ARRIVAL, PICK = 0, 1, 2, 3, 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +173,8 @@ def run(specs: Sequence[RequestSpec], router: Router, config: TwinConfig) -> lis
     # A router with background work of its own (replicas syncing a shared store,
     # bench.twin.replicas) catches up to each event's time before it runs.
     advance: Callable[[float], None] | None = getattr(router, "advance", None)
+    # A router with a CPU model: (request index, arrival time) -> when its pick is done.
+    pick_done: Callable[[int, float], float] | None = getattr(router, "pick_done", None)
     while events:
         t, kind, _, payload = heapq.heappop(events)
         if advance is not None:
@@ -190,6 +194,8 @@ def run(specs: Sequence[RequestSpec], router: Router, config: TwinConfig) -> lis
             readings[payload] = server_state(engines[payload])
         elif kind == SCRAPE_DONE:
             router.scraped(payload, readings.pop(payload))
+        elif kind == ARRIVAL and pick_done is not None:
+            push(pick_done(int(payload), t), PICK, payload)
         else:
             pending -= 1
             i = int(payload)

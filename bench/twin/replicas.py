@@ -19,13 +19,19 @@ What is modelled, and how it maps to the real thing:
   (tried, not adopted): in-flight changes published that long after they happen.
 - **Scrapes**: every replica scrapes every server at the loop's scrape instants (the same
   phase for all replicas: a simplification; real replicas scrape on their own phases).
+- **CPU** (``--cpu``, off by default): each replica is one core; a pick costs the CPU measured
+  on the real EPP (:mod:`bench.twin.cpu`: medians over the rounds of
+  ``bench/twin/epp_cpu.json``; sharing replicas pay the cost with the store), exponential
+  around it; requests wait while their replica is busy and reach their server when the pick
+  is done. Without it a pick is instant.
 
-Not modelled: the EPP's CPU time (a pick is instant here), Valkey's latency beyond
-``pubsub_latency``, and lost syncs. The twin therefore answers "what do separate views cost
-the routing", not "how many picks per second do n replicas serve".
+Not modelled: Valkey's latency beyond ``pubsub_latency``, and lost syncs. The twin answers
+"what do separate views cost the routing"; how many picks per second n replicas serve is
+:mod:`bench.twin.cpu`'s question (the same CPU model without the model servers).
 
     python -m bench.twin.replicas [--replicas 2,3] [--seeds 10] [--servers 4] [--load 0.5]
                                   [--sync-interval 0.05] [--flush-delay S] [--duration 20]
+                                  [--cpu [FILE]]
     python -m bench.twin.replicas --replay RUN_DIR   # a bench.active_active run's picks
 """
 
@@ -33,6 +39,8 @@ from __future__ import annotations
 
 import argparse
 import heapq
+import random
+import statistics
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -42,6 +50,7 @@ import orjson
 
 from bench.report import RunResult, summarize
 from bench.stats import bootstrap_median, paired_ratios
+from bench.twin.cpu import MEASURED, Cores, CpuCost, load_rounds
 from bench.twin.epp_adapter import SCRAPE_INTERVAL, EppRouter
 from bench.twin.loop import ServerState, TwinConfig, run
 from bench.workloads import MODEL, WORKLOADS, RequestSpec
@@ -197,21 +206,40 @@ class Replicas:
 
     def __init__(self, name: str, keys: list[str], seed: int, n: int, *, shared: bool,
                  sync_interval: float = SYNC_INTERVAL,
-                 flush_delay: float | None = None) -> None:
+                 flush_delay: float | None = None, cpu: CpuCost | None = None) -> None:
         self.name = name
         self.bus = Bus(n, shared=shared, sync_interval=sync_interval, flush_delay=flush_delay)
         self.replicas = [EppRouter(f"{name}-{i}", keys, seed, model=MODEL,
                                    state_store=self.bus.stores[i]) for i in range(n)]
         self._next = 0
         self._owner: dict[int, EppRouter] = {}
+        #: with a CPU model: the replicas' cores, and the replica each waiting pick is on
+        self.cores = Cores(n, cpu) if cpu is not None else None
+        self._assigned: dict[int, int] = {}
+        self._costs = random.Random(f"pick-cost:{seed}")
+        #: read by the twin's loop: None while picks are instant
+        self.pick_done = self._pick_done if cpu is not None else None
+
+    def _pick_done(self, index: int, now: float) -> float:
+        """Envoy sends request ``index`` to a replica at ``now``; when its pick is done
+        (it waits while that replica's core is busy; the cost is exponential around the
+        measured mean)."""
+        assert self.cores is not None
+        work = self.cores.cost.per_request * self._costs.expovariate(1.0)
+        replica, _, end = self.cores.serve(now, work)
+        self._assigned[index] = replica
+        return end
 
     def advance(self, now: float) -> None:
         self.bus.advance(now)
 
     def route(self, index: int, path: str, body: bytes, now: float,
               headers: Mapping[str, str]) -> str:
-        replica = self.replicas[self._next]
-        self._next = (self._next + 1) % len(self.replicas)
+        if self.cores is not None:
+            replica = self.replicas[self._assigned.pop(index)]
+        else:
+            replica = self.replicas[self._next]
+            self._next = (self._next + 1) % len(self.replicas)
         self._owner[index] = replica
         return replica.route(index, path, body, now, headers)
 
@@ -290,16 +318,27 @@ def contenders(replicas: list[int], flush_delay: float | None = None) -> list[Co
     return out
 
 
+def median_costs(path: Path) -> tuple[CpuCost, CpuCost]:
+    """The store-less and the sharing replica's CPU cost, medians over the rounds of a
+    ``bench.active_active_throughput --save`` file."""
+    rounds, _ = load_rounds(path)
+    return (CpuCost(statistics.median(r.alone.per_request for r in rounds)),
+            CpuCost(statistics.median(r.shared.per_request for r in rounds)))
+
+
 def run_seed(seed: int, names: list[Contender], *, load: float, duration: float,
-             servers: int, sync_interval: float) -> dict[str, RunResult]:
-    """One seed's shared-prefix schedule through every contender."""
+             servers: int, sync_interval: float,
+             cpu: tuple[CpuCost, CpuCost] | None = None) -> dict[str, RunResult]:
+    """One seed's shared-prefix schedule through every contender; ``cpu``: the store-less and
+    the sharing replicas' pick cost (None: instant picks)."""
     wl = WORKLOADS["shared-prefix"]
     specs = wl.schedule(load, duration, seed, servers)
     cfg = TwinConfig(servers=servers, seed=seed, model=MODEL)
     out = {}
     for name, n, shared, flush in names:
+        cost = None if cpu is None else cpu[1] if shared and n > 1 else cpu[0]
         router = Replicas(name, cfg.keys(), seed, n, shared=shared, sync_interval=sync_interval,
-                          flush_delay=flush)
+                          flush_delay=flush, cpu=cost)
         res = RunResult(wl.name, load, load * wl.capacity(servers), name, "ours", seed=seed,
                         servers=servers)
         out[name] = summarize(res, run(specs, router, cfg))
@@ -340,6 +379,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="replay the picks of a bench.active_active run instead")
     p.add_argument("--time-scale", type=float, default=1.0,
                    help="with --replay: the run's --time-scale")
+    p.add_argument("--cpu", type=Path, nargs="?", const=MEASURED, default=None, metavar="FILE",
+                   help="model each replica's CPU with the costs measured in FILE (a "
+                        "bench.active_active_throughput --save file; default: "
+                        "bench/twin/epp_cpu.json)")
     args = p.parse_args(argv)
     if args.replay is not None:
         replayed = replay(args.replay, args.time_scale)
@@ -356,14 +399,20 @@ def main(argv: list[str] | None = None) -> int:
     if min(counts) < 2 or args.seeds < 1 or args.sync_interval <= 0:
         p.error("--replicas must be >= 2, --seeds >= 1, --sync-interval > 0")
     names = contenders(counts, args.flush_delay)
+    cpu = median_costs(args.cpu) if args.cpu is not None else None
     rows: dict[str, dict[int, RunResult]] = {name: {} for name, *_ in names}
     for seed in range(args.seeds):
         for name, res in run_seed(seed, names, load=args.load, duration=args.duration,
-                                  servers=args.servers, sync_interval=args.sync_interval).items():
+                                  servers=args.servers, sync_interval=args.sync_interval,
+                                  cpu=cpu).items():
             rows[name][seed] = res
+    cpu_note = ("instant picks" if cpu is None else
+                f"picks cost {1000 * cpu[0].per_request:.3f} ms (sharing replicas "
+                f"{1000 * cpu[1].per_request:.3f} ms) on a core per replica")
     print(f"twin, shared-prefix, load {args.load:g}, {args.servers} servers, "
-          f"{args.duration:g} model s, sync every {args.sync_interval:g} s, seeds 0-"
-          f"{args.seeds - 1}: median [95% bootstrap interval] over seeds, ratios paired by seed")
+          f"{args.duration:g} model s, sync every {args.sync_interval:g} s, {cpu_note}, seeds "
+          f"0-{args.seeds - 1}: median [95% bootstrap interval] over seeds, ratios paired by "
+          "seed")
     print("\n".join(report(rows)))
     return 0
 

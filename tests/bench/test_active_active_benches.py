@@ -5,6 +5,7 @@ here only the arithmetic, the reading of a run directory and one short real run.
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ from bench.active_active import load_runs, report, targets
 from bench.active_active_faults import FaultRun, hit_rate, own_in_flight
 from bench.active_active_faults import report as fault_report
 from bench.openloop import Outcome
+from bench.twin.cpu import load_rounds
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -72,12 +74,17 @@ def test_the_fault_report_shows_errors_beyond_the_killed_replicas_streams() -> N
     assert "| valkey | 0 | 90 | 0 | 50.0 | 60.0 | 70.0 |" in text
 
 
-def test_the_throughput_bench_runs_its_three_contenders_on_one_envoy() -> None:
+def test_the_throughput_bench_runs_its_three_contenders_on_one_envoy(tmp_path: Path) -> None:
+    saved = tmp_path / "cpu.json"
     done = subprocess.run(
         [sys.executable, "-m", "bench.active_active_throughput", "--seconds", "0.5",
-         "--rounds", "1", "--concurrency", "4"],
+         "--rounds", "1", "--concurrency", "4", "--save", str(saved)],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     for row in ("| 1 replica, no store |", "| 1 replica + Valkey |", "| 2 replicas + Valkey |",
                 "req/s, 1 replica + Valkey / no store:", "2 replicas / 1 replica"):
         assert row in done.stdout
+    # the replica twin's CPU model reads what the bench saved (bench.twin.cpu)
+    rounds, header = load_rounds(saved)
+    assert len(rounds) == 1 and header["cpus"] == os.cpu_count()
+    assert rounds[0].alone.per_request > 0 and 0 <= rounds[0].shared.background < 1

@@ -1,0 +1,313 @@
+"""The EPP's CPU in the replica twin: how many requests per second 1-3 replicas sustain, with
+and without sharing (issue 18's throughput bullet; docs/active-active.md).
+
+:mod:`bench.twin.replicas` answers what separate views cost the routing, with instant picks.
+This module adds what it leaves out, the EPP's CPU, as a queueing model:
+
+- **A replica is one core.** The EPP is one Python process; its picks and its ext_proc
+  message handling hold the interpreter. A request costs its replica ``per_request`` seconds
+  of CPU (pick plus ext_proc handling), drawn per request from a gamma distribution with that
+  mean and coefficient of variation ``cv`` (1: exponential; 0: constant). The measured cost
+  holds the replica's background work at the measured rate (scrapes, and the store's syncs
+  for a sharing replica). ``--background F`` is a what-if on top: sharing replicas lose a
+  further fraction F of their core to syncs, so their requests take ``per_request / (1 - F)``.
+- **A request waits while its replica is busy** (first come, first served).
+- **Envoy spreads the ext_proc streams** over the replica cluster: ``round-robin`` (the
+  devkit's replica cluster, Envoy's default) or ``least-request`` (the replica with the fewest
+  picks outstanding; Envoy samples two hosts, which with 2-3 replicas is nearly the same).
+- **Nothing else needs a core**: Envoy, the client and the model servers have their own (what
+  the 2-core machine could not give them), and the pods answer at once, as in the real
+  bench. Valkey's CPU is reported by the real bench (~0.06 ms per request, a core for
+  ~16,000 req/s) and not modelled.
+
+The inputs are measured on the real EPP: ``python -m bench.active_active_throughput --save
+FILE`` writes per round the CPU per request of a store-less EPP and of the serving replica of
+a sharing pair (each process's own CPU over the round). The twin's seed ``k``
+takes round ``k mod R`` (the two figures of a round stay together), so the interval over seeds
+carries the rounds' spread; the seed also draws the arrivals and the per-request costs.
+
+Two figures per contender and seed:
+
+- **saturated req/s**: closed loop, ``concurrency`` connections, each sending its next request
+  as soon as its pick is done (the real bench's client, with free cores for it);
+- **sustainable req/s**: the highest Poisson arrival rate at which the 99th percentile of the
+  wait for a replica's core stays within ``bound`` (bisection on the rate; the same unit
+  arrivals and costs at every rate, so the waits grow with the rate).
+
+    python -m bench.twin.cpu [--cpu FILE] [--replicas 1,2,3] [--seeds 16] [--requests 20000]
+                             [--cv 1] [--bound 0.01] [--balance round-robin|least-request]
+                             [--background 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import heapq
+import json
+import random
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.stats import Interval, bootstrap_median, quantile, verdict
+
+#: The committed measurement (its command, date and load average are inside).
+MEASURED = Path(__file__).with_name("epp_cpu.json")
+BALANCES = ("round-robin", "least-request")
+
+
+@dataclass(frozen=True, slots=True)
+class CpuCost:
+    """One replica's CPU: seconds per request, and the fraction of its core the store's
+    syncs take (0 without a store)."""
+
+    per_request: float
+    background: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.per_request <= 0 or not 0 <= self.background < 1:
+            raise ValueError(f"bad CPU cost {self}: per_request > 0, 0 <= background < 1")
+
+    @property
+    def capacity(self) -> float:
+        """Requests per second one replica serves when always busy."""
+        return (1 - self.background) / self.per_request
+
+
+class Cores:
+    """``n`` single-core replicas behind Envoy's balancer; times in seconds."""
+
+    def __init__(self, n: int, cost: CpuCost, balance: str = "round-robin") -> None:
+        if n < 1 or balance not in BALANCES:
+            raise ValueError(f"need n >= 1 and a balance in {BALANCES}")
+        self.cost, self.balance = cost, balance
+        self.free_at = [0.0] * n
+        #: per replica, the end times of its picks not yet done (FIFO: in order)
+        self._ends: list[collections.deque[float]] = [collections.deque() for _ in range(n)]
+        self._next = 0
+
+    def choose(self, now: float) -> int:
+        """The replica Envoy sends a stream opened at ``now`` to."""
+        n = len(self.free_at)
+        if self.balance == "round-robin":
+            r = self._next
+            self._next = (r + 1) % n
+            return r
+        for ends in self._ends:
+            while ends and ends[0] <= now:
+                ends.popleft()
+        # fewest outstanding; ties go round the replicas so none is favoured
+        order = [(self._next + k) % n for k in range(n)]
+        r = min(order, key=lambda i: len(self._ends[i]))
+        self._next = (r + 1) % n
+        return r
+
+    def serve(self, now: float, work: float) -> tuple[int, float, float]:
+        """A request arriving at ``now`` that needs ``work`` CPU seconds: its replica, and when
+        its pick starts and ends (it waits while the replica is busy)."""
+        r = self.choose(now)
+        start = max(now, self.free_at[r])
+        end = start + work / (1 - self.cost.background)
+        self.free_at[r] = end
+        self._ends[r].append(end)
+        return r, start, end
+
+
+@dataclass(frozen=True, slots=True)
+class Draws:
+    """One seed's random numbers, shared by every rate and contender (common random numbers):
+    unit-mean gaps between arrivals and unit-mean factors on the per-request cost."""
+
+    gaps: tuple[float, ...]
+    factors: tuple[float, ...]
+
+    @classmethod
+    def make(cls, seed: int, requests: int, cv: float) -> Draws:
+        rng = random.Random(f"twin-cpu:{seed}")
+        gaps = tuple(rng.expovariate(1.0) for _ in range(requests))
+        if cv == 0:
+            factors = (1.0,) * requests
+        else:   # gamma with mean 1 and the given coefficient of variation
+            shape = 1 / cv ** 2
+            factors = tuple(rng.gammavariate(shape, 1 / shape) for _ in range(requests))
+        return cls(gaps, factors)
+
+
+def open_loop_waits(rate: float, n: int, cost: CpuCost, draws: Draws,
+                    balance: str = "round-robin") -> list[float]:
+    """Poisson arrivals at ``rate`` req/s onto ``n`` replicas: each request's wait for its
+    replica's core."""
+    cores = Cores(n, cost, balance)
+    t, waits = 0.0, []
+    for gap, factor in zip(draws.gaps, draws.factors, strict=True):
+        t += gap / rate
+        _, start, _ = cores.serve(t, cost.per_request * factor)
+        waits.append(start - t)
+    return waits
+
+
+def saturated_rps(n: int, cost: CpuCost, draws: Draws, concurrency: int = 32,
+                  balance: str = "round-robin") -> float:
+    """Closed loop: ``concurrency`` connections each send their next request when the last
+    one's pick is done; requests per second over ``len(draws.factors)`` requests."""
+    cores = Cores(n, cost, balance)
+    ready = [0.0] * concurrency      # when each connection sends its next request
+    heapq.heapify(ready)
+    last = 0.0
+    for factor in draws.factors:
+        now = heapq.heappop(ready)
+        _, _, end = cores.serve(now, cost.per_request * factor)
+        heapq.heappush(ready, end)
+        last = max(last, end)
+    return len(draws.factors) / last
+
+
+def sustainable_rps(n: int, cost: CpuCost, draws: Draws, bound: float,
+                    balance: str = "round-robin", steps: int = 18) -> float:
+    """The highest Poisson rate (req/s) whose 99th-percentile wait stays within ``bound``
+    seconds (bisection between 0 and the replicas' capacity: above it the queue grows without
+    end, however long a finite run stays within the bound)."""
+    lo, hi = 0.0, n * cost.capacity
+    for _ in range(steps):
+        mid = (lo + hi) / 2
+        if quantile(open_loop_waits(mid, n, cost, draws, balance), 0.99) <= bound:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+@dataclass(frozen=True, slots=True)
+class Measured:
+    """One round of the real bench: the store-less EPP's and the sharing replica's cost."""
+
+    alone: CpuCost
+    shared: CpuCost
+
+
+def load_rounds(path: Path) -> tuple[list[Measured], dict[str, object]]:
+    """The rounds ``bench.active_active_throughput --save`` wrote, and the file's header."""
+    try:
+        doc = json.loads(path.read_text())
+        rounds = [Measured(CpuCost(r["none_ms"] / 1000), CpuCost(r["shared_ms"] / 1000))
+                  for r in doc["rounds"]]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SystemExit(
+            f"{path}: not a bench.active_active_throughput --save file ({exc})") from None
+    if not rounds:
+        raise SystemExit(f"{path}: rounds: empty")
+    return rounds, {k: v for k, v in doc.items() if k != "rounds"}
+
+
+Contender = tuple[str, int, bool]
+
+
+def contenders(replicas: Sequence[int]) -> list[Contender]:
+    """(name, n, shared) for every replica count, without and with the store."""
+    return [(f"epp-{n}-{'shared' if shared else 'alone'}", n, shared)
+            for n in replicas for shared in (False, True)]
+
+
+@dataclass
+class Figures:
+    saturated: dict[str, dict[int, float]]
+    sustainable: dict[str, dict[int, float]]
+
+
+def run(rounds: Sequence[Measured], names: Sequence[Contender], *, seeds: int, requests: int,
+        cv: float, bound: float, concurrency: int, balance: str,
+        background: float = 0.0) -> Figures:
+    """Every contender on every seed; seed ``k`` uses measured round ``k mod len(rounds)``;
+    ``background``: the what-if share of a sharing replica's core lost to syncs."""
+    out = Figures({name: {} for name, *_ in names}, {name: {} for name, *_ in names})
+    for seed in range(seeds):
+        measured = rounds[seed % len(rounds)]
+        draws = Draws.make(seed, requests, cv)
+        for name, n, shared in names:
+            cost = (CpuCost(measured.shared.per_request, background) if shared
+                    else measured.alone)
+            out.saturated[name][seed] = saturated_rps(n, cost, draws, concurrency, balance)
+            out.sustainable[name][seed] = sustainable_rps(n, cost, draws, bound, balance)
+    return out
+
+
+def report(fig: Figures, baseline: str = "epp-1-alone") -> list[str]:
+    """Median [95% bootstrap interval] over seeds; ratios paired by seed with ``baseline``."""
+    def ratio(xs: dict[int, float], base: dict[int, float]) -> Interval:
+        return bootstrap_median([xs[s] / base[s] for s in sorted(xs)])
+
+    lines = ["| contender | seeds | saturated req/s | / 1 replica alone | sustainable req/s "
+             "(p99 wait within bound) | / 1 replica alone |", "|---|---:|---|---|---|---|"]
+    for name, sat in fig.saturated.items():
+        sus = fig.sustainable[name]
+        lines.append(f"| {name} | {len(sat)} | {_fmt(bootstrap_median(list(sat.values())))} | "
+                     f"{ratio(sat, fig.saturated[baseline])} | "
+                     f"{_fmt(bootstrap_median(list(sus.values())))} | "
+                     f"{ratio(sus, fig.sustainable[baseline])} |")
+    lines.append("")
+    for name in fig.saturated:
+        n, shared = int(name.split("-")[1]), name.endswith("-shared")
+        if n == 1 and shared:
+            cost = ratio(fig.saturated[name], fig.saturated[baseline])
+            lines.append(f"- per-replica cost of sharing, saturated req/s of a sharing replica "
+                         f"/ a store-less one: {cost} (target >= 0.9): "
+                         f"**{verdict(cost, 0.9, at_most=False)}**")
+        if n == 2 and shared:
+            gain = ratio(fig.saturated[name], fig.saturated[baseline])
+            lines.append(f"- 2 sharing replicas / 1 store-less replica, saturated req/s: {gain} "
+                         f"(target >= 1.7): **{verdict(gain, 1.7, at_most=False)}**")
+    return lines
+
+
+def _fmt(iv: Interval) -> str:
+    return f"{iv.median:.0f} [{iv.lo:.0f}, {iv.hi:.0f}]"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.twin.cpu", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--cpu", type=Path, default=MEASURED,
+                   help="a bench.active_active_throughput --save file (default: the committed "
+                        "measurement)")
+    p.add_argument("--replicas", default="1,2,3", help="comma-separated replica counts")
+    p.add_argument("--seeds", type=int, default=16, help="seeds 0..N-1")
+    p.add_argument("--requests", type=int, default=20000, help="requests per simulation")
+    p.add_argument("--cv", type=float, default=1.0,
+                   help="coefficient of variation of the per-request cost (1: exponential)")
+    p.add_argument("--bound", type=float, default=0.01,
+                   help="p99 wait (seconds) that counts as sustainable")
+    p.add_argument("--concurrency", type=int, default=32, help="closed-loop connections")
+    p.add_argument("--balance", choices=BALANCES, default="round-robin")
+    p.add_argument("--background", type=float, default=0.0,
+                   help="what-if: sharing replicas lose this fraction of their core to syncs "
+                        "on top of the measured cost")
+    args = p.parse_args(argv)
+    try:
+        counts = [int(x) for x in args.replicas.split(",")]
+    except ValueError:
+        p.error(f"--replicas: expected integers, got {args.replicas!r}")
+    if 1 not in counts:
+        counts = [1, *counts]   # the baseline
+    if (min(counts) < 1 or args.seeds < 1 or args.requests < 100 or args.cv < 0
+            or args.bound <= 0 or args.concurrency < 1 or not 0 <= args.background < 1):
+        p.error("need --replicas >= 1, --seeds >= 1, --requests >= 100, --cv >= 0, "
+                "--bound > 0, --concurrency >= 1, 0 <= --background < 1")
+    rounds, header = load_rounds(args.cpu)
+    fig = run(rounds, contenders(counts), seeds=args.seeds, requests=args.requests, cv=args.cv,
+              bound=args.bound, concurrency=args.concurrency, balance=args.balance,
+              background=args.background)
+    what_if = f", sharing replicas lose {args.background:g} of a core" if args.background else ""
+    print(f"twin CPU model{what_if}: a core per replica, {args.balance}, {args.requests} "
+          f"requests per run, cost cv {args.cv:g}, p99 wait bound {1000 * args.bound:g} ms, "
+          f"{args.concurrency} closed-loop connections, seeds 0-{args.seeds - 1} over "
+          f"{len(rounds)} measured rounds ({args.cpu.name}: {header.get('command')}, "
+          f"{header.get('date')}, load average {header.get('load_average')}); median [95% "
+          "bootstrap interval] over seeds, ratios paired by seed")
+    print("\n".join(report(fig)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
