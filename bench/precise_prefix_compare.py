@@ -71,6 +71,8 @@ from bench.contenders import _popen, _stop, _tail, http_ok, pool_gateway_config
 from bench.peers import PEERS, peer_env
 from bench.stats import bootstrap_median, paired_ratios, quantile, verdict
 from devkit import envoy as e
+from devkit.manifests import ports_pool_manifests
+from devkit.net import free_port_run
 from devkit.valkey import ValkeyServer
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -154,30 +156,10 @@ class Run:
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
 
-def _bindable(port: int) -> bool:
-    import socket
-
-    with socket.socket() as s:
-        try:
-            s.bind(("0.0.0.0", port))
-        except OSError:
-            return False
-    return True
-
-
-def free_base(n: int) -> int:
-    for _ in range(500):
-        base = e.free_port()
-        if base + n + OFFSET < 65_000 and all(
-                _bindable(base + i) and _bindable(base + OFFSET + i) for i in range(n)):
-            return base
-    raise RuntimeError("no free run of ports")
-
-
 @contextmanager
 def fleet(a: Args, seed: int, workdir: Path) -> Iterator[int]:
     """The simulator process; yields the first server's port."""
-    base = free_base(a.servers)
+    base = free_port_run(a.servers, OFFSET)
     kv = {"enable_kv_cache_events": True, "publisher": "zmq",
           "endpoint": f"tcp://*:{base + OFFSET}", "topic": "kv@{host}@{model}"}
     config = {
@@ -203,19 +185,6 @@ def fleet(a: Args, seed: int, workdir: Path) -> Iterator[int]:
         _stop(proc)
 
 
-def manifests(base: int, n: int) -> list[dict[str, Any]]:
-    return [
-        {"apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
-         "metadata": {"name": "sims", "namespace": "default"},
-         "spec": {"selector": {"matchLabels": {"app": "sims"}},
-                  "targetPorts": [{"number": base + i} for i in range(n)],
-                  "endpointPickerRef": {"name": "sims-epp", "port": {"number": 9002}}}},
-        {"apiVersion": "v1", "kind": "Pod",
-         "metadata": {"name": "sims", "namespace": "default", "labels": {"app": "sims"}},
-         "status": {"podIP": "127.0.0.1"}},
-    ]
-
-
 @contextmanager
 def router(name: str, base: int, n: int, workdir: Path,
            replicas: int = 1) -> Iterator[tuple[str, list[int]]]:
@@ -237,7 +206,8 @@ def router(name: str, base: int, n: int, workdir: Path,
         finally:
             stop_peers()
         return
-    (workdir / "pool.yaml").write_text(yaml.safe_dump_all(manifests(base, n)))
+    (workdir / "pool.yaml").write_text(yaml.safe_dump_all(
+        ports_pool_manifests("sims", "127.0.0.1", [base + i for i in range(n)])))
     (workdir / "epp.yaml").write_text(
         precise_config(base, n, speculative=name == "precise-speculative")
         if name.startswith("precise") else APPROX_CONFIG)
@@ -310,8 +280,17 @@ def server_evictions(base: int, n: int) -> int:
     """Blocks evicted by the servers, from their own counters (``GET /sim/state``)."""
     total = 0
     for i in range(n):
-        with urllib.request.urlopen(f"http://127.0.0.1:{base + i}/sim/state", timeout=5) as r:
-            total += int(json.loads(r.read())["evictions"])
+        deadline = time.monotonic() + 10  # server 0 may still be reviving (short runs)
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{base + i}/sim/state",
+                                            timeout=5) as r:
+                    total += int(json.loads(r.read())["evictions"])
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
     return total
 
 
