@@ -11,10 +11,21 @@ Per seed and contender: a fresh ``vllm-sim`` process serving ``--servers`` serve
 - ``precise-speculative``: the same with ``speculativeIndexing: true`` (TTL 2 s);
 - ``approximate``: Envoy + EPP with ``prefix-cache-scorer`` (weight 3) + ``queue-scorer``;
 - ``round-robin``: Envoy's ``ROUND_ROBIN`` over the same servers;
+- ``approximate-shared`` (only with ``--epp-replicas`` >= 2): the approximate replicas
+  sharing their prefix index and in-flight counts through a real Valkey (``--state-store``,
+  issue #18: what sharing buys);
 - ``sglang-router:cache_aware``, ``vllm-router:cache_aware``: the peer routers
   (``bench/peers.py``, ``python -m bench.peers install`` first), as they come.
 
 ``--contenders`` picks a subset.
+
+``--epp-replicas N`` (N >= 2): every EPP contender runs as N active-active replicas
+(``--ha-mode active-active``) behind the one Envoy, which spreads the ext_proc streams over
+them (:func:`devkit.envoy.replica_cluster`). Apart from ``approximate-shared`` they share
+nothing (``--state-store memory://``): an approximate replica learns only its own picks, a
+precise replica subscribes to every server's KV events and so sees every pick. The peers
+and ``round-robin`` stay single processes (neither peer shares its cache tree between
+processes).
 
 The workload (seeded, the same for every contender): ``--requests`` streamed completions
 from ``--concurrency`` workers, each a shared prefix (``--prefixes`` of ``--prefix-blocks``
@@ -47,7 +58,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,6 +71,9 @@ from bench.contenders import _popen, _stop, _tail, http_ok, pool_gateway_config
 from bench.peers import PEERS, peer_env
 from bench.stats import bootstrap_median, paired_ratios, quantile, verdict
 from devkit import envoy as e
+from devkit.manifests import ports_pool_manifests
+from devkit.net import free_port_run
+from devkit.valkey import ValkeyServer
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 OFFSET = 1000
@@ -101,7 +115,8 @@ schedulingProfiles:
 """
 
 PEER_CONTENDERS = ("sglang-router:cache_aware", "vllm-router:cache_aware")
-CONTENDERS = ("precise", "precise-speculative", "approximate", "round-robin", *PEER_CONTENDERS)
+CONTENDERS = ("precise", "precise-speculative", "approximate", "approximate-shared",
+              "round-robin", *PEER_CONTENDERS)
 
 
 @dataclass(frozen=True)
@@ -141,30 +156,10 @@ class Run:
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
 
-def _bindable(port: int) -> bool:
-    import socket
-
-    with socket.socket() as s:
-        try:
-            s.bind(("0.0.0.0", port))
-        except OSError:
-            return False
-    return True
-
-
-def free_base(n: int) -> int:
-    for _ in range(500):
-        base = e.free_port()
-        if base + n + OFFSET < 65_000 and all(
-                _bindable(base + i) and _bindable(base + OFFSET + i) for i in range(n)):
-            return base
-    raise RuntimeError("no free run of ports")
-
-
 @contextmanager
 def fleet(a: Args, seed: int, workdir: Path) -> Iterator[int]:
     """The simulator process; yields the first server's port."""
-    base = free_base(a.servers)
+    base = free_port_run(a.servers, OFFSET)
     kv = {"enable_kv_cache_events": True, "publisher": "zmq",
           "endpoint": f"tcp://*:{base + OFFSET}", "topic": "kv@{host}@{model}"}
     config = {
@@ -190,22 +185,11 @@ def fleet(a: Args, seed: int, workdir: Path) -> Iterator[int]:
         _stop(proc)
 
 
-def manifests(base: int, n: int) -> list[dict[str, Any]]:
-    return [
-        {"apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
-         "metadata": {"name": "sims", "namespace": "default"},
-         "spec": {"selector": {"matchLabels": {"app": "sims"}},
-                  "targetPorts": [{"number": base + i} for i in range(n)],
-                  "endpointPickerRef": {"name": "sims-epp", "port": {"number": 9002}}}},
-        {"apiVersion": "v1", "kind": "Pod",
-         "metadata": {"name": "sims", "namespace": "default", "labels": {"app": "sims"}},
-         "status": {"podIP": "127.0.0.1"}},
-    ]
-
-
 @contextmanager
-def router(name: str, base: int, n: int, workdir: Path) -> Iterator[tuple[str, int | None]]:
-    """Start contender ``name``; yields its URL and (EPP contenders) the EPP's metrics port."""
+def router(name: str, base: int, n: int, workdir: Path,
+           replicas: int = 1) -> Iterator[tuple[str, list[int]]]:
+    """Start contender ``name``; yields its URL and (EPP contenders) the metrics port of each
+    EPP replica (``replicas`` of them, active-active behind one Envoy when more than one)."""
     admin, listen = e.free_port(), e.free_port()
     if name == "round-robin":
         cluster = e.static_cluster("fleet", [("127.0.0.1", base + i) for i in range(n)],
@@ -213,36 +197,53 @@ def router(name: str, base: int, n: int, workdir: Path) -> Iterator[tuple[str, i
         cluster["connect_timeout"] = "5s"
         cfg = e.bootstrap(admin, [e.listener(listen, [e.route("fleet")], [])], [cluster])
         with e.Envoy(cfg, admin_port=admin, workdir=workdir / "envoy"):
-            yield f"http://127.0.0.1:{listen}", None
+            yield f"http://127.0.0.1:{listen}", []
         return
     if name in PEER_CONTENDERS:
         try:
             yield peer_router(name, [f"http://127.0.0.1:{base + i}" for i in range(n)],
-                              workdir), None
+                              workdir), []
         finally:
             stop_peers()
         return
-    (workdir / "pool.yaml").write_text(yaml.safe_dump_all(manifests(base, n)))
+    (workdir / "pool.yaml").write_text(yaml.safe_dump_all(
+        ports_pool_manifests("sims", "127.0.0.1", [base + i for i in range(n)])))
     (workdir / "epp.yaml").write_text(
         precise_config(base, n, speculative=name == "precise-speculative")
         if name.startswith("precise") else APPROX_CONFIG)
-    grpc, health, metrics = e.free_port(), e.free_port(), e.free_port()
-    log = workdir / "epp.log"
-    proc = _popen([sys.executable, "-m", "epp.main", "--manifests", str(workdir / "pool.yaml"),
-                   "--secure-serving=false", "--grpc-port", str(grpc), "--grpc-health-port",
-                   str(health), "--metrics-port", str(metrics), "--grace-period", "2",
-                   "--config-file", str(workdir / "epp.yaml")], log)
-    try:
-        e.wait_for_port(grpc, timeout=30)
+    with ExitStack() as stack:
+        ha: list[str] = []
+        if replicas > 1:
+            store = "memory://"
+            if name == "approximate-shared":
+                store = stack.enter_context(ValkeyServer()).url
+            ha = ["--ha-mode", "active-active", "--state-store", store]
+        ports: list[tuple[int, int]] = []
+        metrics: list[int] = []
+        procs = []
+        for i in range(replicas):
+            grpc, health, mport = e.free_port(), e.free_port(), e.free_port()
+            log = workdir / (f"epp-{i}.log" if replicas > 1 else "epp.log")
+            proc = _popen([sys.executable, "-m", "epp.main", "--manifests",
+                           str(workdir / "pool.yaml"), "--secure-serving=false",
+                           "--grpc-port", str(grpc), "--grpc-health-port", str(health),
+                           "--metrics-port", str(mport), "--grace-period", "2",
+                           "--config-file", str(workdir / "epp.yaml"), *ha], log)
+            stack.callback(_stop, proc)
+            procs.append((proc, log))
+            ports.append((grpc, health))
+            metrics.append(mport)
+        for grpc, _ in ports:
+            e.wait_for_port(grpc, timeout=30)
         time.sleep(1.0)  # the first scrapes and (precise) the subscriptions
-        if proc.poll() is not None:
-            raise RuntimeError(f"epp exited: {_tail(log)}")
+        for proc, log in procs:
+            if proc.poll() is not None:
+                raise RuntimeError(f"epp exited: {_tail(log)}")
         endpoints = [f"127.0.0.1:{base + i}" for i in range(n)]
-        with e.Envoy(pool_gateway_config(grpc, admin, listen, endpoints), admin_port=admin,
-                     workdir=workdir / "envoy"):
+        config = pool_gateway_config(ports[0][0], admin, listen, endpoints,
+                                     replicas=ports if replicas > 1 else ())
+        with e.Envoy(config, admin_port=admin, workdir=workdir / "envoy"):
             yield f"http://127.0.0.1:{listen}", metrics
-    finally:
-        _stop(proc)
 
 
 _PEER_PROCS: list[subprocess.Popen[bytes]] = []
@@ -279,31 +280,64 @@ def server_evictions(base: int, n: int) -> int:
     """Blocks evicted by the servers, from their own counters (``GET /sim/state``)."""
     total = 0
     for i in range(n):
-        with urllib.request.urlopen(f"http://127.0.0.1:{base + i}/sim/state", timeout=5) as r:
-            total += int(json.loads(r.read())["evictions"])
+        deadline = time.monotonic() + 10  # server 0 may still be reviving (short runs)
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{base + i}/sim/state",
+                                            timeout=5) as r:
+                    total += int(json.loads(r.read())["evictions"])
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
     return total
 
 
-def epp_figures(metrics_port: int) -> dict[str, float]:
-    """KV-event figures from the EPP's own Prometheus series."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:
-        text = r.read().decode()
+def epp_figures(metrics_ports: list[int]) -> dict[str, float]:
+    """KV-event figures from the EPP replicas' own Prometheus series, summed over the
+    replicas (the lag quantiles from their merged histogram); ``picks_<i>``: the scheduling
+    attempts of replica ``i`` (how Envoy spread the streams)."""
     sums: dict[str, float] = {}
-    buckets: list[tuple[float, float]] = []
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if s.name == "inference_extension_kv_events_lag_seconds_bucket":
-                buckets.append((float(s.labels["le"]), s.value))
-            elif s.name in _EPP_SERIES:
-                key = _EPP_SERIES[s.name]
-                sums[key] = sums.get(key, 0.0) + s.value
-    if buckets and max(c for _, c in buckets) > 0:
-        buckets.sort()
-        total = buckets[-1][1]
-        sums["lag_p50_le_s"] = next((le for le, c in buckets if c >= 0.5 * total), math.inf)
-        sums["lag_p99_le_s"] = next((le for le, c in buckets if c >= 0.99 * total), math.inf)
+    buckets: dict[float, float] = {}
+    for i, port in enumerate(metrics_ports):
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                if s.name == "inference_extension_kv_events_lag_seconds_bucket":
+                    le = float(s.labels["le"])
+                    buckets[le] = buckets.get(le, 0.0) + s.value
+                elif s.name in _EPP_SERIES:
+                    key = _EPP_SERIES[s.name]
+                    sums[key] = sums.get(key, 0.0) + s.value
+                elif s.name == "inference_extension_scheduler_attempts_total":
+                    sums[f"picks_{i}"] = sums.get(f"picks_{i}", 0.0) + s.value
+    if buckets and max(buckets.values()) > 0:
+        ordered = sorted(buckets.items())
+        total = ordered[-1][1]
+        sums["lag_p50_le_s"] = next((le for le, c in ordered if c >= 0.5 * total), math.inf)
+        sums["lag_p99_le_s"] = next((le for le, c in ordered if c >= 0.99 * total), math.inf)
         sums["lag_count"] = total
+        for le, count in ordered:  # cumulative, to pool the runs (:func:`pooled_lag`)
+            sums[f"lag_le_{le:g}"] = count
     return sums
+
+
+def pooled_lag(runs: list[Run], q: float) -> float:
+    """The ``q`` quantile (a histogram bucket bound) of the KV-event lag of all ``runs``
+    together: one run has too few batches (~100) for its p99 to be more than its worst."""
+    counts: dict[float, float] = {}
+    for run in runs:
+        for key, value in run.epp.items():
+            if key.startswith("lag_le_"):
+                le = float(key.removeprefix("lag_le_"))
+                counts[le] = counts.get(le, 0.0) + value
+    if not counts:
+        return math.nan
+    ordered = sorted(counts.items())
+    total = ordered[-1][1]
+    return next((le for le, c in ordered if c >= q * total), math.inf)
 
 
 _EPP_SERIES = {
@@ -437,15 +471,26 @@ def main(argv: list[str] | None = None) -> None:
                     help="the direct requests carry the shared prefixes (default: unrelated "
                          "text)")
     ap.add_argument("--time-scale", type=float, default=1.0)
-    ap.add_argument("--contenders", default=",".join(CONTENDERS),
-                    help=f"comma-separated subset of {', '.join(CONTENDERS)}")
+    ap.add_argument("--epp-replicas", type=int, default=1,
+                    help="EPP contenders run as N active-active replicas behind one Envoy, "
+                         "sharing nothing but approximate-shared's Valkey (peers stay single "
+                         "processes)")
+    ap.add_argument("--contenders", default=None,
+                    help=f"comma-separated subset of {', '.join(CONTENDERS)} (default: all "
+                         "that fit --epp-replicas)")
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/precise-prefix-bench"))
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
     ns = ap.parse_args(argv)
-    names = [c for c in ns.contenders.split(",") if c]
+    names = ([c for c in ns.contenders.split(",") if c] if ns.contenders is not None else
+             [c for c in CONTENDERS if c != "approximate-shared" or ns.epp_replicas > 1])
     unknown = sorted(set(names) - set(CONTENDERS))
     if unknown:
         ap.error(f"--contenders: unknown {', '.join(unknown)}")
+    if ns.epp_replicas < 1:
+        ap.error("--epp-replicas: at least 1")
+    if "approximate-shared" in names and ns.epp_replicas < 2:
+        ap.error("--contenders: approximate-shared needs --epp-replicas 2 or more (one "
+                 "replica has nobody to share with)")
     a = Args(ns.servers, ns.kv_blocks, ns.prefixes, ns.prefix_blocks, ns.requests,
              ns.concurrency, ns.background, ns.time_scale, ns.background_shared)
     results: dict[str, dict[int, Run]] = {c: {} for c in names}
@@ -453,16 +498,18 @@ def main(argv: list[str] | None = None) -> None:
         for name in names:
             wd = ns.workdir / f"seed{seed}" / name.replace(":", "-")
             wd.mkdir(parents=True, exist_ok=True)
-            with fleet(a, seed, wd) as base, router(name, base, a.servers, wd) as (url, mp):
+            with fleet(a, seed, wd) as base, \
+                    router(name, base, a.servers, wd, ns.epp_replicas) as (url, mp):
                 run = asyncio.run(drive(a, seed, url, base, wd / "trace.jsonl"))
                 time.sleep(0.5)  # the last events reach the index
                 run.evictions = server_evictions(base, a.servers)
-                if mp is not None:
+                if mp:
                     run.epp = epp_figures(mp)
             results[name][seed] = run
+            shown = {k: v for k, v in run.epp.items() if not k.startswith("lag_le_")}
             print(f"seed {seed} {name:12s} ttft_p90={run.ttft_p90 * 1000:7.1f} ms "
                   f"hit={run.hit_rate:.3f} failures={run.failures} evictions={run.evictions} "
-                  f"epp={run.epp} load1={os.getloadavg()[0]:.1f}", flush=True)
+                  f"epp={shown} load1={os.getloadavg()[0]:.1f}", flush=True)
     ceilings = {seed: ceiling(a, seed)
                 for seed in range(ns.first_seed, ns.first_seed + ns.seeds)}
     report(results, ns, ceilings)
@@ -477,8 +524,14 @@ def report(results: dict[str, dict[int, Run]], ns: argparse.Namespace,
     per_seed = {c: {s: {"ttft_p90_s": p90[c][s], "hit_rate": hit[c][s],
                         "failures": r.failures, "evictions": r.evictions, "epp": r.epp}
                     for s, r in results[c].items()} for c in results}
-    out: dict[str, Any] = {"ceiling": ceilings, "per_seed": per_seed}
-    lines = ["| figure | median over seeds [95% interval] | target | verdict |",
+    out: dict[str, Any] = {"ceiling": ceilings, "per_seed": per_seed,
+                           "epp_replicas": ns.epp_replicas}
+    lines = []
+    if ns.epp_replicas > 1:
+        lines += [f"EPP contenders: {ns.epp_replicas} active-active replicas behind one Envoy "
+                  "(sharing nothing but approximate-shared's Valkey); round-robin and the "
+                  "peers: one process each.", ""]
+    lines += ["| figure | median over seeds [95% interval] | target | verdict |",
              "|---|---|---|---|"]
     for c in results:
         lines.append(f"| {c}: TTFT p90 (ms) | "
@@ -510,6 +563,27 @@ def report(results: dict[str, dict[int, Run]], ns: argparse.Namespace,
         lines.append(f"| {label} | {iv} | {'≤' if at_most else '≥'} {target} | {v} |")
         out[label] = {"median": iv.median, "lo": iv.lo, "hi": iv.hi, "target": target,
                       "verdict": v}
+    # What sharing buys (no target): the shared-Valkey replicas against the unshared ones and
+    # against precise replicas, which share nothing but see every pick through the events.
+    if "approximate-shared" in results:
+        pairs = [("approximate-shared", "approximate")]
+        pairs += [(c, "approximate-shared") for c in ("precise", "precise-speculative")
+                  if c in results]
+        for a, b in pairs:
+            if b not in results:
+                continue
+            for what, fig in (("TTFT p90", p90), ("hit rate", hit)):
+                iv = bootstrap_median(paired_ratios(fig[a], fig[b]))
+                lines.append(f"| {what} {a} / {b} | {iv} | | |")
+                out[f"{what} {a} / {b}"] = {"median": iv.median, "lo": iv.lo, "hi": iv.hi}
+    for c, runs in results.items():
+        p99 = pooled_lag(list(runs.values()), 0.99)
+        if not math.isnan(p99):
+            batches = sum(r.epp.get("lag_count", 0.0) for r in runs.values())
+            lines.append(f"| {c}: KV-event lag p99 over all seeds' {batches:.0f} batches "
+                         f"(bucket bound, s) | {p99:g} | ≤ 0.05 | "
+                         f"{'met' if p99 <= 0.05 else 'not met'} |")
+            out[f"{c} lag p99 pooled"] = p99
     print("\n".join(lines))
     if ns.json:
         ns.json.write_text(json.dumps(out, indent=2))

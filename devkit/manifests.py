@@ -24,6 +24,14 @@ def pool_manifests(
     return docs + list(extra or [])
 
 
+def ports_pool_manifests(pool: str, ip: str, ports: list[int]) -> list[dict[str, Any]]:
+    """An InferencePool with one target port per server and one ready Pod at ``ip``: several
+    servers on one host, an endpoint per port (``<ip>:<port>``)."""
+    docs = pool_manifests(pool, [(pool, ip)], ports[0])
+    docs[0]["spec"]["targetPorts"] = [{"number": p} for p in ports]
+    return docs
+
+
 def write_yaml(path: Any, docs: list[dict[str, Any]]) -> None:
     """Write ``docs`` as one multi-document YAML file (atomically, for live reloads)."""
     import os

@@ -46,6 +46,31 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("0.0.0.0", port))  # a ZMQ publisher binds ``tcp://*:port``
+        except OSError:
+            return False
+    return True
+
+
+def free_port_run(n: int, offset: int = 0) -> int:
+    """A base port with ``base .. base + n - 1`` free on every interface and, with
+    ``offset``, ``base + offset .. base + offset + n - 1`` too: the layout of several
+    servers on one host, each with a second port a fixed offset above its own (KV events,
+    ``podDiscoveryConfig.socketPortOffset``)."""
+    for _ in range(500):
+        base = free_port()
+        ports = [base + i for i in range(n)] + ([base + offset + i for i in range(n)]
+                                                if offset else [])
+        if max(ports) < 65_000 and all(p not in _handed_out or p == base for p in ports) \
+                and all(_bindable(p) for p in ports):
+            _handed_out.update(ports)
+            return base
+    raise RuntimeError(f"no run of {n} free ports (offset {offset})")
+
+
 def wait_for_port(port: int, timeout: float = 10.0, host: str = "127.0.0.1") -> None:
     """Block until something accepts TCP connections on ``host:port``."""
     deadline = time.monotonic() + timeout

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from devkit.net import free_port
+from devkit.net import free_port, free_port_run
 
 
 def test_free_ports_are_below_the_ephemeral_range_distinct_and_bindable() -> None:
@@ -20,3 +20,18 @@ def test_free_ports_are_below_the_ephemeral_range_distinct_and_bindable() -> Non
     assert all(p < first_ephemeral for p in ports)
     with socket.socket() as s:
         s.bind(("127.0.0.1", ports[-1]))
+
+
+def test_a_port_run_is_free_on_every_interface_with_its_offset_run() -> None:
+    base = free_port_run(4, 1000)
+    taken = [base + i for i in range(4)] + [base + 1000 + i for i in range(4)]
+    socks = []
+    try:
+        for port in taken:  # every one binds on all interfaces, as a ZMQ publisher does
+            s = socket.socket()
+            socks.append(s)
+            s.bind(("0.0.0.0", port))
+        assert not set(taken) & {free_port() for _ in range(50)}  # never handed out again
+    finally:
+        for s in socks:
+            s.close()

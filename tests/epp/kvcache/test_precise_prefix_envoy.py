@@ -5,7 +5,6 @@ only the events can tell the EPP where the blocks are."""
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,7 +15,8 @@ import orjson
 import pytest
 
 from devkit import envoy as e
-from devkit.manifests import write_yaml
+from devkit.manifests import ports_pool_manifests, write_yaml
+from devkit.net import free_port_run
 from sim import ServerConfig, start_fleet
 from sim.kvevents import KVEventsConfig
 from sim.profiles import TINY
@@ -30,23 +30,9 @@ OFFSET = 1000  # KV-event port = HTTP port + OFFSET (podDiscoveryConfig.socketPo
 BLOCKS = 48    # small KV cache: a few long prompts evict older ones
 
 
-def _bindable(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("0.0.0.0", port))
-        except OSError:
-            return False
-    return True
-
-
 def free_run() -> int:
     """A base port with N consecutive free ports, and N free ports OFFSET above."""
-    for _ in range(200):
-        base = e.free_port()
-        if base + N + OFFSET < 65_000 and all(
-                _bindable(base + i) and _bindable(base + OFFSET + i) for i in range(N)):
-            return base
-    raise RuntimeError("no free port run")
+    return free_port_run(N, OFFSET)
 
 
 def config(base: int, offset: int) -> str:
@@ -73,16 +59,7 @@ schedulingProfiles:
 
 def manifests(path: Path, base: int) -> None:
     """One pod (127.0.0.1) and a target port per server: N endpoints on one host."""
-    write_yaml(path, [
-        {"apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
-         "metadata": {"name": "sims", "namespace": "default"},
-         "spec": {"selector": {"matchLabels": {"app": "sims"}},
-                  "targetPorts": [{"number": base + i} for i in range(N)],
-                  "endpointPickerRef": {"name": "sims-epp", "port": {"number": 9002}}}},
-        {"apiVersion": "v1", "kind": "Pod",
-         "metadata": {"name": "sims", "namespace": "default", "labels": {"app": "sims"}},
-         "status": {"podIP": "127.0.0.1"}},
-    ])
+    write_yaml(path, ports_pool_manifests("sims", "127.0.0.1", [base + i for i in range(N)]))
 
 
 class Rig:

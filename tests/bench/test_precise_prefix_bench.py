@@ -1,0 +1,57 @@
+"""``bench.precise_prefix_compare``: its flags, the pooled lag quantile, and a short run with
+two EPP replicas behind a real Envoy (the streams reach both; the precise ones read events,
+the sharing ones a real Valkey)."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from bench.precise_prefix_compare import Run, main, pooled_lag
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_sharing_needs_a_second_replica(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--contenders", "approximate-shared"])
+    assert exc.value.code == 2
+    assert "approximate-shared needs --epp-replicas 2 or more" in capsys.readouterr().err
+
+
+def test_the_lag_quantile_is_taken_over_every_runs_batches() -> None:
+    def run(le_counts: dict[str, float]) -> Run:
+        return Run([], 0, 0, 0, epp={f"lag_le_{k}": v for k, v in le_counts.items()})
+
+    # One run alone: its one slow batch of 60 is its p99; with four quick runs it is not.
+    slow = run({"0.01": 59, "0.5": 60, "inf": 60})
+    quick = run({"0.01": 60, "0.5": 60, "inf": 60})
+    assert pooled_lag([slow], 0.99) == 0.5
+    assert pooled_lag([slow, quick, quick, quick, quick], 0.99) == 0.01
+    assert math.isnan(pooled_lag([Run([], 0, 0, 0)], 0.99))  # no EPP, no figure
+
+
+@pytest.mark.timeout(240)
+def test_two_replicas_each_pick_and_the_report_compares_sharing(tmp_path: Path) -> None:
+    out = tmp_path / "figures.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.precise_prefix_compare", "--seeds", "1", "--requests",
+         "12", "--epp-replicas", "2", "--contenders", "precise,approximate-shared",
+         "--workdir", str(tmp_path), "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=230)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    figures = orjson.loads(out.read_bytes())
+    assert figures["epp_replicas"] == 2
+    for name in ("precise", "approximate-shared"):
+        epp = figures["per_seed"][name]["1"]["epp"]
+        assert epp["picks_0"] > 0 and epp["picks_1"] > 0, (name, epp)  # Envoy spreads
+        assert epp["picks_0"] + epp["picks_1"] == 12
+    assert figures["per_seed"]["precise"]["1"]["epp"]["lag_count"] > 0  # both subscribed
+    assert "2 active-active replicas" in proc.stdout
+    assert "| hit rate precise / approximate-shared |" in proc.stdout
+    assert "KV-event lag p99 over all seeds'" in proc.stdout
