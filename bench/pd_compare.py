@@ -373,6 +373,11 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
             "threshold": args.threshold, "split": args.split, "pd_config": args.pd_config}
 
 
+def seed_range(args: argparse.Namespace) -> range:
+    """The seeds of this run: ``--seeds`` of them from ``--first-seed``."""
+    return range(args.first_seed, args.first_seed + args.seeds)
+
+
 def ratio_interval(ratios: list[float]) -> tuple[float, float]:
     """95 % t-interval of the geometric mean of paired ratios."""
     logs = [math.log(r) for r in ratios if r > 0]
@@ -451,17 +456,18 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
 
 def baseline(args: argparse.Namespace, p: argparse.ArgumentParser,
              servers: int) -> list[dict[str, Any]]:
-    """The aggregated results of ``--baseline`` for seeds 0..seeds-1; a one-line error when
+    """The aggregated results of ``--baseline`` for this run's seeds; a one-line error when
     the file is missing, lacks a seed or ran other settings."""
     try:
         earlier = orjson.loads(args.baseline.read_bytes())
     except (OSError, orjson.JSONDecodeError) as exc:
         p.error(f"--baseline {args.baseline}: {exc}")
     agg = {r["seed"]: r for r in earlier if r["kind"] == "aggregated"}
-    if missing := [s for s in range(args.seeds) if s not in agg]:
+    seeds = seed_range(args)
+    if missing := [s for s in seeds if s not in agg]:
         p.error(f"--baseline {args.baseline}: no aggregated run for seed(s) {missing}")
     mine = settings(args)
-    for seed in range(args.seeds):
+    for seed in seeds:
         theirs = agg[seed].get("settings", {})
         for key in ("rate", "duration", "time_scale"):
             if theirs.get(key) != mine[key]:
@@ -469,13 +475,16 @@ def baseline(args: argparse.Namespace, p: argparse.ArgumentParser,
                         f"{theirs.get(key)}, this run {mine[key]}")
         if sum(parse_split(theirs.get("split", "2:2"))) != servers:
             p.error(f"--baseline {args.baseline}: seed {seed} ran another number of servers")
-    return [agg[s] for s in range(args.seeds)]
+    return [agg[s] for s in seeds]
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.pd_compare", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, default=5)
+    p.add_argument("--first-seed", type=int, default=0,
+                   help="seeds run are FIRST_SEED .. FIRST_SEED+SEEDS-1 (to add seeds to an "
+                   "earlier run; --report-only on the merged results.json)")
     p.add_argument("--rate", type=float, default=0.6, help="requests per second")
     p.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals")
     p.add_argument("--threshold", type=int, default=1024, help="nonCachedTokens of the decider")
@@ -515,7 +524,7 @@ def main(argv: list[str] | None = None) -> None:
         wanted.discard("aggregated")
     kinds = [k for k in KINDS if k in wanted]
     args.workdir.mkdir(parents=True, exist_ok=True)
-    for seed in range(args.seeds):
+    for seed in seed_range(args):
         for kind in kinds:
             t0 = time.monotonic()
             load = os.getloadavg()[0]

@@ -158,6 +158,8 @@ def test_a_baseline_of_other_settings_is_a_one_line_error(tmp_path: Path) -> Non
                                            "split": "2:2"}}]))
     for extra, message in ((["--seeds", "1", "--rate", "2"], "seed 0 ran rate 0.6, this run 2.0"),
                            (["--seeds", "2"], "no aggregated run for seed(s) [1]"),
+                           (["--first-seed", "3", "--seeds", "1"],
+                            "no aggregated run for seed(s) [3]"),
                            (["--seeds", "1", "--split", "2:1"], "another number of servers")):
         proc = subprocess.run([sys.executable, "-m", "bench.pd_compare", "--baseline",
                                str(results), "--workdir", str(tmp_path), *extra],
