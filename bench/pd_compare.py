@@ -17,6 +17,12 @@ about 21 minutes on a busy 2-core machine). Every run starts from nothing on loo
   decider). Skipped with a note when the peer is not installed (``python -m bench.peers
   install``).
 
+Variants, for the issue's sweep: ``--threshold`` (the decider's ``nonCachedTokens``),
+``--split 3:1`` (prefill:decode servers; the aggregated fleet has their sum),
+``--pd-config gie-scorers`` (both P/D profiles score with the aggregated fleet's scorers and
+weights instead of llm-d's sample), and ``--baseline DIR/results.json`` to reuse an earlier
+run's aggregated fleets (same seeds and settings) so a sweep point runs only the P/D fleet.
+
 sglang-router's PD mode is not a contender: it sends the request to the prefill and the
 decode server at once with SGLang's ``bootstrap_host/port/room``, which vLLM ignores, so both
 servers compute the whole request and no KV moves (docs/pd.md).
@@ -64,7 +70,7 @@ from bench.workloads import MODEL, RequestSpec, _words, poisson_arrivals, write_
 from devkit import envoy as e
 from shared.pd import ROLE_LABEL
 
-PD_CONFIG = """\
+_PD_PLUGINS = """\
 apiVersion: llm-d.ai/v1alpha1
 kind: EndpointPickerConfig
 plugins:
@@ -79,6 +85,8 @@ plugins:
   parameters: {nonCachedTokens: %d}
 - type: disagg-profile-handler
   parameters: {deciders: {prefill: prefix-based-pd-decider}}
+"""
+_LLM_D_PROFILES = """\
 schedulingProfiles:
 - name: prefill
   plugins: [{pluginRef: prefill-filter}, {pluginRef: max-score-picker},
@@ -87,6 +95,26 @@ schedulingProfiles:
   plugins: [{pluginRef: decode-filter}, {pluginRef: max-score-picker},
             {pluginRef: prefix-cache-scorer, weight: 2}, {pluginRef: queue-scorer, weight: 1}]
 """
+_GIE_PROFILES = """\
+- type: kv-cache-utilization-scorer
+schedulingProfiles:
+- name: prefill
+  plugins: [{pluginRef: prefill-filter}, {pluginRef: max-score-picker},
+            {pluginRef: queue-scorer, weight: 2},
+            {pluginRef: kv-cache-utilization-scorer, weight: 2},
+            {pluginRef: prefix-cache-scorer, weight: 3}]
+- name: decode
+  plugins: [{pluginRef: decode-filter}, {pluginRef: max-score-picker},
+            {pluginRef: queue-scorer, weight: 2},
+            {pluginRef: kv-cache-utilization-scorer, weight: 2},
+            {pluginRef: prefix-cache-scorer, weight: 3}]
+"""
+#: The EPP configs of the ``pd`` fleet (``--pd-config``), ``%d`` being ``nonCachedTokens``.
+#: ``llm-d``: llm-d's sample (deploy/config/pd-epp-config.yaml): prefix (2) and queue (1)
+#: scorers in each profile. ``gie-scorers``: each profile scores with the aggregated fleet's
+#: scorers and weights (GIE v1.5's default config: queue 2, KV-cache utilization 2, prefix 3).
+PD_CONFIGS = {"llm-d": _PD_PLUGINS + _LLM_D_PROFILES,
+              "gie-scorers": _PD_PLUGINS + _GIE_PROFILES}
 #: Issue #16's targets: metric -> (pd / aggregated bound, "le" | "ge").
 TARGETS = {"tpot_p90": (0.6, "le"), "output_tps": (1.0, "ge"), "ttft_p90": (1.3, "le")}
 #: The fleets, in run order within a seed; ratios are against ``aggregated``.
@@ -153,29 +181,31 @@ def _wait_pool(port: int, size: int, proc: subprocess.Popen[bytes], log: Path) -
 
 
 @contextlib.contextmanager
-def start(kind: str, workdir: Path, seed: int, threshold: int,
-          time_scale: float = 1.0) -> Iterator[Fleet]:
-    """Start the ``aggregated`` or ``pd`` fleet with its EPP and Envoy."""
+def start(kind: str, workdir: Path, seed: int, threshold: int, time_scale: float = 1.0,
+          split: tuple[int, int] = (2, 2), pd_config: str = "llm-d") -> Iterator[Fleet]:
+    """Start one fleet (``KINDS``). ``split``: prefill and decode servers of the P/D fleets
+    (the aggregated fleet has as many servers in all)."""
     workdir.mkdir(parents=True, exist_ok=True)
     port = e.free_port()
     kv = {"kv_connector": "NixlConnector", "kv_role": "kv_both", "link": "rdma"}
     servers: list[dict[str, Any]] = []
     sidecars: list[tuple[str, int, int]] = []  # (ip, decoder port, metrics port)
+    n_prefill, n_decode = split
     if kind == "aggregated":
-        ips = [f"127.0.11.{i + 1}" for i in range(4)]
+        ips = [f"127.0.11.{i + 1}" for i in range(n_prefill + n_decode)]
         servers = [{"host": ip, "port": port, "name": f"agg-{i}"} for i, ip in enumerate(ips)]
         pods = [_pod(f"agg-{i}", ip, None) for i, ip in enumerate(ips)]
     else:
-        ips = [f"127.0.12.{i + 1}" for i in range(4)]
+        ips = [f"127.0.12.{i + 1}" for i in range(n_prefill + n_decode)]
         pods = []
-        for i, ip in enumerate(ips[:2]):  # decode pods: sidecar on the pool port
+        for i, ip in enumerate(ips[:n_decode]):  # decode pods: sidecar on the pool port
             decoder = e.free_port()
             servers.append({"host": "127.0.0.1", "port": decoder, "name": f"decode-{i}",
                             "kv_transfer_config": kv})
             if kind == "pd":
                 sidecars.append((ip, decoder, e.free_port()))
             pods.append(_pod(f"decode-{i}", ip, "decode"))
-        for i, ip in enumerate(ips[2:]):
+        for i, ip in enumerate(ips[n_decode:]):
             servers.append({"host": ip, "port": port, "name": f"prefill-{i}",
                             "kv_transfer_config": kv})
             pods.append(_pod(f"prefill-{i}", ip, "prefill"))
@@ -195,8 +225,8 @@ def start(kind: str, workdir: Path, seed: int, threshold: int,
         if not sim.stdout.readline().startswith(b"vllm-sim ready:"):
             raise RuntimeError(f"simulator did not start: {_tail(workdir / 'sim.log')}")
         if kind == "vllm-router-pd":
-            decoders = [f"http://127.0.0.1:{s['port']}" for s in servers[:2]]
-            prefillers = [f"http://{s['host']}:{s['port']}" for s in servers[2:]]
+            decoders = [f"http://127.0.0.1:{s['port']}" for s in servers[:n_decode]]
+            prefillers = [f"http://{s['host']}:{s['port']}" for s in servers[n_decode:]]
             yield _vllm_router_pd(procs, workdir, prefillers, decoders)
             return
         for i, (ip, decoder, metrics) in enumerate(sidecars):
@@ -209,11 +239,11 @@ def start(kind: str, workdir: Path, seed: int, threshold: int,
                "--secure-serving=false", "--grpc-port", str(grpc), "--grpc-health-port",
                str(health), "--metrics-port", str(metrics_port), "--grace-period", "2"]
         if kind == "pd":
-            (workdir / "epp-config.yaml").write_text(PD_CONFIG % threshold)
+            (workdir / "epp-config.yaml").write_text(PD_CONFIGS[pd_config] % threshold)
             cmd += ["--config-file", str(workdir / "epp-config.yaml")]
         epp = _popen(cmd, workdir / "epp.log")
         procs.append(epp)
-        _wait_pool(metrics_port, 4, epp, workdir / "epp.log")
+        _wait_pool(metrics_port, len(ips), epp, workdir / "epp.log")
         admin, listen = e.free_port(), e.free_port()
         # The decider's decode pick is the destination (the sidecar on the pool port).
         endpoints = [f"{ip}:{port}" for ip in ips]
@@ -221,7 +251,7 @@ def start(kind: str, workdir: Path, seed: int, threshold: int,
                      workdir=workdir / "envoy"):
             yield Fleet(procs, f"http://127.0.0.1:{listen}", metrics_port,
                         [m for _, _, m in sidecars],
-                        [s["port"] for s in servers[:2]] if kind == "pd" else [])
+                        [s["port"] for s in servers[:n_decode]] if kind == "pd" else [])
     finally:
         for p in reversed(procs):
             _stop(p)
@@ -295,7 +325,9 @@ def run(kind: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
              for s in workload(seed, args.rate, args.duration)]
     workdir.mkdir(parents=True, exist_ok=True)
     write_specs(specs, workdir / "requests.jsonl")
-    with start(kind, workdir, seed, args.threshold, args.time_scale) as fleet:
+    split = parse_split(args.split)
+    with start(kind, workdir, seed, args.threshold, args.time_scale, split,
+               args.pd_config) as fleet:
         subprocess.run([sys.executable, "-m", "bench.openloop", "--url", fleet.url,
                         "--requests", str(workdir / "requests.jsonl"),
                         "--out", str(workdir / "outcomes.jsonl"), "--timeout", "300"],
@@ -305,19 +337,45 @@ def run(kind: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
             counters["decisions"] = _scrape(
                 fleet.epp_metrics, "llm_d_inference_scheduler_disagg_decision_total")
             modes: dict[str, float] = {}
-            for port in fleet.sidecar_metrics:
-                for k, v in _scrape(port, "pd_sidecar_requests_total").items():
+            per_pod = [_scrape(port, "pd_sidecar_requests_total")
+                       for port in fleet.sidecar_metrics]
+            for pod in per_pod:
+                for k, v in pod.items():
                     modes[k] = modes.get(k, 0.0) + v
             counters["sidecar"] = modes
+            counters["sidecar_per_pod"] = per_pod
+        # How evenly the decode servers shared the requests (vLLM's finished-request count).
+        counters["decoder_requests"] = [
+            sum(_scrape(port, "vllm:request_success_total").values()) for port in fleet.decoders]
         for name, key in (("vllm:nixl_xfer_time_seconds_count", "kv_pulls"),
                           ("vllm:nixl_num_failed_transfers_total", "failed_pulls")):
             counters[key] = sum(sum(_scrape(port, name).values()) for port in fleet.decoders)
     outcomes = [Outcome(**orjson.loads(line))
                 for line in (workdir / "outcomes.jsonl").read_bytes().splitlines()]
     summary = summarize(outcomes, [s.tag for s in specs], args.time_scale)
-    result = {"kind": kind, "seed": seed, "summary": summary, "counters": counters}
+    result = {"kind": kind, "seed": seed, "summary": summary, "counters": counters,
+              "settings": settings(args)}
     (workdir / "summary.json").write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
     return result
+
+
+def parse_split(text: str) -> tuple[int, int]:
+    """``"P:D"`` -> (prefill servers, decode servers), each at least 1."""
+    p, sep, d = text.partition(":")
+    if not (sep and p.isdigit() and d.isdigit() and int(p) >= 1 and int(d) >= 1):
+        raise ValueError(f"--split: expected PREFILL:DECODE with both >= 1, got {text!r}")
+    return int(p), int(d)
+
+
+def settings(args: argparse.Namespace) -> dict[str, Any]:
+    """What a run's figures depend on besides the seed (kept with each result)."""
+    return {"rate": args.rate, "duration": args.duration, "time_scale": args.time_scale,
+            "threshold": args.threshold, "split": args.split, "pd_config": args.pd_config}
+
+
+def seed_range(args: argparse.Namespace) -> range:
+    """The seeds of this run: ``--seeds`` of them from ``--first-seed``."""
+    return range(args.first_seed, args.first_seed + args.seeds)
 
 
 def ratio_interval(ratios: list[float]) -> tuple[float, float]:
@@ -356,7 +414,9 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
     head = " | ".join(f"{k} (median)" for k in kinds)
     ratio_head = " | ".join(f"{a}/{b} median [95% CI]" for a, b in pairs)
     lines = [f"seeds {seeds}, {args.rate:g} req/s for {args.duration:g} s per run, "
-             f"nonCachedTokens {args.threshold}, time scale {args.time_scale:g}", "",
+             f"nonCachedTokens {args.threshold}, time scale {args.time_scale:g}, "
+             f"P:D {args.split}, pd config {args.pd_config}"
+             + (f", aggregated runs from {args.baseline}" if args.baseline else ""), "",
              f"| class | metric | {head} | {ratio_head} | target | verdict pd/agg |"
              + (" verdict vllm-router-pd/agg |" if "vllm-router-pd" in kinds else ""),
              "|---|---|" + "---|" * (len(kinds) + len(pairs) + 2
@@ -389,22 +449,57 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
             c = r["counters"]
             lines.append(f"seed {r['seed']} {r['kind']}: EPP decisions {c.get('decisions')}, "
                          f"sidecars {c.get('sidecar')}, KV pulls {c.get('kv_pulls')} "
-                         f"(failed {c.get('failed_pulls')})")
+                         f"(failed {c.get('failed_pulls')}), requests per decode server "
+                         f"{c.get('decoder_requests')}")
     return "\n".join(lines)
+
+
+def baseline(args: argparse.Namespace, p: argparse.ArgumentParser,
+             servers: int) -> list[dict[str, Any]]:
+    """The aggregated results of ``--baseline`` for this run's seeds; a one-line error when
+    the file is missing, lacks a seed or ran other settings."""
+    try:
+        earlier = orjson.loads(args.baseline.read_bytes())
+    except (OSError, orjson.JSONDecodeError) as exc:
+        p.error(f"--baseline {args.baseline}: {exc}")
+    agg = {r["seed"]: r for r in earlier if r["kind"] == "aggregated"}
+    seeds = seed_range(args)
+    if missing := [s for s in seeds if s not in agg]:
+        p.error(f"--baseline {args.baseline}: no aggregated run for seed(s) {missing}")
+    mine = settings(args)
+    for seed in seeds:
+        theirs = agg[seed].get("settings", {})
+        for key in ("rate", "duration", "time_scale"):
+            if theirs.get(key) != mine[key]:
+                p.error(f"--baseline {args.baseline}: seed {seed} ran {key} "
+                        f"{theirs.get(key)}, this run {mine[key]}")
+        if sum(parse_split(theirs.get("split", "2:2"))) != servers:
+            p.error(f"--baseline {args.baseline}: seed {seed} ran another number of servers")
+    return [agg[s] for s in seeds]
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.pd_compare", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, default=5)
+    p.add_argument("--first-seed", type=int, default=0,
+                   help="seeds run are FIRST_SEED .. FIRST_SEED+SEEDS-1 (to add seeds to an "
+                   "earlier run; --report-only on the merged results.json)")
     p.add_argument("--rate", type=float, default=0.6, help="requests per second")
     p.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals")
     p.add_argument("--threshold", type=int, default=1024, help="nonCachedTokens of the decider")
     p.add_argument("--time-scale", type=float, default=1.0,
                    help="the simulator runs this many times slower than the model (less "
                    "weight for the machine's own overheads); results are in model seconds")
+    p.add_argument("--split", default="2:2", help="PREFILL:DECODE servers of the P/D fleets "
+                   "(the aggregated fleet has their sum)")
+    p.add_argument("--pd-config", default="llm-d", choices=sorted(PD_CONFIGS),
+                   help="the pd fleet's EPP scorers (see PD_CONFIGS)")
+    p.add_argument("--baseline", type=Path, help="results.json of an earlier run: its "
+                   "aggregated runs (same settings, same seeds) are reused, not run again")
     p.add_argument("--fleets", default=",".join(KINDS),
-                   help=f"comma-separated subset of {', '.join(KINDS)} (aggregated is always run)")
+                   help=f"comma-separated subset of {', '.join(KINDS)} (aggregated is always "
+                   "run, unless --baseline gives it)")
     p.add_argument("--workdir", type=Path, default=Path("/tmp/pd_compare"))
     p.add_argument("--report-only", action="store_true",
                    help="print the report of WORKDIR/results.json (e.g. of an interrupted run)")
@@ -419,10 +514,17 @@ def main(argv: list[str] | None = None) -> None:
         print("vllm-router-pd skipped: vllm-router not installed "
               "(run `python -m bench.peers install`)", flush=True)
         wanted.discard("vllm-router-pd")
-    kinds = [k for k in KINDS if k in wanted]
+    try:
+        split = parse_split(args.split)
+    except ValueError as exc:
+        p.error(str(exc))
     results = []
+    if args.baseline:
+        results = baseline(args, p, sum(split))
+        wanted.discard("aggregated")
+    kinds = [k for k in KINDS if k in wanted]
     args.workdir.mkdir(parents=True, exist_ok=True)
-    for seed in range(args.seeds):
+    for seed in seed_range(args):
         for kind in kinds:
             t0 = time.monotonic()
             load = os.getloadavg()[0]

@@ -24,14 +24,13 @@ from shared.flags import Parser, boolean, die, duration
 from shared.metrics_server import run_metrics_server
 from shared.server import install_uvloop
 from sidecar.allowlist import AllowAny, PoolPrefillers, PrefillerPolicy
-from sidecar.proxy import Sidecar, SidecarConfig, SidecarMetrics
+from sidecar.proxy import KV_CONNECTORS, Sidecar, SidecarConfig, SidecarMetrics
 
 log = structlog.get_logger("sidecar")
 
 PROG = "pd-sidecar"
-#: llm-d's connectors; only the NIXL v2 protocol is implemented here.
-KV_CONNECTORS = ("nixlv2",)
-_LLMD_ONLY = ("shared-storage", "sglang")
+#: llm-d's connectors implemented here (its ``sglang`` one is not).
+_LLMD_ONLY = ("sglang",)
 
 
 def parser() -> Parser:
@@ -118,7 +117,8 @@ async def run(args: Any) -> None:
     metrics = SidecarMetrics()
     sidecar = Sidecar(SidecarConfig(decoder_url=f"http://127.0.0.1:{args.vllm_port}",
                                     prefiller_sampling=args.enable_prefiller_sampling,
-                                    prefill_timeout=args.prefill_timeout),
+                                    prefill_timeout=args.prefill_timeout,
+                                    kv_connector=args.kv_connector),
                       policy, metrics)
     runner = web.AppRunner(sidecar.app(), access_log=None)
     await runner.setup()

@@ -11,6 +11,11 @@ Request life (``POST /v1/completions`` and ``/v1/chat/completions``):
 
    * 2xx with NixlConnector ``kv_transfer_params`` → the *decode leg*: the client's body plus
      those params, to the local server, its answer streamed back unchanged;
+   * with ``--kv-connector shared-storage`` (vLLM's ``ExampleConnector``, the former
+     ``SharedStorageConnector``: the prefiller writes the prompt's KV to a shared folder and
+     the decoder finds it by the prompt's tokens, no params travel) the prefill leg carries
+     no ``kv_transfer_params``, any 2xx answer counts, and the decode leg is the client's
+     body unchanged, as llm-d's ``shared-storage`` connector does;
    * 400-451 → the prefiller's error goes back to the client with its status (the request
      itself is wrong; the decoder would refuse it too);
    * unreachable, timed out, another status, or an answer without usable params → the
@@ -54,6 +59,8 @@ log = structlog.get_logger(__name__)
 
 #: The OpenAI paths that take part in P/D (llm-d's sidecar intercepts the same two).
 PD_PATHS: Final = ("/v1/completions", "/v1/chat/completions")
+#: llm-d's connector protocols implemented here (``sglang`` is not).
+KV_CONNECTORS: Final = ("nixlv2", "shared-storage")
 #: Prompts can be long; the body is read whole to build both legs.
 MAX_BODY: Final = 256 * 1024 * 1024
 #: Request headers not forwarded: hop-by-hop ones, the ones aiohttp recomputes, ours.
@@ -76,6 +83,12 @@ class SidecarConfig:
     prefill_timeout: float = 60.0
     #: ``http`` or ``https`` towards prefillers.
     prefiller_scheme: str = "http"
+    #: llm-d's connector protocol: ``nixlv2`` or ``shared-storage`` (:data:`KV_CONNECTORS`).
+    kv_connector: str = "nixlv2"
+
+    def __post_init__(self) -> None:
+        if self.kv_connector not in KV_CONNECTORS:
+            raise ValueError(f"kv_connector must be one of {', '.join(KV_CONNECTORS)}")
 
 
 class SidecarMetrics:
@@ -206,6 +219,8 @@ class Sidecar:
         except _ClientError as ce:
             return ce.response
         self.metrics.requests.labels("disaggregated").inc()
+        if params is None:  # shared storage: the decoder finds the KV by the prompt
+            return await self._to_decoder(request, raw, headers)
         decode_body = dict(body)
         decode_body[KV_TRANSFER_PARAMS] = params
         return await self._to_decoder(request, orjson.dumps(decode_body), headers)
@@ -224,14 +239,19 @@ class Sidecar:
         return allowed[0]
 
     async def _prefill(self, target: str, body: dict[str, Any], path: str,
-                       headers: CIMultiDict[str]) -> dict[str, Any]:
-        """The prefill leg; returns the decode leg's ``kv_transfer_params``."""
+                       headers: CIMultiDict[str]) -> dict[str, Any] | None:
+        """The prefill leg; returns the decode leg's ``kv_transfer_params`` (None with shared
+        storage, where none are needed)."""
         url = f"{self.cfg.prefiller_scheme}://{target}{path}"
         leg_headers = CIMultiDict(headers)
         leg_headers["content-type"] = "application/json"
+        leg = prefill_leg_body(body)
+        shared_storage = self.cfg.kv_connector == "shared-storage"
+        if shared_storage:
+            del leg[KV_TRANSFER_PARAMS]
         try:
             async with self.session.post(
-                    url, data=orjson.dumps(prefill_leg_body(body)), headers=leg_headers,
+                    url, data=orjson.dumps(leg), headers=leg_headers,
                     timeout=aiohttp.ClientTimeout(total=self.cfg.prefill_timeout)) as resp:
                 status = resp.status
                 data = await resp.read()
@@ -245,6 +265,8 @@ class Sidecar:
                 "content-type": content_type}))
         if not 200 <= status < 300:
             raise _Fallback("error_status")
+        if shared_storage:
+            return None
         try:
             answer = orjson.loads(data)
             params = RemotePrefill.from_json(answer.get(KV_TRANSFER_PARAMS)).to_json()

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import orjson
 import pytest
+import yaml
 
-from bench.pd_compare import ratio_interval, verdict, workload
+from bench.pd_compare import PD_CONFIGS, parse_split, ratio_interval, verdict, workload
 from bench.peers import PEERS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -98,3 +99,70 @@ def test_an_unknown_fleet_is_a_one_line_error(tmp_path: Path) -> None:
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "--fleets: unknown fleet(s) sglang" in proc.stderr
+
+
+def test_split_is_prefill_colon_decode_with_both_sides_present() -> None:
+    assert parse_split("2:2") == (2, 2) and parse_split("3:1") == (3, 1)
+    for bad in ("4", "2:0", "0:4", "a:b", "2:-1"):
+        with pytest.raises(ValueError, match="PREFILL:DECODE"):
+            parse_split(bad)
+
+
+def test_the_gie_scorers_config_scores_both_profiles_like_the_aggregated_fleet() -> None:
+    from epp.config.loader import DEFAULT_CONFIG_YAML
+    gie = yaml.safe_load(PD_CONFIGS["gie-scorers"] % 1024)
+    default = yaml.safe_load(DEFAULT_CONFIG_YAML)
+    refs = {(p["pluginRef"], p["weight"]) for p in default["schedulingProfiles"][0]["plugins"]}
+    for profile in gie["schedulingProfiles"]:
+        assert refs <= {(p["pluginRef"], p.get("weight")) for p in profile["plugins"]}
+
+
+# Two P/D runs and one aggregated (time scale 0.25, a few requests each).
+@pytest.mark.timeout(300)
+def test_a_3p1d_split_and_a_sweep_run_reusing_the_aggregated_baseline(tmp_path: Path) -> None:
+    common = [sys.executable, "-m", "bench.pd_compare", "--seeds", "1", "--duration", "3",
+              "--rate", "1", "--time-scale", "0.25", "--fleets", "pd"]
+    first = tmp_path / "first"
+    proc = subprocess.run([*common, "--split", "3:1", "--pd-config", "gie-scorers",
+                           "--workdir", str(first)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    pods = [d for d in yaml.safe_load_all((first / "pd-seed0" / "pool.yaml").read_text())
+            if d["kind"] == "Pod"]
+    roles = sorted(p["metadata"]["labels"]["llm-d.ai/role"] for p in pods)
+    assert roles == ["decode", "prefill", "prefill", "prefill"]
+    pd = orjson.loads((first / "pd-seed0" / "summary.json").read_bytes())
+    requests = len((first / "pd-seed0" / "requests.jsonl").read_bytes().splitlines())
+    assert pd["counters"]["decoder_requests"] == [requests]  # the one decode server took all
+    assert pd["settings"]["split"] == "3:1" and pd["settings"]["pd_config"] == "gie-scorers"
+    assert "kv-cache-utilization-scorer" in (first / "pd-seed0" / "epp-config.yaml").read_text()
+    # A sweep point: the same seed's aggregated run is reused, only the pd fleet runs.
+    second = tmp_path / "second"
+    proc = subprocess.run([*common, "--threshold", "1", "--baseline",
+                           str(first / "results.json"), "--workdir", str(second)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not (second / "aggregated-seed0").exists()
+    assert f"aggregated runs from {first / 'results.json'}" in proc.stdout
+    assert "| long | tpot_p90 |" in proc.stdout
+    again = orjson.loads((second / "pd-seed0" / "summary.json").read_bytes())
+    assert again["counters"]["kv_pulls"] == requests  # threshold 1: every request
+    assert len(again["counters"]["decoder_requests"]) == 2
+
+
+def test_a_baseline_of_other_settings_is_a_one_line_error(tmp_path: Path) -> None:
+    results = tmp_path / "results.json"
+    results.write_bytes(orjson.dumps([{"kind": "aggregated", "seed": 0, "summary": {},
+                                       "counters": {}, "settings": {
+                                           "rate": 0.6, "duration": 60.0, "time_scale": 1.0,
+                                           "split": "2:2"}}]))
+    for extra, message in ((["--seeds", "1", "--rate", "2"], "seed 0 ran rate 0.6, this run 2.0"),
+                           (["--seeds", "2"], "no aggregated run for seed(s) [1]"),
+                           (["--first-seed", "3", "--seeds", "1"],
+                            "no aggregated run for seed(s) [3]"),
+                           (["--seeds", "1", "--split", "2:1"], "another number of servers")):
+        proc = subprocess.run([sys.executable, "-m", "bench.pd_compare", "--baseline",
+                               str(results), "--workdir", str(tmp_path), *extra],
+                              cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2, proc.stderr
+        assert message in proc.stderr.splitlines()[-1]

@@ -103,6 +103,19 @@ def _sum(text: str, name: str) -> float:
 async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
     """Decode (0), prefill (1), second prefill (2), and a prefill-labelled server without a
     connector (3), a sidecar in front of the decode server, and the pool in a manifests file."""
+    async with _stack(tmp_path, "nixlv2") as s:
+        yield s
+
+
+@pytest.fixture
+async def shared_storage(tmp_path: Path) -> AsyncIterator[Stack]:
+    """The same servers, the sidecar in ``--kv-connector shared-storage`` mode."""
+    async with _stack(tmp_path, "shared-storage") as s:
+        yield s
+
+
+@contextlib.asynccontextmanager
+async def _stack(tmp_path: Path, kv_connector: str) -> AsyncIterator[Stack]:
     configs = [_server(DECODE_IP, "decode"), _server(PREFILL_IP, "prefill"),
                _server(PREFILL2_IP, "prefill-2"), _server(NO_CONNECTOR_IP, "noconn", kv=None)]
     async with start_fleet(configs) as fleet, httpx.AsyncClient(timeout=20) as client:
@@ -114,7 +127,8 @@ async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
         datastore = Datastore()
         source = ManifestSource(manifests, datastore, pool_name="pd")
         source.load()
-        sidecar = Sidecar(SidecarConfig(decoder_url=fleet.urls[0], prefill_timeout=2.0),
+        sidecar = Sidecar(SidecarConfig(decoder_url=fleet.urls[0], prefill_timeout=2.0,
+                                        kv_connector=kv_connector),
                           PoolPrefillers(datastore), SidecarMetrics())
         runner = web.AppRunner(sidecar.app(), access_log=None)
         await runner.setup()
@@ -341,6 +355,52 @@ async def test_other_paths_pass_through_and_health_is_answered(stack: Stack) -> 
     assert "vllm:num_requests_running" in metrics.text
 
 
+# -- llm-d's shared-storage protocol (vLLM's ExampleConnector: KV through a shared folder) --
+# The simulator has no shared folder, so its decoder recomputes the prompt; these tests check
+# what the sidecar sends and counts (docs/real-vllm.md has the run against real vLLM).
+
+async def test_shared_storage_prefills_without_params_then_sends_the_clients_body(
+    shared_storage: Stack,
+) -> None:
+    s = shared_storage
+    r = await s.complete(s.addr(1), stream=True, kv_transfer_params={"remote_host": "x"})
+    assert r.status_code == 200 and r.text.endswith("data: [DONE]\n\n")
+    # The prefill leg: the whole prompt, one token, and no NIXL params (a NIXL prefiller
+    # would otherwise hold the KV for a pull that never comes).
+    assert await s.metric(1, "vllm:prompt_tokens_total") == 200
+    assert await s.metric(1, "vllm:generation_tokens_total") == 1
+    assert (await s.client.get(f"{s.fleet.urls[1]}/sim/state")).json()["kv_held"] == 0
+    # The decode leg: the client's request (8 tokens), no params (neither the client's nor
+    # any from the prefiller), so the decoder pulled nothing.
+    assert await s.metric(0, "vllm:generation_tokens_total") == 8
+    assert await s.metric(0, "vllm:external_prefix_cache_queries_total") == 0
+    assert await s.metric(0, "vllm:nixl_num_failed_transfers_total") == 0
+    assert s.sidecar_metric("pd_sidecar_requests_total", mode="disaggregated") == 1
+
+
+async def test_shared_storage_dead_prefiller_costs_no_client_error(
+    shared_storage: Stack,
+) -> None:
+    s = shared_storage
+    await s.fleet.kill(s.fleet.ports[1])
+    r = await s.complete(s.addr(1))
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 8
+    assert s.sidecar_metric("pd_sidecar_prefill_fallbacks_total", reason="unreachable") == 1
+    assert s.sidecar_metric("pd_sidecar_requests_total", mode="local") == 1
+
+
+async def test_shared_storage_prefiller_client_error_goes_back(shared_storage: Stack) -> None:
+    s = shared_storage
+    r = await s.complete(s.addr(3), model="no-such-model")
+    assert r.status_code == 404
+    assert await s.metric(0, "vllm:prompt_tokens_total") == 0
+
+
+def test_an_unknown_connector_in_the_config_is_refused() -> None:
+    with pytest.raises(ValueError, match="kv_connector must be one of nixlv2, shared-storage"):
+        SidecarConfig(decoder_url="http://127.0.0.1:1", kv_connector="sglang")
+
+
 @pytest.mark.parametrize(("args", "message"), [
     ([], "--enable-ssrf-protection needs --inference-pool"),
     (["--kv-connector", "sglang"], "--kv-connector sglang is llm-d's, not implemented here"),
@@ -358,7 +418,8 @@ def test_cli_errors_are_one_line(args: list[str], message: str) -> None:
     assert message in lines[0]
 
 
-async def test_cli_serves_a_disaggregated_request(tmp_path: Path) -> None:
+@pytest.mark.parametrize("connector", ["nixlv2", "shared-storage"])
+async def test_cli_serves_a_disaggregated_request(tmp_path: Path, connector: str) -> None:
     configs = [_server(DECODE_IP, "decode"), _server(PREFILL_IP, "prefill")]
     async with start_fleet(configs) as fleet, httpx.AsyncClient(timeout=20) as client:
         manifests = tmp_path / "pool.yaml"
@@ -368,7 +429,8 @@ async def test_cli_serves_a_disaggregated_request(tmp_path: Path) -> None:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "sidecar.main", "--port", str(port), "--host", "127.0.0.1",
             "--vllm-port", str(fleet.ports[0]), "--manifests", str(manifests),
-            "--metrics-port", str(metrics_port), stdout=asyncio.subprocess.PIPE,
+            "--metrics-port", str(metrics_port), "--kv-connector", connector,
+            stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.DEVNULL)
         try:
             assert proc.stdout is not None
@@ -381,6 +443,9 @@ async def test_cli_serves_a_disaggregated_request(tmp_path: Path) -> None:
             assert r.status_code == 200
             text = (await client.get(f"{fleet.urls[1]}/metrics")).text
             assert _sum(text, "vllm:prompt_tokens_total") == 200
+            decoder = (await client.get(f"{fleet.urls[0]}/metrics")).text
+            pulled = _sum(decoder, "vllm:external_prefix_cache_hits_total")
+            assert pulled == (199 if connector == "nixlv2" else 0)
             sidecar_metrics = (await client.get(f"http://127.0.0.1:{metrics_port}/metrics")).text
             assert _sum(sidecar_metrics, "pd_sidecar_requests_total") == 1
         finally:

@@ -1,0 +1,199 @@
+"""P/D splits and decider thresholds in virtual time: ``bench.pd_compare``'s fleets on the
+simulator's engine alone.
+
+Run: ``python -m bench.pd_twin`` (a few seconds per variant; no lock needed: virtual time).
+
+The same schedules as ``bench.pd_compare`` (its ``workload`` per seed), served by
+:class:`sim.engine.Engine` instances (``8b-h100``) on one virtual clock: no HTTP, no Envoy, no
+EPP, no sidecar, no CPU contention. What is left is the engine's timing model, so the figures
+say what a split or a threshold can reach at best, and which part of a measured figure is the
+machine's own overhead.
+
+- **aggregated**: ``P + D`` servers, each request to the server with the fewest outstanding
+  requests (a stand-in for a load-aware picker; ties to the first).
+- **P/D**: a prompt of at least ``nonCachedTokens`` tokens (no prefix is ever cached in this
+  workload, so the decider's test is the prompt length) is prefilled on the least-loaded of
+  the ``P`` prefill servers (one output token), its KV pulled by the least-loaded of the ``D``
+  decode servers after ``latency + tokens x 128 KiB / bandwidth`` (the simulator's ``rdma``
+  link; pulls do not queue here), and decoded there with only its last prompt token computed.
+  Shorter prompts go to a decode server whole, as the decider keeps them local.
+
+Figures per variant: long-prompt TTFT p90 and TPOT p90 and short-prompt TTFT p90 as paired
+ratios to the aggregated fleet of the same seed (the geometric-mean interval of
+``bench.pd_compare``), and the medians in model seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import itertools
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench.loadgen import percentile as pct
+from bench.pd_compare import ratio_interval, workload
+from sim.engine import Engine, SimRequest
+from sim.pd import KV_BYTES_PER_TOKEN_8B, LINKS
+from sim.profiles import H100_8B
+
+#: The variants ``main`` runs: (label, prefill servers, decode servers, nonCachedTokens).
+VARIANTS = (("2P+2D, nonCachedTokens 1", 2, 2, 1),
+            ("2P+2D, nonCachedTokens 1024", 2, 2, 1024),
+            ("2P+2D, nonCachedTokens 8192", 2, 2, 8192),
+            ("3P+1D, nonCachedTokens 1", 3, 1, 1),
+            ("3P+1D, nonCachedTokens 1024", 3, 1, 1024),
+            ("1P+3D, nonCachedTokens 1024", 1, 3, 1024))
+
+
+@dataclass(eq=False)
+class _Server:
+    engine: Engine
+    index: int
+    outstanding: int = 0
+    stepping: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Served:
+    """One client request as it ended: class, TTFT, TPOT (model seconds)."""
+
+    long: bool
+    ttft: float
+    tpot: float
+
+
+@dataclass
+class _Fleet:
+    """Servers and the event queue of one virtual run."""
+
+    seed: int
+    events: list[tuple[float, int, str, Any]] = field(default_factory=list)
+    order: itertools.count[int] = field(default_factory=itertools.count)
+    ids: itertools.count[int] = field(default_factory=itertools.count)
+
+    def push(self, at: float, kind: str, payload: Any) -> None:
+        heapq.heappush(self.events, (at, next(self.order), kind, payload))
+
+    def kick(self, s: _Server, now: float) -> None:
+        """Start the server's next step if it has work and is idle."""
+        s.stepping = bool(s.engine.running or s.engine.waiting)
+        if s.stepping:
+            self.push(s.engine.begin_step(now), "step", s)
+
+    def submit(self, servers: list[_Server], prompt: int, out: int, arrival: float, now: float,
+               remote: int = 0) -> SimRequest:
+        """Queue a request on the least-loaded server (ties: the first)."""
+        s = min(servers, key=lambda x: (x.outstanding, x.index))
+        rid = next(self.ids)
+        req = SimRequest(id=str(rid), prompt_tokens=prompt,
+                         block_hashes=[hash((self.seed, rid, b)) for b in range(prompt // 16)],
+                         max_tokens=out, output_tokens=out, lora=None, arrival=arrival,
+                         text_seed=rid, stream=False)
+        req.remote_tokens = remote
+        s.engine.add(req)
+        s.outstanding += 1
+        if not s.stepping:
+            self.kick(s, now)
+        return req
+
+
+def simulate(seed: int, prefill: int, decode: int, threshold: int | None, *,
+             rate: float = 0.6, duration: float = 60.0, link: str = "rdma") -> list[Served]:
+    """One run; ``threshold=None`` is the aggregated fleet of ``prefill + decode`` servers."""
+    fleet = _Fleet(seed)
+    bandwidth, latency = LINKS[link]
+    if threshold is None:
+        decoders = [_Server(Engine(H100_8B, seed=i), i) for i in range(prefill + decode)]
+        prefillers: list[_Server] = []
+    else:
+        decoders = [_Server(Engine(H100_8B, seed=i), i) for i in range(decode)]
+        prefillers = [_Server(Engine(H100_8B, seed=100 + i), i) for i in range(prefill)]
+    #: request id -> what its end means: a client's answer, or a prefill whose KV moves on.
+    pending: dict[str, tuple[bool, float, int, int, bool]] = {}
+    served: list[Served] = []
+
+    def finished(server: _Server) -> Callable[[str, SimRequest, float], None]:
+        def hook(kind: str, req: SimRequest, t: float) -> None:
+            if kind != "finish":
+                return
+            server.outstanding -= 1
+            long, arrival, prompt, out, is_prefill = pending.pop(req.id)
+            if is_prefill:
+                pull = latency + prompt * KV_BYTES_PER_TOKEN_8B / bandwidth  # B/s, s
+                fleet.push(t + pull, "decode", (long, arrival, prompt, out))
+                return
+            assert req.first_token_time is not None and req.finish_time is not None
+            served.append(Served(long, req.first_token_time - arrival,
+                                 (req.finish_time - req.first_token_time)
+                                 / max(1, req.generated - 1)))
+        return hook
+
+    for s in decoders + prefillers:
+        s.engine.on_event = finished(s)
+    for spec in workload(seed, rate, duration):
+        fleet.push(spec.at, "arrive", (spec.tag == "long", len(spec.body["prompt"]) // 4,
+                                       spec.body["max_tokens"]))
+    while fleet.events:
+        now, _, kind, payload = heapq.heappop(fleet.events)
+        if kind == "step":
+            payload.engine.finish_step()
+            fleet.kick(payload, now)
+        elif kind == "arrive":
+            long, prompt, out = payload
+            if threshold is None or prompt < threshold:
+                req = fleet.submit(decoders, prompt, out, now, now)
+                pending[req.id] = (long, now, prompt, out, False)
+            else:
+                req = fleet.submit(prefillers, prompt, 1, now, now)
+                pending[req.id] = (long, now, prompt, out, True)
+        else:  # "decode": the KV has arrived at a decode server
+            long, arrival, prompt, out = payload
+            req = fleet.submit(decoders, prompt, out, arrival, now, remote=prompt)
+            pending[req.id] = (long, arrival, prompt, out, False)
+    return served
+
+
+def figures(served: list[Served]) -> dict[str, float]:
+    """Long-prompt TTFT/TPOT p90 and short-prompt TTFT p90 of one run."""
+    long = [s for s in served if s.long]
+    short = [s for s in served if not s.long]
+    return {"long_ttft_p90": pct([s.ttft for s in long], .9),
+            "long_tpot_p90": pct([s.tpot for s in long], .9),
+            "short_ttft_p90": pct([s.ttft for s in short], .9)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.pd_twin", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seeds", type=int, default=20)
+    p.add_argument("--rate", type=float, default=0.6, help="requests per second")
+    p.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals")
+    args = p.parse_args(argv)
+    seeds = range(args.seeds)
+    base = {s: figures(simulate(s, 2, 2, None, rate=args.rate, duration=args.duration))
+            for s in seeds}
+    print(f"{args.seeds} seeds, {args.rate:g} req/s for {args.duration:g} s (model time); "
+          "ratio to aggregated: median of the per-seed ratios [95% CI of the geometric mean]")
+    print("\n| fleet | long TTFT p90 | long TPOT p90 | short TTFT p90 |\n|---|---|---|---|")
+    print(f"| aggregated (4) | {statistics.median(b['long_ttft_p90'] for b in base.values()):.2f} s"
+          f" | {statistics.median(b['long_tpot_p90'] for b in base.values()) * 1000:.1f} ms"
+          f" | {statistics.median(b['short_ttft_p90'] for b in base.values()):.2f} s |")
+    for label, prefill, decode, threshold in VARIANTS:
+        runs = {s: figures(simulate(s, prefill, decode, threshold, rate=args.rate,
+                                    duration=args.duration)) for s in seeds}
+        cells = []
+        for key, unit in (("long_ttft_p90", 1.0), ("long_tpot_p90", 1000.0),
+                          ("short_ttft_p90", 1.0)):
+            ratios = [runs[s][key] / base[s][key] for s in seeds if base[s][key] > 0]
+            lo, hi = ratio_interval(ratios)
+            value = statistics.median(r[key] for r in runs.values()) * unit
+            cells.append(f"{statistics.median(ratios):.2f}x [{lo:.2f}, {hi:.2f}] "
+                         f"({value:.2f} {'ms' if unit > 1 else 's'})")
+        print(f"| {label} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+"""``bench.pd_twin``: the virtual-time P/D fleets serve every request of ``pd_compare``'s
+schedule, send exactly the prompts above the threshold through a prefill server, and keep
+the engine's timing (a decode server that never prefills decodes at the profile's ITL)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.pd_compare import workload
+from bench.pd_twin import figures, main, simulate
+from sim.profiles import H100_8B
+
+
+def test_every_request_is_served_once_by_each_fleet() -> None:
+    specs = workload(0, 0.6, 20)
+    for prefill, decode, threshold in ((2, 2, None), (2, 2, 1024), (3, 1, 1)):
+        served = simulate(0, prefill, decode, threshold, duration=20)
+        assert sorted(s.long for s in served) == sorted(s.tag == "long" for s in specs)
+
+
+def test_disaggregated_long_prompts_decode_at_the_profiles_step_time() -> None:
+    # Threshold 1: every prompt is prefilled elsewhere, so decode steps carry no prefill
+    # except one token per arriving request.
+    served = simulate(1, 2, 2, 1, duration=30)
+    itl = H100_8B.inter_token_latency
+    assert all(itl <= s.tpot < itl * 1.15 for s in served)
+    aggregated = figures(simulate(1, 2, 2, None, duration=30))
+    assert aggregated["long_tpot_p90"] > 1.3 * itl  # long prefills stall the decodes
+
+
+def test_short_prompts_below_the_threshold_skip_the_prefill_servers() -> None:
+    # A short prompt kept local starts at once on an idle decode server; sent through a
+    # prefiller it waits for the prefill, the pull and the decode server's step.
+    local = [s for s in simulate(2, 2, 2, 1024, duration=30) if not s.long]
+    remote = [s for s in simulate(2, 2, 2, 1, duration=30) if not s.long]
+    assert local and sum(s.ttft for s in local) < sum(s.ttft for s in remote)
+
+
+def test_main_prints_one_row_per_variant(capsys: pytest.CaptureFixture[str]) -> None:
+    main(["--seeds", "2", "--duration", "10"])
+    out = capsys.readouterr().out
+    assert "| aggregated (4) |" in out and "| 3P+1D, nonCachedTokens 1024 |" in out
