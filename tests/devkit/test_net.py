@@ -20,3 +20,19 @@ def test_free_ports_are_below_the_ephemeral_range_distinct_and_bindable() -> Non
     assert all(p < first_ephemeral for p in ports)
     with socket.socket() as s:
         s.bind(("127.0.0.1", ports[-1]))
+
+
+def test_each_xdist_worker_draws_from_its_own_slice_of_the_range(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from devkit.net import _worker_slice
+
+    ports = range(10000, 30000)
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    assert _worker_slice(ports) == ports
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "2")
+    slices = []
+    for worker in ("gw0", "gw1"):
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
+        slices.append(set(_worker_slice(ports)))
+    assert slices[0].isdisjoint(slices[1])
+    assert len(slices[0]) == len(slices[1]) == 10000
