@@ -27,9 +27,12 @@ venv: $(STAMP)
 run: venv
 	$(VENV)/bin/gateway-stack $(RUN_ARGS)
 
-## test: lint, type-check and the whole default test suite (real Envoy included)
+## test: lint, type-check and the whole default test suite (real Envoy included): two
+## pytest-xdist workers (the tests mostly wait on processes), then the tests that hold a time
+## or rate to a bound (marker `serial`) alone, so a neighbour cannot starve them.
 test: venv lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 -m "not slow and not serial"
+	$(PY) -m pytest -q -m "serial and not slow"
 
 ## test-vllm: the gateway in front of real vLLM servers (CPU build, tiny local model); not in
 ## `make test`. The vLLM venv is cached in .cache/. VLLM_ARGS="--vllm-url http://H:P ..." uses

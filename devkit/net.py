@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 import time
@@ -18,7 +19,21 @@ def _below_ephemeral() -> range | None:
         first = int(_EPHEMERAL_RANGE.read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return None
-    return range(_LOWEST, first) if first - _LOWEST >= 1000 else None
+    if first - _LOWEST < 1000:
+        return None
+    return _worker_slice(range(_LOWEST, first))
+
+
+def _worker_slice(ports: range) -> range:
+    """This pytest-xdist worker's share of ``ports`` (all of them outside xdist), so two
+    workers never pick the same port in the window before their servers bind it."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    if not worker.startswith("gw") or count <= 1:
+        return ports
+    index = int(worker[2:]) % count
+    size = len(ports) // count
+    return range(ports.start + index * size, ports.start + (index + 1) * size)
 
 
 def free_port() -> int:

@@ -16,6 +16,8 @@ from bench.twin.agreement import TOLERANCE, live, table
 #: (scrapes late, simulator steps late), not the routing; the twin has no such noise.
 OVERLOADED = 1.5
 
+pytestmark = pytest.mark.serial
+
 
 def test_twin_and_real_time_agree_on_a_short_case(tmp_path: Path) -> None:
     if os.getloadavg()[0] > OVERLOADED * (os.cpu_count() or 1):

@@ -35,3 +35,19 @@ def test_a_port_run_is_free_on_every_interface_with_its_offset_run() -> None:
     finally:
         for s in socks:
             s.close()
+
+
+def test_each_xdist_worker_draws_from_its_own_slice_of_the_range(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from devkit.net import _worker_slice
+
+    ports = range(10000, 30000)
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    assert _worker_slice(ports) == ports
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "2")
+    slices = []
+    for worker in ("gw0", "gw1"):
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
+        slices.append(set(_worker_slice(ports)))
+    assert slices[0].isdisjoint(slices[1])
+    assert len(slices[0]) == len(slices[1]) == 10000

@@ -152,7 +152,9 @@ class FakeModelServer(_AppServer):
 
     Answers completions and chat with ``model`` echoed back, ``usage``, the request headers
     and ``x-inference-pod``/``x-inference-port``; ``"stream": true`` gets SSE events
-    ``delay`` seconds apart. ``metrics_status`` != 200 makes scrapes fail.
+    ``delay`` seconds apart. ``metrics_status`` != 200 makes scrapes fail. With ``hold`` on,
+    each request waits until the test raises ``released`` past its arrival index, and the
+    held ones count in the scraped waiting queue (so one request at a time saturates).
     """
 
     def __init__(self, name: str, host: str = "127.0.0.1", port: int = 0) -> None:
@@ -171,6 +173,9 @@ class FakeModelServer(_AppServer):
         #: How response JSON is written (one line per SSE event); compact, as vLLM writes it.
         self.dumps: Callable[[Any], bytes] = orjson.dumps
         self.requests: list[dict[str, Any]] = []
+        self.hold = False
+        self.held = 0
+        self.released = 0
 
     @property
     def key(self) -> str:
@@ -183,7 +188,7 @@ class FakeModelServer(_AppServer):
                 f'waiting_lora_adapters="{",".join(self.waiting_loras)}"}} 1.7e9\n')
         return (
             "# TYPE vllm:num_requests_waiting gauge\n"
-            f"vllm:num_requests_waiting{{{labels}}} {self.waiting}\n"
+            f"vllm:num_requests_waiting{{{labels}}} {self.waiting + self.held}\n"
             f"vllm:num_requests_running{{{labels}}} {self.running}\n"
             f"vllm:kv_cache_usage_perc{{{labels}}} {self.kv}\n" + lora
         )
@@ -195,6 +200,12 @@ class FakeModelServer(_AppServer):
         body = orjson.loads(await request.read())
         headers = {k.lower(): v for k, v in request.headers.items()}
         self.requests.append({"body": body, "headers": headers})
+        if self.hold:
+            arrival = len(self.requests) - 1
+            self.held += 1
+            while self.released <= arrival:
+                await asyncio.sleep(0.01)
+            self.held -= 1
         who = {"x-inference-pod": self.name, "x-inference-port": str(self.port)}
         usage = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
         if body.get("stream"):

@@ -131,9 +131,14 @@ def test_queued_requests_complete_in_band_order(gw: Gateway, server: FakeModelSe
         futures.append(gw.send_async(objective, tag))
         until(lambda n=n: gw.debug()["queued"] == n + 1, f"{tag} to be queued")
     assert server.requests == []  # everything waits in the EPP
-    server.waiting = 0
+    # One at a time: a held request keeps the pool saturated, so the arrival order at the
+    # server is the EPP's release order, not a race between Envoy's upstream connections.
+    server.hold, server.waiting = True, 0
+    for i, tag in enumerate(("high", "mid", "low")):
+        until(lambda i=i: len(server.requests) == i + 1, f"{tag} to reach the server")
+        assert server.requests[i]["body"]["prompt"] == tag
+        server.released += 1
     assert [f.result().status_code for f in futures] == [200, 200, 200]
-    assert [r["body"]["prompt"] for r in server.requests] == ["high", "mid", "low"]
 
 
 def test_full_band_answers_429_with_retry_after(gw: Gateway, server: FakeModelServer) -> None:

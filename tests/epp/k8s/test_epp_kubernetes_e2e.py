@@ -19,7 +19,7 @@ from tests.support import k8s_objects as objects
 from tests.support.fake_apiserver import FakeApiServer, kubeconfig
 from tests.support.processes import BackgroundLoop, FakeModelServer, pool_gateway_config
 
-pytestmark = pytest.mark.envoy
+pytestmark = [pytest.mark.envoy, pytest.mark.serial]
 
 
 @pytest.fixture

@@ -16,6 +16,8 @@ LEASE = "epp-llm-pool-a.inference-gateway"
 # Scaled-down client-go timings (15 s / 10 s / 2 s) so hand-overs take about a second.
 TIMING = {"lease_duration": 1.0, "renew_deadline": 0.6, "retry_period": 0.1}
 
+pytestmark = pytest.mark.serial  # hand-overs are held to those (scaled-down) durations
+
 
 async def eventually(check: Callable[[], Any], timeout: float = 5.0) -> None:
     loop = asyncio.get_running_loop()

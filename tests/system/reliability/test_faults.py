@@ -23,7 +23,7 @@ from devkit.reliability.faultkit import (
 )
 from devkit.reliability.gateway import Gateway, open_fds, threads
 
-pytestmark = pytest.mark.envoy
+pytestmark = [pytest.mark.envoy, pytest.mark.serial]
 
 SCRAPE_INTERVAL = 0.05
 STALENESS = 0.5

@@ -11,7 +11,7 @@ from bench.soak import run_soak
 from devkit.reliability.faultkit import SimFleet, start_sim_gateway
 from devkit.reliability.gateway import Gateway
 
-pytestmark = pytest.mark.envoy
+pytestmark = [pytest.mark.envoy, pytest.mark.serial]
 
 SECONDS = 55
 
