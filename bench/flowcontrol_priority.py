@@ -160,20 +160,23 @@ def _alive(pid: int) -> bool:
 
 
 def contenders(max_concurrency: int, sheddable_queue: int,
-               sheddable_ceiling: float) -> list[Contender]:
+               sheddable_ceiling: float, low_ceiling: float = 0.25) -> list[Contender]:
     return [EnvoyLB("envoy-rr", "ROUND_ROBIN"),
             Epp("epp-tuned", TUNED_CONFIG, OBJECTIVES),
             SampledFlowEpp("epp-flowcontrol-priority",
                            priority_config(max_concurrency, sheddable_queue), OBJECTIVES),
             SampledFlowEpp("epp-flowcontrol-reserve",
                            priority_config(max_concurrency, sheddable_queue, sheddable_ceiling),
+                           OBJECTIVES),
+            SampledFlowEpp("epp-flowcontrol-reserve-low",
+                           priority_config(max_concurrency, sheddable_queue, low_ceiling),
                            OBJECTIVES)]
 
 
 def flood_part(args: argparse.Namespace, run_dir: Path) -> None:
     seeds = [int(s) for s in args.seeds.split(",")]
     cs = [c for c in contenders(args.max_concurrency, args.sheddable_queue,
-                                args.sheddable_ceiling)
+                                args.sheddable_ceiling, args.low_ceiling)
           if not args.contenders or c.name in args.contenders.split(",")]
     rows: dict[str, list[dict[str, Any]]] = {}
     for i, seed in enumerate(seeds):
@@ -358,6 +361,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sheddable-ceiling", type=float, default=0.5,
                    help="epp-flowcontrol-reserve: saturation above which sheddable requests "
                         "wait (priority-usage-limit-policy)")
+    p.add_argument("--low-ceiling", type=float, default=0.25,
+                   help="epp-flowcontrol-reserve-low: the same with this lower ceiling (fewer "
+                        "sheddable prefills share a critical request's engine steps)")
     p.add_argument("--duration", type=float, default=20.0, help="model seconds per run")
     p.add_argument("--timeout", type=float, default=120.0)
     p.add_argument("--servers", type=int, default=FLEET_SIZE)
