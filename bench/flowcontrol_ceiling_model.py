@@ -39,11 +39,15 @@ SHAREGPT = WORKLOADS["sharegpt"]
 
 
 def run(n_sheddable: int, critical_load: float, duration: float, seed: int,
-        servers: int = 1) -> tuple[list[float], float]:
+        servers: int = 1, token_budget: int = 0) -> tuple[list[float], float]:
     """Critical TTFTs (model seconds) and sheddable completions per second per server.
     A critical request goes to the server with the fewest requests (running + waiting),
-    the lowest index on ties; each server keeps ``n_sheddable`` sheddable ones."""
-    engines = [Engine(get_profile("8b-h100"), seed=seed + k) for k in range(servers)]
+    the lowest index on ties; each server keeps ``n_sheddable`` sheddable ones.
+    ``token_budget`` > 0 replaces the profile's ``max_num_batched_tokens``."""
+    profile = get_profile("8b-h100")
+    if token_budget:
+        profile = profile.with_overrides({"max_num_batched_tokens": token_budget})
+    engines = [Engine(profile, seed=seed + k) for k in range(servers)]
     rng = random.Random(f"ceiling:critical:{seed}")
     rate = critical_load * SHAREGPT.per_server * servers
     arrivals = lengths(rng, SHAREGPT.parameters,
@@ -123,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=200.0, help="model seconds per run")
     p.add_argument("--servers", type=int, default=8,
                    help="servers (critical requests go to the least busy one)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=0,
+                   help="vLLM's per-step token budget (default: the profile's, 8192)")
     args = p.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
     idle: dict[int, float] = {}
@@ -134,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     for n in [int(x) for x in args.sheddable.split(",")]:
         p50s, p90s, ratios, rates = [], [], [], []
         for seed in seeds:
-            ttfts, shed_rate = run(n, args.critical_load, args.duration, seed, args.servers)
+            ttfts, shed_rate = run(n, args.critical_load, args.duration, seed, args.servers,
+                                   args.max_num_batched_tokens)
             p50s.append(pct(ttfts, 0.5))
             p90s.append(pct(ttfts, 0.9))
             if n == 0:
