@@ -92,6 +92,9 @@ class PriorityMix:
     capacity when ``flood`` > 0; both the ShareGPT-like mix, told apart by the objective
     header. The critical schedule depends only on the seed (same in idle and flood runs)."""
 
+    #: run_one's per-class report is not used; this bench splits classes itself.
+    by_class = False
+
     name: str
     critical: float
     flood: float
