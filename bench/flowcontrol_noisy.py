@@ -71,6 +71,9 @@ class TenantMix:
     """The quiet tenants, plus the noisy one when ``noisy``: ShareGPT-like requests, each
     tenant with its fairness id header; ``load`` 1.0 = the fleet's nominal capacity."""
 
+    #: run_one's per-class report is not used; this bench splits classes itself.
+    by_class = False
+
     name: str
     noisy: bool
 

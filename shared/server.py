@@ -44,6 +44,16 @@ class ServeOptions:
     """Also serve the health service on the ext_proc port (upstream's ``--health-checking``)."""
 
 
+#: Streams gRPC core may hold for the ext_proc server between their arrival and the moment
+#: ``grpc.aio``'s loop takes them up. Core's defaults (1,000, dropping at random up to 3,000,
+#: then refusing every new stream) cancelled ~10-25% of a burst of 10,000 streams the EPP
+#: would otherwise have queued (bench.flowcontrol_priority); Go's gRPC server, which upstream
+#: runs, has no such backlog. Admission is flow control's job (its queue limits answer 429),
+#: so the backlog is set far above any queue a pool is configured for. A stream still waits
+#: at most gRPC's 30 s before core drops it.
+PENDING_STREAMS_SOFT, PENDING_STREAMS_HARD = 50_000, 100_000
+
+
 #: Health service names that mean "ready for traffic": the server as a whole (``""``), the
 #: ext_proc service, upstream's ``readiness`` (probed with leader election) and
 #: ``inference-extension`` (upstream's inferencepool chart probes it with one replica).
@@ -108,6 +118,8 @@ async def serve(
         ("grpc.so_reuseport", 0),
         ("grpc.max_receive_message_length", opts.max_message_bytes),
         ("grpc.max_send_message_length", opts.max_message_bytes),
+        ("grpc.server.max_pending_requests", PENDING_STREAMS_SOFT),
+        ("grpc.server.max_pending_requests_hard_limit", PENDING_STREAMS_HARD),
     ])
     pb_grpc.add_ExternalProcessorServicer_to_server(servicer, server)
     if opts.health_on_grpc_port:
