@@ -253,8 +253,14 @@ class _Stream:
     @property
     def finished(self) -> bool:
         """Nothing is left to answer, so the stream may end here (see the module docstring:
-        a stream left waiting for Envoy cost ~130 bytes each, docs/reliability.md "Soak")."""
-        return self.response_done or (self.request_done and not self.ex.wants_response)
+        a stream left waiting for Envoy cost ~130 bytes each, docs/reliability.md "Soak").
+
+        A request-only exchange (``wants_response`` False) ends early only when Envoy sends
+        no response body: with a body mode Envoy hands the body's chunks to this stream and
+        waits for them back, and a stream that ended meanwhile lost them (the client got the
+        headers and an empty body), so the body is passed through to its end instead."""
+        return self.response_done or (self.request_done and not self.ex.wants_response
+                                      and self.resp_mode is BodyMode.NONE)
 
     def half_closed(self) -> None:
         """Envoy ended the stream: complete if the request was decided and no response was

@@ -81,6 +81,22 @@ def test_a_request_only_exchange_ends_the_stream_once_the_request_is_answered(
     assert ends_by_itself(ExtProcServicer(RequestOnly, request_mode=mode), REQUEST)
 
 
+def test_a_request_only_exchange_passes_a_response_body_envoy_sends_it_through() -> None:
+    # Envoy configured to send the response body (the BBR chart's Istio filter) waits for
+    # every chunk back; ending the stream after the request lost the body in a race.
+    servicer = ExtProcServicer(RequestOnly, request_mode=BodyMode.FULL_DUPLEX_STREAMED,
+                               response_mode=BodyMode.FULL_DUPLEX_STREAMED)
+    assert not ends_by_itself(servicer, REQUEST)
+
+    async def go() -> bytes:
+        out = b""
+        async for resp in servicer.Process(OpenStream([*REQUEST, *RESPONSE]), None):
+            out += resp.response_body.response.body_mutation.streamed_response.body
+        return out
+
+    assert asyncio.run(asyncio.wait_for(go(), 2.0)) == b'{"choices": []}'
+
+
 def test_an_exchange_that_wants_the_response_keeps_reading_until_its_end() -> None:
     servicer = duplex_servicer(BodyMode.FULL_DUPLEX_STREAMED)
     assert not ends_by_itself(servicer, REQUEST)
