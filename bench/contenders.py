@@ -109,6 +109,19 @@ def _tail(path: Path, n: int = 15) -> str:
         return ""
 
 
+def wait_router_ready(proc: subprocess.Popen[Any], port: int, name: str, log: Path,
+                      timeout: float = 60.0) -> None:
+    """Block until the router ``proc`` on ``port`` answers ``GET /v1/models``; raise with the
+    tail of its ``log`` if it exits first or is not ready within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not http_ok(f"http://127.0.0.1:{port}/v1/models"):
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited {proc.returncode}: {_tail(log)}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{name} not ready: {_tail(log)}")
+        time.sleep(0.2)
+
+
 # -- the fleet ---------------------------------------------------------------------------------
 @dataclass
 class SimFleet:
@@ -325,13 +338,7 @@ class PeerRouter(Contender):
         (workdir / "command.txt").write_text(" ".join(cmd) + "\n")
         proc = _popen(cmd, log, env=peer_env())
         try:
-            deadline = time.monotonic() + 60
-            while not http_ok(f"http://127.0.0.1:{port}/v1/models"):
-                if proc.poll() is not None:
-                    raise RuntimeError(f"{self.name} exited {proc.returncode}: {_tail(log)}")
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{self.name} not ready: {_tail(log)}")
-                time.sleep(0.2)
+            wait_router_ready(proc, port, self.name, log)
             yield f"http://127.0.0.1:{port}"
         finally:
             _stop(proc)

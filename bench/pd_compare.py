@@ -62,7 +62,7 @@ from typing import Any
 import orjson
 import yaml
 
-from bench.contenders import _popen, _stop, _tail, http_ok, pool_gateway_config
+from bench.contenders import _popen, _stop, _tail, pool_gateway_config, wait_router_ready
 from bench.loadgen import percentile as pct
 from bench.openloop import Outcome
 from bench.peers import PEERS, peer_env
@@ -273,13 +273,7 @@ def _vllm_router_pd(procs: list[subprocess.Popen[bytes]], workdir: Path,
     log = workdir / "vllm-router.log"
     proc = _popen(cmd, log, env=peer_env())
     procs.append(proc)
-    deadline = time.monotonic() + 60
-    while not http_ok(f"http://127.0.0.1:{port}/v1/models"):
-        if proc.poll() is not None:
-            raise RuntimeError(f"vllm-router exited {proc.returncode}: {_tail(log)}")
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"vllm-router not ready: {_tail(log)}")
-        time.sleep(0.2)
+    wait_router_ready(proc, port, "vllm-router", log)
     return Fleet(procs, f"http://127.0.0.1:{port}", 0, [],
                  [int(u.rsplit(":", 1)[1]) for u in decoders])
 
