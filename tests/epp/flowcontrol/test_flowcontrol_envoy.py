@@ -1,7 +1,8 @@
 """Flow control end to end: real Envoy → real ``epp`` (``featureGates: [flowControl]``) →
 a small real model server whose scraped queue the test sets, which makes the pool saturated
-or not. Requests wait in the EPP, are released in band order, and get 429/503 answers with
-``retry-after``; a client that goes away frees its place at once."""
+or not (the order tests instead hold requests on the server, and one request in flight fills
+the pool). Requests wait in the EPP, are released in band order, and get 429/503 answers
+with ``retry-after``; a client that goes away frees its place at once."""
 
 from __future__ import annotations
 
@@ -29,13 +30,17 @@ OBJECTIVES = [
     for name, prio in (("critical", 10), ("standard", 0), ("batch", -1))
 ]
 # One waiting request on the server saturates the pool (queue / 1 >= 1).
+SCRAPED_QUEUE = "{type: utilization-detector, name: detector, parameters: {queueDepthThreshold: 1}}"
+# One request in flight saturates the pool: the EPP's own count, so the order requests reach
+# the server is its release order (a scrape could report a released request's place free
+# before the request reaches the server, and let the next one overtake it).
+ONE_IN_FLIGHT = "{type: concurrency-detector, name: detector, parameters: {maxConcurrency: 1}}"
 CONFIG = """\
 featureGates: [flowControl]
 plugins:
-- type: utilization-detector
-  parameters: {queueDepthThreshold: 1}
+- %s
 - {type: round-robin-fairness-policy, name: tenants}
-saturationDetector: {pluginRef: utilization-detector}
+saturationDetector: {pluginRef: detector}
 flowControl:
   defaultRequestTTL: %s
   priorityBands:
@@ -46,11 +51,11 @@ flowControl:
 
 class Gateway:
     def __init__(self, bg: BackgroundLoop, tmp: Path, server: FakeModelServer,
-                 ttl: str = "60s") -> None:
+                 ttl: str = "60s", detector: str = SCRAPED_QUEUE) -> None:
         manifests = tmp / "pool.yaml"
         write_yaml(manifests, pool_manifests("pool", [(server.name, server.host)],
                                              server.port, OBJECTIVES))
-        self.epp = EppProcess(manifests, "--config-text", CONFIG % ttl,
+        self.epp = EppProcess(manifests, "--config-text", CONFIG % (detector, ttl),
                               "--refresh-metrics-interval", "20ms",
                               log_path=tmp / "epp.log").wait_serving()
         admin, self.port = e.free_port(), e.free_port()
@@ -78,6 +83,13 @@ class Gateway:
         r = httpx.get(f"http://127.0.0.1:{self.epp.metrics}/debug/pool", timeout=5)
         body: dict[str, Any] = r.json()
         return body
+
+    def fill(self, server: FakeModelServer) -> Future[httpx.Response]:
+        """With ``ONE_IN_FLIGHT``: hold a request on the server, which fills the pool."""
+        server.hold = True
+        blocker = self.send_async("critical", "blocker")
+        until(lambda: len(server.requests) == 1, "the blocker to reach the server")
+        return blocker
 
     def saturate(self, server: FakeModelServer) -> None:
         """Make the server report a queue, and wait until the EPP has scraped it."""
@@ -112,33 +124,41 @@ def until(cond: Callable[[], bool], what: str, timeout: float = 15) -> None:
 def server(bg: BackgroundLoop) -> Iterator[FakeModelServer]:
     [s] = start_servers(bg, 1)
     yield s
+    s.released = 1 << 30  # a failed test must not leave requests held
     bg.run(s.stop())
 
 
 @pytest.fixture
 def gw(bg: BackgroundLoop, tmp_path: Path, server: FakeModelServer,
        request: pytest.FixtureRequest) -> Iterator[Gateway]:
-    g = Gateway(bg, tmp_path, server, getattr(request, "param", "60s"))
+    g = Gateway(bg, tmp_path, server, **getattr(request, "param", {}))
     yield g
     g.stop()
 
 
+def release_in_turn(server: FakeModelServer, futures: list[Future[httpx.Response]],
+                    blocker: Future[httpx.Response]) -> list[str]:
+    """End the held requests one at a time (each end frees the one place); the prompts in the
+    order they reached the server after the blocker."""
+    for i in range(1, len(futures) + 1):
+        server.released += 1
+        until(lambda i=i: len(server.requests) >= i + 1, f"request {i} to reach the server")
+        assert len(server.requests) == i + 1  # one place, one request
+    server.released += 1
+    assert [f.result().status_code for f in [blocker, *futures]] == [200] * (len(futures) + 1)
+    return [r["body"]["prompt"] for r in server.requests[1:]]
+
+
+@pytest.mark.parametrize("gw", [{"detector": ONE_IN_FLIGHT}], indirect=True)
 def test_queued_requests_complete_in_band_order(gw: Gateway, server: FakeModelServer) -> None:
-    gw.saturate(server)
+    blocker = gw.fill(server)
     futures = []
     for objective, tag in (("batch", "low"), ("standard", "mid"), ("critical", "high")):
         n = gw.debug()["queued"]
         futures.append(gw.send_async(objective, tag))
         until(lambda n=n: gw.debug()["queued"] == n + 1, f"{tag} to be queued")
-    assert server.requests == []  # everything waits in the EPP
-    # One at a time: a held request keeps the pool saturated, so the arrival order at the
-    # server is the EPP's release order, not a race between Envoy's upstream connections.
-    server.hold, server.waiting = True, 0
-    for i, tag in enumerate(("high", "mid", "low")):
-        until(lambda i=i: len(server.requests) == i + 1, f"{tag} to reach the server")
-        assert server.requests[i]["body"]["prompt"] == tag
-        server.released += 1
-    assert [f.result().status_code for f in futures] == [200, 200, 200]
+    assert len(server.requests) == 1  # everything waits in the EPP
+    assert release_in_turn(server, futures, blocker) == ["high", "mid", "low"]
 
 
 def test_full_band_answers_429_with_retry_after(gw: Gateway, server: FakeModelServer) -> None:
@@ -153,7 +173,7 @@ def test_full_band_answers_429_with_retry_after(gw: Gateway, server: FakeModelSe
     assert [f.result().status_code for f in waiting] == [200, 200]
 
 
-@pytest.mark.parametrize("gw", ["300ms"], indirect=True)
+@pytest.mark.parametrize("gw", [{"ttl": "300ms"}], indirect=True)
 def test_ttl_expiry_answers_503_with_retry_after(gw: Gateway, server: FakeModelServer) -> None:
     gw.saturate(server)
     r = gw.send("standard", "too patient")
@@ -182,17 +202,16 @@ def test_client_disconnect_frees_its_place(gw: Gateway, server: FakeModelServer)
     assert "impatient" not in [r["body"]["prompt"] for r in server.requests]
 
 
+@pytest.mark.parametrize("gw", [{"detector": ONE_IN_FLIGHT}], indirect=True)
 def test_tenants_of_a_round_robin_band_take_turns(gw: Gateway,
                                                   server: FakeModelServer) -> None:
-    gw.saturate(server)
+    blocker = gw.fill(server)
     futures = []
     for tenant, tag in (("noisy", "n0"), ("noisy", "n1"), ("noisy", "n2"), ("quiet", "q0")):
         n = gw.debug()["queued"]
         futures.append(gw.send_async("critical", tag, tenant=tenant))
         until(lambda n=n: gw.debug()["queued"] == n + 1, f"{tag} queued")
-    server.waiting = 0
-    assert [f.result().status_code for f in futures] == [200] * 4
-    assert [r["body"]["prompt"] for r in server.requests] == ["n0", "q0", "n1", "n2"]
+    assert release_in_turn(server, futures, blocker) == ["n0", "q0", "n1", "n2"]
 
 
 def test_epp_shutdown_answers_queued_requests_with_503(gw: Gateway,
