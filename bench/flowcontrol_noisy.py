@@ -115,6 +115,14 @@ flowControl:
 """
 
 
+def token_concurrency_config(max_tokens: int) -> str:
+    """:func:`concurrency_config` counting estimated prompt tokens in flight per endpoint
+    (``concurrencyMode: tokens``) instead of requests."""
+    return concurrency_config(1).replace(
+        "parameters: {maxConcurrency: 1}",
+        f"parameters: {{concurrencyMode: tokens, maxTokenConcurrency: {max_tokens}}}", 1)
+
+
 def contenders() -> list[Contender]:
     return [EnvoyLB("envoy-rr", "ROUND_ROBIN"), Epp("epp-tuned", TUNED_CONFIG),
             FlowEpp("epp-flowcontrol-fair", FAIR_CONFIG),
