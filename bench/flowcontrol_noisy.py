@@ -96,22 +96,23 @@ class TenantMix:
         return sorted(specs, key=lambda s: s.at)
 
 
-def concurrency_config(max_concurrency: int) -> str:
-    """TUNED_CONFIG + flow control with round-robin fairness, dispatching on upstream's
-    ``concurrency-detector`` (requests in flight per endpoint) instead of the scraped queue;
-    also a filter, so no endpoint goes past it."""
+def concurrency_config(max_concurrency: int,
+                       fairness: str = "round-robin-fairness-policy") -> str:
+    """TUNED_CONFIG + flow control with ``fairness`` between the tenants, dispatching on
+    upstream's ``concurrency-detector`` (requests in flight per endpoint) instead of the
+    scraped queue; also a filter, so no endpoint goes past it."""
     return TUNED_CONFIG.replace("plugins:\n", f"""plugins:
 - type: concurrency-detector
   parameters: {{maxConcurrency: {max_concurrency}}}
-- type: round-robin-fairness-policy
-""", 1).replace("  plugins:\n", "  plugins:\n  - pluginRef: concurrency-detector\n", 1) + """\
-saturationDetector: {pluginRef: concurrency-detector}
+- type: {fairness}
+""", 1).replace("  plugins:\n", "  plugins:\n  - pluginRef: concurrency-detector\n", 1) + f"""\
+saturationDetector: {{pluginRef: concurrency-detector}}
 featureGates:
 - flowControl
 flowControl:
   defaultRequestTTL: 60s
   defaultPriorityBand:
-    fairnessPolicyRef: round-robin-fairness-policy
+    fairnessPolicyRef: {fairness}
 """
 
 
@@ -127,7 +128,10 @@ def contenders() -> list[Contender]:
     return [EnvoyLB("envoy-rr", "ROUND_ROBIN"), Epp("epp-tuned", TUNED_CONFIG),
             FlowEpp("epp-flowcontrol-fair", FAIR_CONFIG),
             *(FlowEpp(f"epp-flowcontrol-fair-c{n}", concurrency_config(n))
-              for n in (4, 8, 16))]
+              for n in (4, 8, 16)),
+            *(FlowEpp(f"epp-flowcontrol-least-c{n}",
+                      concurrency_config(n, "least-inflight-fairness-policy"))
+              for n in (6, 8, 10))]
 
 
 def max_min_shares(demands: dict[str, float], total: float) -> dict[str, float]:

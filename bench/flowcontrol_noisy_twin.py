@@ -129,7 +129,9 @@ def run(config: str, seed: int, noisy: bool, servers: int) -> dict[str, float]:
 
 
 CONFIGS = {
-    **{f"c{n}": concurrency_config(n) for n in (4, 5, 6, 7, 8)},
+    **{f"c{n}": concurrency_config(n) for n in (4, 5, 6, 7, 8, 10)},
+    **{f"least-c{n}": concurrency_config(n, "least-inflight-fairness-policy")
+       for n in (6, 7, 8, 10, 12)},
     **{f"t{n}": token_concurrency_config(n) for n in (4000, 6000, 8000)},
 }
 
