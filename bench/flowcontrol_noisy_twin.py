@@ -9,7 +9,7 @@ generator or CPU contention, so no lock is needed and a sweep takes a minute or 
 Same schedules as the real bench (three quiet tenants at 0.1x capacity each, a noisy one at
 1.0x, each naming itself in ``x-gateway-inference-fairness-id``; 20 model s of arrivals).
 Per config and seed, a solo run (quiet tenants alone) and a flood run. Reported, median
-[min, max] over seeds:
+over seeds [95% bootstrap interval of the median]:
 
 - the quiet tenants' TTFT p90 solo, under the flood, and flood / solo;
 - where their time went under the flood, for the requests at or above their p90: waiting in
@@ -40,6 +40,7 @@ from bench.flowcontrol_noisy import (
 )
 from bench.loadgen import percentile as pct
 from bench.slo_twin import Twin
+from bench.stats import bootstrap_median
 from bench.twin.vtime import run_in_virtual_time
 from bench.workloads import FLEET_SIZE
 from epp.requestcontrol import Routed
@@ -137,11 +138,12 @@ CONFIGS = {
 
 
 def spread(xs: list[float], digits: int = 2) -> str:
+    """Median [95% bootstrap interval of the median] over seeds."""
     xs = [x for x in xs if x == x]
     if not xs:
         return "n/a"
-    return (f"{statistics.median(xs):.{digits}f} "
-            f"[{min(xs):.{digits}f}, {max(xs):.{digits}f}]")
+    iv = bootstrap_median(xs)
+    return f"{iv.median:.{digits}f} [{iv.lo:.{digits}f}, {iv.hi:.{digits}f}]"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -159,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown config(s): {', '.join(unknown)}")
     base_tok: dict[int, float] = {}
     print(f"noisy tenant in virtual time, {args.servers} servers, seeds {seeds}; "
-          "median [min, max] over seeds")
+          "median [95% bootstrap interval] over seeds")
     print("| config | quiet p90 solo s | flood s | flood / solo | p90 tail: EPP / engine "
           "queue / prefill | quiet mean EPP wait s | noisy in flight per server | "
           "tok/s in window | tok/s / first | Jain |")
