@@ -157,9 +157,8 @@ class LeastInflightFairness(Plugin):
     pool's *slots*. Under a flood the flooding tenant holds nearly every slot, so a request
     of a tenant with few in flight is released at the next free slot instead of waiting for
     its turn behind the flood (max-min fairness over the requests each tenant holds). A
-    flow with nothing in flight always goes before one with some, so a heavy flow is never
-    starved below the others' share. Ours, not upstream's (v1.5 has global-strict and
-    round-robin only).
+    heavy flow is never starved: once it holds the fewest, it goes next. Ours, not
+    upstream's (v1.5 has global-strict and round-robin only).
     """
 
     type_name: ClassVar[str] = "least-inflight-fairness-policy"
