@@ -58,8 +58,10 @@ def inflight(gw: Gateway) -> dict[str, int]:
 
 def test_the_freed_slot_goes_to_the_tenant_holding_fewest(gw: Gateway,
                                                          server: FakeModelServer) -> None:
-    held = [gw.send_async("standard", f"a{i}", tenant="a") for i in range(2)]
-    until(lambda: len(server.requests) == 2, "a's two requests to reach the server")
+    held = []
+    for i in range(2):  # one after the other: the server releases them in arrival order
+        held.append(gw.send_async("standard", f"a{i}", tenant="a"))
+        until(lambda i=i: len(server.requests) == i + 1, f"a{i} to reach the server")
     assert inflight(gw) == {"a": 2}
     waiting = [gw.send_async("standard", "a-waits", tenant="a")]
     until(lambda: gw.debug()["queued"] == 1, "a's third request to be queued")
