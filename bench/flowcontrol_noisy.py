@@ -41,6 +41,7 @@ from bench.contenders import TUNED_CONFIG, Contender, EnvoyLB, Epp
 from bench.flowcontrol_probe import FlowEpp
 from bench.loadgen import percentile as pct
 from bench.openloop import Outcome
+from bench.stats import bootstrap_median
 from bench.workloads import FLEET_SIZE, WORKLOADS, RequestSpec, Workload, lengths, poisson_arrivals
 
 QUIET = ("quiet-a", "quiet-b", "quiet-c")
@@ -96,30 +97,42 @@ class TenantMix:
         return sorted(specs, key=lambda s: s.at)
 
 
-def concurrency_config(max_concurrency: int) -> str:
-    """TUNED_CONFIG + flow control with round-robin fairness, dispatching on upstream's
-    ``concurrency-detector`` (requests in flight per endpoint) instead of the scraped queue;
-    also a filter, so no endpoint goes past it."""
+def concurrency_config(max_concurrency: int,
+                       fairness: str = "round-robin-fairness-policy") -> str:
+    """TUNED_CONFIG + flow control with ``fairness`` between the tenants, dispatching on
+    upstream's ``concurrency-detector`` (requests in flight per endpoint) instead of the
+    scraped queue; also a filter, so no endpoint goes past it."""
     return TUNED_CONFIG.replace("plugins:\n", f"""plugins:
 - type: concurrency-detector
   parameters: {{maxConcurrency: {max_concurrency}}}
-- type: round-robin-fairness-policy
-""", 1).replace("  plugins:\n", "  plugins:\n  - pluginRef: concurrency-detector\n", 1) + """\
-saturationDetector: {pluginRef: concurrency-detector}
+- type: {fairness}
+""", 1).replace("  plugins:\n", "  plugins:\n  - pluginRef: concurrency-detector\n", 1) + f"""\
+saturationDetector: {{pluginRef: concurrency-detector}}
 featureGates:
 - flowControl
 flowControl:
   defaultRequestTTL: 60s
   defaultPriorityBand:
-    fairnessPolicyRef: round-robin-fairness-policy
+    fairnessPolicyRef: {fairness}
 """
+
+
+def token_concurrency_config(max_tokens: int) -> str:
+    """:func:`concurrency_config` counting estimated prompt tokens in flight per endpoint
+    (``concurrencyMode: tokens``) instead of requests."""
+    return concurrency_config(1).replace(
+        "parameters: {maxConcurrency: 1}",
+        f"parameters: {{concurrencyMode: tokens, maxTokenConcurrency: {max_tokens}}}", 1)
 
 
 def contenders() -> list[Contender]:
     return [EnvoyLB("envoy-rr", "ROUND_ROBIN"), Epp("epp-tuned", TUNED_CONFIG),
             FlowEpp("epp-flowcontrol-fair", FAIR_CONFIG),
             *(FlowEpp(f"epp-flowcontrol-fair-c{n}", concurrency_config(n))
-              for n in (4, 8, 16))]
+              for n in (4, 8, 16)),
+            *(FlowEpp(f"epp-flowcontrol-least-c{n}",
+                      concurrency_config(n, "least-inflight-fairness-policy"))
+              for n in (6, 8, 10))]
 
 
 def max_min_shares(demands: dict[str, float], total: float) -> dict[str, float]:
@@ -200,6 +213,18 @@ def queue_line(workdir: Path) -> str:
                      f"({v['mean_wait_s']:.2f} s)" for k, v in sorted(summary.items()))
 
 
+def quiet_epp_wait(workdir: Path) -> float | None:
+    """The quiet tenants' mean wait in the EPP's queues (s; every request, 0 for the ones
+    that went at once), from the run's flow-control histogram; None without flow control."""
+    debug = workdir / "debug.json"
+    if not debug.exists():
+        return None
+    summary = orjson.loads(debug.read_bytes()).get("flowControlQueue") or {}
+    rows = [v for k, v in summary.items() if k.split("/", 1)[1] in QUIET]
+    n = sum(v["count"] for v in rows)
+    return sum(v["mean_wait_s"] * v["count"] for v in rows) / n if n else None
+
+
 def spread(values: list[float]) -> str:
     values = [v for v in values if v == v]  # drop NaN
     if not values:
@@ -241,12 +266,18 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"  {w.name} {c.name} queued in the EPP: {queued}", flush=True)
                 quiet = [t for q in QUIET for t in ttft.get(q, [])]
                 row[f"{w.name}_quiet_p90"] = pct(quiet, 0.9)
+                wait = quiet_epp_wait(workdir)
+                if wait is not None and quiet:
+                    # the rest of their TTFT is spent on the servers (and the wire)
+                    row[f"{w.name}_epp_share"] = wait / statistics.fmean(quiet)
                 row[f"{w.name}_errors"] = res.errors
                 if noisy:
                     got, asked = tokens_within(specs, outcomes, args.time_scale,
                                                args.duration)
                     demand = {t: asked.get(t, 0) for t in (*QUIET, NOISY)}
                     row["jain"] = jain_of_shares(got, demand)
+                    # throughput under the flood: every tenant's tokens in the window
+                    row["tok_s"] = sum(got.values()) / args.duration
                     row["noisy_goodput_share"] = got.get(NOISY, 0) / max(
                         1e-9, sum(got.values()))
                     # the earlier measure: requests completed within the window
@@ -258,7 +289,23 @@ def main(argv: list[str] | None = None) -> int:
             print(f"seed {seed} {c.name}: quiet p90 solo {row['quiet_quiet_p90']:.3f} s, "
                   f"flood {row['noisy_quiet_p90']:.3f} s (x{row['ratio']:.2f}), "
                   f"Jain {row['jain']:.3f} (completed {row['jain_completed']:.3f}), "
+                  f"tok/s {row['tok_s']:.0f}, quiet EPP wait / mean TTFT "
+                  f"{row.get('noisy_epp_share', float('nan')):.2f}, "
                   f"errors {row['noisy_errors']:.0f}", flush=True)
+    print(f"\nnoisy tenant, seeds {seeds}: median [95% bootstrap interval] over seeds")
+    base = cs[0].name if cs else ""
+    print("| contender | quiet TTFT p90 solo s | with flood s | flood / solo | "
+          f"tok/s in window (flood) | tok/s / {base} (paired) | Jain | "
+          "quiet EPP wait / mean TTFT (flood) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for name, rs in rows.items():
+        def iv(k: str, rs: list[dict[str, float]] = rs) -> str:
+            return str(bootstrap_median([r[k] for r in rs]))
+        rel = str(bootstrap_median([r["tok_s"] / b["tok_s"]
+                                    for r, b in zip(rs, rows[base], strict=True)]))
+        print(f"| {name} | {iv('quiet_quiet_p90')} | {iv('noisy_quiet_p90')} | "
+              f"{iv('ratio')} | {iv('tok_s')} | {rel} | {iv('jain')} | "
+              f"{spread([r.get('noisy_epp_share', float('nan')) for r in rs])} |")
     print(f"\nnoisy tenant, seeds {seeds}: median [min, max] over seeds")
     print("| contender | quiet TTFT p90 solo s | with flood s | flood / solo | Jain | "
           "noisy share of goodput | Jain (completed) | errors (flood) |")

@@ -3,8 +3,9 @@
 The admitter turns the request into a :class:`FlowControlRequest` — flow = its priority and
 its ``x-gateway-inference-fairness-id`` header (``default-flow`` without one) — and awaits the
 controller: it returns when the request is released, or raises the client's 429/503. It is
-also a response-complete plugin: every finished response tells the dispatcher that capacity
-may have freed.
+also a pre-request and a response-complete plugin: it counts each flow's requests in flight
+from the pick to the end of the response (``least-inflight-fairness-policy`` reads them), and
+every finished response tells the dispatcher that capacity may have freed.
 
 It is not a plugin type users configure: the feature gate builds it (as upstream swaps its
 admission controller), with the pool's saturation detector as the dispatch signal.
@@ -18,8 +19,15 @@ from typing import Any
 from epp.datastore import Datastore, EndpointView
 from epp.flowcontrol.controller import FlowController
 from epp.flowcontrol.types import DEFAULT_FAIRNESS_ID, FAIRNESS_ID_HEADER, FlowControlRequest
-from epp.requestcontrol.plugin import Admitter, Response, ResponseComplete, SaturationDetector
+from epp.requestcontrol.plugin import (
+    Admitter,
+    PreRequest,
+    Response,
+    ResponseComplete,
+    SaturationDetector,
+)
 from epp.scheduling.request import LLMRequest
+from epp.scheduling.result import SchedulingResult
 from shared.plugins import Plugin
 
 
@@ -38,7 +46,12 @@ def pool_saturation(detector: SaturationDetector, datastore: Datastore) -> Calla
     return read
 
 
-class FlowControlAdmitter(Plugin, Admitter, ResponseComplete):
+def fairness_id(request: LLMRequest) -> str:
+    """The request's flow within its band: its fairness id header, or the default flow."""
+    return request.headers.get(FAIRNESS_ID_HEADER) or DEFAULT_FAIRNESS_ID
+
+
+class FlowControlAdmitter(Plugin, Admitter, PreRequest, ResponseComplete):
     """Holds each request in the flow controller until it may be scheduled."""
 
     type_name = "flow-control-admitter"
@@ -51,7 +64,7 @@ class FlowControlAdmitter(Plugin, Admitter, ResponseComplete):
         headers = request.headers
         return self.controller.admit(FlowControlRequest(
             request_id=request.request_id,
-            fairness_id=headers.get(FAIRNESS_ID_HEADER) or DEFAULT_FAIRNESS_ID,
+            fairness_id=fairness_id(request),
             priority=request.priority,
             byte_size=request.request_size,
             model_name=request.client_model,
@@ -59,6 +72,9 @@ class FlowControlAdmitter(Plugin, Admitter, ResponseComplete):
             headers=headers,
         ))
 
+    def pre_request(self, request: LLMRequest, result: SchedulingResult) -> None:
+        self.controller.started(request.priority, fairness_id(request))
+
     def response_complete(self, request: LLMRequest, response: Response,
                           endpoint: EndpointView) -> None:
-        self.controller.notify()
+        self.controller.ended(request.priority, fairness_id(request))

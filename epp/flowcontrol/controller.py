@@ -162,6 +162,20 @@ class FlowController:
         """Capacity may have freed (a response ended, metrics refreshed): try to dispatch."""
         self._wake.set()
 
+    def started(self, priority: int, fairness_id: str) -> None:
+        """A request of this flow picked its endpoint (fast path or released): it counts in
+        flight for its flow until :meth:`ended` (what ``least-inflight-fairness-policy``
+        reads)."""
+        self._band(priority).started(fairness_id)
+
+    def ended(self, priority: int, fairness_id: str) -> None:
+        """A request counted by :meth:`started` ended (response done, error or broken
+        stream); capacity may have freed, so the dispatcher wakes."""
+        band = self._bands.get(priority)
+        if band is not None:
+            band.ended(fairness_id)
+        self.notify()
+
     def retry_after(self, now: float | None = None) -> int:
         """Seconds a refused client should wait: the queue's length over the recent dispatch
         rate, within [1, 60]; 10 when nothing was dispatched in the last 10 s."""
@@ -206,6 +220,7 @@ class FlowController:
                     "orderingPolicy": b.ordering.type_name,
                     "flows": {f.fairness_id: {"queued": f.length, "bytes": f.nbytes}
                               for f in b.flows.values()},
+                    "inflight": dict(b.inflight),
                 }
                 for b in self._order
             ],

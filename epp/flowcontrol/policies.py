@@ -6,8 +6,9 @@ Three tiers pick the next request to dispatch (upstream's "3-tier dispatch hiera
    is below its usage limit (``static-usage-limit-policy``), else dispatch stops there
    (head-of-line blocking, so lower bands never take what a higher one waits for);
 2. fairness, between the flows (tenants) of a band: ``global-strict-fairness-policy`` (the best
-   head across all flows, as if the band were one queue) or ``round-robin-fairness-policy``
-   (flows in turn, sorted by fairness id, resuming after the last one served);
+   head across all flows, as if the band were one queue), ``round-robin-fairness-policy``
+   (flows in turn, sorted by fairness id, resuming after the last one served) or our
+   ``least-inflight-fairness-policy`` (the flow holding the fewest requests in flight);
 3. ordering, inside a flow: ``fcfs-ordering-policy`` (arrival), ``edf-ordering-policy``
    (enqueue time + TTL; no TTL sorts last) or ``slo-deadline-ordering-policy`` (arrival +
    ``x-slo-ttft-ms``; no or bad header sorts last). Ties fall back to arrival order.
@@ -148,6 +149,39 @@ class RoundRobinFairness(Plugin):
         return band.flows[chosen]
 
 
+class LeastInflightFairness(Plugin):
+    """The flow with the fewest requests in flight on the pool (picked an endpoint, response
+    not ended) goes next; ties in turn, as ``round-robin-fairness-policy``.
+
+    Round-robin shares *dispatches* between the flows that are waiting; this shares the
+    pool's *slots*. Under a flood the flooding tenant holds nearly every slot, so a request
+    of a tenant with few in flight is released at the next free slot instead of waiting for
+    its turn behind the flood (max-min fairness over the requests each tenant holds). A
+    heavy flow is never starved: once it holds the fewest, it goes next. Ours, not
+    upstream's (v1.5 has global-strict and round-robin only).
+    """
+
+    type_name: ClassVar[str] = "least-inflight-fairness-policy"
+
+    def new_state(self) -> _Cursor:
+        return _Cursor()
+
+    def pick(self, band: Band) -> FlowQueue | None:
+        cursor: _Cursor = band.fairness_state
+        ids = sorted(fid for fid, f in band.flows.items() if f.length)
+        if not ids:
+            cursor.last = None
+            return None
+        start = 0
+        if cursor.last is not None:
+            start = next((i for i, fid in enumerate(ids) if fid > cursor.last), 0)
+        inflight = band.inflight
+        # min() keeps the first of equals: ties go in turn, starting after the last served
+        chosen = min(ids[start:] + ids[:start], key=lambda fid: inflight.get(fid, 0))
+        cursor.last = chosen
+        return band.flows[chosen]
+
+
 @dataclass(frozen=True, slots=True)
 class StaticUsageLimitParameters:
     """``static-usage-limit-policy`` parameters (upstream's)."""
@@ -241,7 +275,7 @@ class PriorityUsageLimit(Plugin):
 #: The built-in policy plugin types (the EPP's registry includes them).
 POLICY_PLUGINS: tuple[type[Plugin], ...] = (
     FCFSOrdering, EDFOrdering, SLODeadlineOrdering, GlobalStrictFairness, RoundRobinFairness,
-    StaticUsageLimit, PriorityUsageLimit)
+    LeastInflightFairness, StaticUsageLimit, PriorityUsageLimit)
 _BY_TYPE = {cls.type_name: cls for cls in POLICY_PLUGINS}
 
 

@@ -98,8 +98,8 @@ class FlowQueue:
 class Band:
     """One priority level: its flows, capacity and policies."""
 
-    __slots__ = ("config", "fairness", "fairness_state", "flows", "length", "nbytes",
-                 "ordering", "priority")
+    __slots__ = ("config", "fairness", "fairness_state", "flows", "inflight", "length",
+                 "nbytes", "ordering", "priority")
 
     def __init__(self, config: PriorityBandConfig, ordering: OrderingPolicy,
                  fairness: FairnessPolicy) -> None:
@@ -109,6 +109,9 @@ class Band:
         self.fairness = fairness
         self.fairness_state: Any = fairness.new_state()
         self.flows: dict[str, FlowQueue] = {}
+        #: Per fairness id, its requests that picked an endpoint and have not ended (only
+        #: ids with some: a flow's count goes when it reaches 0, like an empty flow queue).
+        self.inflight: dict[str, int] = {}
         self.length = 0
         self.nbytes = 0
 
@@ -123,6 +126,18 @@ class Band:
         """Forget an empty flow, so fairness ids sent by clients cannot pile up."""
         if q.length == 0 and self.flows.get(q.fairness_id) is q:
             del self.flows[q.fairness_id]
+
+    def started(self, fairness_id: str) -> None:
+        """One more request of ``fairness_id`` in flight on the pool."""
+        self.inflight[fairness_id] = self.inflight.get(fairness_id, 0) + 1
+
+    def ended(self, fairness_id: str) -> None:
+        """One request of ``fairness_id`` ended; never below 0."""
+        n = self.inflight.get(fairness_id, 0) - 1
+        if n > 0:
+            self.inflight[fairness_id] = n
+        else:
+            self.inflight.pop(fairness_id, None)
 
     def fits(self, nbytes: int) -> bool:
         """Would one more request of ``nbytes`` stay within this band's own limits?"""

@@ -591,5 +591,23 @@ async def test_snapshot_shows_bands_flows_and_limits(make_fc: MakeFC) -> None:
     assert high == {"priority": 5, "queued": 2, "bytes": 13, "maxBytes": 1_000_000_000,
                     "maxRequests": 9, "fairnessPolicy": "round-robin-fairness-policy",
                     "orderingPolicy": "fcfs-ordering-policy",
-                    "flows": {"x": {"queued": 1, "bytes": 3}, "y": {"queued": 1, "bytes": 10}}}
+                    "flows": {"x": {"queued": 1, "bytes": 3}, "y": {"queued": 1, "bytes": 10}},
+                    "inflight": {}}
     assert low["priority"] == -1 and low["flows"] == {"x": {"queued": 1, "bytes": 4}}
+
+
+async def test_inflight_per_flow_counts_started_until_ended_never_below_zero(
+        make_fc: MakeFC) -> None:
+    fc = make_fc(FlowControlConfig())
+    fc.started(0, "x")
+    fc.started(0, "x")
+    fc.started(0, "y")
+    fc.started(-1, "x")  # another band: counted apart
+    fc.ended(0, "y")
+    fc.ended(0, "y")  # one end too many: stays gone, never negative
+    fc.ended(7, "z")  # a band that never existed: nothing to do, no error
+    bands = {b["priority"]: b["inflight"] for b in fc.snapshot()["bands"]}
+    assert bands == {0: {"x": 2}, -1: {"x": 1}}
+    fc.ended(0, "x")
+    fc.ended(0, "x")
+    assert {b["priority"]: b["inflight"] for b in fc.snapshot()["bands"]}[0] == {}

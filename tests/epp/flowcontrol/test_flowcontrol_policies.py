@@ -11,6 +11,7 @@ from epp.flowcontrol.policies import (
     EDFOrdering,
     FCFSOrdering,
     GlobalStrictFairness,
+    LeastInflightFairness,
     PriorityUsageLimit,
     PriorityUsageLimitParameters,
     RoundRobinFairness,
@@ -62,8 +63,37 @@ async def test_round_robin_wraps_around() -> None:
     assert picks == ["a", "b", "a", "b"]
 
 
+async def test_least_inflight_picks_the_waiting_flow_holding_the_fewest_slots() -> None:
+    b = band(LeastInflightFairness())
+    for t in ("a", "b", "c"):
+        b.flow(t).push(await item(t, 1.0))
+    for _ in range(5):
+        b.started("a")
+    b.started("b")
+    b.started("d")  # in flight but nothing waiting: not a candidate
+    picked = b.fairness.pick(b)
+    assert picked is not None and picked.fairness_id == "c"  # 0 in flight beats b's 1
+    b.started("c")
+    b.started("c")
+    picked = b.fairness.pick(b)
+    assert picked is not None and picked.fairness_id == "b"  # b 1, c 2, a 5
+
+
+async def test_least_inflight_takes_equals_in_turn() -> None:
+    b = band(LeastInflightFairness())
+    for t in ("a", "b", "c"):
+        for k in range(2):
+            b.flow(t).push(await item(t, float(k)))
+    picks = []
+    for _ in range(6):
+        q = b.fairness.pick(b)
+        assert q is not None
+        picks.append(q.fairness_id)
+    assert picks == ["a", "b", "c", "a", "b", "c"]
+
+
 async def test_empty_band_picks_nothing() -> None:
-    for policy in (GlobalStrictFairness(), RoundRobinFairness()):
+    for policy in (GlobalStrictFairness(), RoundRobinFairness(), LeastInflightFairness()):
         assert policy.pick(band(policy)) is None
 
 

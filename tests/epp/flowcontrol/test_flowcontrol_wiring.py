@@ -17,7 +17,7 @@ from epp.datastore.objects import parse_object
 from epp.datastore.snapshot import build_snapshot
 from epp.flowcontrol import FlowController, FlowControlUnavailable
 from epp.flowcontrol.admitter import FlowControlAdmitter
-from epp.requestcontrol import Director
+from epp.requestcontrol import Director, Pending, Routed
 from shared.errors import TooManyRequests
 
 X = "inference.networking.x-k8s.io/v1alpha2"
@@ -181,3 +181,72 @@ async def test_concurrency_detector_releases_a_waiting_request_when_one_finishes
     decision, _ = d.dispatch(second)
     assert decision.set_headers["x-gateway-destination-endpoint"] == "10.1.0.1:8000"
     await fc.aclose()
+
+
+def flow_config(fairness: str, max_concurrency: int) -> str:
+    return ("featureGates: [flowControl]\n"
+            f"plugins:\n- type: concurrency-detector\n"
+            f"  parameters: {{maxConcurrency: {max_concurrency}}}\n"
+            f"- type: {fairness}\n"
+            "saturationDetector: {pluginRef: concurrency-detector}\n"
+            f"flowControl:\n  defaultPriorityBand: {{fairnessPolicyRef: {fairness}}}\n")
+
+
+def tenant(request_id: str, fairness_id: str) -> dict[str, str]:
+    return {":path": "/v1/completions", "x-request-id": request_id,
+            "x-gateway-inference-fairness-id": fairness_id}
+
+
+async def test_each_flow_counts_in_flight_from_its_pick_to_the_end_of_its_response() -> None:
+    d = director(flow_config("round-robin-fairness-policy", 4))
+    fc = d.runtime.flow_control
+    assert fc is not None
+    routed = []
+    for n, t in enumerate(("a", "a", "b")):
+        pending = d.prepare(tenant(f"r{n}", t), BODY, {})
+        await d.admit(pending)  # fast path
+        routed.append(d.dispatch(pending)[1])
+    assert fc.snapshot()["bands"][0]["inflight"] == {"a": 2, "b": 1}
+    for r in routed:
+        d.finish(r, completed=False, status=0, response_size=0, prompt_tokens=0,
+                 completion_tokens=0)  # a broken stream ends it too
+    assert fc.snapshot()["bands"][0]["inflight"] == {}
+    await fc.aclose()
+
+
+@pytest.mark.parametrize(("fairness", "released"), [
+    ("least-inflight-fairness-policy", "b"),
+    ("round-robin-fairness-policy", "a"),  # the contrast: in turn, "a" first
+])
+async def test_the_next_free_slot_goes_to_the_flow_holding_the_fewest(
+        fairness: str, released: str) -> None:
+    """Tenant "a" holds both of the endpoint's slots and has another request waiting;
+    tenant "b" then queues one. When a slot frees, least-inflight releases b's (0 in flight)
+    where round-robin would release a's (its turn comes first)."""
+    d = director(flow_config(fairness, 2))
+    fc = d.runtime.flow_control
+    assert fc is not None
+    holding = []
+    for n in range(2):
+        pending = d.prepare(tenant(f"a{n}", "a"), BODY, {})
+        await d.admit(pending)
+        holding.append(d.dispatch(pending)[1])
+
+    async def admit_and_pick(pending: Pending) -> Routed:  # as the ext_proc exchange does
+        await d.admit(pending)
+        return d.dispatch(pending)[1]
+
+    waiting = {t: d.prepare(tenant(f"{t}-waits", t), BODY, {}) for t in ("a", "b")}
+    admitted = {t: asyncio.create_task(admit_and_pick(p)) for t, p in waiting.items()}
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert fc.snapshot()["queued"] == 2
+    d.finish(holding[0], completed=True, status=200, response_size=1, prompt_tokens=1,
+             completion_tokens=1)
+    await asyncio.wait_for(admitted[released], 5)
+    other = "a" if released == "b" else "b"
+    assert not admitted[other].done()
+    assert fc.snapshot()["queued"] == 1
+    await fc.aclose()
+    with pytest.raises(FlowControlUnavailable):
+        await admitted[other]
