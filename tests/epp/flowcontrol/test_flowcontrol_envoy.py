@@ -51,11 +51,12 @@ flowControl:
 
 class Gateway:
     def __init__(self, bg: BackgroundLoop, tmp: Path, server: FakeModelServer,
-                 ttl: str = "60s", detector: str = SCRAPED_QUEUE) -> None:
+                 ttl: str = "60s", detector: str = SCRAPED_QUEUE,
+                 config: str | None = None) -> None:
         manifests = tmp / "pool.yaml"
         write_yaml(manifests, pool_manifests("pool", [(server.name, server.host)],
                                              server.port, OBJECTIVES))
-        self.epp = EppProcess(manifests, "--config-text", CONFIG % (detector, ttl),
+        self.epp = EppProcess(manifests, "--config-text", config or CONFIG % (detector, ttl),
                               "--refresh-metrics-interval", "20ms",
                               log_path=tmp / "epp.log").wait_serving()
         admin, self.port = e.free_port(), e.free_port()

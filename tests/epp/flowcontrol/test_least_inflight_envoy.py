@@ -26,7 +26,7 @@ plugins:
 - type: least-inflight-fairness-policy
 saturationDetector: {pluginRef: concurrency-detector}
 flowControl:
-  defaultRequestTTL: %s
+  defaultRequestTTL: 60s
   defaultPriorityBand: {fairnessPolicyRef: least-inflight-fairness-policy}
 """
 
@@ -41,11 +41,8 @@ def server(bg: BackgroundLoop) -> Iterator[FakeModelServer]:
 
 
 @pytest.fixture
-def gw(bg: BackgroundLoop, tmp_path: Path, server: FakeModelServer,
-       monkeypatch: pytest.MonkeyPatch) -> Iterator[Gateway]:
-    # the flow-control gateway of test_flowcontrol_envoy, with this file's config
-    monkeypatch.setattr("tests.epp.flowcontrol.test_flowcontrol_envoy.CONFIG", CONFIG)
-    g = Gateway(bg, tmp_path, server)
+def gw(bg: BackgroundLoop, tmp_path: Path, server: FakeModelServer) -> Iterator[Gateway]:
+    g = Gateway(bg, tmp_path, server, config=CONFIG)
     yield g
     g.stop()
 
