@@ -20,7 +20,8 @@ about 21 minutes on a busy 2-core machine). Every run starts from nothing on loo
 Variants, for the issue's sweep: ``--threshold`` (the decider's ``nonCachedTokens``),
 ``--split 3:1`` (prefill:decode servers; the aggregated fleet has their sum),
 ``--pd-config gie-scorers`` (both P/D profiles score with the aggregated fleet's scorers and
-weights instead of llm-d's sample), and ``--baseline DIR/results.json`` to reuse an earlier
+weights instead of llm-d's sample), ``--pd-config token-load`` (the prefill profile scores
+prefix and in-flight prompt tokens), and ``--baseline DIR/results.json`` to reuse an earlier
 run's aggregated fleets (same seeds and settings) so a sweep point runs only the P/D fleet.
 
 sglang-router's PD mode is not a contender: it sends the request to the prefill and the
@@ -109,12 +110,26 @@ schedulingProfiles:
             {pluginRef: kv-cache-utilization-scorer, weight: 2},
             {pluginRef: prefix-cache-scorer, weight: 3}]
 """
+_TOKEN_LOAD_PROFILES = """\
+- type: token-load-scorer
+schedulingProfiles:
+- name: prefill
+  plugins: [{pluginRef: prefill-filter}, {pluginRef: max-score-picker},
+            {pluginRef: prefix-cache-scorer, weight: 2}, {pluginRef: token-load-scorer, weight: 1}]
+- name: decode
+  plugins: [{pluginRef: decode-filter}, {pluginRef: max-score-picker},
+            {pluginRef: prefix-cache-scorer, weight: 2}, {pluginRef: queue-scorer, weight: 1}]
+"""
 #: The EPP configs of the ``pd`` fleet (``--pd-config``), ``%d`` being ``nonCachedTokens``.
 #: ``llm-d``: llm-d's sample (deploy/config/pd-epp-config.yaml): prefix (2) and queue (1)
 #: scorers in each profile. ``gie-scorers``: each profile scores with the aggregated fleet's
 #: scorers and weights (GIE v1.5's default config: queue 2, KV-cache utilization 2, prefix 3).
+#: ``token-load``: llm-d's sample with the prefill profile's queue scorer replaced by
+#: ``token-load-scorer`` (the prompt tokens in flight, prefill picks included, on each
+#: prefill pod): without prefix hits the prefill pick is the pod computing the fewest tokens.
 PD_CONFIGS = {"llm-d": _PD_PLUGINS + _LLM_D_PROFILES,
-              "gie-scorers": _PD_PLUGINS + _GIE_PROFILES}
+              "gie-scorers": _PD_PLUGINS + _GIE_PROFILES,
+              "token-load": _PD_PLUGINS + _TOKEN_LOAD_PROFILES}
 #: Issue #16's targets: metric -> (pd / aggregated bound, "le" | "ge").
 TARGETS = {"tpot_p90": (0.6, "le"), "output_tps": (1.0, "ge"), "ttft_p90": (1.3, "le")}
 #: The fleets, in run order within a seed; ratios are against ``aggregated``.
