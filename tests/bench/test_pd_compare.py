@@ -148,6 +148,8 @@ def test_a_3p1d_split_and_a_sweep_run_reusing_the_aggregated_baseline(tmp_path: 
     again = orjson.loads((second / "pd-seed0" / "summary.json").read_bytes())
     assert again["counters"]["kv_pulls"] == requests  # threshold 1: every request
     assert len(again["counters"]["decoder_requests"]) == 2
+    assert len(again["counters"]["prefiller_requests"]) == 2  # and every prefill leg counted
+    assert sum(again["counters"]["prefiller_requests"]) == requests
 
 
 def test_a_baseline_of_other_settings_is_a_one_line_error(tmp_path: Path) -> None:
