@@ -20,7 +20,8 @@ about 21 minutes on a busy 2-core machine). Every run starts from nothing on loo
 Variants, for the issue's sweep: ``--threshold`` (the decider's ``nonCachedTokens``),
 ``--split 3:1`` (prefill:decode servers; the aggregated fleet has their sum),
 ``--pd-config gie-scorers`` (both P/D profiles score with the aggregated fleet's scorers and
-weights instead of llm-d's sample), and ``--baseline DIR/results.json`` to reuse an earlier
+weights instead of llm-d's sample), ``--pd-config token-load`` (the prefill profile scores
+prefix and in-flight prompt tokens), and ``--baseline DIR/results.json`` to reuse an earlier
 run's aggregated fleets (same seeds and settings) so a sweep point runs only the P/D fleet.
 
 sglang-router's PD mode is not a contender: it sends the request to the prefill and the
@@ -109,12 +110,26 @@ schedulingProfiles:
             {pluginRef: kv-cache-utilization-scorer, weight: 2},
             {pluginRef: prefix-cache-scorer, weight: 3}]
 """
+_TOKEN_LOAD_PROFILES = """\
+- type: token-load-scorer
+schedulingProfiles:
+- name: prefill
+  plugins: [{pluginRef: prefill-filter}, {pluginRef: max-score-picker},
+            {pluginRef: prefix-cache-scorer, weight: 2}, {pluginRef: token-load-scorer, weight: 1}]
+- name: decode
+  plugins: [{pluginRef: decode-filter}, {pluginRef: max-score-picker},
+            {pluginRef: prefix-cache-scorer, weight: 2}, {pluginRef: queue-scorer, weight: 1}]
+"""
 #: The EPP configs of the ``pd`` fleet (``--pd-config``), ``%d`` being ``nonCachedTokens``.
 #: ``llm-d``: llm-d's sample (deploy/config/pd-epp-config.yaml): prefix (2) and queue (1)
 #: scorers in each profile. ``gie-scorers``: each profile scores with the aggregated fleet's
 #: scorers and weights (GIE v1.5's default config: queue 2, KV-cache utilization 2, prefix 3).
+#: ``token-load``: llm-d's sample with the prefill profile's queue scorer replaced by
+#: ``token-load-scorer`` (the prompt tokens in flight, prefill picks included, on each
+#: prefill pod): without prefix hits the prefill pick is the pod computing the fewest tokens.
 PD_CONFIGS = {"llm-d": _PD_PLUGINS + _LLM_D_PROFILES,
-              "gie-scorers": _PD_PLUGINS + _GIE_PROFILES}
+              "gie-scorers": _PD_PLUGINS + _GIE_PROFILES,
+              "token-load": _PD_PLUGINS + _TOKEN_LOAD_PROFILES}
 #: Issue #16's targets: metric -> (pd / aggregated bound, "le" | "ge").
 TARGETS = {"tpot_p90": (0.6, "le"), "output_tps": (1.0, "ge"), "ttft_p90": (1.3, "le")}
 #: The fleets, in run order within a seed; ratios are against ``aggregated``.
@@ -164,6 +179,8 @@ class Fleet:
     sidecar_metrics: list[int]
     #: The decode servers' own ports (for their NIXL counters).
     decoders: list[int] = dataclasses.field(default_factory=list)
+    #: The prefill servers' ``host:port`` (how evenly they shared the prefill legs).
+    prefillers: list[str] = dataclasses.field(default_factory=list)
 
 
 def _wait_pool(port: int, size: int, proc: subprocess.Popen[bytes], log: Path) -> None:
@@ -227,7 +244,9 @@ def start(kind: str, workdir: Path, seed: int, threshold: int, time_scale: float
         if kind == "vllm-router-pd":
             decoders = [f"http://127.0.0.1:{s['port']}" for s in servers[:n_decode]]
             prefillers = [f"http://{s['host']}:{s['port']}" for s in servers[n_decode:]]
-            yield _vllm_router_pd(procs, workdir, prefillers, decoders)
+            fleet = _vllm_router_pd(procs, workdir, prefillers, decoders)
+            fleet.prefillers = [u.removeprefix("http://") for u in prefillers]
+            yield fleet
             return
         for i, (ip, decoder, metrics) in enumerate(sidecars):
             procs.append(_popen([sys.executable, "-m", "sidecar.main", "--host", ip,
@@ -251,7 +270,9 @@ def start(kind: str, workdir: Path, seed: int, threshold: int, time_scale: float
                      workdir=workdir / "envoy"):
             yield Fleet(procs, f"http://127.0.0.1:{listen}", metrics_port,
                         [m for _, _, m in sidecars],
-                        [s["port"] for s in servers[:n_decode]] if kind == "pd" else [])
+                        [s["port"] for s in servers[:n_decode]] if kind == "pd" else [],
+                        [f"{s['host']}:{s['port']}" for s in servers[n_decode:]]
+                        if kind == "pd" else [])
     finally:
         for p in reversed(procs):
             _stop(p)
@@ -278,9 +299,11 @@ def _vllm_router_pd(procs: list[subprocess.Popen[bytes]], workdir: Path,
                  [int(u.rsplit(":", 1)[1]) for u in decoders])
 
 
-def _scrape(port: int, name: str) -> dict[str, float]:
-    """``{labels: value}`` of one metric family on a Prometheus endpoint."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+def _scrape(port: int | str, name: str) -> dict[str, float]:
+    """``{labels: value}`` of one metric family on a Prometheus endpoint (a port on
+    127.0.0.1, or ``host:port``)."""
+    where = port if isinstance(port, str) else f"127.0.0.1:{port}"
+    with urllib.request.urlopen(f"http://{where}/metrics", timeout=5) as r:
         text = r.read().decode()
     out: dict[str, float] = {}
     for line in text.splitlines():
@@ -341,6 +364,9 @@ def run(kind: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
         # How evenly the decode servers shared the requests (vLLM's finished-request count).
         counters["decoder_requests"] = [
             sum(_scrape(port, "vllm:request_success_total").values()) for port in fleet.decoders]
+        counters["prefiller_requests"] = [
+            sum(_scrape(where, "vllm:request_success_total").values())
+            for where in fleet.prefillers]
         for name, key in (("vllm:nixl_xfer_time_seconds_count", "kv_pulls"),
                           ("vllm:nixl_num_failed_transfers_total", "failed_pulls")):
             counters[key] = sum(sum(_scrape(port, name).values()) for port in fleet.decoders)
@@ -444,7 +470,8 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
             lines.append(f"seed {r['seed']} {r['kind']}: EPP decisions {c.get('decisions')}, "
                          f"sidecars {c.get('sidecar')}, KV pulls {c.get('kv_pulls')} "
                          f"(failed {c.get('failed_pulls')}), requests per decode server "
-                         f"{c.get('decoder_requests')}")
+                         f"{c.get('decoder_requests')}, per prefill server "
+                         f"{c.get('prefiller_requests')}")
     return "\n".join(lines)
 
 

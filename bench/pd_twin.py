@@ -18,6 +18,12 @@ machine's own overhead.
   link; pulls do not queue here), and decoded there with only its last prompt token computed.
   Shorter prompts go to a decode server whole, as the decider keeps them local.
 
+``--prefill-pick`` / ``--decode-pick`` choose how each side picks: ``least`` (fewest
+outstanding requests, the default: what the EPP's ``active-request-scorer`` does now that the
+prefill pick counts in flight until the prefill ends), ``tokens`` (fewest outstanding prompt
+tokens: ``token-load-scorer``), ``random`` (what llm-d's sample scorers amount to on this
+workload: no prefix hits, and a waiting queue that chunked prefill keeps empty).
+
 Figures per variant: long-prompt TTFT p90 and TPOT p90 and short-prompt TTFT p90 as paired
 ratios to the aggregated fleet of the same seed (the geometric-mean interval of
 ``bench.pd_compare``), and the medians in model seconds.
@@ -28,6 +34,7 @@ from __future__ import annotations
 import argparse
 import heapq
 import itertools
+import random
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -53,6 +60,7 @@ class _Server:
     engine: Engine
     index: int
     outstanding: int = 0
+    tokens: int = 0
     stepping: bool = False
 
 
@@ -73,6 +81,7 @@ class _Fleet:
     events: list[tuple[float, int, str, Any]] = field(default_factory=list)
     order: itertools.count[int] = field(default_factory=itertools.count)
     ids: itertools.count[int] = field(default_factory=itertools.count)
+    rng: random.Random = field(default_factory=random.Random)
 
     def push(self, at: float, kind: str, payload: Any) -> None:
         heapq.heappush(self.events, (at, next(self.order), kind, payload))
@@ -83,10 +92,18 @@ class _Fleet:
         if s.stepping:
             self.push(s.engine.begin_step(now), "step", s)
 
+    def choose(self, servers: list[_Server], pick: str) -> _Server:
+        """The server a ``pick`` policy chooses (ties: the first)."""
+        if pick == "random":
+            return self.rng.choice(servers)
+        if pick == "tokens":
+            return min(servers, key=lambda x: (x.tokens, x.index))
+        return min(servers, key=lambda x: (x.outstanding, x.index))
+
     def submit(self, servers: list[_Server], prompt: int, out: int, arrival: float, now: float,
-               remote: int = 0) -> SimRequest:
-        """Queue a request on the least-loaded server (ties: the first)."""
-        s = min(servers, key=lambda x: (x.outstanding, x.index))
+               remote: int = 0, pick: str = "least") -> SimRequest:
+        """Queue a request on the server ``pick`` chooses."""
+        s = self.choose(servers, pick)
         rid = next(self.ids)
         req = SimRequest(id=str(rid), prompt_tokens=prompt,
                          block_hashes=[hash((self.seed, rid, b)) for b in range(prompt // 16)],
@@ -95,15 +112,21 @@ class _Fleet:
         req.remote_tokens = remote
         s.engine.add(req)
         s.outstanding += 1
+        s.tokens += prompt
         if not s.stepping:
             self.kick(s, now)
         return req
 
 
+PICKS = ("least", "tokens", "random")
+
+
 def simulate(seed: int, prefill: int, decode: int, threshold: int | None, *,
-             rate: float = 0.6, duration: float = 60.0, link: str = "rdma") -> list[Served]:
-    """One run; ``threshold=None`` is the aggregated fleet of ``prefill + decode`` servers."""
-    fleet = _Fleet(seed)
+             rate: float = 0.6, duration: float = 60.0, link: str = "rdma",
+             prefill_pick: str = "least", decode_pick: str = "least") -> list[Served]:
+    """One run; ``threshold=None`` is the aggregated fleet of ``prefill + decode`` servers
+    (always ``least``)."""
+    fleet = _Fleet(seed, rng=random.Random(seed))
     bandwidth, latency = LINKS[link]
     if threshold is None:
         decoders = [_Server(Engine(H100_8B, seed=i), i) for i in range(prefill + decode)]
@@ -121,6 +144,7 @@ def simulate(seed: int, prefill: int, decode: int, threshold: int | None, *,
                 return
             server.outstanding -= 1
             long, arrival, prompt, out, is_prefill = pending.pop(req.id)
+            server.tokens -= prompt
             if is_prefill:
                 pull = latency + prompt * KV_BYTES_PER_TOKEN_8B / bandwidth  # B/s, s
                 fleet.push(t + pull, "decode", (long, arrival, prompt, out))
@@ -144,14 +168,16 @@ def simulate(seed: int, prefill: int, decode: int, threshold: int | None, *,
         elif kind == "arrive":
             long, prompt, out = payload
             if threshold is None or prompt < threshold:
-                req = fleet.submit(decoders, prompt, out, now, now)
+                req = fleet.submit(decoders, prompt, out, now, now,
+                                   pick="least" if threshold is None else decode_pick)
                 pending[req.id] = (long, now, prompt, out, False)
             else:
-                req = fleet.submit(prefillers, prompt, 1, now, now)
+                req = fleet.submit(prefillers, prompt, 1, now, now, pick=prefill_pick)
                 pending[req.id] = (long, now, prompt, out, True)
         else:  # "decode": the KV has arrived at a decode server
             long, arrival, prompt, out = payload
-            req = fleet.submit(decoders, prompt, out, arrival, now, remote=prompt)
+            req = fleet.submit(decoders, prompt, out, arrival, now, remote=prompt,
+                               pick=decode_pick)
             pending[req.id] = (long, arrival, prompt, out, False)
     return served
 
@@ -171,6 +197,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seeds", type=int, default=20)
     p.add_argument("--rate", type=float, default=0.6, help="requests per second")
     p.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals")
+    p.add_argument("--prefill-pick", choices=PICKS, default="least")
+    p.add_argument("--decode-pick", choices=PICKS, default="least")
+    p.add_argument("--variants",
+                   help="labels of VARIANTS to run, separated by ';' (default: all)")
     args = p.parse_args(argv)
     seeds = range(args.seeds)
     base = {s: figures(simulate(s, 2, 2, None, rate=args.rate, duration=args.duration))
@@ -181,9 +211,14 @@ def main(argv: list[str] | None = None) -> None:
     print(f"| aggregated (4) | {statistics.median(b['long_ttft_p90'] for b in base.values()):.2f} s"
           f" | {statistics.median(b['long_tpot_p90'] for b in base.values()) * 1000:.1f} ms"
           f" | {statistics.median(b['short_ttft_p90'] for b in base.values()):.2f} s |")
+    print(f"P/D picks: prefill {args.prefill_pick}, decode {args.decode_pick}")
+    wanted = set(args.variants.split(";")) if args.variants else None
     for label, prefill, decode, threshold in VARIANTS:
+        if wanted is not None and label not in wanted:
+            continue
         runs = {s: figures(simulate(s, prefill, decode, threshold, rate=args.rate,
-                                    duration=args.duration)) for s in seeds}
+                                    duration=args.duration, prefill_pick=args.prefill_pick,
+                                    decode_pick=args.decode_pick)) for s in seeds}
         cells = []
         for key, unit in (("long_ttft_p90", 1.0), ("long_tpot_p90", 1000.0),
                           ("short_ttft_p90", 1.0)):

@@ -148,6 +148,8 @@ def test_a_3p1d_split_and_a_sweep_run_reusing_the_aggregated_baseline(tmp_path: 
     again = orjson.loads((second / "pd-seed0" / "summary.json").read_bytes())
     assert again["counters"]["kv_pulls"] == requests  # threshold 1: every request
     assert len(again["counters"]["decoder_requests"]) == 2
+    assert len(again["counters"]["prefiller_requests"]) == 2  # and every prefill leg counted
+    assert sum(again["counters"]["prefiller_requests"]) == requests
 
 
 def test_a_baseline_of_other_settings_is_a_one_line_error(tmp_path: Path) -> None:
@@ -166,3 +168,29 @@ def test_a_baseline_of_other_settings_is_a_one_line_error(tmp_path: Path) -> Non
                               cwd=ROOT, capture_output=True, text=True, timeout=60)
         assert proc.returncode == 2, proc.stderr
         assert message in proc.stderr.splitlines()[-1]
+
+
+def test_the_token_load_config_prefills_on_the_pod_with_fewest_prompt_tokens_in_flight() -> None:
+    from epp.config import build, parse_config
+    from epp.testing import endpoint, request
+    from shared.pd import ROLE_LABEL
+
+    rt = build(parse_config(PD_CONFIGS["token-load"] % 1024))
+    pods = [endpoint(i, labels={ROLE_LABEL: r})
+            for i, r in ((1, "decode"), (2, "decode"), (3, "prefill"), (4, "prefill"))]
+
+    def prefiller(prompt: str) -> str:
+        req = request(prompt)
+        for producer in rt.producers:
+            producer.produce(req, pods)
+        result = rt.scheduler.schedule(req, pods)
+        for plugin in rt.pre_request:
+            plugin.pre_request(req, result)
+        return result.extra_headers["x-prefiller-host-port"]
+
+    big = prefiller("a" * 64_000)  # 16,000 tokens on one prefill pod
+    other = pods[3].key if big == pods[2].key else pods[2].key
+    # three 4,000-token prompts: more requests on the other pod, still fewer tokens
+    assert [prefiller(c * 16_000) for c in "bcd"] == [other] * 3
+    by_key = {v.key: v for v in pods}
+    assert (by_key[big].inflight_requests, by_key[other].inflight_requests) == (1, 3)

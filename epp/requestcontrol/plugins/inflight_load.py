@@ -1,6 +1,16 @@
 """``inflight-load-producer``: counts the requests and estimated tokens in flight on each
 endpoint (what ``queue``, token-load and concurrency plugins read).
 
+Every profile's first pick counts, as in llm-d: with P/D disaggregation the prefill pick
+counts on the prefill endpoint too, so successive prefill picks spread over the prefill
+pods and load-aware scorers (``active-request-scorer``, ``token-load-scorer``) see the
+prompts they are computing. The primary pick (where the request goes) counts until the
+exchange ends; the other profiles' picks (the prefill pick) until the response headers
+arrive: the decode pod's sidecar answers only after its prefill leg came back, so by then the
+prefill pod has finished the prompt (llm-d releases it at the first response chunk, which
+comes a KV pull and a decode step later). An exchange that ends without response headers
+releases everything at its end (docs/pd.md).
+
 Every replica counts its own picks on the endpoint views at once. Through the handle's state
 store it also publishes them and, with active-active replicas sharing a Valkey
 (docs/active-active.md), installs the other replicas' counts on the views as each sync
@@ -14,7 +24,7 @@ from typing import Any
 
 from epp.datastore import Datastore, EndpointView
 from epp.handle import EppHandle
-from epp.requestcontrol.plugin import PreRequest, Response, ResponseComplete
+from epp.requestcontrol.plugin import PreRequest, Response, ResponseComplete, ResponseReceived
 from epp.scheduling.plugin import Plugin
 from epp.scheduling.request import LLMRequest
 from epp.scheduling.result import SchedulingResult
@@ -22,9 +32,11 @@ from epp.statestore import NO_INFLIGHT, InFlight, MemoryStateStore, StateStore
 from shared.plugins import Handle
 
 
-class InflightLoadProducer(PreRequest, ResponseComplete, Plugin):
-    """At the pick: +1 request and +``prompt_tokens`` on the picked endpoint; at the end of
-    the exchange (success, error or broken stream): the same back, never below 0."""
+class InflightLoadProducer(PreRequest, ResponseReceived, ResponseComplete, Plugin):
+    """At the pick: +1 request and +``prompt_tokens`` on the picked endpoint and on each
+    other profile's first pick; at the response headers: the other profiles' picks back; at
+    the end of the exchange (success, error or broken stream): the primary pick back (and
+    the others if no headers came), never below 0."""
 
     type_name = "inflight-load-producer"
 
@@ -43,14 +55,35 @@ class InflightLoadProducer(PreRequest, ResponseComplete, Plugin):
         return cls(name, params)
 
     def pre_request(self, request: LLMRequest, result: SchedulingResult) -> None:
-        view = result.endpoints[0]
-        view.start_request(request.prompt_tokens)
-        self.store.add_inflight(view.key, 1, request.prompt_tokens)
+        self._start(result.endpoints[0], request)
+        others = [r.picked[0] for name, r in result.results.items()
+                  if name != result.primary_profile and r.picked]
+        if others:
+            request.plugin_state[self.name] = others
+            for view in others:
+                self._start(view, request)
+
+    def response_received(self, request: LLMRequest, response: Response,
+                          endpoint: EndpointView) -> None:
+        self._release_others(request)
 
     def response_complete(self, request: LLMRequest, response: Response,
                           endpoint: EndpointView) -> None:
-        endpoint.end_request(request.prompt_tokens)
-        self.store.add_inflight(endpoint.key, -1, -request.prompt_tokens)
+        self._release_others(request)
+        self._end(endpoint, request)
+
+    def _start(self, view: EndpointView, request: LLMRequest) -> None:
+        view.start_request(request.prompt_tokens)
+        self.store.add_inflight(view.key, 1, request.prompt_tokens)
+
+    def _end(self, view: EndpointView, request: LLMRequest) -> None:
+        view.end_request(request.prompt_tokens)
+        self.store.add_inflight(view.key, -1, -request.prompt_tokens)
+
+    def _release_others(self, request: LLMRequest) -> None:
+        """The non-primary picks (the prefill pick) back, once."""
+        for view in request.plugin_state.pop(self.name, ()):
+            self._end(view, request)
 
     def apply_remote(self, remote: Mapping[str, InFlight]) -> None:
         """Install the other replicas' counts on every endpoint view (0 where they have

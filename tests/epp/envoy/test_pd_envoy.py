@@ -6,7 +6,9 @@ pool's target port, as in a cluster: the decode pod's target port is the sidecar
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,6 +85,11 @@ class PDGateway:
 
     def sidecar_metric(self, name: str, **labels: str) -> float:
         return self.sidecar.metrics.registry.get_sample_value(name, labels) or 0.0
+
+    def inflight(self) -> dict[str, int]:
+        """The EPP's in-flight requests per endpoint (its ``/debug/pool``)."""
+        pool = httpx.get(f"http://127.0.0.1:{self.epp.metrics}/debug/pool", timeout=5).json()
+        return {ep["address"]: ep["inflight_requests"] for ep in pool["endpoints"]}
 
     def epp_metric(self, name: str, **labels: str) -> float:
         text = httpx.get(f"http://127.0.0.1:{self.epp.metrics}/metrics", timeout=5).text
@@ -195,3 +202,24 @@ def test_killed_prefiller_costs_the_client_no_error(gw: PDGateway) -> None:
     assert gw.sim_metric(0, "vllm:prompt_tokens_total") == 1000
     assert gw.sidecar_metric("pd_sidecar_requests_total", mode="local") == 1
     assert gw.sidecar_metric("pd_sidecar_requests_total", mode="disaggregated") == 0
+
+
+def test_prefill_pod_counts_the_request_in_flight_while_it_prefills(gw: PDGateway) -> None:
+    # The prefill pod hangs, so the sidecar's prefill leg is outstanding until its 5 s
+    # timeout (then the decode pod computes the prompt); meanwhile the EPP counts the request
+    # on the prefill pod as well as on the decode pod, and releases both once it is over.
+    httpx.post(f"{gw.fleet.urls[1]}/sim/faults", json={"hang": True}, timeout=5)
+    decode = f"{DECODE_IP}:{gw.port}"
+    with ThreadPoolExecutor(1) as pool:
+        sent = pool.submit(gw.send, LONG)
+        seen: dict[str, int] = {}
+        while not sent.done() and seen.get(gw.prefiller) != 1:
+            seen = gw.inflight()
+        assert seen == {decode: 1, gw.prefiller: 1}
+        r = sent.result()
+    assert r.status_code == 200, r.text
+    assert gw.sidecar_metric("pd_sidecar_prefill_fallbacks_total", reason="timeout") == 1
+    deadline = time.monotonic() + 10  # the EPP hears the end just after the client
+    while gw.inflight() != {decode: 0, gw.prefiller: 0} and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert gw.inflight() == {decode: 0, gw.prefiller: 0}

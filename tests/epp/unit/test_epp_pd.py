@@ -11,6 +11,7 @@ import pytest
 
 from epp.config import ConfigError, Runtime, build, load_config_file, parse_config
 from epp.datastore import EndpointView
+from epp.requestcontrol.plugin import Response
 from epp.scheduling.request import LLMRequest
 from epp.scheduling.result import SchedulingResult
 from epp.testing import PluginHarness, endpoint, request
@@ -303,3 +304,107 @@ def test_prefill_pick_is_learnt_by_the_prefix_index() -> None:
 def test_unknown_decider_parameter_is_an_error() -> None:
     with pytest.raises(PluginError, match="unknown parameters"):
         PluginHarness.of("prefix-based-pd-decider", {"threshold": 3})
+
+
+# -- in-flight load of the prefill pick (inflight-load-producer) ---------------------------
+
+def _respond(rt: Runtime, req: LLMRequest, routed: Routed, *, headers: bool = True) -> None:
+    """What the director does on the way back: response headers (when they came), then the
+    end of the exchange, each plugin called with the primary endpoint."""
+    decode = routed.result.endpoints[0]
+    response = Response(req.request_id, status=200, completed=headers)
+    if headers:
+        for plugin in rt.response_received:
+            plugin.response_received(req, response, decode)
+    for plugin in rt.response_complete:
+        plugin.response_complete(req, response, decode)
+
+
+def test_prefill_pick_counts_in_flight_until_the_response_headers() -> None:
+    rt = runtime(LLMD_PD % 16)
+    pods = pool()
+    req = request("x" * 4000)  # 1,000 tokens
+    r = route(rt, req, pods)
+    decode, prefill = pods[0], pods[2]
+    assert (r.decode, r.prefiller) == (decode.key, prefill.key)
+    assert (decode.inflight_requests, decode.inflight_tokens) == (1, 1000)
+    assert (prefill.inflight_requests, prefill.inflight_tokens) == (1, 1000)
+    assert prefill.queue == 1  # a pick the next scrape has not seen yet
+    for plugin in rt.response_received:  # the sidecar's prefill leg is over
+        plugin.response_received(req, Response(req.request_id, status=200), decode)
+    assert (prefill.inflight_requests, prefill.inflight_tokens) == (0, 0)
+    assert decode.inflight_requests == 1
+    for plugin in rt.response_complete:
+        plugin.response_complete(req, Response(req.request_id, status=200, completed=True),
+                                 decode)
+    assert [v.inflight_requests for v in pods] == [0, 0, 0, 0]
+    assert [v.inflight_tokens for v in pods] == [0, 0, 0, 0]
+
+
+def test_exchange_without_response_headers_releases_the_prefill_pick_at_its_end() -> None:
+    rt = runtime(LLMD_PD % 16)
+    pods = pool()
+    req = request("x" * 4000)
+    r = route(rt, req, pods)
+    assert r.prefiller == pods[2].key and pods[2].inflight_requests == 1
+    _respond(rt, req, r, headers=False)  # e.g. the decode pod reset the connection
+    assert [v.inflight_requests for v in pods] == [0, 0, 0, 0]
+
+
+def test_decode_only_request_counts_on_the_decode_pod_only() -> None:
+    rt = runtime(LLMD_PD % 256)
+    pods = pool()
+    req = request("x" * 40)  # 10 tokens: decoded locally
+    r = route(rt, req, pods)
+    assert r.prefiller is None
+    assert [v.inflight_requests for v in pods] == [1, 0, 0, 0]
+    _respond(rt, req, r)
+    assert [v.inflight_requests for v in pods] == [0, 0, 0, 0]
+
+
+# The prefill profile with a load-aware scorer: llm-d's active-request-scorer reads the
+# in-flight counts the producer keeps.
+ACTIVE_PREFILL = LLMD_PD.split("schedulingProfiles:")[0] + """\
+- type: active-request-scorer
+schedulingProfiles:
+- name: prefill
+  plugins:
+  - pluginRef: prefill-filter
+  - pluginRef: max-score-picker
+  - {pluginRef: queue-scorer, weight: 1}
+  - {pluginRef: active-request-scorer, weight: 2}
+- name: decode
+  plugins: [{pluginRef: decode-filter}, {pluginRef: max-score-picker},
+            {pluginRef: queue-scorer, weight: 1}]
+"""
+
+
+def test_successive_prefill_picks_spread_over_the_prefill_pods() -> None:
+    rt = runtime(ACTIVE_PREFILL % 16)
+    pods = [role(1, "decode"), role(2, "decode"), role(3, "prefill"),
+            role(4, "prefill", waiting=1)]
+    first = route(rt, request("a" * 4000), pods)
+    assert first.prefiller == pods[2].key  # the shorter queue
+    # pod 3 now computes a prompt: equal queues (its pick is not scraped yet), one request
+    # in flight there and none on pod 4
+    second = route(rt, request("b" * 4000), pods)
+    assert second.prefiller == pods[3].key
+    assert (pods[2].inflight_requests, pods[3].inflight_requests) == (1, 1)
+
+
+def test_prefill_pick_is_published_to_the_shared_state_store() -> None:
+    from epp.requestcontrol.plugins import InflightLoadProducer
+    from epp.statestore import MemoryStateStore
+
+    shared = MemoryStateStore()
+    rt = build(parse_config(LLMD_PD % 16), state_store=shared)
+    (producer,) = rt.handle.find(InflightLoadProducer)
+    assert producer.store is shared
+    pods = pool()
+    req = request("x" * 4000)
+    r = route(rt, req, pods)
+    assert (shared.inflight(pods[2].key).requests, shared.inflight(pods[2].key).tokens) == \
+        (1, 1000)
+    _respond(rt, req, r)
+    assert shared.inflight(pods[2].key).requests == 0
+    assert shared.inflight(pods[0].key).requests == 0
