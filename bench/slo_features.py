@@ -161,6 +161,12 @@ def main() -> None:
         return (*p.row, *p.token_rate, *p.request_rate, 1.0 / max(1, p.max_tokens - 1),
                 math.log(p.max_tokens), *p.relative)
 
+    def correlation(picks: list[Pick]) -> float:
+        return float(np.corrcoef([p.extra["later_rate"] for p in picks],
+                                 [p.tpot or 0.0 for p in picks])[0, 1])
+
+    print(f"| correlation of the later prefill rate with TPOT | "
+          f"{fmt([correlation(r) for r in runs], 2)} |")
     print(f"| R² of the later prefill rate, from every pick-time input | "
           f"{fmt([r_squared(r, everything) for r in runs], 3)} |")
     print(f"| R² from the endpoint's state relative to the fleet alone | "
