@@ -115,7 +115,7 @@ def fit_linear(xs: Sequence[Sequence[float]], ys: Sequence[float]) -> Linear:
     weighted absolute error it minimises, sum |y' - y| / y, is the MAPE of the fit.
 
     scikit-learn's ``QuantileRegressor`` (no penalty) solves it as a linear program;
-    HiGHS's interior-point solver takes ~0.25 s for 5,000 samples, in the worker process.
+    HiGHS's interior-point solver takes ~0.3 s for 5,000 samples, in the worker process.
     """
     import numpy as np
     from sklearn.linear_model import QuantileRegressor
