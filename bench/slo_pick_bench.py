@@ -4,8 +4,9 @@ idle and while it retrains back to back in its background thread.
 Run: ``python -m bench.slo_pick_bench [--requests N]``. Times the director's whole request
 path in process (parse, SLO headers, predictions for every candidate, filters, scorer,
 picker, pre-request), ``time.perf_counter`` per request; the trainer refits on 5,000 samples
-every 100 ms (10x the default schedule) in the second phase, the fit itself in the
-plugin's worker process; copying the samples out still runs in this process.
+every 100 ms (10x the default schedule) in the second phase, back to back when a fit takes
+longer, the fit itself in the plugin's worker process (copying the samples out still runs
+in this process); that phase lasts until ``--fits`` fits have run.
 """
 
 from __future__ import annotations
@@ -79,6 +80,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--requests", type=int, default=3000)
     ap.add_argument("--endpoints", type=int, default=100)
+    ap.add_argument("--fits", type=int, default=10,
+                    help="keep picking while retraining until this many fits have run")
     args = ap.parse_args()
     rng = random.Random(0)
     base, _ = director(args.endpoints, rng, None)
@@ -99,7 +102,11 @@ def main() -> None:
 
     t = threading.Thread(target=trainer, daemon=True)
     t.start()
+    # At least --requests picks, and on until --fits fits have run beside them (a fit of
+    # 5,000 samples takes longer than the default phase of picks).
     busy = measure(d, args.requests, rng)
+    while producer.predictor.retrains - before < args.fits:
+        busy += measure(d, 200, rng)
     stop.set()
     t.join()
     print(f"{args.endpoints} endpoints, route() in process: default profile {pcts(default)}; "

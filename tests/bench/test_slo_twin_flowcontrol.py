@@ -101,5 +101,8 @@ def test_the_mixed_slo_flow_control_configs_build_with_flow_control_on(name: str
 
 def test_tpot_is_explained_by_the_prefills_that_reach_the_engine_after_the_pick() -> None:
     """The diagnostic behind the TPOT row: knowing the later prefills beats any constant."""
-    _ttft, _tpot, constant, post_pick = slo_twin.prediction_error("sharegpt", 1, 40.0)
+    _ttft, _tpot, constant, post_pick, *model_warm = slo_twin.prediction_error(
+        "sharegpt", 1, 40.0)
     assert post_pick < constant / 3
+    # The MAPEs after the model's own warm-up (the first 30% of its predictions) are there.
+    assert len(model_warm) == 2 and all(0 < v < 100 for v in model_warm)

@@ -83,6 +83,8 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseStreami
         self._prefix: list[ApproxPrefixCacheProducer] | None = None  # looked up once
         #: Per endpoint key: prompt tokens dispatched there with no first token back yet.
         self._prefilling: dict[str, int] = {}
+        #: Per endpoint key: requests dispatched there with no first token back yet.
+        self._prefill_requests: dict[str, int] = {}
 
     @classmethod
     def create(cls, name: str, params: Any, handle: Handle) -> PredictedLatencyProducer:
@@ -111,7 +113,7 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseStreami
             blocks, total = match.matched, len(match.hashes)
             per_block = float(prefix.tokens_per_block)
         tokens = float(request.prompt_tokens)
-        prefilling = self._prefilling
+        prefilling, prefill_requests = self._prefilling, self._prefill_requests
         keys = [v.key for v in endpoints]
         rows = []
         for key, v in zip(keys, endpoints, strict=True):
@@ -123,7 +125,8 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseStreami
             uncached = max(0.0, tokens - matched * per_block)
             running = float(v.metrics.running)
             row = (tokens, uncached, uncached * (running + 1.0), float(v.queue), running,
-                   v.metrics.kv_usage, float(v.inflight_tokens), float(prefilling.get(key, 0)))
+                   v.metrics.kv_usage, float(v.inflight_tokens), float(prefilling.get(key, 0)),
+                   float(prefill_requests.get(key, 0)))
             out.states[key] = row
             rows.append(row)
         if not self.params.predict_in_prepare_data:
@@ -160,6 +163,7 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseStreami
         row = out.states.get(key)
         out.prefill_charge = int(row[1]) if row is not None else request.prompt_tokens
         self._prefilling[key] = self._prefilling.get(key, 0) + out.prefill_charge
+        self._prefill_requests[key] = self._prefill_requests.get(key, 0) + 1
         prediction = out.by_endpoint.get(key)
         if prediction is None:
             return
@@ -179,15 +183,13 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseStreami
         out = request.plugin_state.get(PREDICTIONS_KEY)
         if isinstance(out, RequestPredictions) and out.prefilling_at is not None:
             key, out.prefilling_at = out.prefilling_at, None
-            left = self._prefilling.get(key, 0) - out.prefill_charge
-            if left > 0:
-                self._prefilling[key] = left
-            else:
-                self._prefilling.pop(key, None)
+            _take(self._prefilling, key, out.prefill_charge)
+            _take(self._prefill_requests, key, 1)
 
     def retain_endpoints(self, keys: frozenset[str]) -> None:
-        for key in [k for k in self._prefilling if k not in keys]:
-            del self._prefilling[key]
+        for counts in (self._prefilling, self._prefill_requests):
+            for key in [k for k in counts if k not in keys]:
+                del counts[key]
 
     def response_complete(self, request: LLMRequest, response: Response,
                           endpoint: EndpointView) -> None:
@@ -209,6 +211,15 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseStreami
             m.SLO_VIOLATIONS.labels(*pair, "ttft").inc()
         if slo.tpot is not None and response.tpot is not None and response.tpot > slo.tpot:
             m.SLO_VIOLATIONS.labels(*pair, "tpot").inc()
+
+
+def _take(counts: dict[str, int], key: str, n: int) -> None:
+    """Subtract ``n`` from ``counts[key]``, dropping the key at zero."""
+    left = counts.get(key, 0) - n
+    if left > 0:
+        counts[key] = left
+    else:
+        counts.pop(key, None)
 
 
 def _headroom(slo: float | None, any_slo: bool, predicted: float | None,

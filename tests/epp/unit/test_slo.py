@@ -415,3 +415,55 @@ def test_predicting_many_rows_at_once_equals_predicting_each() -> None:
     for s, ttft, tpot in zip(states, ttfts, tpots, strict=True):
         assert (ttft, tpot) == pytest.approx(p.predict(s))
         assert EndpointState.from_ttft_row(s.ttft_x()) == s
+
+
+def test_requests_count_as_in_prefill_until_the_first_token() -> None:
+    """The model's ``prefill_requests`` input: requests sent to the endpoint with no first
+    token back yet (beside their tokens, ``prefill_tokens``)."""
+    d = Director.of(build(parse_config(LATENCY_CONFIG), store(), rng=random.Random(0)))
+    _, first = d.route(HEADERS, body(), {})
+    key = first.endpoint.key
+    assert first.request.plugin_state[PREDICTIONS_KEY].states[key][8] == 0
+    _, second = d.route(HEADERS, body(), {})
+    assert second.request.plugin_state[PREDICTIONS_KEY].states[key][8] == 1
+    d.response_received(first, 200, {"content-type": "text/event-stream"})
+    d.response_chunk(first, b"data: {}\n\n", True)
+    _, third = d.route(HEADERS, body(), {})
+    expected = 1 if second.endpoint.key == key else 0
+    assert third.request.plugin_state[PREDICTIONS_KEY].states[key][8] == expected
+    for routed in (first, second, third):
+        d.finish(routed, completed=False, status=200, response_size=0, prompt_tokens=0,
+                 completion_tokens=0)
+    _, fourth = d.route(HEADERS, body(), {})
+    assert fourth.request.plugin_state[PREDICTIONS_KEY].states[key][8] == 0
+
+
+def test_the_model_tells_many_short_prefills_from_a_few_long_ones() -> None:
+    """Equal prefill tokens in flight, split over 1 or 8 requests: each request in prefill
+    costs the engine a step's overhead, and the model learns it from ``prefill_requests``."""
+    def ttft_of(s: EndpointState) -> float:
+        return 0.02 + 0.0005 * s.uncached_tokens + 0.0002 * s.prefill_tokens \
+            + 0.04 * s.prefill_requests
+
+    rng = random.Random(3)
+    p = LatencyPredictor(PredictorConfig(min_samples=20))
+    for _ in range(300):
+        s = EndpointState(200.0, rng.uniform(0, 2000), 0, rng.randint(0, 8), 0.1, 0.0,
+                          rng.uniform(0, 8000), rng.randint(0, 8))
+        p.observe(s, ttft_of(s), 0.01)
+    assert p.retrain()
+    one, many = (EndpointState(200.0, 500, 0, 4, 0.1, 0.0, 4000, n) for n in (1, 8))
+    for s in (one, many):
+        assert p.predict(s)[0] == pytest.approx(ttft_of(s), rel=0.02)
+
+
+def test_the_fit_minimises_relative_error_so_a_slow_minority_does_not_drag_it() -> None:
+    """The fit is a median regression weighted 1/y (it minimises MAPE): 30% of the samples
+    three times slower than the rest (a transient) leave the prediction on the majority; a
+    least-squares fit, even weighted 1/y², would move ~10% towards them."""
+    xs = [[float(i % 10)] for i in range(100)]
+    ys = [(3.0 if i // 10 in (1, 4, 7) else 1.0) * (1.0 + x[0])
+          for i, x in enumerate(xs)]
+    model = fit_linear(xs, ys)
+    for x in (0.0, 5.0, 9.0):
+        assert model([x]) == pytest.approx(1.0 + x, rel=0.02)
