@@ -135,21 +135,30 @@ class RoundRobinFairness(Plugin):
         return _Cursor()
 
     def pick(self, band: Band) -> FlowQueue | None:
+        turn = self._in_turn(band)
+        return self._serve(band, turn[0]) if turn else None
+
+    @staticmethod
+    def _in_turn(band: Band) -> list[str]:
+        """The waiting flows' ids in turn: sorted, starting after the one served last
+        (wrapping; works even if that flow is gone). None waiting resets the turn."""
         cursor: _Cursor = band.fairness_state
         ids = sorted(fid for fid, f in band.flows.items() if f.length)
         if not ids:
             cursor.last = None
-            return None
+            return ids
         start = 0
         if cursor.last is not None:
-            # The first id after the last one served (wrapping); works even if that flow is gone.
             start = next((i for i, fid in enumerate(ids) if fid > cursor.last), 0)
-        chosen = ids[start]
-        cursor.last = chosen
-        return band.flows[chosen]
+        return ids[start:] + ids[:start]
+
+    @staticmethod
+    def _serve(band: Band, fairness_id: str) -> FlowQueue:
+        band.fairness_state.last = fairness_id
+        return band.flows[fairness_id]
 
 
-class LeastInflightFairness(Plugin):
+class LeastInflightFairness(RoundRobinFairness):
     """The flow with the fewest requests in flight on the pool (picked an endpoint, response
     not ended) goes next; ties in turn, as ``round-robin-fairness-policy``.
 
@@ -163,23 +172,13 @@ class LeastInflightFairness(Plugin):
 
     type_name: ClassVar[str] = "least-inflight-fairness-policy"
 
-    def new_state(self) -> _Cursor:
-        return _Cursor()
-
     def pick(self, band: Band) -> FlowQueue | None:
-        cursor: _Cursor = band.fairness_state
-        ids = sorted(fid for fid, f in band.flows.items() if f.length)
-        if not ids:
-            cursor.last = None
+        turn = self._in_turn(band)
+        if not turn:
             return None
-        start = 0
-        if cursor.last is not None:
-            start = next((i for i, fid in enumerate(ids) if fid > cursor.last), 0)
         inflight = band.inflight
-        # min() keeps the first of equals: ties go in turn, starting after the last served
-        chosen = min(ids[start:] + ids[:start], key=lambda fid: inflight.get(fid, 0))
-        cursor.last = chosen
-        return band.flows[chosen]
+        # min() keeps the first of equals: ties go in turn
+        return self._serve(band, min(turn, key=lambda fid: inflight.get(fid, 0)))
 
 
 @dataclass(frozen=True, slots=True)
