@@ -570,17 +570,22 @@ def prediction_error(workload: str, seed: int, duration: float,
     twin.run()
     ordered = sorted(twin.done, key=lambda d: d.finish)
     warm, done = ordered[:int(WARMUP * len(ordered))], ordered[int(WARMUP * len(ordered)):]
+    ttft, tpot = _predicted_pairs(done)
+    predicted = sorted((d for d in twin.done if d.predicted_ttft is not None),
+                       key=lambda d: d.arrival)
+    model_ttft, model_tpot = _predicted_pairs(predicted[int(WARMUP * len(predicted)):])
+    return (mape(ttft), mape(tpot), best_constant_mape([a for _, a in tpot]),
+            post_pick_tpot_mape(twin, warm, [d for d in done if d.predicted_tpot is not None]),
+            mape(model_ttft), mape(model_tpot))
+
+
+def _predicted_pairs(done: list[Done]) -> tuple[list[tuple[float, float]],
+                                                list[tuple[float, float]]]:
+    """(predicted, actual) TTFT pairs and TPOT pairs of the requests that have them."""
     ttft = [(p, d.ttft) for d in done if (p := d.predicted_ttft) is not None]
     tpot = [(p, a) for d in done
             if (p := d.predicted_tpot) is not None and (a := d.tpot) is not None]
-    predicted = sorted((d for d in twin.done if d.predicted_ttft is not None),
-                       key=lambda d: d.arrival)
-    model_warm = predicted[int(WARMUP * len(predicted)):]
-    return (mape(ttft), mape(tpot), best_constant_mape([a for _, a in tpot]),
-            post_pick_tpot_mape(twin, warm, [d for d in done if d.predicted_tpot is not None]),
-            mape([(p, d.ttft) for d in model_warm if (p := d.predicted_ttft) is not None]),
-            mape([(p, a) for d in model_warm
-                  if (p := d.predicted_tpot) is not None and (a := d.tpot) is not None]))
+    return ttft, tpot
 
 
 # -- 2. mixed SLO ---------------------------------------------------------------------------------
