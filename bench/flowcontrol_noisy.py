@@ -173,13 +173,10 @@ def per_tenant(specs: list[RequestSpec], outcomes: list[Outcome], time_scale: fl
 def tokens_within(specs: list[RequestSpec], outcomes: list[Outcome], time_scale: float,
                   window: float) -> tuple[dict[str, float], dict[str, float]]:
     """Per tenant: output tokens the client received by ``window`` (model s from the run's
-    start; token k arrives at start + TTFT + the first k-1 inter-token gaps), and the
-    output tokens its requests arriving within the window asked for."""
+    start; token k arrives at start + TTFT + the first k-1 inter-token gaps), and
+    :func:`tokens_asked` within the window."""
     got: dict[str, float] = {}
-    asked: dict[str, float] = {}
     for spec, o in zip(specs, outcomes, strict=True):
-        if spec.at <= window:
-            asked[spec.tag] = asked.get(spec.tag, 0) + int(spec.body.get("max_tokens", 0))
         if o.status != 200 or o.ttft is None:
             continue
         t = o.start + o.ttft
@@ -190,7 +187,17 @@ def tokens_within(specs: list[RequestSpec], outcomes: list[Outcome], time_scale:
                 break
             n += 1
         got[spec.tag] = got.get(spec.tag, 0) + n
-    return got, asked
+    return got, tokens_asked(specs, window)
+
+
+def tokens_asked(specs: list[RequestSpec], window: float) -> dict[str, float]:
+    """Per tenant: the output tokens (``max_tokens``) its requests arriving by ``window``
+    asked for."""
+    asked: dict[str, float] = {}
+    for spec in specs:
+        if spec.at <= window:
+            asked[spec.tag] = asked.get(spec.tag, 0) + int(spec.body.get("max_tokens", 0))
+    return asked
 
 
 def jain_of_shares(got: dict[str, float], demand: dict[str, float]) -> float:

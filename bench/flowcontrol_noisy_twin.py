@@ -37,6 +37,7 @@ from bench.flowcontrol_noisy import (
     concurrency_config,
     jain_of_shares,
     token_concurrency_config,
+    tokens_asked,
 )
 from bench.loadgen import percentile as pct
 from bench.slo_twin import Twin
@@ -114,10 +115,7 @@ def run(config: str, seed: int, noisy: bool, servers: int) -> dict[str, float]:
     if noisy:
         got = tokens_by(twin.served, DURATION)
         out["tok_s"] = sum(got.values()) / DURATION
-        asked: dict[str, float] = {}
-        for s in specs:
-            if s.at <= DURATION:
-                asked[s.tag] = asked.get(s.tag, 0) + int(s.body.get("max_tokens", 0))
+        asked = tokens_asked(specs, DURATION)
         out["jain"] = jain_of_shares(got, {t: asked.get(t, 0) for t in (*QUIET, NOISY)})
         noisy_done = [s for s in twin.served if s.tag == NOISY]
         out["noisy_inflight"] = 0.0
