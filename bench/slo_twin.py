@@ -59,7 +59,10 @@ from epp.datastore.snapshot import build_snapshot
 from epp.latency.predictions import predictions_of
 from epp.latency.predictor import fit_linear
 from epp.requestcontrol import Director, Routed
-from epp.requestcontrol.plugins.predicted_latency_producer import PredictedLatencyProducer
+from epp.requestcontrol.plugins.predicted_latency_producer import (
+    PredictedLatencyProducer,
+    predicted_tpot,
+)
 from shared.errors import GatewayError
 from sim.engine import Engine, SimRequest
 from sim.profiles import H100_8B
@@ -253,6 +256,8 @@ class Done:
     first_token_at: float = 0.0
     #: When it arrived (and, without flow control, was picked).
     arrival: float = 0.0
+    #: The predicted TPOT the producer reports (the pick's and the in-stream ones' mean).
+    reported_tpot: float | None = None
 
 
 @dataclass(order=True, slots=True)
@@ -311,9 +316,10 @@ class Twin:
             if entry is None:
                 return
             routed, arrival, _ = entry
-            if kind == "first_token":
-                self.prefilled[i].append((t, req.prompt_tokens - req.cached_tokens))
-                routed.response.ttft = t - arrival.at
+            if kind in ("first_token", "token"):  # one streamed chunk per token
+                if kind == "first_token":
+                    self.prefilled[i].append((t, req.prompt_tokens - req.cached_tokens))
+                    routed.response.ttft = t - arrival.at
                 for plugin in self.runtime.response_streaming:
                     plugin.response_streaming(routed.request, routed.response, b"",
                                               routed.endpoint)
@@ -338,7 +344,8 @@ class Twin:
                     float(slo) / 1000 if slo else None,
                     p.ttft if p else None, p.tpot if p else None, t,
                     r.set_headers.get("x-session-token"), self.by_key[routed.endpoint.key],
-                    arrival.at + ttft, arrival.at)
+                    arrival.at + ttft, arrival.at,
+                    predicted_tpot(preds) if preds is not None else None)
         self.done.append(done)
         if arrival.then is not None:
             arrival.then(done)
@@ -548,10 +555,12 @@ def post_pick_tpot_mape(twin: Twin, train: list[Done], test: list[Done]) -> floa
     return mape([(model(feature(d)), d.tpot) for d in test if d.tpot is not None])
 
 
-def prediction_error(workload: str, seed: int, duration: float,
-                     ) -> tuple[float, float, float, float, float, float]:
+def prediction_error(workload: str, seed: int, duration: float, config: str = PREDICT_ONLY,
+                     ) -> tuple[float, float, float, float, float, float, float]:
     """MAPE (%) of TTFT and TPOT after warm-up, the best constant's TPOT MAPE,
-    :func:`post_pick_tpot_mape`, and TTFT and TPOT MAPE after the model's own warm-up.
+    :func:`post_pick_tpot_mape`, TTFT and TPOT MAPE after the model's own warm-up, and the
+    MAPE of the predicted TPOT the producer reports (with in-stream samples when ``config``
+    asks for them: :func:`sampled_config`).
 
     Warm-up, as before: the first ``WARMUP`` of the completed requests. The model's own
     warm-up: the first ``WARMUP`` of the requests it predicted, by pick time. They differ when
@@ -564,7 +573,7 @@ def prediction_error(workload: str, seed: int, duration: float,
         specs = sharegpt_like(rng, 0.7 * SG_CAPACITY, duration)
     else:
         specs = shared_prefix(rng, 0.7 * SP_CAPACITY, duration)
-    twin = Twin(PREDICT_ONLY, seed)
+    twin = Twin(config, seed)
     for s in specs:
         twin.add(s.at, s.body)
     twin.run()
@@ -576,7 +585,17 @@ def prediction_error(workload: str, seed: int, duration: float,
     model_ttft, model_tpot = _predicted_pairs(predicted[int(WARMUP * len(predicted)):])
     return (mape(ttft), mape(tpot), best_constant_mape([a for _, a in tpot]),
             post_pick_tpot_mape(twin, warm, [d for d in done if d.predicted_tpot is not None]),
-            mape(model_ttft), mape(model_tpot))
+            mape(model_ttft), mape(model_tpot),
+            mape([(p, a) for d in done
+                  if (p := d.reported_tpot) is not None and (a := d.tpot) is not None]))
+
+
+def sampled_config(samples: int, mean: float) -> str:
+    """:data:`PREDICT_ONLY` with upstream's in-stream TPOT predictions: up to ``samples``
+    tokens, Poisson-spaced with mean ``mean``."""
+    return PREDICT_ONLY.replace("{streamingMode: true}", (
+        f"{{streamingMode: true, maxDecodeTokenSamplesForPrediction: {samples}, "
+        f"samplingMean: {mean}}}"))
 
 
 def _predicted_pairs(done: list[Done]) -> tuple[list[tuple[float, float]],
@@ -672,6 +691,10 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", choices=("mape", "slo", "multiturn", "capacity"), default=None)
     ap.add_argument("--write", action="store_true", help="print the RESULTS.md section")
+    ap.add_argument("--tpot-samples", type=int, default=0, metavar="N",
+                    help="mape: the producer's maxDecodeTokenSamplesForPrediction (default 0)")
+    ap.add_argument("--sampling-mean", type=float, default=1000.0, metavar="M",
+                    help="mape: the producer's samplingMean (default 1000, upstream's)")
     args = ap.parse_args()
     seeds = range(1, args.seeds + 1)
     dur = 60.0 if args.quick else 120.0
@@ -683,13 +706,17 @@ def main() -> None:
 
     if args.only in (None, "mape"):
         for wl in ("sharegpt", "shared-prefix"):
-            res = [prediction_error(wl, s, dur) for s in seeds]
+            res = [prediction_error(wl, s, dur, sampled_config(args.tpot_samples,
+                                                                 args.sampling_mean))
+                   for s in seeds]
             say(f"| MAPE {wl} | TTFT {fmt([r[0] for r in res], 1)} % | "
                 f"TPOT {fmt([r[1] for r in res], 1)} % (best constant "
                 f"{fmt([r[2] for r in res], 1)} %; knowing the prefills that reached the "
                 f"engine after the pick: {fmt([r[3] for r in res], 1)} %) | after the model's "
                 f"own warm-up: TTFT {fmt([r[4] for r in res], 1)} %, TPOT "
-                f"{fmt([r[5] for r in res], 1)} % |")
+                f"{fmt([r[5] for r in res], 1)} % | reported TPOT (in-stream samples "
+                f"{args.tpot_samples}, mean {args.sampling_mean:g}): "
+                f"{fmt([r[6] for r in res], 1)} % |")
     if args.only == "capacity":
         for load in (0.75, 0.8, 0.85, 0.9):
             say(f"| load {load} x SG_CAPACITY | in system at {dur / 2:.0f} s / {dur - 1:.0f} s: "

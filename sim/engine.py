@@ -118,7 +118,8 @@ class SimRequest:
             w.set_result(None)
 
 
-#: Events reported to :attr:`Engine.on_event`: kind, request, engine time.
+#: Events reported to :attr:`Engine.on_event`: kind (``arrive``, ``admit``, ``first_token``,
+#: ``token`` for each later one, ``finish``, ``preempt``), request, engine time.
 EventHook = Callable[[str, SimRequest, float], None]
 
 
@@ -451,8 +452,10 @@ class Engine:
                 if stats is not None:
                     stats.observe_ttft(end - req.arrival)
                 self._emit("first_token", req, end)
-            elif stats is not None:
-                stats.observe_itl(end - last)
+            else:
+                if stats is not None:
+                    stats.observe_itl(end - last)
+                self._emit("token", req, end)
             if req.generated >= req.output_tokens:
                 finished.append(req)
             elif req.stream:

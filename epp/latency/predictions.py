@@ -4,6 +4,7 @@ and admitter (upstream's ``LatencyPredictionInfo`` endpoint attribute)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from epp.latency.slo import SLO
 from epp.scheduling.request import LLMRequest
@@ -49,6 +50,16 @@ class RequestPredictions:
     prefilling_at: str | None = None
     #: The uncached prompt tokens this request added to ``prefilling_at``'s prefill count.
     prefill_charge: int = 0
+    #: TPOT predicted for the picked endpoint: at the pick, then at each sampled token of
+    #: the stream (``maxDecodeTokenSamplesForPrediction``); their mean is what is reported.
+    tpot_predictions: list[float] = field(default_factory=list)
+    #: In-stream sampling: streamed chunks so far (the first token's counts 1, as upstream
+    #: counts generated tokens), the chunk of the next prediction, the predictions made in
+    #: the stream, and the random source.
+    tokens: int = 0
+    next_sample: int = 0
+    samples: int = 0
+    sampler: Any = None
 
 
 def predictions_of(request: LLMRequest) -> RequestPredictions | None:

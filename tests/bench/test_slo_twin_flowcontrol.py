@@ -101,8 +101,21 @@ def test_the_mixed_slo_flow_control_configs_build_with_flow_control_on(name: str
 
 def test_tpot_is_explained_by_the_prefills_that_reach_the_engine_after_the_pick() -> None:
     """The diagnostic behind the TPOT row: knowing the later prefills beats any constant."""
-    _ttft, _tpot, constant, post_pick, *model_warm = slo_twin.prediction_error(
+    _ttft, tpot, constant, post_pick, *model_warm, reported = slo_twin.prediction_error(
         "sharegpt", 1, 40.0)
     assert post_pick < constant / 3
     # The MAPEs after the model's own warm-up (the first 30% of its predictions) are there.
     assert len(model_warm) == 2 and all(0 < v < 100 for v in model_warm)
+    # Without in-stream samples the reported TPOT is the pick's prediction.
+    assert reported == pytest.approx(tpot)
+
+
+def test_in_stream_samples_change_the_reported_tpot_not_the_picks() -> None:
+    """With upstream's maxDecodeTokenSamplesForPrediction the producer predicts again while
+    the request decodes (the twin streams a chunk per token), so what it reports differs
+    from the pick's prediction."""
+    _ttft, tpot, *_, reported = slo_twin.prediction_error(
+        "sharegpt", 1, 40.0, slo_twin.sampled_config(20, 5))
+    plain = slo_twin.prediction_error("sharegpt", 1, 40.0)
+    assert tpot == pytest.approx(plain[1])  # the picks' predictions are unchanged
+    assert 0 < reported < 100 and reported != pytest.approx(tpot)

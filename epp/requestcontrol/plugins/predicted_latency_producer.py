@@ -39,12 +39,18 @@ class PredictedLatencyParameters:
     """Upstream's ``sloBufferFactor`` (> 0; the SLO the headroom is measured against is
     SLO * factor), ``streamingMode`` (false: train TTFT on the whole duration and no TPOT;
     true: TTFT to the first streamed token and TPOT of streamed responses),
-    ``predictInPrepareData`` (false: collect training data only). Ours, for the in-process
-    model: ``retrainInterval``, ``maxTrainingSamples``, ``minTrainingSamples``."""
+    ``predictInPrepareData`` (false: collect training data only),
+    ``maxDecodeTokenSamplesForPrediction`` (0: the predicted TPOT reported is the pick's; N:
+    also predict again, from the endpoint's state then, at up to N streamed tokens spaced
+    by a Poisson draw of mean ``samplingMean``, and report the mean of all; streaming mode
+    only). Ours, for the in-process model: ``retrainInterval``, ``maxTrainingSamples``,
+    ``minTrainingSamples``."""
 
     slo_buffer_factor: float = 1.0
     streaming_mode: bool = False
     predict_in_prepare_data: bool = True
+    sampling_mean: float = 1000.0
+    max_decode_token_samples_for_prediction: int = 0
     retrain_interval: Duration = Duration(1.0)  # noqa: RUF009 (immutable)
     max_training_samples: int = 5000
     min_training_samples: int = 20
@@ -52,6 +58,10 @@ class PredictedLatencyParameters:
     def __post_init__(self) -> None:
         if not self.slo_buffer_factor > 0:
             raise ValueError(f"sloBufferFactor: must be > 0, got {self.slo_buffer_factor!r}")
+        if not self.sampling_mean > 0:
+            raise ValueError(f"samplingMean: must be > 0, got {self.sampling_mean!r}")
+        if self.max_decode_token_samples_for_prediction < 0:
+            raise ValueError("maxDecodeTokenSamplesForPrediction: must be >= 0")
         if not self.retrain_interval > 0:
             raise ValueError(f"retrainInterval: must be > 0, got {self.retrain_interval!r}")
         if self.max_training_samples < 1:
@@ -113,7 +123,6 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseStreami
             blocks, total = match.matched, len(match.hashes)
             per_block = float(prefix.tokens_per_block)
         tokens = float(request.prompt_tokens)
-        prefilling, prefill_requests = self._prefilling, self._prefill_requests
         keys = [v.key for v in endpoints]
         rows = []
         for key, v in zip(keys, endpoints, strict=True):
@@ -122,11 +131,7 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseStreami
             # Uncached tokens from the matched blocks, not prompt * score: the index hashes
             # at most maxPrefixBlocksToMatch blocks, so a long prompt whose hashed head is
             # all cached scores 1.0 while its tail still has to be computed.
-            uncached = max(0.0, tokens - matched * per_block)
-            running = float(v.metrics.running)
-            row = (tokens, uncached, uncached * (running + 1.0), float(v.queue), running,
-                   v.metrics.kv_usage, float(v.inflight_tokens), float(prefilling.get(key, 0)),
-                   float(prefill_requests.get(key, 0)))
+            row = self._row(tokens, max(0.0, tokens - matched * per_block), v)
             out.states[key] = row
             rows.append(row)
         if not self.params.predict_in_prepare_data:
@@ -153,6 +158,14 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseStreami
         if tpot_model is not None:
             m.TPOT_PREDICTION_DURATION.labels(*pair).observe(elapsed)
 
+    def _row(self, tokens: float, uncached: float, v: EndpointView) -> tuple[float, ...]:
+        """The model's input row (:meth:`EndpointState.ttft_x`) for endpoint ``v`` now."""
+        running = float(v.metrics.running)
+        return (tokens, uncached, uncached * (running + 1.0), float(v.queue), running,
+                v.metrics.kv_usage, float(v.inflight_tokens),
+                float(self._prefilling.get(v.key, 0)),
+                float(self._prefill_requests.get(v.key, 0)))
+
     def pre_request(self, request: LLMRequest, result: SchedulingResult) -> None:
         out = request.plugin_state.get(PREDICTIONS_KEY)
         if not isinstance(out, RequestPredictions):
@@ -167,16 +180,42 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseStreami
         prediction = out.by_endpoint.get(key)
         if prediction is None:
             return
-        pair = (request.client_model, request.target_model)
         if prediction.ttft is not None:
-            m.PREDICTED_TTFT.labels(*pair).observe(prediction.ttft)
+            m.PREDICTED_TTFT.labels(request.client_model, request.target_model).observe(
+                prediction.ttft)
         if prediction.tpot is not None:
-            m.PREDICTED_TPOT.labels(*pair).observe(prediction.tpot)
+            out.tpot_predictions.append(prediction.tpot)
 
     def response_streaming(self, request: LLMRequest, response: Response, chunk: bytes,
                            endpoint: EndpointView) -> None:
         if response.ttft is not None:
             self._prefilled(request)
+            if self.params.streaming_mode and self.params.max_decode_token_samples_for_prediction:
+                self._sample_tpot(request, endpoint)
+
+    def _sample_tpot(self, request: LLMRequest, endpoint: EndpointView) -> None:
+        """Upstream's decode-token sampler: count streamed chunks as tokens and, at Poisson
+        spaced ones, predict TPOT again from the endpoint's state now (its load while this
+        request decodes, which the pick could not know)."""
+        out = request.plugin_state.get(PREDICTIONS_KEY)
+        model = self.predictor.tpot_model
+        if not isinstance(out, RequestPredictions) or model is None:
+            return
+        p = self.params
+        out.tokens += 1
+        if out.sampler is None:  # the first token: the first sample comes after it
+            import numpy as np
+
+            out.sampler = np.random.default_rng(list(request.request_id.encode()) or None)
+            out.next_sample = 2 + int(out.sampler.poisson(p.sampling_mean))
+            return
+        if out.tokens != out.next_sample or \
+                out.samples >= p.max_decode_token_samples_for_prediction:
+            return
+        row = self._row(float(request.prompt_tokens), 0.0, endpoint)
+        out.tpot_predictions.append(model(EndpointState.from_ttft_row(row).tpot_x()))
+        out.samples += 1
+        out.next_sample = out.tokens + max(1, int(out.sampler.poisson(p.sampling_mean)))
 
     def _prefilled(self, request: LLMRequest) -> None:
         """The request's prompt is no longer in prefill (first token, or the end)."""
@@ -207,10 +246,20 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseStreami
         if row is not None:
             self.predictor.observe(EndpointState.from_ttft_row(row), ttft, tpot)
         slo, pair = out.slo, (request.client_model, request.target_model)
+        if (predicted := predicted_tpot(out)) is not None and response.tpot is not None:
+            # Upstream reports the predicted TPOT with the measured one, at the end.
+            m.PREDICTED_TPOT.labels(*pair).observe(predicted)
         if slo.ttft is not None and response.ttft is not None and response.ttft > slo.ttft:
             m.SLO_VIOLATIONS.labels(*pair, "ttft").inc()
         if slo.tpot is not None and response.tpot is not None and response.tpot > slo.tpot:
             m.SLO_VIOLATIONS.labels(*pair, "tpot").inc()
+
+
+def predicted_tpot(out: RequestPredictions) -> float | None:
+    """The TPOT predicted for the request's endpoint as reported: the mean of the pick's
+    prediction and the in-stream ones (None without any)."""
+    preds = out.tpot_predictions
+    return sum(preds) / len(preds) if preds else None
 
 
 def _take(counts: dict[str, int], key: str, n: int) -> None:

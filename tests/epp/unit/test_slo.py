@@ -467,3 +467,89 @@ def test_the_fit_minimises_relative_error_so_a_slow_minority_does_not_drag_it() 
     model = fit_linear(xs, ys)
     for x in (0.0, 5.0, 9.0):
         assert model([x]) == pytest.approx(1.0 + x, rel=0.02)
+
+
+# -- in-stream TPOT predictions (maxDecodeTokenSamplesForPrediction) ------------------------
+
+
+def sampled_director(params: str) -> tuple[Director, PredictedLatencyProducer]:
+    config = LATENCY_CONFIG.replace("{streamingMode: true}", params)
+    runtime = build(parse_config(config), store(), rng=random.Random(0))
+    (producer,) = runtime.handle.find(PredictedLatencyProducer)
+    producer.predictor = trained()
+    return Director.of(runtime), producer
+
+
+def stream(d: Director, chunks: int) -> tuple[object, RequestPredictions]:
+    _, routed = d.route(HEADERS, body(), {})
+    d.response_received(routed, 200, {"content-type": "text/event-stream"})
+    for _ in range(chunks):
+        d.response_chunk(routed, b"data: {}\n\n", True)
+    preds = routed.request.plugin_state[PREDICTIONS_KEY]
+    assert isinstance(preds, RequestPredictions)
+    return routed, preds
+
+
+def test_sampled_tokens_predict_tpot_again_from_the_endpoints_state_then() -> None:
+    d, producer = sampled_director(
+        "{streamingMode: true, maxDecodeTokenSamplesForPrediction: 3, samplingMean: 2}")
+    routed, preds = stream(d, 1)  # the first token: no in-stream prediction yet
+    assert len(preds.tpot_predictions) == 1  # the pick's
+    from epp.datastore import EndpointMetrics
+
+    # The endpoint fills up while the request decodes; the next samples see it.
+    d.datastore.record_scrape(routed.endpoint, EndpointMetrics(waiting=6, running=14,
+                                                               kv_usage=0.9))
+    for _ in range(200):
+        d.response_chunk(routed, b"data: {}\n\n", True)
+    assert preds.samples == 3 and len(preds.tpot_predictions) == 4
+    model = producer.predictor.tpot_model
+    assert model is not None
+    now = EndpointState(float(routed.request.prompt_tokens), 0.0, float(routed.endpoint.queue),
+                        14.0, 0.9, float(routed.endpoint.inflight_tokens))
+    assert preds.tpot_predictions[1:] == [pytest.approx(model(now.tpot_x()))] * 3
+    assert preds.tpot_predictions[1] > preds.tpot_predictions[0]  # busier than at the pick
+
+
+def test_the_reported_predicted_tpot_is_the_mean_of_pick_and_stream() -> None:
+    d, _ = sampled_director(
+        "{streamingMode: true, maxDecodeTokenSamplesForPrediction: 2, samplingMean: 1}")
+    labels = {"model_name": "m", "target_model_name": "m"}
+    name = "inference_objective_request_predicted_tpot_seconds"
+
+    def observed() -> tuple[float, float]:
+        return (REGISTRY.get_sample_value(f"{name}_sum", labels) or 0.0,
+                REGISTRY.get_sample_value(f"{name}_count", labels) or 0.0)
+
+    before = observed()
+    routed, preds = stream(d, 1)
+    from epp.datastore import EndpointMetrics
+
+    d.datastore.record_scrape(routed.endpoint, EndpointMetrics(waiting=3, running=9))
+    for _ in range(50):
+        d.response_chunk(routed, b"data: {}\n\n", True)
+    d.finish(routed, completed=True, status=200, response_size=1, prompt_tokens=5,
+             completion_tokens=51)
+    assert len(preds.tpot_predictions) == 3
+    after = observed()
+    assert after[1] == before[1] + 1
+    assert after[0] - before[0] == pytest.approx(sum(preds.tpot_predictions) / 3)
+
+
+@pytest.mark.parametrize("params", [
+    "{streamingMode: true}",  # maxDecodeTokenSamplesForPrediction 0: upstream's default
+    "{streamingMode: false, maxDecodeTokenSamplesForPrediction: 5, samplingMean: 1}",
+])
+def test_without_sampling_only_the_pick_predicts_tpot(params: str) -> None:
+    d, _ = sampled_director(params)
+    _, preds = stream(d, 100)
+    assert len(preds.tpot_predictions) == 1 and preds.samples == 0
+
+
+@pytest.mark.parametrize(("params", "field"), [
+    ("{samplingMean: 0}", "samplingMean"),
+    ("{maxDecodeTokenSamplesForPrediction: -1}", "maxDecodeTokenSamplesForPrediction"),
+])
+def test_bad_sampling_parameters_name_the_field(params: str, field: str) -> None:
+    with pytest.raises(ConfigError, match=field):
+        build(parse_config(LATENCY_CONFIG.replace("{streamingMode: true}", params)), store())
