@@ -13,6 +13,7 @@ from epp.config import build, parse_config
 from epp.datalayer import CoreMetricsExtractor, MetricsDataSource
 from epp.main import settings
 from epp.requestcontrol.plugins import OpenAIParser, VllmGrpcParser
+from epp.requestcontrol.plugins.predicted_latency_producer import PredictedLatencyProducer
 from tests.charts.render import one, refusal, render
 from tests.charts.test_charts import validate_rendered
 from tests.charts.test_values import epp, parse
@@ -140,3 +141,35 @@ def test_grpc_with_another_engine_is_refused_saying_why() -> None:
     err = refusal("inferencepool", "inferencePool.modelServerProtocol=grpc",
                   "inferencePool.modelServerType=sglang")
     assert "modelServerProtocol=grpc is vLLM's gRPC API" in err
+
+
+LATENCY_PLUGINS = [
+    {"type": "predicted-latency-producer"},
+    {"name": "strict-affinity-filter", "type": "prefix-cache-affinity-filter",
+     "parameters": {"affinityThreshold": 0.99}},
+    {"name": "loose-affinity-filter", "type": "prefix-cache-affinity-filter",
+     "parameters": {"affinityThreshold": 0.80}},
+    {"type": "latency-scorer"}, {"type": "weighted-random-picker"},
+    {"type": "slo-headroom-tier-filter"}, {"type": "latency-slo-admitter"}]
+LATENCY_PROFILE = [{"name": "default", "plugins": [
+    {"pluginRef": p} for p in ("predicted-latency-producer", "strict-affinity-filter",
+                               "slo-headroom-tier-filter", "loose-affinity-filter",
+                               "latency-scorer", "weighted-random-picker")]}]
+
+
+def test_latency_predictor_renders_upstreams_latency_profile_with_the_model_in_the_epp() -> None:
+    """latencyPredictor.enabled: the default config is upstream v1.5.0's latency one (its
+    chart, config/charts/epplib/templates/_config.yaml), and the EPP builds and runs it; the
+    training/prediction sidecars upstream adds are not needed (the model is in process)."""
+    sets = ("inferenceExtension.latencyPredictor.enabled=true",
+            "inferenceExtension.latencyPredictor.predictionServers.count=2")
+    objs = render("inferencepool", *sets)
+    expected = upstream(*LATENCY_PLUGINS)
+    expected["schedulingProfiles"] = LATENCY_PROFILE
+    assert yaml.safe_load(config_text(objs)) == expected
+    rt = runtime(sets)
+    assert [type(p).__name__ for p in rt.handle.find(PredictedLatencyProducer)] == [
+        "PredictedLatencyProducer"]
+    pod = one(objs, "Deployment")["spec"]["template"]["spec"]
+    assert [c["name"] for c in pod["containers"]] == ["epp"]
+    validate_rendered(objs)

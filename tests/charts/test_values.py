@@ -330,11 +330,6 @@ def test_sidecar_without_image_is_refused() -> None:
     assert "inferenceExtension.sidecar.image is required" in err
 
 
-def test_latency_predictor_is_refused_until_it_exists() -> None:
-    err = refusal("inferencepool", "inferenceExtension.latencyPredictor.enabled=true")
-    assert "latencyPredictor" in err and "issue 17" in err
-
-
 # -- inferencePool, routes, objectives, providers -------------------------------------------
 
 

@@ -1,9 +1,6 @@
 {{/* Upstream values this chart cannot honour yet: refused with the reason, never ignored. */}}
 {{- define "inferencepool.validate" -}}
 {{- $ie := .Values.inferenceExtension -}}
-{{- if $ie.latencyPredictor.enabled }}
-{{- fail "inferenceExtension.latencyPredictor.enabled: predicted-latency scheduling is not built yet (issue 17); leave it false" }}
-{{- end }}
 {{- $_ := include "inferencepool.protocol" . }}
 {{- $store := $ie.stateStore | default dict -}}
 {{- if and (eq ($ie.haMode | default "") "active-active") (not $store.url) (not $store.secretRef) }}
