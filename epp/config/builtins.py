@@ -16,7 +16,9 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     *SCHEDULING, ApproxPrefixCacheProducer, PrecisePrefixCacheScorer, *REQUEST_CONTROL,
     TokenProducer, *DATA_LAYER, *FLOW_CONTROL)
 
-_FLOW = "this flow-control policy is not built yet (issue #14)"
+_FLOW = ("eviction of dispatched requests is not built (issue #14); upstream v1.5 registers "
+         "this type but wires no eviction (its aborter is a no-op), so the config behaves "
+         "the same there without it: remove it")
 _PRECISE = "a local tokenizer plugin is not built yet (issue #15; token-producer asks the server)"
 _PD = "encode disaggregation and the header-only P/D handler are not built yet (issue #16)"
 _SLO = ("the all-in-one predicted-latency-scorer is not built yet (issue #17; use "
