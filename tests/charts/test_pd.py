@@ -472,3 +472,26 @@ def test_rendered_sidecar_prefills_only_on_the_pools_prefill_pods(apiserver: Fak
         sim.terminate()
         sim.wait(15)
         assert code == 0, pod.log_tail()
+
+
+# -- the image --------------------------------------------------------------------------------
+
+
+def test_dockerfile_builds_the_sidecar_image_the_chart_names() -> None:
+    """The chart's default sidecar image is the Dockerfile's ``pd-sidecar`` target, and
+    that image holds every package of this repository the sidecar imports."""
+    from tests.support.helm import REPO
+
+    dockerfile = (REPO / "Dockerfile").read_text()
+    side = container(render("inferencepool", *PD), "pd-sidecar", deployment="pool-a-decode")
+    target = side["image"].rsplit("/", 1)[1].split(":")[0]
+    assert f"FROM runtime AS {target}\n" in dockerfile
+    assert f'ENTRYPOINT ["{side["command"][0]}"]' in dockerfile
+    copied = {line.split()[1] for line in dockerfile.splitlines() if line.startswith("COPY ")
+              and "--from" not in line}
+    probe = ("import sys; import sidecar.main, epp.sources.kubernetes; "
+             "print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))")
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            check=True, cwd="/").stdout.split()
+    ours = {p.name for p in REPO.iterdir() if (p / "__init__.py").is_file()}
+    assert set(loaded) & ours <= copied, sorted(set(loaded) & ours - copied)
