@@ -25,13 +25,15 @@ class LocalPod:
 
     def __init__(self, objs: list[dict[str, Any]], container: dict[str, Any], *,
                  apiserver: FakeApiServer | None, workdir: Path, pod_name: str,
-                 secrets: dict[str, dict[str, str]] | None = None) -> None:
+                 secrets: dict[str, dict[str, str]] | None = None,
+                 deployment: str | None = None) -> None:
         """``secrets``: the data of Secrets the pod mounts, by name (what the API server
-        would hold, e.g. a token the service-account controller filled in)."""
+        would hold, e.g. a token the service-account controller filled in). ``deployment``:
+        the Deployment's name, when the release renders more than one."""
         self.container = container
         self.workdir = workdir
         self.log_path = workdir / f"{pod_name}.log"
-        dep = one(objs, "Deployment")
+        dep = one(objs, "Deployment", deployment)
         namespace = dep["metadata"]["namespace"]
         # The downward-API fields the charts read, as they are for this local pod.
         fields = {"metadata.name": pod_name, "metadata.namespace": namespace,

@@ -58,9 +58,12 @@ def one(objs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[
     return found[0]
 
 
-def container(objs: list[dict[str, Any]], name: str | None = None) -> dict[str, Any]:
-    """The (named, else only) container of the rendered Deployment."""
-    cs = one(objs, "Deployment")["spec"]["template"]["spec"]["containers"]
+def container(objs: list[dict[str, Any]], name: str | None = None, *,
+              deployment: str | None = None) -> dict[str, Any]:
+    """The (named, else only) container of the rendered (named) Deployment; init containers
+    (native sidecars) count too."""
+    pod = one(objs, "Deployment", deployment)["spec"]["template"]["spec"]
+    cs = [*pod.get("initContainers", []), *pod["containers"]]
     found = [c for c in cs if name is None or c["name"] == name]
     assert len(found) == 1, f"expected one container {name or ''}, got {[c['name'] for c in cs]}"
     return found[0]

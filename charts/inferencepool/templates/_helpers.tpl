@@ -117,3 +117,81 @@ model-server API the EPP reads). */}}
 {{- end -}}
 {{- $p -}}
 {{- end -}}
+
+{{/* ours: prefill/decode disaggregation (docs/pd.md). "true" when disaggregation.enabled. */}}
+{{- define "inferencepool.pd" -}}
+{{- with .Values.disaggregation }}{{ if .enabled }}true{{ end }}{{ end -}}
+{{- end -}}
+
+{{/* "true" when the chart deploys the prefill and decode model servers. */}}
+{{- define "inferencepool.pdModelServers" -}}
+{{- if include "inferencepool.pd" . }}{{ if .Values.disaggregation.modelServers.enabled }}true{{ end }}{{ end -}}
+{{- end -}}
+
+{{/* The file of the EPP ConfigMap the EPP loads: pluginsConfigFile, except that with
+disaggregation on, the default file name means the P/D config (a file the user named wins). */}}
+{{- define "inferencepool.configFile" -}}
+{{- $file := .Values.inferenceExtension.pluginsConfigFile -}}
+{{- if and (include "inferencepool.pd" .) (eq $file "default-plugins.yaml") -}}
+pd-plugins.yaml
+{{- else -}}
+{{- $file -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The data-layer and parser plugins every rendered EndpointPickerConfig lists (scraping
+as metricsDataSource and the engine type say; the parser as inferencePool.parser says). */}}
+{{- define "inferencepool.dataLayerPlugins" -}}
+{{- $ie := .Values.inferenceExtension -}}
+{{- $type := include "inferencepool.modelServerType" . -}}
+{{- $mds := $ie.metricsDataSource | default dict -}}
+{{- $parser := include "inferencepool.parser" . -}}
+- type: metrics-data-source
+  {{- /* A model-server-metrics-* entry in flags keeps working: its parameter is left
+  out (an explicit parameter would win over the flag, as upstream's loader has it). */}}
+  {{- $params := dict }}
+  {{- if not (include "inferencepool.hasFlag" (list . "model-server-metrics-scheme")) }}
+  {{- $_ := set $params "scheme" ($mds.scheme | default "http") }}
+  {{- end }}
+  {{- if not (include "inferencepool.hasFlag" (list . "model-server-metrics-path")) }}
+  {{- /* trtllm-serve publishes its metrics under /prometheus/metrics */}}
+  {{- $_ := set $params "path" (ternary "/prometheus/metrics" ($mds.path | default "/metrics") (eq $type "trtllm-serve")) }}
+  {{- end }}
+  {{- if not (include "inferencepool.hasFlag" (list . "model-server-metrics-https-insecure-skip-verify")) }}
+  {{- $_ := set $params "insecureSkipVerify" (ne $mds.insecureSkipVerify false) }}
+  {{- end }}
+  {{- with $params }}
+  parameters:
+    {{- range $k, $v := . }}
+    {{ $k }}: {{ $v | toJson }}
+    {{- end }}
+  {{- end }}
+- type: core-metrics-extractor
+  {{- if ne $type "vllm" }}
+  parameters:
+    defaultEngine: {{ $type | quote }}
+  {{- end }}
+{{- with $parser }}
+- type: {{ . }}
+{{- end }}
+{{- end -}}
+
+{{/* Image of a values block {registry, repository, tag}; tag defaults to the second
+argument. */}}
+{{- define "inferencepool.imageOf" -}}
+{{- $img := index . 0 -}}
+{{- printf "%s/%s:%s" $img.registry $img.repository (default (index . 1) $img.tag) -}}
+{{- end -}}
+
+{{/* Labels of a P/D model-server pod of the role given as second argument: the pool's
+selector plus llm-d's role label, which prefill-filter/decode-filter read. */}}
+{{- define "inferencepool.pdPodLabels" -}}
+{{- $root := index . 0 -}}
+{{- toYaml $root.Values.inferencePool.modelServers.matchLabels }}
+llm-d.ai/role: {{ index . 1 }}
+{{- end -}}
+
+{{/* Name of the decode pods' ServiceAccount and of the pd-sidecar's Role. */}}
+{{- define "inferencepool.pdSidecarName" -}}
+{{- printf "%s-pd-sidecar" (include "inferencepool.poolName" .) -}}
+{{- end -}}

@@ -18,4 +18,51 @@
 {{- if and $ie.sidecar.enabled $ie.sidecar.configMap (not $ie.sidecar.configMap.name) }}
 {{- fail "inferenceExtension.sidecar.configMap.name is required when sidecar.configMap is given" }}
 {{- end }}
+{{- include "inferencepool.validatePD" . }}
+{{- end -}}
+
+{{/* ours: disaggregation (docs/pd.md), one message per mistake. */}}
+{{- define "inferencepool.validatePD" -}}
+{{- $pd := .Values.disaggregation | default dict -}}
+{{- $ms := $pd.modelServers | default dict -}}
+{{- $pool := .Values.inferencePool -}}
+{{- if and $ms.enabled (not $pd.enabled) }}
+{{- fail "disaggregation.modelServers.enabled needs disaggregation.enabled=true (the decode pods' sidecars need the EPP's P/D config)" }}
+{{- end }}
+{{- if $pd.enabled }}
+{{- if ne (include "inferencepool.modelServerType" .) "vllm" }}
+{{- fail (printf "disaggregation needs inferencePool.modelServerType=vllm, got %s (pd-sidecar speaks vLLM's P/D connectors only)" $pool.modelServerType) }}
+{{- end }}
+{{- if ne (include "inferencepool.protocol" .) "http" }}
+{{- fail "disaggregation needs inferencePool.modelServerProtocol=http (pd-sidecar relays OpenAI HTTP requests, not vLLM's gRPC API)" }}
+{{- end }}
+{{- if hasKey $pool.modelServers.matchLabels "llm-d.ai/role" }}
+{{- fail "inferencePool.modelServers.matchLabels must not hold llm-d.ai/role with disaggregation: the pool selects prefill and decode pods alike (prefill-filter/decode-filter tell them apart)" }}
+{{- end }}
+{{- end }}
+{{- if include "inferencepool.pdModelServers" . }}
+{{- if ne (len $pool.targetPorts) 1 }}
+{{- fail (printf "disaggregation.modelServers needs exactly one inferencePool.targetPorts entry, got %d (pd-sidecar serves one port: no data-parallel ranks)" (len $pool.targetPorts)) }}
+{{- end }}
+{{- $port := (first $pool.targetPorts).number | int }}
+{{- if not $ms.model }}
+{{- fail "disaggregation.modelServers.model is required: the model vLLM serves (--model)" }}
+{{- end }}
+{{- if not $ms.image.tag }}
+{{- fail "disaggregation.modelServers.image.tag is required: the vLLM version to run (pin the one your NIXL setup was tested with)" }}
+{{- end }}
+{{- if lt ($ms.decode.replicas | int) 1 }}
+{{- fail (printf "disaggregation.modelServers.decode.replicas must be at least 1, got %v (the gateway sends every request to a decode pod)" $ms.decode.replicas) }}
+{{- end }}
+{{- if lt ($ms.prefill.replicas | int) 0 }}
+{{- fail (printf "disaggregation.modelServers.prefill.replicas must be 0 or more, got %v" $ms.prefill.replicas) }}
+{{- end }}
+{{- if eq ($ms.decode.vllmPort | int) $port }}
+{{- fail (printf "disaggregation.modelServers.decode.vllmPort must differ from the pool's target port %d, which the pd-sidecar listens on" $port) }}
+{{- end }}
+{{- $metrics := $ms.sidecar.metricsPort | int }}
+{{- if and $metrics (has $metrics (list $port ($ms.decode.vllmPort | int))) }}
+{{- fail (printf "disaggregation.modelServers.sidecar.metricsPort %d is taken by the sidecar's or vLLM's port in decode pods (0 turns the sidecar's metrics off)" $metrics) }}
+{{- end }}
+{{- end }}
 {{- end -}}
