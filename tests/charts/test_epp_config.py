@@ -173,3 +173,17 @@ def test_latency_predictor_renders_upstreams_latency_profile_with_the_model_in_t
     pod = one(objs, "Deployment")["spec"]["template"]["spec"]
     assert [c["name"] for c in pod["containers"]] == ["epp"]
     validate_rendered(objs)
+
+
+def test_latency_predictor_with_disaggregation_is_refused_saying_why() -> None:
+    """The P/D config file the EPP then loads has no latency plugins: the latency profile
+    would be rendered and never used."""
+    err = refusal("inferencepool", "inferenceExtension.latencyPredictor.enabled=true",
+                  "disaggregation.enabled=true")
+    assert "the P/D config the EPP loads has no latency plugins" in err
+    # A config file of the user's own is loaded instead: nothing is lost, nothing refused.
+    objs = render("inferencepool", "inferenceExtension.latencyPredictor.enabled=true",
+                  "disaggregation.enabled=true",
+                  "inferenceExtension.pluginsConfigFile=mine.yaml",
+                  "inferenceExtension.pluginsCustomConfig.mine\\.yaml=plugins: []")
+    assert "--config-file=/config/mine.yaml" in epp(objs)["args"]

@@ -29,6 +29,9 @@
 {{- if and $ms.enabled (not $pd.enabled) }}
 {{- fail "disaggregation.modelServers.enabled needs disaggregation.enabled=true (the decode pods' sidecars need the EPP's P/D config)" }}
 {{- end }}
+{{- if and .Values.inferenceExtension.latencyPredictor.enabled (eq (include "inferencepool.configFile" .) "pd-plugins.yaml") }}
+{{- fail "disaggregation.enabled and inferenceExtension.latencyPredictor.enabled: the P/D config the EPP loads has no latency plugins; enable one of them, or give your own config (pluginsCustomConfig + pluginsConfigFile)" }}
+{{- end }}
 {{- if $pd.enabled }}
 {{- if ne (include "inferencepool.modelServerType" .) "vllm" }}
 {{- fail (printf "disaggregation needs inferencePool.modelServerType=vllm, got %s (pd-sidecar speaks vLLM's P/D connectors only)" $pool.modelServerType) }}
