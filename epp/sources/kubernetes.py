@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -60,6 +61,10 @@ from shared.reflector import (
 )
 
 log = structlog.get_logger(__name__)
+
+#: Seconds a stopping source waits for its watch threads (a blocked read is interrupted;
+#: a list in flight ends with the API server's answer).
+JOIN_TIMEOUT = 2.0
 
 def pool_version(pool_group: str) -> str:
     """The served InferencePool version of ``--pool-group``."""
@@ -154,12 +159,20 @@ class KubernetesSource:
             r.stop()
 
     async def run(self) -> None:
-        """Start, then keep running until cancelled; stops the watches on the way out."""
+        """Start, then keep running until cancelled; stops the watches on the way out and
+        waits (briefly) for their threads, so none hands the loop a delta while it closes."""
         self.start()
         try:
             await asyncio.Event().wait()
         finally:
             self.stop()
+            await asyncio.to_thread(self.join, JOIN_TIMEOUT)
+
+    def join(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds in all for the reflector threads to end."""
+        deadline = time.monotonic() + timeout
+        for r in self._reflectors:
+            r.join(max(0.0, deadline - time.monotonic()))
 
     # -- wiring ---------------------------------------------------------------------------
 

@@ -168,6 +168,8 @@ class FakeApiServer:
         self._watch_sockets: set[socket.socket] = set()
         #: Every request as ``(method, path, query)``, for assertions on what clients did.
         self.requests: list[tuple[str, str, dict[str, str]]] = []
+        #: Seconds a list waits before it is answered (a slow API server).
+        self.list_delay = 0.0
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.05,), daemon=True,
@@ -491,6 +493,8 @@ def _handler_for(server: FakeApiServer) -> type[BaseHTTPRequestHandler]:
             if rv and rv != "0" and int(rv) < server._floor:
                 self._fail(410, "Expired", f"too old resource version: {rv}")
                 return
+            if server.list_delay:
+                time.sleep(server.list_delay)
             items, current = server.list_objects(res, ns, selector)
             self._send_json(200, {"kind": f"{res.kind}List", "apiVersion": res.api_version,
                                   "metadata": {"resourceVersion": str(current)},

@@ -351,3 +351,18 @@ async def test_run_stops_watching_when_cancelled(cluster: FakeApiServer, kube: A
     cluster.apply(o.pod("vllm-2", "10.0.0.3"))
     await asyncio.sleep(0.3)
     assert "10.0.0.3:8000" not in keys(src.datastore)
+
+
+async def test_run_returns_once_its_watch_threads_have_ended(cluster: FakeApiServer,
+                                                            kube: Any) -> None:
+    """Cancelled while every reflector waits on a slow list, run() returns only when their
+    threads are done: none hands a delta to an event loop that is closing (the EPP's
+    shutdown)."""
+    cluster.list_delay = 0.5
+    src = KubernetesSource(Datastore(), "pool-a", o.NS, api_client=kube, timing=FAST)
+    task = asyncio.create_task(src.run())
+    await eventually(lambda: cluster.count("GET", "pods", watch=False) >= 1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert not any(r._thread.is_alive() for r in src._reflectors)
