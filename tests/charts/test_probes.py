@@ -9,6 +9,7 @@ ports, so parallel test runs do not collide.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -145,7 +146,11 @@ def test_metrics_auth_token_is_what_prometheus_presents(apiserver: FakeApiServer
         pod.wait_probe("livenessProbe")
         bearer = {"httpHeaders": [{"name": "Authorization", "value": f"Bearer {token}"}]}
         scrape = {"httpGet": {"path": path, "port": service_port["targetPort"], **bearer}}
-        ok, seen = run_probe(scrape, pod.container)
+        for _ in range(150):  # liveness is the gRPC health port; metrics may come later
+            ok, seen = run_probe(scrape, pod.container)
+            if "Connection refused" not in seen:
+                break
+            time.sleep(0.1)
         assert ok, seen
         scrape["httpGet"]["httpHeaders"] = []
         ok, seen = run_probe(scrape, pod.container)
