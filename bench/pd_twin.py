@@ -62,15 +62,42 @@ class _Server:
     outstanding: int = 0
     tokens: int = 0
     stepping: bool = False
+    #: Requests placed here whose KV is still being prefilled elsewhere (the EPP counts
+    #: them on the decode pod from the pick; only the ``spill`` decider reads this).
+    reserved: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class Served:
-    """One client request as it ended: class, TTFT, TPOT (model seconds)."""
+    """One client request as it ended: class, TTFT, TPOT (model seconds), its arrival and
+    end (model seconds) and output tokens (for tok/s), and whether it was disaggregated."""
 
     long: bool
     ttft: float
     tpot: float
+    arrival: float = 0.0
+    end: float = 0.0
+    output: int = 0
+    disaggregated: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Spill:
+    """A load-aware decider: a prompt the length test would disaggregate is prefilled by its
+    decode server instead when the least-loaded prefill server has at least
+    ``prefill_tokens`` prompt tokens in flight (``None``: not tested) and the decode server
+    has at most ``decode_requests`` requests in flight (``None``: not tested). In flight as
+    ``inflight-load-producer`` counts: a prefill server from the pick to the end of the
+    prefill leg, a decode server from the pick (at arrival, before the prefill leg) to the end
+    of the request."""
+
+    prefill_tokens: int | None = None
+    decode_requests: int | None = None
+
+    def local(self, prefill_backlog: int, decode_inflight: int) -> bool:
+        """True: the decode server computes the prompt itself."""
+        return ((self.prefill_tokens is None or prefill_backlog >= self.prefill_tokens)
+                and (self.decode_requests is None or decode_inflight <= self.decode_requests))
 
 
 @dataclass
@@ -101,9 +128,9 @@ class _Fleet:
         return min(servers, key=lambda x: (x.outstanding, x.index))
 
     def submit(self, servers: list[_Server], prompt: int, out: int, arrival: float, now: float,
-               remote: int = 0, pick: str = "least") -> SimRequest:
-        """Queue a request on the server ``pick`` chooses."""
-        s = self.choose(servers, pick)
+               remote: int = 0, pick: str = "least", on: _Server | None = None) -> SimRequest:
+        """Queue a request on ``on``, else on the server ``pick`` chooses."""
+        s = on if on is not None else self.choose(servers, pick)
         rid = next(self.ids)
         req = SimRequest(id=str(rid), prompt_tokens=prompt,
                          block_hashes=[hash((self.seed, rid, b)) for b in range(prompt // 16)],
@@ -123,9 +150,11 @@ PICKS = ("least", "tokens", "random")
 
 def simulate(seed: int, prefill: int, decode: int, threshold: int | None, *,
              rate: float = 0.6, duration: float = 60.0, link: str = "rdma",
-             prefill_pick: str = "least", decode_pick: str = "least") -> list[Served]:
+             prefill_pick: str = "least", decode_pick: str = "least",
+             spill: Spill | None = None) -> list[Served]:
     """One run; ``threshold=None`` is the aggregated fleet of ``prefill + decode`` servers
-    (always ``least``)."""
+    (always ``least``). With ``spill`` the decode server is picked at arrival, as the EPP
+    does, and the :class:`Spill` decider may keep a long prompt there."""
     fleet = _Fleet(seed, rng=random.Random(seed))
     bandwidth, latency = LINKS[link]
     if threshold is None:
@@ -134,8 +163,9 @@ def simulate(seed: int, prefill: int, decode: int, threshold: int | None, *,
     else:
         decoders = [_Server(Engine(H100_8B, seed=i), i) for i in range(decode)]
         prefillers = [_Server(Engine(H100_8B, seed=100 + i), i) for i in range(prefill)]
-    #: request id -> what its end means: a client's answer, or a prefill whose KV moves on.
-    pending: dict[str, tuple[bool, float, int, int, bool]] = {}
+    #: request id -> what its end means: a client's answer, or a prefill whose KV moves on
+    #: (class, arrival, prompt, output, is_prefill, disaggregated, decode server or None).
+    pending: dict[str, tuple[bool, float, int, int, bool, bool, _Server | None]] = {}
     served: list[Served] = []
 
     def finished(server: _Server) -> Callable[[str, SimRequest, float], None]:
@@ -143,16 +173,17 @@ def simulate(seed: int, prefill: int, decode: int, threshold: int | None, *,
             if kind != "finish":
                 return
             server.outstanding -= 1
-            long, arrival, prompt, out, is_prefill = pending.pop(req.id)
+            long, arrival, prompt, out, is_prefill, disagg, target = pending.pop(req.id)
             server.tokens -= prompt
             if is_prefill:
                 pull = latency + prompt * KV_BYTES_PER_TOKEN_8B / bandwidth  # B/s, s
-                fleet.push(t + pull, "decode", (long, arrival, prompt, out))
+                fleet.push(t + pull, "decode", (long, arrival, prompt, out, target))
                 return
             assert req.first_token_time is not None and req.finish_time is not None
             served.append(Served(long, req.first_token_time - arrival,
                                  (req.finish_time - req.first_token_time)
-                                 / max(1, req.generated - 1)))
+                                 / max(1, req.generated - 1), arrival, req.finish_time,
+                                 req.generated, disagg))
         return hook
 
     for s in decoders + prefillers:
@@ -167,28 +198,49 @@ def simulate(seed: int, prefill: int, decode: int, threshold: int | None, *,
             fleet.kick(payload, now)
         elif kind == "arrive":
             long, prompt, out = payload
-            if threshold is None or prompt < threshold:
-                req = fleet.submit(decoders, prompt, out, now, now,
-                                   pick="least" if threshold is None else decode_pick)
-                pending[req.id] = (long, now, prompt, out, False)
+            target = None
+            if spill is not None and threshold is not None:
+                target = fleet.choose(decoders, decode_pick)
+                if prompt >= threshold and spill.local(
+                        min(p.tokens for p in prefillers),
+                        target.outstanding + target.reserved):
+                    prompt_local = True
+                else:
+                    prompt_local = prompt < threshold
             else:
+                prompt_local = threshold is None or prompt < threshold
+            if prompt_local:
+                req = fleet.submit(decoders, prompt, out, now, now,
+                                   pick="least" if threshold is None else decode_pick,
+                                   on=target)
+                pending[req.id] = (long, now, prompt, out, False, False, None)
+            else:
+                if target is not None:
+                    target.reserved += 1
                 req = fleet.submit(prefillers, prompt, 1, now, now, pick=prefill_pick)
-                pending[req.id] = (long, now, prompt, out, True)
+                pending[req.id] = (long, now, prompt, out, True, True, target)
         else:  # "decode": the KV has arrived at a decode server
-            long, arrival, prompt, out = payload
+            long, arrival, prompt, out, target = payload
+            if target is not None:
+                target.reserved -= 1
             req = fleet.submit(decoders, prompt, out, arrival, now, remote=prompt,
-                               pick=decode_pick)
-            pending[req.id] = (long, arrival, prompt, out, False)
+                               pick=decode_pick, on=target)
+            pending[req.id] = (long, arrival, prompt, out, False, True, None)
     return served
 
 
 def figures(served: list[Served]) -> dict[str, float]:
-    """Long-prompt TTFT/TPOT p90 and short-prompt TTFT p90 of one run."""
+    """Long-prompt TTFT/TPOT p90 and output tok/s, short-prompt TTFT p90, and the share of
+    long prompts disaggregated, of one run. Tok/s as ``bench.pd_compare`` counts it: the
+    class's output tokens over the run's span (first arrival to last end, all classes)."""
     long = [s for s in served if s.long]
     short = [s for s in served if not s.long]
+    span = max(s.end for s in served) - min(s.arrival for s in served)
     return {"long_ttft_p90": pct([s.ttft for s in long], .9),
             "long_tpot_p90": pct([s.tpot for s in long], .9),
-            "short_ttft_p90": pct([s.ttft for s in short], .9)}
+            "long_tps": sum(s.output for s in long) / span,
+            "short_ttft_p90": pct([s.ttft for s in short], .9),
+            "long_disagg": sum(s.disaggregated for s in long) / max(1, len(long))}
 
 
 def main(argv: list[str] | None = None) -> None:
