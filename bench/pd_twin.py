@@ -23,10 +23,16 @@ outstanding requests, the default: what the EPP's ``active-request-scorer`` does
 prefill pick counts in flight until the prefill ends), ``tokens`` (fewest outstanding prompt
 tokens: ``token-load-scorer``), ``random`` (what llm-d's sample scorers amount to on this
 workload: no prefix hits, and a waiting queue that chunked prefill keeps empty).
+``--spill TOKENS:REQUESTS`` models our ``load-aware-pd-decider`` (:class:`Spill`): a long
+prompt stays on its decode server when every prefill server has ``TOKENS`` prompt tokens in
+flight and the decode server at most ``REQUESTS`` requests; the decode server is then picked
+at arrival, as the EPP does. ``--rate`` takes several rates (``0.36,0.48,0.6``) to sweep the
+offered load.
 
-Figures per variant: long-prompt TTFT p90 and TPOT p90 and short-prompt TTFT p90 as paired
-ratios to the aggregated fleet of the same seed (the geometric-mean interval of
-``bench.pd_compare``), and the medians in model seconds.
+Figures per variant: long-prompt TTFT p90, TPOT p90 and output tok/s and short-prompt TTFT
+p90 as paired ratios to the aggregated fleet of the same seed (the geometric-mean interval of
+``bench.pd_compare``) with issue #16's verdicts, the medians in model units, and the share
+of long prompts disaggregated.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench.loadgen import percentile as pct
-from bench.pd_compare import ratio_interval, workload
+from bench.pd_compare import ratio_interval, verdict, workload
 from sim.engine import Engine, SimRequest
 from sim.pd import KV_BYTES_PER_TOKEN_8B, LINKS
 from sim.profiles import H100_8B
@@ -98,6 +104,10 @@ class Spill:
         """True: the decode server computes the prompt itself."""
         return ((self.prefill_tokens is None or prefill_backlog >= self.prefill_tokens)
                 and (self.decode_requests is None or decode_inflight <= self.decode_requests))
+
+    def __str__(self) -> str:
+        return (f"{'-' if self.prefill_tokens is None else self.prefill_tokens}:"
+                f"{'-' if self.decode_requests is None else self.decode_requests}")
 
 
 @dataclass
@@ -243,43 +253,76 @@ def figures(served: list[Served]) -> dict[str, float]:
             "long_disagg": sum(s.disaggregated for s in long) / max(1, len(long))}
 
 
+def parse_spill(text: str) -> Spill:
+    """``--spill TOKENS:REQUESTS`` (either side may be ``-``: not tested)."""
+    try:
+        tokens, requests = text.split(":")
+        return Spill(None if tokens == "-" else int(tokens),
+                     None if requests == "-" else int(requests))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected PREFILL_TOKENS:DECODE_REQUESTS (e.g. 8000:1), got {text!r}") from None
+
+
+#: The columns of a variant's row: figure key, unit, issue #16's bound and sense.
+COLUMNS = (("long_ttft_p90", "s", 1.3, "le"), ("long_tpot_p90", "ms", 0.6, "le"),
+           ("long_tps", "tok/s", 1.0, "ge"), ("short_ttft_p90", "s", None, ""))
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.pd_twin", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, default=20)
-    p.add_argument("--rate", type=float, default=0.6, help="requests per second")
+    p.add_argument("--rate", default="0.6",
+                   help="requests per second; several separated by ',' sweep the load")
     p.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals")
     p.add_argument("--prefill-pick", choices=PICKS, default="least")
     p.add_argument("--decode-pick", choices=PICKS, default="least")
+    p.add_argument("--spill", type=parse_spill,
+                   help="PREFILL_TOKENS:DECODE_REQUESTS: the load-aware decider "
+                        "(load-aware-pd-decider's prefillBacklogTokens:maxDecodeRequests)")
     p.add_argument("--variants",
                    help="labels of VARIANTS to run, separated by ';' (default: all)")
     args = p.parse_args(argv)
     seeds = range(args.seeds)
-    base = {s: figures(simulate(s, 2, 2, None, rate=args.rate, duration=args.duration))
-            for s in seeds}
-    print(f"{args.seeds} seeds, {args.rate:g} req/s for {args.duration:g} s (model time); "
-          "ratio to aggregated: median of the per-seed ratios [95% CI of the geometric mean]")
-    print("\n| fleet | long TTFT p90 | long TPOT p90 | short TTFT p90 |\n|---|---|---|---|")
-    print(f"| aggregated (4) | {statistics.median(b['long_ttft_p90'] for b in base.values()):.2f} s"
-          f" | {statistics.median(b['long_tpot_p90'] for b in base.values()) * 1000:.1f} ms"
-          f" | {statistics.median(b['short_ttft_p90'] for b in base.values()):.2f} s |")
-    print(f"P/D picks: prefill {args.prefill_pick}, decode {args.decode_pick}")
     wanted = set(args.variants.split(";")) if args.variants else None
-    for label, prefill, decode, threshold in VARIANTS:
-        if wanted is not None and label not in wanted:
-            continue
-        runs = {s: figures(simulate(s, prefill, decode, threshold, rate=args.rate,
-                                    duration=args.duration, prefill_pick=args.prefill_pick,
-                                    decode_pick=args.decode_pick)) for s in seeds}
-        cells = []
-        for key, unit in (("long_ttft_p90", 1.0), ("long_tpot_p90", 1000.0),
-                          ("short_ttft_p90", 1.0)):
-            ratios = [runs[s][key] / base[s][key] for s in seeds if base[s][key] > 0]
-            lo, hi = ratio_interval(ratios)
-            value = statistics.median(r[key] for r in runs.values()) * unit
-            cells.append(f"{statistics.median(ratios):.2f}x [{lo:.2f}, {hi:.2f}] "
-                         f"({value:.2f} {'ms' if unit > 1 else 's'})")
-        print(f"| {label} | " + " | ".join(cells) + " |")
+    for rate in (float(r) for r in args.rate.split(",")):
+        base = {s: figures(simulate(s, 2, 2, None, rate=rate, duration=args.duration))
+                for s in seeds}
+        print(f"\n{args.seeds} seeds, {rate:g} req/s for {args.duration:g} s (model time); "
+              "ratio to aggregated: median of the per-seed ratios [95% CI of the geometric "
+              "mean] (model-time median), verdict against issue #16's bound")
+        print(f"P/D picks: prefill {args.prefill_pick}, decode {args.decode_pick}"
+              + (f", spill {args.spill}" if args.spill else ""))
+        print("\n| fleet | long TTFT p90 | long TPOT p90 | long tok/s | short TTFT p90 "
+              "| long prompts disaggregated |\n|---|---|---|---|---|---|")
+        print("| aggregated (4) | " + " | ".join(
+            f"{statistics.median(_scaled(b, key, unit) for b in base.values()):.2f} {unit}"
+            for key, unit, _, _ in COLUMNS) + " | |")
+        for label, prefill, decode, threshold in VARIANTS:
+            if wanted is not None and label not in wanted:
+                continue
+            runs = {s: figures(simulate(s, prefill, decode, threshold, rate=rate,
+                                        duration=args.duration,
+                                        prefill_pick=args.prefill_pick,
+                                        decode_pick=args.decode_pick, spill=args.spill))
+                    for s in seeds}
+            cells = []
+            for key, unit, bound, sense in COLUMNS:
+                ratios = [runs[s][key] / base[s][key] for s in seeds if base[s][key] > 0]
+                lo, hi = ratio_interval(ratios)
+                value = statistics.median(_scaled(r, key, unit) for r in runs.values())
+                cell = (f"{statistics.median(ratios):.2f}x [{lo:.2f}, {hi:.2f}] "
+                        f"({value:.2f} {unit})")
+                if bound is not None:
+                    cell += f" {verdict(lo, hi, bound, sense)}"
+                cells.append(cell)
+            share = statistics.median(r["long_disagg"] for r in runs.values())
+            print(f"| {label} | " + " | ".join(cells) + f" | {share:.0%} |")
+
+
+def _scaled(figs: dict[str, float], key: str, unit: str) -> float:
+    return figs[key] * (1000.0 if unit == "ms" else 1.0)
 
 
 if __name__ == "__main__":
