@@ -123,7 +123,7 @@ schedulingProfiles:
 _SPILL = _PD_PLUGINS.replace(
     "- type: prefix-based-pd-decider\n  parameters: {nonCachedTokens: %d}",
     "- type: load-aware-pd-decider\n  parameters: {nonCachedTokens: %d, "
-    "prefillBacklogTokens: 8000, maxDecodeRequests: 1}").replace(
+    "prefillBacklogTokens: 8000, maxDecodeRequests: 2}").replace(
     "{prefill: prefix-based-pd-decider}", "{prefill: load-aware-pd-decider}") + """\
 - type: token-load-scorer
 - type: active-request-scorer
@@ -145,7 +145,7 @@ schedulingProfiles:
 #: prefill pod): without prefix hits the prefill pick is the pod computing the fewest tokens.
 #: ``spill``: ``token-load`` with our ``load-aware-pd-decider`` (a long prompt stays on its
 #: decode pod when every prefill pod has 8,000 prompt tokens in flight and the decode pod at
-#: most one request) and the decode profile's queue scorer replaced by
+#: most two requests) and the decode profile's queue scorer replaced by
 #: ``active-request-scorer`` (the decode pick: the pod with the fewest requests in flight).
 PD_CONFIGS = {"llm-d": _PD_PLUGINS + _LLM_D_PROFILES,
               "gie-scorers": _PD_PLUGINS + _GIE_PROFILES,
