@@ -69,7 +69,7 @@ class _Server:
     tokens: int = 0
     stepping: bool = False
     #: Requests placed here whose KV is still being prefilled elsewhere (the EPP counts
-    #: them on the decode pod from the pick; only the ``spill`` decider reads this).
+    #: them on the decode pod from the pick; only set with ``spill``).
     reserved: int = 0
 
 
@@ -135,7 +135,9 @@ class _Fleet:
             return self.rng.choice(servers)
         if pick == "tokens":
             return min(servers, key=lambda x: (x.tokens, x.index))
-        return min(servers, key=lambda x: (x.outstanding, x.index))
+        # Requests whose KV is still being prefilled for this server count, as the EPP
+        # counts them on the decode pod from the pick (only with ``spill``; 0 otherwise).
+        return min(servers, key=lambda x: (x.outstanding + x.reserved, x.index))
 
     def submit(self, servers: list[_Server], prompt: int, out: int, arrival: float, now: float,
                remote: int = 0, pick: str = "least", on: _Server | None = None) -> SimRequest:
