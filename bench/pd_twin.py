@@ -312,6 +312,9 @@ def main(argv: list[str] | None = None) -> None:
             cells = []
             for key, unit, bound, sense in COLUMNS:
                 ratios = [runs[s][key] / base[s][key] for s in seeds if base[s][key] > 0]
+                if not ratios:  # e.g. no short prompt in a very short run
+                    cells.append("n/a")
+                    continue
                 lo, hi = ratio_interval(ratios)
                 value = statistics.median(_scaled(r, key, unit) for r in runs.values())
                 cell = (f"{statistics.median(ratios):.2f}x [{lo:.2f}, {hi:.2f}] "
