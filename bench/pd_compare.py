@@ -21,7 +21,9 @@ Variants, for the issue's sweep: ``--threshold`` (the decider's ``nonCachedToken
 ``--split 3:1`` (prefill:decode servers; the aggregated fleet has their sum),
 ``--pd-config gie-scorers`` (both P/D profiles score with the aggregated fleet's scorers and
 weights instead of llm-d's sample), ``--pd-config token-load`` (the prefill profile scores
-prefix and in-flight prompt tokens), and ``--baseline DIR/results.json`` to reuse an earlier
+prefix and in-flight prompt tokens), ``--pd-config spill`` (``token-load`` with our
+``load-aware-pd-decider``: long prompts stay on nearly idle decode pods while every prefill
+pod is backlogged), and ``--baseline DIR/results.json`` to reuse an earlier
 run's aggregated fleets (same seeds and settings) so a sweep point runs only the P/D fleet.
 
 sglang-router's PD mode is not a contender: it sends the request to the prefill and the
