@@ -21,7 +21,9 @@ Variants, for the issue's sweep: ``--threshold`` (the decider's ``nonCachedToken
 ``--split 3:1`` (prefill:decode servers; the aggregated fleet has their sum),
 ``--pd-config gie-scorers`` (both P/D profiles score with the aggregated fleet's scorers and
 weights instead of llm-d's sample), ``--pd-config token-load`` (the prefill profile scores
-prefix and in-flight prompt tokens), and ``--baseline DIR/results.json`` to reuse an earlier
+prefix and in-flight prompt tokens), ``--pd-config spill`` (``token-load`` with our
+``load-aware-pd-decider``: long prompts stay on nearly idle decode pods while every prefill
+pod is backlogged), and ``--baseline DIR/results.json`` to reuse an earlier
 run's aggregated fleets (same seeds and settings) so a sweep point runs only the P/D fleet.
 
 sglang-router's PD mode is not a contender: it sends the request to the prefill and the
@@ -120,6 +122,22 @@ schedulingProfiles:
   plugins: [{pluginRef: decode-filter}, {pluginRef: max-score-picker},
             {pluginRef: prefix-cache-scorer, weight: 2}, {pluginRef: queue-scorer, weight: 1}]
 """
+_SPILL = _PD_PLUGINS.replace(
+    "- type: prefix-based-pd-decider\n  parameters: {nonCachedTokens: %d}",
+    "- type: load-aware-pd-decider\n  parameters: {nonCachedTokens: %d, "
+    "prefillBacklogTokens: 8000, maxDecodeRequests: 2}").replace(
+    "{prefill: prefix-based-pd-decider}", "{prefill: load-aware-pd-decider}") + """\
+- type: token-load-scorer
+- type: active-request-scorer
+schedulingProfiles:
+- name: prefill
+  plugins: [{pluginRef: prefill-filter}, {pluginRef: max-score-picker},
+            {pluginRef: prefix-cache-scorer, weight: 2}, {pluginRef: token-load-scorer, weight: 1}]
+- name: decode
+  plugins: [{pluginRef: decode-filter}, {pluginRef: max-score-picker},
+            {pluginRef: prefix-cache-scorer, weight: 2},
+            {pluginRef: active-request-scorer, weight: 1}]
+"""
 #: The EPP configs of the ``pd`` fleet (``--pd-config``), ``%d`` being ``nonCachedTokens``.
 #: ``llm-d``: llm-d's sample (deploy/config/pd-epp-config.yaml): prefix (2) and queue (1)
 #: scorers in each profile. ``gie-scorers``: each profile scores with the aggregated fleet's
@@ -127,9 +145,14 @@ schedulingProfiles:
 #: ``token-load``: llm-d's sample with the prefill profile's queue scorer replaced by
 #: ``token-load-scorer`` (the prompt tokens in flight, prefill picks included, on each
 #: prefill pod): without prefix hits the prefill pick is the pod computing the fewest tokens.
+#: ``spill``: ``token-load`` with our ``load-aware-pd-decider`` (a long prompt stays on its
+#: decode pod when every prefill pod has 8,000 prompt tokens in flight and the decode pod at
+#: most two requests) and the decode profile's queue scorer replaced by
+#: ``active-request-scorer`` (the decode pick: the pod with the fewest requests in flight).
 PD_CONFIGS = {"llm-d": _PD_PLUGINS + _LLM_D_PROFILES,
               "gie-scorers": _PD_PLUGINS + _GIE_PROFILES,
-              "token-load": _PD_PLUGINS + _TOKEN_LOAD_PROFILES}
+              "token-load": _PD_PLUGINS + _TOKEN_LOAD_PROFILES,
+              "spill": _SPILL}
 #: Issue #16's targets: metric -> (pd / aggregated bound, "le" | "ge").
 TARGETS = {"tpot_p90": (0.6, "le"), "output_tps": (1.0, "ge"), "ttft_p90": (1.3, "le")}
 #: The fleets, in run order within a seed; ratios are against ``aggregated``.

@@ -23,10 +23,16 @@ outstanding requests, the default: what the EPP's ``active-request-scorer`` does
 prefill pick counts in flight until the prefill ends), ``tokens`` (fewest outstanding prompt
 tokens: ``token-load-scorer``), ``random`` (what llm-d's sample scorers amount to on this
 workload: no prefix hits, and a waiting queue that chunked prefill keeps empty).
+``--spill TOKENS:REQUESTS`` models our ``load-aware-pd-decider`` (:class:`Spill`): a long
+prompt stays on its decode server when every prefill server has ``TOKENS`` prompt tokens in
+flight and the decode server at most ``REQUESTS`` requests; the decode server is then picked
+at arrival, as the EPP does. ``--rate`` takes several rates (``0.36,0.48,0.6``) to sweep the
+offered load.
 
-Figures per variant: long-prompt TTFT p90 and TPOT p90 and short-prompt TTFT p90 as paired
-ratios to the aggregated fleet of the same seed (the geometric-mean interval of
-``bench.pd_compare``), and the medians in model seconds.
+Figures per variant: long-prompt TTFT p90, TPOT p90 and output tok/s and short-prompt TTFT
+p90 as paired ratios to the aggregated fleet of the same seed (the geometric-mean interval of
+``bench.pd_compare``) with issue #16's verdicts, the medians in model units, and the share
+of long prompts disaggregated.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench.loadgen import percentile as pct
-from bench.pd_compare import ratio_interval, workload
+from bench.pd_compare import ratio_interval, verdict, workload
 from sim.engine import Engine, SimRequest
 from sim.pd import KV_BYTES_PER_TOKEN_8B, LINKS
 from sim.profiles import H100_8B
@@ -62,15 +68,46 @@ class _Server:
     outstanding: int = 0
     tokens: int = 0
     stepping: bool = False
+    #: Requests placed here whose KV is still being prefilled elsewhere (the EPP counts
+    #: them on the decode pod from the pick; only set with ``spill``).
+    reserved: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class Served:
-    """One client request as it ended: class, TTFT, TPOT (model seconds)."""
+    """One client request as it ended: class, TTFT, TPOT (model seconds), its arrival and
+    end (model seconds) and output tokens (for tok/s), and whether it was disaggregated."""
 
     long: bool
     ttft: float
     tpot: float
+    arrival: float = 0.0
+    end: float = 0.0
+    output: int = 0
+    disaggregated: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Spill:
+    """A load-aware decider: a prompt the length test would disaggregate is prefilled by its
+    decode server instead when the least-loaded prefill server has at least
+    ``prefill_tokens`` prompt tokens in flight (``None``: not tested) and the decode server
+    has at most ``decode_requests`` requests in flight (``None``: not tested). In flight as
+    ``inflight-load-producer`` counts: a prefill server from the pick to the end of the
+    prefill leg, a decode server from the pick (at arrival, before the prefill leg) to the end
+    of the request."""
+
+    prefill_tokens: int | None = None
+    decode_requests: int | None = None
+
+    def local(self, prefill_backlog: int, decode_inflight: int) -> bool:
+        """True: the decode server computes the prompt itself."""
+        return ((self.prefill_tokens is None or prefill_backlog >= self.prefill_tokens)
+                and (self.decode_requests is None or decode_inflight <= self.decode_requests))
+
+    def __str__(self) -> str:
+        return (f"{'-' if self.prefill_tokens is None else self.prefill_tokens}:"
+                f"{'-' if self.decode_requests is None else self.decode_requests}")
 
 
 @dataclass
@@ -98,12 +135,14 @@ class _Fleet:
             return self.rng.choice(servers)
         if pick == "tokens":
             return min(servers, key=lambda x: (x.tokens, x.index))
-        return min(servers, key=lambda x: (x.outstanding, x.index))
+        # Requests whose KV is still being prefilled for this server count, as the EPP
+        # counts them on the decode pod from the pick (only with ``spill``; 0 otherwise).
+        return min(servers, key=lambda x: (x.outstanding + x.reserved, x.index))
 
     def submit(self, servers: list[_Server], prompt: int, out: int, arrival: float, now: float,
-               remote: int = 0, pick: str = "least") -> SimRequest:
-        """Queue a request on the server ``pick`` chooses."""
-        s = self.choose(servers, pick)
+               remote: int = 0, pick: str = "least", on: _Server | None = None) -> SimRequest:
+        """Queue a request on ``on``, else on the server ``pick`` chooses."""
+        s = on if on is not None else self.choose(servers, pick)
         rid = next(self.ids)
         req = SimRequest(id=str(rid), prompt_tokens=prompt,
                          block_hashes=[hash((self.seed, rid, b)) for b in range(prompt // 16)],
@@ -123,9 +162,11 @@ PICKS = ("least", "tokens", "random")
 
 def simulate(seed: int, prefill: int, decode: int, threshold: int | None, *,
              rate: float = 0.6, duration: float = 60.0, link: str = "rdma",
-             prefill_pick: str = "least", decode_pick: str = "least") -> list[Served]:
+             prefill_pick: str = "least", decode_pick: str = "least",
+             spill: Spill | None = None) -> list[Served]:
     """One run; ``threshold=None`` is the aggregated fleet of ``prefill + decode`` servers
-    (always ``least``)."""
+    (always ``least``). With ``spill`` the decode server is picked at arrival, as the EPP
+    does, and the :class:`Spill` decider may keep a long prompt there."""
     fleet = _Fleet(seed, rng=random.Random(seed))
     bandwidth, latency = LINKS[link]
     if threshold is None:
@@ -134,8 +175,9 @@ def simulate(seed: int, prefill: int, decode: int, threshold: int | None, *,
     else:
         decoders = [_Server(Engine(H100_8B, seed=i), i) for i in range(decode)]
         prefillers = [_Server(Engine(H100_8B, seed=100 + i), i) for i in range(prefill)]
-    #: request id -> what its end means: a client's answer, or a prefill whose KV moves on.
-    pending: dict[str, tuple[bool, float, int, int, bool]] = {}
+    #: request id -> what its end means: a client's answer, or a prefill whose KV moves on
+    #: (class, arrival, prompt, output, is_prefill, disaggregated, decode server or None).
+    pending: dict[str, tuple[bool, float, int, int, bool, bool, _Server | None]] = {}
     served: list[Served] = []
 
     def finished(server: _Server) -> Callable[[str, SimRequest, float], None]:
@@ -143,16 +185,17 @@ def simulate(seed: int, prefill: int, decode: int, threshold: int | None, *,
             if kind != "finish":
                 return
             server.outstanding -= 1
-            long, arrival, prompt, out, is_prefill = pending.pop(req.id)
+            long, arrival, prompt, out, is_prefill, disagg, target = pending.pop(req.id)
             server.tokens -= prompt
             if is_prefill:
                 pull = latency + prompt * KV_BYTES_PER_TOKEN_8B / bandwidth  # B/s, s
-                fleet.push(t + pull, "decode", (long, arrival, prompt, out))
+                fleet.push(t + pull, "decode", (long, arrival, prompt, out, target))
                 return
             assert req.first_token_time is not None and req.finish_time is not None
             served.append(Served(long, req.first_token_time - arrival,
                                  (req.finish_time - req.first_token_time)
-                                 / max(1, req.generated - 1)))
+                                 / max(1, req.generated - 1), arrival, req.finish_time,
+                                 req.generated, disagg))
         return hook
 
     for s in decoders + prefillers:
@@ -167,67 +210,124 @@ def simulate(seed: int, prefill: int, decode: int, threshold: int | None, *,
             fleet.kick(payload, now)
         elif kind == "arrive":
             long, prompt, out = payload
-            if threshold is None or prompt < threshold:
-                req = fleet.submit(decoders, prompt, out, now, now,
-                                   pick="least" if threshold is None else decode_pick)
-                pending[req.id] = (long, now, prompt, out, False)
+            target = None
+            if spill is not None and threshold is not None:
+                target = fleet.choose(decoders, decode_pick)
+                if prompt >= threshold and spill.local(
+                        min(p.tokens for p in prefillers),
+                        target.outstanding + target.reserved):
+                    prompt_local = True
+                else:
+                    prompt_local = prompt < threshold
             else:
+                prompt_local = threshold is None or prompt < threshold
+            if prompt_local:
+                req = fleet.submit(decoders, prompt, out, now, now,
+                                   pick="least" if threshold is None else decode_pick,
+                                   on=target)
+                pending[req.id] = (long, now, prompt, out, False, False, None)
+            else:
+                if target is not None:
+                    target.reserved += 1
                 req = fleet.submit(prefillers, prompt, 1, now, now, pick=prefill_pick)
-                pending[req.id] = (long, now, prompt, out, True)
+                pending[req.id] = (long, now, prompt, out, True, True, target)
         else:  # "decode": the KV has arrived at a decode server
-            long, arrival, prompt, out = payload
+            long, arrival, prompt, out, target = payload
+            if target is not None:
+                target.reserved -= 1
             req = fleet.submit(decoders, prompt, out, arrival, now, remote=prompt,
-                               pick=decode_pick)
-            pending[req.id] = (long, arrival, prompt, out, False)
+                               pick=decode_pick, on=target)
+            pending[req.id] = (long, arrival, prompt, out, False, True, None)
     return served
 
 
 def figures(served: list[Served]) -> dict[str, float]:
-    """Long-prompt TTFT/TPOT p90 and short-prompt TTFT p90 of one run."""
+    """Long-prompt TTFT/TPOT p90 and output tok/s, short-prompt TTFT p90, and the share of
+    long prompts disaggregated, of one run. Tok/s as ``bench.pd_compare`` counts it: the
+    class's output tokens over the run's span (first arrival to last end, all classes)."""
     long = [s for s in served if s.long]
     short = [s for s in served if not s.long]
+    span = max(s.end for s in served) - min(s.arrival for s in served)
     return {"long_ttft_p90": pct([s.ttft for s in long], .9),
             "long_tpot_p90": pct([s.tpot for s in long], .9),
-            "short_ttft_p90": pct([s.ttft for s in short], .9)}
+            "long_tps": sum(s.output for s in long) / span,
+            "short_ttft_p90": pct([s.ttft for s in short], .9),
+            "long_disagg": sum(s.disaggregated for s in long) / max(1, len(long))}
+
+
+def parse_spill(text: str) -> Spill:
+    """``--spill TOKENS:REQUESTS`` (either side may be ``-``: not tested)."""
+    try:
+        tokens, requests = text.split(":")
+        return Spill(None if tokens == "-" else int(tokens),
+                     None if requests == "-" else int(requests))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected PREFILL_TOKENS:DECODE_REQUESTS (e.g. 8000:1), got {text!r}") from None
+
+
+#: The columns of a variant's row: figure key, unit, issue #16's bound and sense.
+COLUMNS = (("long_ttft_p90", "s", 1.3, "le"), ("long_tpot_p90", "ms", 0.6, "le"),
+           ("long_tps", "tok/s", 1.0, "ge"), ("short_ttft_p90", "s", None, ""))
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.pd_twin", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, default=20)
-    p.add_argument("--rate", type=float, default=0.6, help="requests per second")
+    p.add_argument("--rate", default="0.6",
+                   help="requests per second; several separated by ',' sweep the load")
     p.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals")
     p.add_argument("--prefill-pick", choices=PICKS, default="least")
     p.add_argument("--decode-pick", choices=PICKS, default="least")
+    p.add_argument("--spill", type=parse_spill,
+                   help="PREFILL_TOKENS:DECODE_REQUESTS: the load-aware decider "
+                        "(load-aware-pd-decider's prefillBacklogTokens:maxDecodeRequests)")
     p.add_argument("--variants",
                    help="labels of VARIANTS to run, separated by ';' (default: all)")
     args = p.parse_args(argv)
     seeds = range(args.seeds)
-    base = {s: figures(simulate(s, 2, 2, None, rate=args.rate, duration=args.duration))
-            for s in seeds}
-    print(f"{args.seeds} seeds, {args.rate:g} req/s for {args.duration:g} s (model time); "
-          "ratio to aggregated: median of the per-seed ratios [95% CI of the geometric mean]")
-    print("\n| fleet | long TTFT p90 | long TPOT p90 | short TTFT p90 |\n|---|---|---|---|")
-    print(f"| aggregated (4) | {statistics.median(b['long_ttft_p90'] for b in base.values()):.2f} s"
-          f" | {statistics.median(b['long_tpot_p90'] for b in base.values()) * 1000:.1f} ms"
-          f" | {statistics.median(b['short_ttft_p90'] for b in base.values()):.2f} s |")
-    print(f"P/D picks: prefill {args.prefill_pick}, decode {args.decode_pick}")
     wanted = set(args.variants.split(";")) if args.variants else None
-    for label, prefill, decode, threshold in VARIANTS:
-        if wanted is not None and label not in wanted:
-            continue
-        runs = {s: figures(simulate(s, prefill, decode, threshold, rate=args.rate,
-                                    duration=args.duration, prefill_pick=args.prefill_pick,
-                                    decode_pick=args.decode_pick)) for s in seeds}
-        cells = []
-        for key, unit in (("long_ttft_p90", 1.0), ("long_tpot_p90", 1000.0),
-                          ("short_ttft_p90", 1.0)):
-            ratios = [runs[s][key] / base[s][key] for s in seeds if base[s][key] > 0]
-            lo, hi = ratio_interval(ratios)
-            value = statistics.median(r[key] for r in runs.values()) * unit
-            cells.append(f"{statistics.median(ratios):.2f}x [{lo:.2f}, {hi:.2f}] "
-                         f"({value:.2f} {'ms' if unit > 1 else 's'})")
-        print(f"| {label} | " + " | ".join(cells) + " |")
+    for rate in (float(r) for r in args.rate.split(",")):
+        base = {s: figures(simulate(s, 2, 2, None, rate=rate, duration=args.duration))
+                for s in seeds}
+        print(f"\n{args.seeds} seeds, {rate:g} req/s for {args.duration:g} s (model time); "
+              "ratio to aggregated: median of the per-seed ratios [95% CI of the geometric "
+              "mean] (model-time median), verdict against issue #16's bound")
+        print(f"P/D picks: prefill {args.prefill_pick}, decode {args.decode_pick}"
+              + (f", spill {args.spill}" if args.spill else ""))
+        print("\n| fleet | long TTFT p90 | long TPOT p90 | long tok/s | short TTFT p90 "
+              "| long prompts disaggregated |\n|---|---|---|---|---|---|")
+        print("| aggregated (4) | " + " | ".join(
+            f"{statistics.median(_scaled(b, key, unit) for b in base.values()):.2f} {unit}"
+            for key, unit, _, _ in COLUMNS) + " | |")
+        for label, prefill, decode, threshold in VARIANTS:
+            if wanted is not None and label not in wanted:
+                continue
+            runs = {s: figures(simulate(s, prefill, decode, threshold, rate=rate,
+                                        duration=args.duration,
+                                        prefill_pick=args.prefill_pick,
+                                        decode_pick=args.decode_pick, spill=args.spill))
+                    for s in seeds}
+            cells = []
+            for key, unit, bound, sense in COLUMNS:
+                ratios = [runs[s][key] / base[s][key] for s in seeds if base[s][key] > 0]
+                if not ratios:  # e.g. no short prompt in a very short run
+                    cells.append("n/a")
+                    continue
+                lo, hi = ratio_interval(ratios)
+                value = statistics.median(_scaled(r, key, unit) for r in runs.values())
+                cell = (f"{statistics.median(ratios):.2f}x [{lo:.2f}, {hi:.2f}] "
+                        f"({value:.2f} {unit})")
+                if bound is not None:
+                    cell += f" {verdict(lo, hi, bound, sense)}"
+                cells.append(cell)
+            share = statistics.median(r["long_disagg"] for r in runs.values())
+            print(f"| {label} | " + " | ".join(cells) + f" | {share:.0%} |")
+
+
+def _scaled(figs: dict[str, float], key: str, unit: str) -> float:
+    return figs[key] * (1000.0 if unit == "ms" else 1.0)
 
 
 if __name__ == "__main__":

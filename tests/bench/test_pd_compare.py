@@ -194,3 +194,35 @@ def test_the_token_load_config_prefills_on_the_pod_with_fewest_prompt_tokens_in_
     assert [prefiller(c * 16_000) for c in "bcd"] == [other] * 3
     by_key = {v.key: v for v in pods}
     assert (by_key[big].inflight_requests, by_key[other].inflight_requests) == (1, 3)
+
+
+def test_the_spill_config_decodes_a_long_prompt_locally_when_every_prefill_pod_is_busy() -> None:
+    from devkit.manifests import pool_manifests
+    from epp.config import build, parse_config
+    from epp.datastore import Datastore
+    from epp.datastore.objects import parse_object
+    from epp.datastore.snapshot import build_snapshot
+    from epp.testing import request
+    from shared.pd import ROLE_LABEL
+
+    objects = [o for o in (parse_object(d) for d in pool_manifests(
+        "pool", [(f"pod-{i}", f"10.0.0.{i}") for i in (1, 2, 3, 4)], 8000)) if o is not None]
+    for obj, role in zip(objects[1:], ("decode", "decode", "prefill", "prefill"), strict=True):
+        obj.labels[ROLE_LABEL] = role  # type: ignore[union-attr]
+    ds = Datastore()
+    ds.replace(build_snapshot(objects, pool_name="pool", pool_namespace="default"))
+    rt = build(parse_config(PD_CONFIGS["spill"] % 1024), ds)
+    pods = list(ds.candidates())
+
+    def prefiller(prompt: str) -> str | None:
+        req = request(prompt)
+        for producer in rt.producers:
+            producer.produce(req, pods)
+        result = rt.scheduler.schedule(req, pods)
+        for plugin in rt.pre_request:
+            plugin.pre_request(req, result)
+        return result.extra_headers.get("x-prefiller-host-port")
+
+    # two 9,000-token prompts: one per prefill pod (token-load), both now over 8,000 tokens
+    assert {prefiller(c * 36_000) for c in "ab"} == {pods[2].key, pods[3].key}
+    assert prefiller("c" * 36_000) is None  # spilled: a decode pod with 1 request in flight

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from bench.pd_compare import workload
-from bench.pd_twin import figures, main, simulate
+from bench.pd_twin import Spill, figures, main, parse_spill, simulate
 from sim.profiles import H100_8B
 
 
@@ -50,3 +50,44 @@ def test_a_load_blind_prefill_pick_queues_long_prompts_on_one_prefiller() -> Non
                      for s in range(4)) for pick in ("random", "least", "tokens")}
     assert p90["random"] > 1.2 * p90["least"]
     assert p90["tokens"] < p90["random"]
+
+
+def test_a_spill_bound_no_prefill_backlog_reaches_keeps_every_long_prompt_disaggregated() -> None:
+    never = figures(simulate(1, 2, 2, 1024, prefill_pick="tokens",
+                             spill=Spill(prefill_tokens=10**9, decode_requests=10**9)))
+    assert never["long_disagg"] == 1.0
+
+
+def test_spilling_to_decode_pods_cuts_long_ttft_and_stalls_their_decodes() -> None:
+    # 0.72 req/s: the two prefill servers queue bursts; with no bound on the decode pod every
+    # backlogged long prompt is prefilled where requests decode.
+    kept, spilled = ([figures(simulate(s, 2, 2, 1024, rate=0.72, prefill_pick="tokens",
+                                       spill=spill)) for s in range(4)]
+                     for spill in (None, Spill(prefill_tokens=8000)))
+    assert all(f["long_disagg"] == 1.0 for f in kept)
+    assert all(f["long_disagg"] < 1.0 for f in spilled)
+    assert sum(f["long_ttft_p90"] for f in spilled) < sum(f["long_ttft_p90"] for f in kept)
+    assert sum(f["long_tpot_p90"] for f in spilled) > sum(f["long_tpot_p90"] for f in kept)
+
+
+def test_the_spill_decider_reads_both_bounds() -> None:
+    s = Spill(prefill_tokens=8000, decode_requests=2)
+    assert s.local(8000, 2) and not s.local(7999, 0) and not s.local(9000, 3)
+    assert Spill(decode_requests=0).local(0, 0) and Spill(prefill_tokens=1).local(1, 99)
+    assert str(s) == "8000:2" and str(Spill(decode_requests=1)) == "-:1"
+
+
+def test_spill_flag_parses_or_fails_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert parse_spill("8000:2") == Spill(8000, 2)
+    assert parse_spill("-:1") == Spill(None, 1)
+    with pytest.raises(SystemExit):
+        main(["--spill", "8000"])
+    assert "expected PREFILL_TOKENS:DECODE_REQUESTS" in capsys.readouterr().err
+
+
+def test_main_sweeps_rates_with_tok_s_and_verdicts(capsys: pytest.CaptureFixture[str]) -> None:
+    main(["--seeds", "2", "--duration", "10", "--rate", "0.2,0.6", "--spill", "8000:2",
+          "--variants", "2P+2D, nonCachedTokens 1024"])
+    out = capsys.readouterr().out
+    assert "0.2 req/s" in out and "0.6 req/s" in out and "spill 8000:2" in out
+    assert out.count("| 2P+2D, nonCachedTokens 1024 |") == 2 and "tok/s" in out

@@ -28,6 +28,7 @@ from epp.scheduling.plugins.profile.disagg_profile_handler import (
 )
 from epp.scheduling.plugins.profile.pd_deciders import (
     AlwaysDisaggPDDecider,
+    LoadAwarePDDecider,
     PDDecider,
     PrefixBasedPDDecider,
 )
@@ -79,6 +80,7 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     PdProfileHandler,
     PrefillHeaderHandler,
     PrefixBasedPDDecider,
+    LoadAwarePDDecider,
     AlwaysDisaggPDDecider,
 )
 
@@ -99,6 +101,7 @@ __all__ = [
     "LeastKVCacheFilter",
     "LeastQueueFilter",
     "LegacyDecisionTreeFilter",
+    "LoadAwarePDDecider",
     "LoadAwareScorer",
     "LoraAffinityFilter",
     "LoraAffinityScorer",

@@ -99,8 +99,29 @@ class PDGateway:
                        f'{k}="{v}"' in line for k, v in labels.items()) and want)
 
 
+# Our load-aware-pd-decider in the same config: a long prompt stays on the decode pod while
+# the prefill pod has 500 prompt tokens in flight and the decode pod at most 1 request.
+SPILL_CONFIG = PD_CONFIG.read_text().replace(
+    "- type: prefix-based-pd-decider\n  parameters:\n    nonCachedTokens: 16",
+    "- type: load-aware-pd-decider\n  parameters:\n    nonCachedTokens: 16\n"
+    "    prefillBacklogTokens: 500\n    maxDecodeRequests: 1").replace(
+    "prefill: prefix-based-pd-decider", "prefill: load-aware-pd-decider")
+
+
 @pytest.fixture
 def gw(bg: BackgroundLoop, tmp_path: Path) -> Iterator[PDGateway]:
+    yield from gateway(bg, tmp_path, PD_CONFIG)
+
+
+@pytest.fixture
+def spill_gw(bg: BackgroundLoop, tmp_path: Path) -> Iterator[PDGateway]:
+    config = tmp_path / "spill-epp-config.yaml"
+    config.write_text(SPILL_CONFIG)
+    assert "load-aware-pd-decider" in SPILL_CONFIG and "prefix-based" not in SPILL_CONFIG
+    yield from gateway(bg, tmp_path, config)
+
+
+def gateway(bg: BackgroundLoop, tmp_path: Path, config: Path) -> Iterator[PDGateway]:
     port, decoder_port = e.free_port(), e.free_port()
     kv = KVTransferConfig(kv_role="kv_both", abort_timeout=60.0)
     fleet = Fleet([ServerConfig(host=DECODE_IP, port=decoder_port, name="decode", profile=TINY,
@@ -123,7 +144,7 @@ def gw(bg: BackgroundLoop, tmp_path: Path) -> Iterator[PDGateway]:
         return runner
 
     runner = bg.run(serve())
-    epp = EppProcess(manifests, "--config-file", str(PD_CONFIG),
+    epp = EppProcess(manifests, "--config-file", str(config),
                      log_path=tmp_path / "epp.log").wait_serving()
     admin, listen = e.free_port(), e.free_port()
     envoy = e.Envoy(pool_gateway_config(epp.port, admin, listen), admin_port=admin,
@@ -223,3 +244,35 @@ def test_prefill_pod_counts_the_request_in_flight_while_it_prefills(gw: PDGatewa
     while gw.inflight() != {decode: 0, gw.prefiller: 0} and time.monotonic() < deadline:
         time.sleep(0.05)
     assert gw.inflight() == {decode: 0, gw.prefiller: 0}
+
+
+def test_load_aware_decider_decodes_locally_while_the_prefill_pod_is_backlogged(
+        spill_gw: PDGateway) -> None:
+    gw = spill_gw
+    # The prefill pod hangs: the first long prompt's prefill leg stays outstanding (1,000
+    # tokens in flight there, 1 request on the decode pod) until the sidecar's 5 s timeout.
+    httpx.post(f"{gw.fleet.urls[1]}/sim/faults", json={"hang": True}, timeout=5)
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(gw.send, LONG)
+        while not first.done() and gw.inflight().get(gw.prefiller) != 1:
+            time.sleep(0.01)
+        second = gw.send("more" * 1000)  # backlogged prefill pod, 1 request on decode: spill
+        assert second.status_code == 200, second.text
+        assert second.json()["usage"]["completion_tokens"] == 4
+        # decoded on the decode pod without a prefill leg, while the first still waits
+        assert not first.done()
+        assert gw.sidecar_metric("pd_sidecar_requests_total", mode="local") == 1
+        assert gw.epp_metric("llm_d_inference_scheduler_disagg_decision_total",
+                             decision_type="decode-only") == 1
+        assert gw.sim_metric(0, "vllm:prompt_tokens_total") == 1000
+        assert first.result().status_code == 200
+    # the first was disaggregated (and fell back to the decode pod at the timeout)
+    assert gw.epp_metric("llm_d_inference_scheduler_disagg_decision_total",
+                         decision_type="prefill-decode") == 1
+    assert gw.sidecar_metric("pd_sidecar_prefill_fallbacks_total", reason="timeout") == 1
+    # once the prefill pod is free again a long prompt is disaggregated as before
+    httpx.post(f"{gw.fleet.urls[1]}/sim/faults", json={"hang": False}, timeout=5)
+    third = gw.send("once" * 1000)
+    assert third.status_code == 200, third.text
+    assert gw.sidecar_metric("pd_sidecar_requests_total", mode="disaggregated") == 1
+    assert gw.sim_metric(0, "vllm:external_prefix_cache_hits_total") == 999

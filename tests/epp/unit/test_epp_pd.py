@@ -3,14 +3,18 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from devkit.manifests import pool_manifests
 from epp.config import ConfigError, Runtime, build, load_config_file, parse_config
-from epp.datastore import EndpointView
+from epp.datastore import Datastore, EndpointMetrics, EndpointView
+from epp.datastore.objects import parse_object
+from epp.datastore.snapshot import build_snapshot
 from epp.requestcontrol.plugin import Response
 from epp.scheduling.request import LLMRequest
 from epp.scheduling.result import SchedulingResult
@@ -408,3 +412,104 @@ def test_prefill_pick_is_published_to_the_shared_state_store() -> None:
     _respond(rt, req, r)
     assert shared.inflight(pods[2].key).requests == 0
     assert shared.inflight(pods[0].key).requests == 0
+
+
+# -- load-aware-pd-decider (ours): spill long prompts onto nearly idle decode pods ----------
+
+LOAD_AWARE = LLMD_PD.replace(
+    "- type: prefix-based-pd-decider\n  parameters: {nonCachedTokens: %d}",
+    "- type: load-aware-pd-decider\n  parameters: %s").replace(
+    "deciders: {prefill: prefix-based-pd-decider}", "deciders: {prefill: load-aware-pd-decider}")
+SPILL = "{nonCachedTokens: 256, prefillBacklogTokens: 2000, maxDecodeRequests: 1}"
+
+
+def role_store() -> Datastore:
+    """The EPP's datastore holding :func:`pool`'s four pods with their roles and queues (the
+    decider reads the prefill pods' in-flight counts from it, as in the EPP)."""
+    ips = [f"10.0.0.{i}" for i in (1, 2, 3, 4)]
+    objects = [parse_object(d) for d in pool_manifests("pool", [(f"pod-{i}", ip) for i, ip in
+                                                               enumerate(ips)], 8000)]
+    for obj, value in zip([o for o in objects if o is not None][1:],
+                          ("decode", "decode", "prefill", "prefill"), strict=True):
+        obj.labels[ROLE_LABEL] = value  # type: ignore[union-attr]
+    ds = Datastore()
+    ds.replace(build_snapshot([o for o in objects if o is not None], pool_name="pool",
+                              pool_namespace="default"))
+    for view, waiting in zip(ds.views(), (0, 3, 0, 2), strict=True):
+        view.begin_scrape()
+        ds.record_scrape(view, EndpointMetrics(waiting=waiting, running=0, kv_usage=0.0,
+                                               updated_at=time.monotonic() + 3600))
+    return ds
+
+
+def spill_runtime(params: str = SPILL) -> tuple[Runtime, list[EndpointView]]:
+    ds = role_store()
+    return build(parse_config(LOAD_AWARE % params), ds), list(ds.candidates())
+
+
+def test_load_aware_decider_disaggregates_while_a_prefill_pod_has_room() -> None:
+    rt, pods = spill_runtime()
+    decode, prefill = pods[0], pods[2]
+    pods[3].start_request(5000)  # one prefill pod busy, the other idle
+    r = route(rt, request("x" * 8000), pods)  # 2,000 tokens
+    assert (r.decode, r.prefiller) == (decode.key, prefill.key)
+    assert (prefill.inflight_tokens, pods[3].inflight_tokens) == (2000, 5000)
+
+
+def test_load_aware_decider_prefills_on_an_idle_decode_pod_when_prefill_is_backlogged() -> None:
+    rt, pods = spill_runtime()
+    pods[2].start_request(2000)
+    pods[3].start_request(3000)  # both prefill pods at or over prefillBacklogTokens
+    r = route(rt, request("x" * 8000), pods)
+    assert r.decode == pods[0].key
+    assert r.prefiller is None
+    assert set(r.result.results) == {"decode"}
+    assert (pods[2].inflight_tokens, pods[3].inflight_tokens) == (2000, 3000)
+
+
+def test_load_aware_decider_keeps_disaggregating_for_a_busy_decode_pod() -> None:
+    rt, pods = spill_runtime()
+    pods[2].start_request(2000)
+    pods[3].start_request(3000)
+    for view in pods[:2]:  # both decode pods already decode two requests (> maxDecodeRequests)
+        view.start_request(100)
+        view.start_request(100)
+    r = route(rt, request("x" * 8000), pods)
+    assert r.prefiller == pods[2].key  # the shorter queue (llm-d's sample scorers)
+
+
+def test_load_aware_decider_keeps_short_prompts_local_as_prefix_based() -> None:
+    rt, pods = spill_runtime()
+    assert route(rt, request("x" * 1000), pods).prefiller is None  # 250 tokens < 256
+
+
+def test_load_aware_decider_counts_the_spilled_prompt_on_the_decode_pod() -> None:
+    rt, pods = spill_runtime()
+    pods[2].start_request(2000)
+    pods[3].start_request(2000)
+    # pod 1 keeps the shorter queue (0, 1, 2 against pod 2's 3) for three picks
+    first = route(rt, request("a" * 8000), pods)  # 0 requests there: spilled
+    assert (first.decode, first.prefiller) == (pods[0].key, None)
+    second = route(rt, request("b" * 8000), pods)  # the first counts: 1 ≤ 1, spilled
+    assert (second.decode, second.prefiller) == (pods[0].key, None)
+    third = route(rt, request("c" * 8000), pods)  # 2 > 1: disaggregated after all
+    assert (third.decode, third.prefiller) == (pods[0].key, pods[2].key)
+
+
+@pytest.mark.parametrize(("params", "error"), [
+    ("{prefillBacklogTokens: 2000, maxDecodeRequests: 1}", "nonCachedTokens must be at least 1"),
+    ("{nonCachedTokens: 256, maxDecodeRequests: 1}", "prefillBacklogTokens must be at least 1"),
+    ("{nonCachedTokens: 256, prefillBacklogTokens: 2000}", "maxDecodeRequests is required"),
+    ("{nonCachedTokens: 256, prefillBacklogTokens: 2000, maxDecodeRequests: -1}",
+     "maxDecodeRequests is required"),
+])
+def test_load_aware_decider_bad_parameters_are_config_errors(params: str, error: str) -> None:
+    with pytest.raises(ConfigError, match=error):
+        spill_runtime(params)
+
+
+def test_load_aware_decider_unknown_parameter_is_an_error() -> None:
+    with pytest.raises(PluginError, match="unknown parameters"):
+        PluginHarness.of("load-aware-pd-decider", {"nonCachedTokens": 1,
+                                                   "prefillBacklogTokens": 1,
+                                                   "maxDecodeRequests": 0, "spill": 3})

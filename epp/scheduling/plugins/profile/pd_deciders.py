@@ -10,10 +10,12 @@ from typing import Any
 
 import structlog
 
-from epp.datastore import EndpointView
+from epp.datastore import Datastore, EndpointView
+from epp.handle import EppHandle
 from epp.scheduling.plugin import Plugin
 from epp.scheduling.plugins.prefix.producer import ApproxPrefixCacheProducer
 from epp.scheduling.request import CHARS_PER_TOKEN, LLMRequest
+from shared.pd import can_prefill
 from shared.plugins import Handle
 
 log = structlog.get_logger(__name__)
@@ -104,3 +106,77 @@ class PrefixBasedPDDecider(PDDecider):
             return False
         hit = self._producer.match(request).matched.get(decode.endpoint.key, 0)
         return tokens - hit * self._block_tokens >= threshold
+
+
+@dataclass(frozen=True, slots=True)
+class LoadAwarePDDeciderParameters:
+    """``nonCachedTokens``: the prefix test of ``prefix-based-pd-decider`` (here at least 1);
+    ``prefillBacklogTokens``: a prompt that passes it is prefilled on its decode pod instead
+    when even the least-loaded prefill pod has at least this many prompt tokens in flight
+    and the decode pod has at most ``maxDecodeRequests`` requests in flight. All three are
+    required."""
+
+    non_cached_tokens: int = 0
+    prefill_backlog_tokens: int = 0
+    max_decode_requests: int = -1
+
+    def __post_init__(self) -> None:
+        if self.non_cached_tokens < 1:
+            raise ValueError("nonCachedTokens must be at least 1")
+        if self.prefill_backlog_tokens < 1:
+            raise ValueError("prefillBacklogTokens must be at least 1")
+        if self.max_decode_requests < 0:
+            raise ValueError("maxDecodeRequests is required and cannot be negative")
+
+
+class LoadAwarePDDecider(PrefixBasedPDDecider):
+    """Ours (llm-d has no equivalent): ``prefix-based-pd-decider``'s test, then a prompt it
+    would disaggregate stays on its decode pod when the prefill pods are backlogged and the
+    decode pod is nearly idle, so a burst of long prompts spills onto decode pods that have
+    room instead of queueing behind two busy prefill pods (docs/pd.md, "Spilling prefills
+    onto idle decode pods").
+
+    Backlogged: every prefill-capable candidate of the pool (``prefill-filter``'s roles, the
+    scheduler's candidates) has at least ``prefillBacklogTokens`` prompt tokens in flight, as
+    ``inflight-load-producer`` counts them (the prefill pick from the pick to the response
+    headers). Nearly idle: the decode pod has at most ``maxDecodeRequests`` requests in
+    flight (this request not yet counted). A pool without prefill candidates is left to the
+    prefill profile (which then finds none, as before).
+    """
+
+    type_name = "load-aware-pd-decider"
+    parameters_type = LoadAwarePDDeciderParameters  # type: ignore[assignment]
+    params: LoadAwarePDDeciderParameters  # type: ignore[assignment]
+
+    def __init__(self, name: str = "", params: LoadAwarePDDeciderParameters | None = None,
+                 handle: Handle | None = None) -> None:
+        super().__init__(name, params, handle)  # type: ignore[arg-type]
+        self._datastore: Datastore | None = None
+
+    @classmethod
+    def create(cls, name: str, params: Any, handle: Handle) -> LoadAwarePDDecider:
+        return cls(name, params, handle)
+
+    def bind(self, producer: ApproxPrefixCacheProducer | None = None) -> None:
+        super().bind(producer)
+        if not isinstance(self._handle, EppHandle):
+            raise ValueError(f"plugin {self.name!r} ({self.type_name}) reads the pool's "
+                             f"in-flight counts: it runs only inside the EPP")
+        self._datastore = self._handle.datastore
+
+    def disaggregate(self, request: LLMRequest, decode: EndpointView) -> bool:
+        if not super().disaggregate(request, decode):
+            return False
+        if decode.inflight_requests > self.params.max_decode_requests:
+            return True
+        if self._datastore is None:
+            self.bind()
+        assert self._datastore is not None
+        backlogs = [v.inflight_tokens for v in self._datastore.candidates()
+                    if can_prefill(v.endpoint.labels)]
+        if not backlogs or min(backlogs) < self.params.prefill_backlog_tokens:
+            return True
+        log.debug("prefill pods backlogged: prefilling on the decode pod", plugin=self.name,
+                  decode=decode.key, least_prefill_tokens=min(backlogs),
+                  decode_requests=decode.inflight_requests)
+        return False
