@@ -132,6 +132,10 @@ CONFIGS = {
     **{f"least-c{n}": concurrency_config(n, "least-inflight-fairness-policy")
        for n in (6, 7, 8, 10, 12)},
     **{f"t{n}": token_concurrency_config(n) for n in (4000, 6000, 8000)},
+    # maxPrefillConcurrency k (ours): at most k requests per server awaiting a first token
+    **{f"least-c{n}-p{k}": concurrency_config(n, "least-inflight-fairness-policy", k)
+       for n in (8, 10, 12, 16, 64) for k in (1, 2)},
+    **{f"c{n}-p1": concurrency_config(n, max_prefill=1) for n in (8, 12)},
 }
 
 
