@@ -62,7 +62,8 @@ class TwoStepServer(FakeModelServer):
 
 @pytest.fixture
 def server(bg: BackgroundLoop) -> Iterator[TwoStepServer]:
-    s = bg.run(TwoStepServer("pod-0", "127.0.1.1", e.free_port()).start())
+    s = TwoStepServer("pod-0", "127.0.1.1", e.free_port())
+    bg.run(s.start())
     yield s
     s.tokens = s.ends = 10**6
     bg.run(s.stop())
