@@ -5,6 +5,12 @@ generator or CPU contention, so no lock is needed and a sweep takes a minute or 
 
     python -m bench.flowcontrol_noisy_twin                      # the configs below, 10 seeds
     python -m bench.flowcontrol_noisy_twin --configs c8,c6 --seeds 0,1,2
+    python -m bench.flowcontrol_noisy_twin --configs c8,least-c8,least-c8-p1,least-c12-p1
+
+Config names: ``cN`` = ``concurrency-detector`` ``maxConcurrency: N`` + round-robin fairness,
+``least-cN`` with ``least-inflight-fairness-policy``, ``-pK`` adds ``maxPrefillConcurrency:
+K``, ``tN`` counts tokens, ``least-c8-reserve0.75`` puts the noisy tenant in a capped
+sheddable band.
 
 Same schedules as the real bench (three quiet tenants at 0.1x capacity each, a noisy one at
 1.0x, each naming itself in ``x-gateway-inference-fairness-id``; 20 model s of arrivals).
