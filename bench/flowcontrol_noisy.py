@@ -98,13 +98,16 @@ class TenantMix:
 
 
 def concurrency_config(max_concurrency: int,
-                       fairness: str = "round-robin-fairness-policy") -> str:
+                       fairness: str = "round-robin-fairness-policy",
+                       max_prefill: int | None = None) -> str:
     """TUNED_CONFIG + flow control with ``fairness`` between the tenants, dispatching on
     upstream's ``concurrency-detector`` (requests in flight per endpoint) instead of the
-    scraped queue; also a filter, so no endpoint goes past it."""
+    scraped queue; also a filter, so no endpoint goes past it. ``max_prefill``: its
+    ``maxPrefillConcurrency`` (ours; requests per endpoint awaiting their first token)."""
+    prefill = "" if max_prefill is None else f", maxPrefillConcurrency: {max_prefill}"
     return TUNED_CONFIG.replace("plugins:\n", f"""plugins:
 - type: concurrency-detector
-  parameters: {{maxConcurrency: {max_concurrency}}}
+  parameters: {{maxConcurrency: {max_concurrency}{prefill}}}
 - type: {fairness}
 """, 1).replace("  plugins:\n", "  plugins:\n  - pluginRef: concurrency-detector\n", 1) + f"""\
 saturationDetector: {{pluginRef: concurrency-detector}}
@@ -132,7 +135,10 @@ def contenders() -> list[Contender]:
               for n in (4, 8, 16)),
             *(FlowEpp(f"epp-flowcontrol-least-c{n}",
                       concurrency_config(n, "least-inflight-fairness-policy"))
-              for n in (6, 8, 10))]
+              for n in (6, 8, 10)),
+            *(FlowEpp(f"epp-flowcontrol-least-c{n}-p1",
+                      concurrency_config(n, "least-inflight-fairness-policy", 1))
+              for n in (8, 12))]
 
 
 def max_min_shares(demands: dict[str, float], total: float) -> dict[str, float]:

@@ -5,6 +5,12 @@ generator or CPU contention, so no lock is needed and a sweep takes a minute or 
 
     python -m bench.flowcontrol_noisy_twin                      # the configs below, 10 seeds
     python -m bench.flowcontrol_noisy_twin --configs c8,c6 --seeds 0,1,2
+    python -m bench.flowcontrol_noisy_twin --configs c8,least-c8,least-c8-p1,least-c12-p1
+
+Config names: ``cN`` = ``concurrency-detector`` ``maxConcurrency: N`` + round-robin fairness,
+``least-cN`` with ``least-inflight-fairness-policy``, ``-pK`` adds ``maxPrefillConcurrency:
+K``, ``tN`` counts tokens, ``least-c8-reserve0.75`` puts the noisy tenant in a capped
+sheddable band.
 
 Same schedules as the real bench (three quiet tenants at 0.1x capacity each, a noisy one at
 1.0x, each naming itself in ``x-gateway-inference-fairness-id``; 20 model s of arrivals).
@@ -28,7 +34,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from bench.flowcontrol_noisy import (
     NOISY,
@@ -94,10 +100,15 @@ def tokens_by(served: list[Served], window: float) -> dict[str, float]:
     return got
 
 
-def run(config: str, seed: int, noisy: bool, servers: int) -> dict[str, float]:
-    """One run; figures for the quiet tenants, and throughput and Jain under the flood."""
+def run(config: str, seed: int, noisy: bool, servers: int,
+        noisy_headers: dict[str, str] | None = None) -> dict[str, float]:
+    """One run; figures for the quiet tenants, and throughput and Jain under the flood.
+    ``noisy_headers`` are added to the noisy tenant's requests."""
     mix = TenantMix("noisy" if noisy else "quiet", noisy)
     specs = mix.schedule(1.0, DURATION, seed, servers)
+    if noisy_headers:
+        specs = [replace(s, headers={**s.headers, **noisy_headers}) if s.tag == NOISY else s
+                 for s in specs]
     twin = TimedTwin(config, seed, servers)
     for s in specs:
         twin.add(s.at, s.body, dict(s.headers), s.tag)
@@ -127,12 +138,31 @@ def run(config: str, seed: int, noisy: bool, servers: int) -> dict[str, float]:
     return out
 
 
+def reserve_config(max_concurrency: int, ceiling: float) -> str:
+    """``least-c<N>`` with ``priority-usage-limit-policy``: the sheddable band (priority -1)
+    dispatches only while the pool's saturation is below ``ceiling``."""
+    return concurrency_config(max_concurrency, "least-inflight-fairness-policy").replace(
+        "plugins:\n", "plugins:\n- type: priority-usage-limit-policy\n  parameters: "
+        f"{{bands: [{{priority: -1, threshold: {ceiling}}}]}}\n", 1).replace(
+        "flowControl:\n", "flowControl:\n  usageLimitPolicyPluginRef: "
+        "priority-usage-limit-policy\n", 1)
+
+
 CONFIGS = {
     **{f"c{n}": concurrency_config(n) for n in (4, 5, 6, 7, 8, 10)},
     **{f"least-c{n}": concurrency_config(n, "least-inflight-fairness-policy")
        for n in (6, 7, 8, 10, 12)},
     **{f"t{n}": token_concurrency_config(n) for n in (4000, 6000, 8000)},
+    # maxPrefillConcurrency k (ours): at most k requests per server awaiting a first token
+    **{f"least-c{n}-p{k}": concurrency_config(n, "least-inflight-fairness-policy", k)
+       for n in (8, 10, 12, 16, 64) for k in (1, 2)},
+    **{f"c{n}-p1": concurrency_config(n, max_prefill=1) for n in (8, 12)},
+    # the operator names the noisy tenant: its requests in the sheddable band (priority -1),
+    # which dispatches only below 0.75 saturation (priority-usage-limit-policy)
+    "least-c8-reserve0.75": reserve_config(8, 0.75),
 }
+#: Headers the noisy tenant's requests carry, per config (default none).
+NOISY_HEADERS = {"least-c8-reserve0.75": {"x-gateway-inference-objective": "sheddable"}}
 
 
 def spread(xs: list[float], digits: int = 2) -> str:
@@ -168,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = []
         for seed in seeds:
             solo = run(CONFIGS[name], seed, False, args.servers)
-            flood = run(CONFIGS[name], seed, True, args.servers)
+            flood = run(CONFIGS[name], seed, True, args.servers, NOISY_HEADERS.get(name))
             if name == names[0]:
                 base_tok[seed] = flood["tok_s"]
             rows.append({"solo": solo["p90"], "flood": flood["p90"],

@@ -53,6 +53,7 @@ from epp.requestcontrol.plugin import (
     SaturationDetector,
 )
 from epp.requestcontrol.plugins import (
+    ConcurrencyDetector,
     InflightLoadProducer,
     OpenAIParser,
     RequestMetricsRecorder,
@@ -135,6 +136,7 @@ def build(
     saturation = _saturation(config, registry, handle)
     sources = _data_layer(config, registry, handle)
     flow = _flow_control(config, handle, saturation)
+    _check_prefill_limit(config, handle, saturation, flow)
     sources += _endpoint_notifications(registry, handle, sources, src)
     for cls in (InflightLoadProducer, RequestMetricsRecorder):
         if not handle.find(cls):
@@ -262,6 +264,22 @@ def _flow_control(config: EndpointPickerConfig, handle: EppHandle,
         raise ConfigError(f"{config.source}: {e}") from None
     handle.add(FlowControlAdmitter(controller))
     return controller
+
+
+def _check_prefill_limit(config: EndpointPickerConfig, handle: EppHandle,
+                         saturation: SaturationDetector, flow: FlowController | None) -> None:
+    """``maxPrefillConcurrency`` holds requests back for a moment (until a first token), so
+    it needs flow control with that detector as the dispatch signal: as a filter alone it
+    would refuse every request arriving while each endpoint is at its prefill limit."""
+    for plugin in handle.find(ConcurrencyDetector):
+        if plugin.params.max_prefill_concurrency is None:
+            continue
+        if flow is None or plugin is not saturation:
+            raise ConfigError(
+                f"{config.source}: plugin {plugin.name!r}: maxPrefillConcurrency needs flow "
+                f"control (featureGates: [flowControl]) with this plugin as "
+                f"saturationDetector.pluginRef, so requests wait for a first token instead "
+                f"of being refused")
 
 
 def _data_layer(config: EndpointPickerConfig, registry: PluginRegistry,

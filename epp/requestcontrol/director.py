@@ -274,6 +274,7 @@ class Director:
             cache_salt=salt if isinstance(salt, str) else "",
             objective=res.objective,
             request_size=size,
+            stream=req.stream,
         )
         return request, new_body
 

@@ -38,6 +38,8 @@ class LLMRequest:
     objective: str | None = None
     #: Bytes of the request body as the client sent it.
     request_size: int = 0
+    #: The client asked for a streamed response (``"stream": true``).
+    stream: bool = False
     #: Typed data plugins pass to each other within one scheduling cycle, keyed by plugin name.
     plugin_state: dict[str, Any] = field(default_factory=dict)
 

@@ -13,10 +13,12 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from bench.contenders import pool_manifests
 from bench.flowcontrol_noisy import jain_of_shares, max_min_shares, tokens_within
+from bench.flowcontrol_noisy_twin import CONFIGS, NOISY_HEADERS, run
 from bench.flowcontrol_priority import OBJECTIVES, PriorityMix
 from bench.flowcontrol_probe import queue_summary
 from bench.openloop import Outcome
 from bench.workloads import RequestSpec
+from epp.config import build, parse_config
 from epp.flowcontrol import FlowControlMetrics
 from epp.sources.manifests import load_snapshot
 
@@ -112,3 +114,20 @@ def test_ceiling_model_answers_every_critical_request_and_keeps_sheddable_ones_r
     assert len(idle) == len(busy) > 0            # same critical schedule, all answered
     # Sharing steps with sheddable prefills slows critical first tokens (deterministic here).
     assert sorted(busy)[len(busy) // 2] >= sorted(idle)[len(idle) // 2]
+
+
+def test_noisy_twin_prefill_configs_carry_the_limit_to_the_detector() -> None:
+    for name, limit in (("least-c12-p1", 1), ("least-c8-p2", 2), ("least-c8", None)):
+        runtime = build(parse_config(CONFIGS[name]))
+        assert runtime.flow_control is not None
+        assert runtime.saturation.params.max_prefill_concurrency == limit  # type: ignore[attr-defined]
+
+
+def test_noisy_twin_reserve_puts_the_named_tenant_in_the_capped_band() -> None:
+    """Virtual time, two servers: with the noisy tenant's requests in the sheddable band
+    (capped at 0.75 saturation) the quiet tenants find a free slot; without the header
+    they wait behind it in one band."""
+    name = "least-c8-reserve0.75"
+    named = run(CONFIGS[name], 0, True, 2, NOISY_HEADERS[name])
+    unnamed = run(CONFIGS[name], 0, True, 2)
+    assert named["epp_mean_s"] < unnamed["epp_mean_s"] / 5

@@ -1,44 +1,86 @@
 """``concurrency-detector``: saturation from what this EPP has in flight, not from scraped
-metrics (upstream's alternative detector; useful when metrics are slow or absent)."""
+metrics (upstream's alternative detector; useful when metrics are slow or absent).
+
+``maxPrefillConcurrency`` (ours, off unless set) also limits the streamed requests per
+endpoint that have not shown their first token yet - the ones whose prompt the engine is
+still computing (or has not started). An endpoint at that limit takes nothing more until
+one of them streams its first token, so a request that goes there does not share its
+prefill steps with several others' (docs/flow-control.md, "Tenants under a flood").
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from epp.datastore import EndpointView
-from epp.requestcontrol.plugin import SaturationDetector
+from epp.requestcontrol.plugin import (
+    PreRequest,
+    Response,
+    ResponseComplete,
+    ResponseStreaming,
+    SaturationDetector,
+)
 from epp.scheduling.plugin import Filter
 from epp.scheduling.request import LLMRequest
+from epp.scheduling.result import SchedulingResult
+from shared.plugins import Handle
 
 
 @dataclass(frozen=True, slots=True)
 class ConcurrencyParameters:
     """``maxConcurrency`` (requests per endpoint) or, with ``concurrencyMode: tokens``,
     ``maxTokenConcurrency`` (estimated prompt tokens per endpoint); ``headroom`` is the
-    burst the filter allows above that (0.2 = 20%)."""
+    burst the filter allows above that (0.2 = 20%). ``maxPrefillConcurrency`` (ours; None =
+    no limit): streamed requests per endpoint still waiting for their first token."""
 
     max_concurrency: int = 100
     headroom: float = 0.0
     concurrency_mode: Literal["requests", "tokens"] = "requests"
     max_token_concurrency: int = 1_000_000
+    max_prefill_concurrency: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_concurrency <= 0 or self.max_token_concurrency <= 0:
             raise ValueError("maxConcurrency and maxTokenConcurrency must be > 0")
         if self.headroom < 0:
             raise ValueError(f"headroom: must be >= 0, got {self.headroom!r}")
+        if self.max_prefill_concurrency is not None and self.max_prefill_concurrency <= 0:
+            raise ValueError("maxPrefillConcurrency: must be > 0 (leave it out for no "
+                             f"limit), got {self.max_prefill_concurrency!r}")
 
 
-class ConcurrencyDetector(Filter, SaturationDetector):
+class ConcurrencyDetector(Filter, SaturationDetector, PreRequest, ResponseComplete):
     """load(e) = in-flight requests (or tokens) on e; pool saturation = sum(load) /
     (endpoints x capacity), saturated when >= 1 (an empty pool is saturated). As a filter
-    it keeps endpoints with load < capacity x (1 + headroom)."""
+    it keeps endpoints with load < capacity x (1 + headroom).
+
+    With ``maxPrefillConcurrency`` an endpoint also needs fewer than that many requests
+    awaiting their first token: the filter drops the others, and while no endpoint has room
+    on both counts the pool's saturation is 1 (flow control holds requests until a first
+    token or an end frees one). The registry then builds :class:`PrefillLimitedDetector`,
+    which watches the response streams; this class alone refuses the parameter.
+    """
 
     type_name = "concurrency-detector"
     parameters_type = ConcurrencyParameters
     params: ConcurrencyParameters
+
+    def __init__(self, name: str = "", params: Any = None) -> None:
+        super().__init__(name, params)
+        if self.params.max_prefill_concurrency is not None and \
+                not isinstance(self, ResponseStreaming):
+            raise ValueError("maxPrefillConcurrency needs the response stream: build it "
+                             "with ConcurrencyDetector.create")
+        #: Per endpoint key: streamed requests picked there, first token not seen yet.
+        self.prefilling: dict[str, int] = {}
+
+    @classmethod
+    def create(cls, name: str, params: Any, handle: Handle) -> ConcurrencyDetector:
+        if params is not None and params.max_prefill_concurrency is not None:
+            return PrefillLimitedDetector(name, params)
+        return cls(name, params)
 
     def _capacity(self) -> int:
         p = self.params
@@ -48,10 +90,19 @@ class ConcurrencyDetector(Filter, SaturationDetector):
         tokens = self.params.concurrency_mode == "tokens"
         return view.inflight_tokens if tokens else view.inflight_requests
 
+    def _prefill_room(self, view: EndpointView) -> bool:
+        limit = self.params.max_prefill_concurrency
+        return limit is None or self.prefilling.get(view.key, 0) < limit
+
     def saturation(self, views: Sequence[EndpointView]) -> float:
         if not views:
             return 1.0
-        return sum(self._load(v) for v in views) / (len(views) * self._capacity())
+        capacity = self._capacity()
+        sat = sum(self._load(v) for v in views) / (len(views) * capacity)
+        if sat < 1.0 and self.params.max_prefill_concurrency is not None and not any(
+                self._load(v) < capacity and self._prefill_room(v) for v in views):
+            return 1.0  # every endpoint with a free slot is at its prefill limit
+        return sat
 
     def is_saturated(self, views: Sequence[EndpointView], now: float | None = None) -> bool:
         return self.saturation(views) >= 1.0
@@ -59,4 +110,40 @@ class ConcurrencyDetector(Filter, SaturationDetector):
     def filter(self, request: LLMRequest,
                endpoints: Sequence[EndpointView]) -> Sequence[EndpointView]:
         limit = self._capacity() * (1.0 + self.params.headroom)
-        return [v for v in endpoints if self._load(v) < limit]
+        return [v for v in endpoints if self._load(v) < limit and self._prefill_room(v)]
+
+    # -- the prefill count (only with maxPrefillConcurrency) ---------------------------
+
+    def pre_request(self, request: LLMRequest, result: SchedulingResult) -> None:
+        if self.params.max_prefill_concurrency is None or not request.stream:
+            return  # a response that is not streamed shows no first token before its end
+        key = result.endpoints[0].key
+        self.prefilling[key] = self.prefilling.get(key, 0) + 1
+        request.plugin_state[self.name] = key
+
+    def response_complete(self, request: LLMRequest, response: Response,
+                          endpoint: EndpointView) -> None:
+        self._first_token(request)
+
+    def _first_token(self, request: LLMRequest) -> None:
+        """``request`` stopped prefilling (first token, or its exchange ended): once."""
+        key = request.plugin_state.pop(self.name, None)
+        if key is None:
+            return
+        left = self.prefilling.get(key, 0) - 1
+        if left > 0:
+            self.prefilling[key] = left
+        else:
+            self.prefilling.pop(key, None)
+
+
+class PrefillLimitedDetector(ConcurrencyDetector, ResponseStreaming):
+    """``concurrency-detector`` with ``maxPrefillConcurrency``: also a response-streaming
+    plugin, so the director shows it each chunk; a request stops counting at the first one
+    carrying a token. (A separate class so the plain detector leaves the response body
+    alone: the director reads chunks only when some plugin asks for them.)"""
+
+    def response_streaming(self, request: LLMRequest, response: Response, chunk: bytes,
+                           endpoint: EndpointView) -> None:
+        if response.ttft is not None:
+            self._first_token(request)
