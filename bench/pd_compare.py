@@ -112,12 +112,14 @@ schedulingProfiles:
             {pluginRef: kv-cache-utilization-scorer, weight: 2},
             {pluginRef: prefix-cache-scorer, weight: 3}]
 """
-_TOKEN_LOAD_PROFILES = """\
-- type: token-load-scorer
+#: The prefill profile that scores by prompt tokens in flight (``token-load`` and ``spill``).
+_TOKEN_LOAD_PREFILL = """\
 schedulingProfiles:
 - name: prefill
   plugins: [{pluginRef: prefill-filter}, {pluginRef: max-score-picker},
             {pluginRef: prefix-cache-scorer, weight: 2}, {pluginRef: token-load-scorer, weight: 1}]
+"""
+_TOKEN_LOAD_PROFILES = "- type: token-load-scorer\n" + _TOKEN_LOAD_PREFILL + """\
 - name: decode
   plugins: [{pluginRef: decode-filter}, {pluginRef: max-score-picker},
             {pluginRef: prefix-cache-scorer, weight: 2}, {pluginRef: queue-scorer, weight: 1}]
@@ -129,10 +131,7 @@ _SPILL = _PD_PLUGINS.replace(
     "{prefill: prefix-based-pd-decider}", "{prefill: load-aware-pd-decider}") + """\
 - type: token-load-scorer
 - type: active-request-scorer
-schedulingProfiles:
-- name: prefill
-  plugins: [{pluginRef: prefill-filter}, {pluginRef: max-score-picker},
-            {pluginRef: prefix-cache-scorer, weight: 2}, {pluginRef: token-load-scorer, weight: 1}]
+""" + _TOKEN_LOAD_PREFILL + """\
 - name: decode
   plugins: [{pluginRef: decode-filter}, {pluginRef: max-score-picker},
             {pluginRef: prefix-cache-scorer, weight: 2},

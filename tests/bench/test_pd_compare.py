@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -170,9 +171,24 @@ def test_a_baseline_of_other_settings_is_a_one_line_error(tmp_path: Path) -> Non
         assert message in proc.stderr.splitlines()[-1]
 
 
+def prefiller_of(rt: Any, pods: list[Any], prompt: str) -> str | None:
+    """Route ``prompt`` through the runtime's producers, scheduler and pre-request plugins
+    (the director's steps); the prefill pod it names, if any."""
+    from epp.testing import request
+
+    req = request(prompt)
+    for producer in rt.producers:
+        producer.produce(req, pods)
+    result = rt.scheduler.schedule(req, pods)
+    for plugin in rt.pre_request:
+        plugin.pre_request(req, result)
+    found: str | None = result.extra_headers.get("x-prefiller-host-port")
+    return found
+
+
 def test_the_token_load_config_prefills_on_the_pod_with_fewest_prompt_tokens_in_flight() -> None:
     from epp.config import build, parse_config
-    from epp.testing import endpoint, request
+    from epp.testing import endpoint
     from shared.pd import ROLE_LABEL
 
     rt = build(parse_config(PD_CONFIGS["token-load"] % 1024))
@@ -180,13 +196,9 @@ def test_the_token_load_config_prefills_on_the_pod_with_fewest_prompt_tokens_in_
             for i, r in ((1, "decode"), (2, "decode"), (3, "prefill"), (4, "prefill"))]
 
     def prefiller(prompt: str) -> str:
-        req = request(prompt)
-        for producer in rt.producers:
-            producer.produce(req, pods)
-        result = rt.scheduler.schedule(req, pods)
-        for plugin in rt.pre_request:
-            plugin.pre_request(req, result)
-        return result.extra_headers["x-prefiller-host-port"]
+        found = prefiller_of(rt, pods, prompt)
+        assert found is not None
+        return found
 
     big = prefiller("a" * 64_000)  # 16,000 tokens on one prefill pod
     other = pods[3].key if big == pods[2].key else pods[2].key
@@ -202,7 +214,6 @@ def test_the_spill_config_decodes_a_long_prompt_locally_when_every_prefill_pod_i
     from epp.datastore import Datastore
     from epp.datastore.objects import parse_object
     from epp.datastore.snapshot import build_snapshot
-    from epp.testing import request
     from shared.pd import ROLE_LABEL
 
     objects = [o for o in (parse_object(d) for d in pool_manifests(
@@ -215,13 +226,7 @@ def test_the_spill_config_decodes_a_long_prompt_locally_when_every_prefill_pod_i
     pods = list(ds.candidates())
 
     def prefiller(prompt: str) -> str | None:
-        req = request(prompt)
-        for producer in rt.producers:
-            producer.produce(req, pods)
-        result = rt.scheduler.schedule(req, pods)
-        for plugin in rt.pre_request:
-            plugin.pre_request(req, result)
-        return result.extra_headers.get("x-prefiller-host-port")
+        return prefiller_of(rt, pods, prompt)
 
     # two 9,000-token prompts: one per prefill pod (token-load), both now over 8,000 tokens
     assert {prefiller(c * 36_000) for c in "ab"} == {pods[2].key, pods[3].key}
