@@ -287,16 +287,15 @@ def sim_config(p: PoolSpec) -> dict[str, Any]:
         return {"defaults": defaults, "servers": [
             {"host": ip, "port": p.server_port, "name": f"{p.name}-{i}"}
             for i, ip in enumerate(p.pod_ips)]}
-    # vLLM's NixlConnector roles: prefill pods produce KV, decode pods pull it.
-    servers = [{"host": ip, "port": p.server_port, "name": f"{p.name}-{i}",
-                "kv_transfer_config": {"kv_connector": "NixlConnector",
-                                       "kv_role": "kv_producer", "link": p.pd.link}}
-               for i, ip in enumerate(p.pod_ips[:p.pd.prefill])]
-    servers += [{"host": ip, "port": p.pd.vllm_port, "name": f"{p.name}-{p.pd.prefill + i}",
-                 "kv_transfer_config": {"kv_connector": "NixlConnector",
-                                        "kv_role": "kv_consumer", "link": p.pd.link}}
-                for i, ip in enumerate(p.decoders)]
-    return {"defaults": defaults, "servers": servers}
+    # vLLM's NixlConnector roles: prefill pods produce KV, decode pods pull it (from their
+    # server beside the sidecar, on vllm_port).
+    pd = p.pd
+    return {"defaults": defaults, "servers": [
+        {"host": ip, "name": f"{p.name}-{i}",
+         "port": p.server_port if i < pd.prefill else pd.vllm_port,
+         "kv_transfer_config": {"kv_connector": "NixlConnector", "link": pd.link,
+                                "kv_role": "kv_producer" if i < pd.prefill else "kv_consumer"}}
+        for i, ip in enumerate(p.pod_ips)]}
 
 
 def base_models(spec: StackSpec) -> list[dict[str, Any]]:
@@ -391,12 +390,11 @@ class Stack:
                     "--metrics-port", str(ports["metrics_port"]), "--grace-period", "3",
                     *config, *ha])
             # SSRF protection on: each sidecar prefills only on the pool's prefill pods.
+            vllm_port = str(p.pd.vllm_port) if p.pd is not None else ""
             for ip, metrics in zip(p.decoders, p.sidecar_metrics, strict=True):
-                assert p.pd is not None  # decoders: a P/D pool's
                 self._spawn(f"sidecar-{p.name}-{ip}", [
                     py, "-m", "sidecar.main", "--host", ip, "--port", str(p.server_port),
-                    "--vllm-host", ip, "--vllm-port", str(p.pd.vllm_port),
-                    "--manifests", manifests,
+                    "--vllm-host", ip, "--vllm-port", vllm_port, "--manifests", manifests,
                     "--inference-pool", f"default/{p.name}", "--metrics-port", str(metrics)])
         b = self.spec.bbr
         (self.run_dir / "base-models.yaml").write_text(
