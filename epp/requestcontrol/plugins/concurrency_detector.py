@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from epp.datastore import EndpointView
+from epp.requestcontrol.counts import take
 from epp.requestcontrol.plugin import (
     PreRequest,
     Response,
@@ -128,13 +129,8 @@ class ConcurrencyDetector(Filter, SaturationDetector, PreRequest, ResponseComple
     def _first_token(self, request: LLMRequest) -> None:
         """``request`` stopped prefilling (first token, or its exchange ended): once."""
         key = request.plugin_state.pop(self.name, None)
-        if key is None:
-            return
-        left = self.prefilling.get(key, 0) - 1
-        if left > 0:
-            self.prefilling[key] = left
-        else:
-            self.prefilling.pop(key, None)
+        if key is not None:
+            take(self.prefilling, key)
 
 
 class PrefillLimitedDetector(ConcurrencyDetector, ResponseStreaming):

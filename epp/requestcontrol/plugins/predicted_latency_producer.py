@@ -20,6 +20,7 @@ from epp.datastore import EndpointView
 from epp.latency.predictions import PREDICTIONS_KEY, Prediction, RequestPredictions
 from epp.latency.predictor import EndpointState, LatencyPredictor, PredictorConfig
 from epp.latency.slo import parse_slo
+from epp.requestcontrol.counts import take
 from epp.requestcontrol.plugin import (
     DataProducer,
     PreRequest,
@@ -222,8 +223,8 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseStreami
         out = request.plugin_state.get(PREDICTIONS_KEY)
         if isinstance(out, RequestPredictions) and out.prefilling_at is not None:
             key, out.prefilling_at = out.prefilling_at, None
-            _take(self._prefilling, key, out.prefill_charge)
-            _take(self._prefill_requests, key, 1)
+            take(self._prefilling, key, out.prefill_charge)
+            take(self._prefill_requests, key)
 
     def retain_endpoints(self, keys: frozenset[str]) -> None:
         for counts in (self._prefilling, self._prefill_requests):
@@ -260,15 +261,6 @@ def predicted_tpot(out: RequestPredictions) -> float | None:
     prediction and the in-stream ones (None without any)."""
     preds = out.tpot_predictions
     return sum(preds) / len(preds) if preds else None
-
-
-def _take(counts: dict[str, int], key: str, n: int) -> None:
-    """Subtract ``n`` from ``counts[key]``, dropping the key at zero."""
-    left = counts.get(key, 0) - n
-    if left > 0:
-        counts[key] = left
-    else:
-        counts.pop(key, None)
 
 
 def _headroom(slo: float | None, any_slo: bool, predicted: float | None,
