@@ -389,13 +389,7 @@ class Stack:
                     "--grpc-health-port", str(ports["health_port"]),
                     "--metrics-port", str(ports["metrics_port"]), "--grace-period", "3",
                     *config, *ha])
-            # SSRF protection on: each sidecar prefills only on the pool's prefill pods.
-            vllm_port = str(p.pd.vllm_port) if p.pd is not None else ""
-            for ip, metrics in zip(p.decoders, p.sidecar_metrics, strict=True):
-                self._spawn(f"sidecar-{p.name}-{ip}", [
-                    py, "-m", "sidecar.main", "--host", ip, "--port", str(p.server_port),
-                    "--vllm-host", ip, "--vllm-port", vllm_port, "--manifests", manifests,
-                    "--inference-pool", f"default/{p.name}", "--metrics-port", str(metrics)])
+            self._start_sidecars(p, manifests)
         b = self.spec.bbr
         (self.run_dir / "base-models.yaml").write_text(
             yaml.safe_dump(base_models(self.spec), sort_keys=False))
@@ -407,6 +401,18 @@ class Stack:
         self.wait_ready()
         self.envoy = e.Envoy(envoy_config(self.spec), admin_port=self.spec.admin_port,
                              workdir=self.run_dir / "envoy").start()
+
+    def _start_sidecars(self, p: PoolSpec, manifests: str) -> None:
+        """A P/D pool's ``pd-sidecar`` per decode pod, in front of the server beside it; SSRF
+        protection on: each prefills only on the pool's prefill pods (from the manifests)."""
+        if p.pd is None:
+            return
+        for ip, metrics in zip(p.decoders, p.sidecar_metrics, strict=True):
+            self._spawn(f"sidecar-{p.name}-{ip}", [
+                sys.executable, "-m", "sidecar.main", "--host", ip,
+                "--port", str(p.server_port), "--vllm-host", ip,
+                "--vllm-port", str(p.pd.vllm_port), "--manifests", manifests,
+                "--inference-pool", f"default/{p.name}", "--metrics-port", str(metrics)])
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         """Every simulated pod answers /health and every EPP/BBR health port is SERVING."""

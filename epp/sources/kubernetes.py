@@ -66,6 +66,7 @@ log = structlog.get_logger(__name__)
 #: a list in flight ends with the API server's answer).
 JOIN_TIMEOUT = 2.0
 
+
 def pool_version(pool_group: str) -> str:
     """The served InferencePool version of ``--pool-group``."""
     if pool_group == GROUP_V1:
