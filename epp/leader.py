@@ -162,8 +162,12 @@ class LeaderElector:
                 return
 
     async def _try(self, attempt: Callable[[], bool]) -> bool:
+        # asyncio.timeout, not wait_for: on Python 3.11 wait_for returns the result when a
+        # cancel() lands as the thread finishes, and the cancelled campaign then renews
+        # forever, so run() never returns (a stop that hangs).
         try:
-            return await asyncio.wait_for(asyncio.to_thread(attempt), self.renew_deadline)
+            async with asyncio.timeout(self.renew_deadline):
+                return await asyncio.to_thread(attempt)
         except Exception as e:  # API trouble of any kind = not acquired this round
             log.warning("lease update failed", lease=self.lease_name,
                         error=f"{type(e).__name__}: {e}")

@@ -170,3 +170,22 @@ async def test_readiness_without_election_is_just_synced() -> None:
     synced.set()
     await asyncio.wait_for(task, 1)
     assert reported == [True]
+
+
+async def test_a_cancelled_attempt_never_returns_its_result() -> None:
+    """Cancelling the campaign while a Lease call finishes in its thread must cancel it: a
+    swallowed cancel (Python 3.11's wait_for loses one in a few percent of these races)
+    leaves the campaign renewing forever and run() never returns."""
+    e = LeaderElector(LEASE, "llm", api_client=object(), identity="a", **TIMING)
+    swallowed = 0
+    for i in range(2000):
+        task = asyncio.create_task(e._try(lambda: True))
+        for _ in range(i % 7):  # cancel at every stage of the thread's round trip
+            await asyncio.sleep(0)
+        accepted = task.cancel()
+        try:
+            await task
+            swallowed += accepted
+        except asyncio.CancelledError:
+            pass
+    assert swallowed == 0
