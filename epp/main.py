@@ -22,6 +22,7 @@ from epp.datastore import Datastore, FailureMode
 from epp.flowcontrol import FlowController
 from epp.handle import Settings
 from epp.handlers.exchange import PickerExchange
+from epp.kvcache.metrics import cached_blocks
 from epp.leader import LeaderElector, report_readiness
 from epp.metrics import ScraperConfig
 from epp.requestcontrol import Director
@@ -205,12 +206,14 @@ def metric_spec(text: str) -> str:
 
 
 def debug_pool_route(datastore: Datastore, flow_control: FlowController | None = None) -> Any:
-    """``/debug/pool``: every endpoint, its latest metrics and age, and in-flight counts;
-    with flow control, its queues."""
+    """``/debug/pool``: every endpoint, its latest metrics and age, in-flight counts and
+    (with a precise prefix scorer) the blocks its KV events say it holds; with flow control,
+    its queues."""
 
     async def handler(_: web.Request) -> web.Response:
         now = time.monotonic()
         snap = datastore.snapshot
+        cached = cached_blocks()
         body: dict[str, Any] = {
             "pool": snap.pool.name if snap.pool else None,
             "synced": datastore.is_synced,
@@ -229,6 +232,7 @@ def debug_pool_route(datastore: Datastore, flow_control: FlowController | None =
                     "max_lora": v.metrics.lora.max_lora if v.metrics.lora else None,
                     "block_size": v.metrics.block_size,
                     "num_gpu_blocks": v.metrics.num_gpu_blocks,
+                    "kv_cached_blocks": None if cached is None else cached.get(v.key, 0),
                 }
                 for v in datastore.views()
             ],

@@ -21,6 +21,9 @@ each naming at most ``max_endpoints_per_key`` endpoints (oldest dropped first), 
 nothing ever removed): about 310 bytes per request key plus 130 bytes per engine hash, i.e.
 ``max_keys * (310 + 130 * endpoints)`` bytes; in practice an endpoint's engine hashes stay
 near its real cache size, since its ``BlockRemoved`` events remove them.
+:meth:`KVBlockIndex.estimated_bytes` turns the live counts into bytes with
+:data:`KEY_BYTES` and :data:`HASH_BYTES` (fitted with ``tracemalloc`` on CPython 3.11 to
+indexes with one and with four endpoints per key; within ~15% of it).
 """
 
 from __future__ import annotations
@@ -34,6 +37,11 @@ import xxhash
 from shared.kvevents import AllBlocksCleared, BlockRemoved, BlockStored, Event, hash_to_u64
 
 _xxh = xxhash.xxh3_64_intdigest
+
+#: Bytes per request key (its entry and its endpoint map) and per engine hash (its entry and
+#: the endpoint's slot in the key's map), for :meth:`KVBlockIndex.estimated_bytes`.
+KEY_BYTES = 290
+HASH_BYTES = 120
 
 
 class UnindexableEvent(ValueError):
@@ -79,6 +87,12 @@ class KVBlockIndex:
     def endpoint_blocks(self) -> dict[str, int]:
         """Blocks known per endpoint (engine hashes tracked)."""
         return {ep: len(m) for ep, m in self._engine.items()}
+
+    def estimated_bytes(self) -> int:
+        """The index's memory, estimated from its entry counts (cheap: one sum per
+        endpoint)."""
+        hashes = sum(len(m) for m in self._engine.values())
+        return KEY_BYTES * len(self._keys) + HASH_BYTES * hashes
 
     def request_keys(self, token_ids: list[int], model: str) -> list[int]:
         """Request keys of every full block of ``token_ids`` (the scorer's keys)."""

@@ -6,6 +6,7 @@ collector when Prometheus scrapes.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
@@ -51,23 +52,51 @@ class KVEventMetrics:
                              buckets=_LAG, registry=registry)
         self._registry = registry
 
-    def watch(self, index: KVBlockIndex) -> None:
-        """Export ``index``'s size gauges through this metrics' registry."""
-        self._registry.register(_IndexCollector(index))
+
+_LIVE: weakref.WeakSet[KVBlockIndex] = weakref.WeakSet()
+
+
+def track(index: KVBlockIndex) -> None:
+    """Count ``index`` in the size gauges and :func:`cached_blocks` while it lives."""
+    _LIVE.add(index)
+
+
+def cached_blocks() -> dict[str, int] | None:
+    """Blocks the live indexes (normally one per precise scorer) know each endpoint holds,
+    summed; None when no index lives (no precise scorer configured)."""
+    indexes = list(_LIVE)
+    if not indexes:
+        return None
+    total: dict[str, int] = {}
+    for index in indexes:
+        for ep, blocks in index.endpoint_blocks().items():
+            total[ep] = total.get(ep, 0) + blocks
+    return total
 
 
 class _IndexCollector(Collector):
-    def __init__(self, index: KVBlockIndex) -> None:
-        self.index = index
+    """The live indexes' sizes, read at scrape time."""
+
+    #: Labels of the per-endpoint family (read by tools when it has no sample yet).
+    _labelnames = ("endpoint",)
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         keys = GaugeMetricFamily("inference_extension_kv_index_keys",
                                  "Request keys (distinct blocks) held by the index.")
-        keys.add_metric([], len(self.index))
+        size = GaugeMetricFamily("inference_extension_kv_index_estimated_bytes",
+                                 "Memory of the KV-event index, estimated from its entry "
+                                 "counts.")
+        indexes = list(_LIVE)
+        keys.add_metric([], sum(len(index) for index in indexes))
+        size.add_metric([], sum(index.estimated_bytes() for index in indexes))
         yield keys
+        yield size
         per = GaugeMetricFamily("inference_extension_kv_index_endpoint_blocks",
                                 "Blocks the index knows each endpoint holds.",
                                 labels=["endpoint"])
-        for ep, n in sorted(self.index.endpoint_blocks().items()):
-            per.add_metric([ep], n)
+        for ep, blocks in sorted((cached_blocks() or {}).items()):
+            per.add_metric([ep], blocks)
         yield per
+
+
+REGISTRY.register(_IndexCollector())

@@ -190,3 +190,5 @@ def test_metrics_port_exports_upstream_names_and_debug_pool(pool: Pool) -> None:
     assert all(ep["max_lora"] == 4 for ep in debug["endpoints"])
     assert all(ep["block_size"] is None and ep["num_gpu_blocks"] is None
                for ep in debug["endpoints"])
+    # No precise prefix scorer here: no KV-event index to report from.
+    assert all(ep["kv_cached_blocks"] is None for ep in debug["endpoints"])

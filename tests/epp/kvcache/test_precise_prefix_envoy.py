@@ -176,6 +176,11 @@ def test_shared_prefixes_go_where_the_blocks_really_are_and_follow_eviction(rig:
     rig.direct(0, a + " warm again")
     rig.in_step()
     assert rig.routed(a + " after eviction") == "sim-0"
+    rig.in_step()
+    # /debug/pool shows per endpoint the blocks its events say it holds: its real cache.
+    debug = rig.client.get(f"http://127.0.0.1:{rig.epp.metrics}/debug/pool").json()
+    assert {ep["address"]: ep["kv_cached_blocks"] for ep in debug["endpoints"]} == \
+        {rig.key(i): rig.cached(i) for i in range(N)}
     assert "inference_extension_precise_prefix_fallback_total" in rig.metrics()
 
 

@@ -128,3 +128,32 @@ def test_partial_trailing_block_is_not_scored() -> None:
 def test_bad_config_is_refused() -> None:
     with pytest.raises(ValueError, match="max_keys"):
         IndexConfig(max_keys=0)
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["own-blocks", "shared-blocks"])
+def test_the_memory_estimate_is_near_what_the_index_really_allocates(shared: bool) -> None:
+    import gc
+    import random
+    import tracemalloc
+    from array import array
+
+    rng = random.Random(7)
+    chains = [array("I", rng.randbytes(8 * 16 * 4)).tolist() for _ in range(600)]
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        idx = KVBlockIndex(IndexConfig(block_size=16))
+        for ep in range(4):  # 4 endpoints: the same chains (shared) or their own
+            for chain in chains:
+                toks = chain if shared else [t ^ (ep + 1) for t in chain]
+                hashes: list[int | bytes] = [rng.getrandbits(64) for _ in range(8)]
+                idx.apply(f"ep{ep}", BlockStored(
+                    block_hashes=hashes, parent_block_hash=None, token_ids=toks, block_size=16,
+                    lora_id=None, medium="GPU", lora_name=None), M)
+        gc.collect()
+        used = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    assert len(idx) == 600 * 8 * (1 if shared else 4)
+    assert 0.7 < idx.estimated_bytes() / used < 1.3, (idx.estimated_bytes(), used)

@@ -17,20 +17,18 @@ token ids.
 from __future__ import annotations
 
 import time
-import weakref
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 import structlog
 from prometheus_client import REGISTRY, Counter
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
 
 from epp.datalayer.endpoint_notification import EndpointSetExtractor
 from epp.datastore import EndpointView
 from epp.kvcache import IndexConfig, KVBlockIndex, KVEventMetrics
+from epp.kvcache.metrics import track
 from epp.kvcache.subscriber import KVEventSource, KVEventSubscriptions, SubscriberConfig
 from epp.requestcontrol.plugin import PreRequest
 from epp.scheduling.plugin import EndpointsRemoved, SchedulerHooks, Scorer
@@ -157,35 +155,6 @@ FALLBACKS = Counter("inference_extension_precise_prefix_fallback_total",
                     "Requests the precise prefix scorer scored approximately, by reason "
                     "(no_stream: a candidate's KV-event stream is down; no_tokens: the "
                     "request has no token ids).", ["reason"])
-_INDEXES: weakref.WeakSet[KVBlockIndex] = weakref.WeakSet()
-
-
-class _IndexCollector(Collector):
-    """Index size of every live scorer (normally one), read at scrape time."""
-
-    #: Labels of the per-endpoint family (read by tools when it has no sample yet).
-    _labelnames = ("endpoint",)
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        keys = GaugeMetricFamily("inference_extension_kv_index_keys",
-                                 "Request keys (distinct blocks) held by the index.")
-        per = GaugeMetricFamily("inference_extension_kv_index_endpoint_blocks",
-                                "Blocks the index knows each endpoint holds.",
-                                labels=["endpoint"])
-        total: dict[str, int] = {}
-        n = 0
-        for index in list(_INDEXES):
-            n += len(index)
-            for ep, blocks in index.endpoint_blocks().items():
-                total[ep] = total.get(ep, 0) + blocks
-        keys.add_metric([], n)
-        for ep, blocks in sorted(total.items()):
-            per.add_metric([ep], blocks)
-        yield keys
-        yield per
-
-
-REGISTRY.register(_IndexCollector())
 
 
 # -- the plugin -----------------------------------------------------------------------------
@@ -207,7 +176,7 @@ class PrecisePrefixCacheScorer(Scorer, EndpointSetExtractor, PreRequest, Endpoin
         self.block_size = p.token_processor_config.block_size
         self.index = KVBlockIndex(IndexConfig(block_size=self.block_size, max_keys=mem.size,
                                               max_endpoints_per_key=mem.pod_cache_size))
-        _INDEXES.add(self.index)
+        track(self.index)
         self.subscriptions = KVEventSubscriptions(self.index, KV_EVENT_METRICS,
                                                   subscriber_config, on_cold=self.forget)
         #: The approximate fallback, learning from every pick (token blocks of the same size).
