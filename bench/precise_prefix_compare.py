@@ -23,9 +23,10 @@ Per seed and contender: a fresh ``vllm-sim`` process serving ``--servers`` serve
 (``--ha-mode active-active``) behind the one Envoy, which spreads the ext_proc streams over
 them (:func:`devkit.envoy.replica_cluster`). Apart from ``approximate-shared`` they share
 nothing (``--state-store memory://``): an approximate replica learns only its own picks, a
-precise replica subscribes to every server's KV events and so sees every pick. The peers
-and ``round-robin`` stay single processes (neither peer shares its cache tree between
-processes).
+precise replica subscribes to every server's KV events and so sees every pick.
+``round-robin`` is Envoy alone. ``--peer-replicas N``: each peer runs as N processes behind
+Envoy's round-robin (neither peer shares its cache tree between processes, so this is how a
+user scales one out); one process by default.
 
 The workload (seeded, the same for every contender): ``--requests`` streamed completions
 from ``--concurrency`` workers, each a shared prefix (``--prefixes`` of ``--prefix-blocks``
@@ -186,10 +187,12 @@ def fleet(a: Args, seed: int, workdir: Path) -> Iterator[int]:
 
 
 @contextmanager
-def router(name: str, base: int, n: int, workdir: Path,
-           replicas: int = 1) -> Iterator[tuple[str, list[int]]]:
+def router(name: str, base: int, n: int, workdir: Path, replicas: int = 1,
+           peer_replicas: int = 1) -> Iterator[tuple[str, list[int]]]:
     """Start contender ``name``; yields its URL and (EPP contenders) the metrics port of each
-    EPP replica (``replicas`` of them, active-active behind one Envoy when more than one)."""
+    EPP replica (``replicas`` of them, active-active behind one Envoy when more than one; a
+    peer runs as ``peer_replicas`` processes, behind Envoy's round-robin when more than
+    one)."""
     admin, listen = e.free_port(), e.free_port()
     if name == "round-robin":
         cluster = e.static_cluster("fleet", [("127.0.0.1", base + i) for i in range(n)],
@@ -200,9 +203,20 @@ def router(name: str, base: int, n: int, workdir: Path,
             yield f"http://127.0.0.1:{listen}", []
         return
     if name in PEER_CONTENDERS:
+        workers = [f"http://127.0.0.1:{base + i}" for i in range(n)]
         try:
-            yield peer_router(name, [f"http://127.0.0.1:{base + i}" for i in range(n)],
-                              workdir), []
+            urls = [peer_router(name, workers, workdir, i) for i in range(peer_replicas)]
+            if peer_replicas == 1:
+                yield urls[0], []
+                return
+            # N copies behind Envoy, each with its own cache tree (neither peer shares it
+            # between processes): how a user scales a peer out for availability.
+            cluster = e.static_cluster(
+                "peers", [("127.0.0.1", int(u.rsplit(":", 1)[1])) for u in urls],
+                lb_policy="ROUND_ROBIN")
+            cfg = e.bootstrap(admin, [e.listener(listen, [e.route("peers")], [])], [cluster])
+            with e.Envoy(cfg, admin_port=admin, workdir=workdir / "envoy"):
+                yield f"http://127.0.0.1:{listen}", []
         finally:
             stop_peers()
         return
@@ -249,17 +263,18 @@ def router(name: str, base: int, n: int, workdir: Path,
 _PEER_PROCS: list[subprocess.Popen[bytes]] = []
 
 
-def peer_router(name: str, workers: list[str], workdir: Path) -> str:
-    """Start peer ``name`` (``<peer>:<policy>``) in front of ``workers``; its URL. The
-    process is stopped by :func:`stop_peers`."""
+def peer_router(name: str, workers: list[str], workdir: Path, index: int = 0) -> str:
+    """Start copy ``index`` of peer ``name`` (``<peer>:<policy>``) in front of ``workers``;
+    its URL. The process is stopped by :func:`stop_peers`."""
     peer_name, policy = name.split(":")
     peer = PEERS[peer_name]
     if not peer.installed():
         raise RuntimeError(f"{peer.package} not installed: python -m bench.peers install")
     port, prom = e.free_port(), e.free_port()
-    log = workdir / f"{peer.name}.log"
+    log = workdir / f"{peer.name}-{index}.log"
     cmd = peer.command(policy=policy, port=port, prometheus_port=prom, workers=workers)
-    (workdir / "command.txt").write_text(" ".join(cmd) + "\n")
+    with (workdir / "command.txt").open("a") as f:
+        f.write(" ".join(cmd) + "\n")
     proc = _popen(cmd, log, env=peer_env())
     _PEER_PROCS.append(proc)
     deadline = time.monotonic() + 60
@@ -473,8 +488,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--time-scale", type=float, default=1.0)
     ap.add_argument("--epp-replicas", type=int, default=1,
                     help="EPP contenders run as N active-active replicas behind one Envoy, "
-                         "sharing nothing but approximate-shared's Valkey (peers stay single "
-                         "processes)")
+                         "sharing nothing but approximate-shared's Valkey")
+    ap.add_argument("--peer-replicas", type=int, default=1,
+                    help="each peer runs as N processes behind Envoy's round-robin, each "
+                         "with its own cache tree (how a peer is scaled out)")
     ap.add_argument("--contenders", default=None,
                     help=f"comma-separated subset of {', '.join(CONTENDERS)} (default: all "
                          "that fit --epp-replicas)")
@@ -488,6 +505,8 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"--contenders: unknown {', '.join(unknown)}")
     if ns.epp_replicas < 1:
         ap.error("--epp-replicas: at least 1")
+    if ns.peer_replicas < 1:
+        ap.error("--peer-replicas: at least 1")
     if "approximate-shared" in names and ns.epp_replicas < 2:
         ap.error("--contenders: approximate-shared needs --epp-replicas 2 or more (one "
                  "replica has nobody to share with)")
@@ -499,7 +518,8 @@ def main(argv: list[str] | None = None) -> None:
             wd = ns.workdir / f"seed{seed}" / name.replace(":", "-")
             wd.mkdir(parents=True, exist_ok=True)
             with fleet(a, seed, wd) as base, \
-                    router(name, base, a.servers, wd, ns.epp_replicas) as (url, mp):
+                    router(name, base, a.servers, wd, ns.epp_replicas,
+                           ns.peer_replicas) as (url, mp):
                 run = asyncio.run(drive(a, seed, url, base, wd / "trace.jsonl"))
                 time.sleep(0.5)  # the last events reach the index
                 run.evictions = server_evictions(base, a.servers)
@@ -525,12 +545,15 @@ def report(results: dict[str, dict[int, Run]], ns: argparse.Namespace,
                         "failures": r.failures, "evictions": r.evictions, "epp": r.epp}
                     for s, r in results[c].items()} for c in results}
     out: dict[str, Any] = {"ceiling": ceilings, "per_seed": per_seed,
-                           "epp_replicas": ns.epp_replicas}
+                           "epp_replicas": ns.epp_replicas, "peer_replicas": ns.peer_replicas}
     lines = []
-    if ns.epp_replicas > 1:
-        lines += [f"EPP contenders: {ns.epp_replicas} active-active replicas behind one Envoy "
-                  "(sharing nothing but approximate-shared's Valkey); round-robin and the "
-                  "peers: one process each.", ""]
+    if ns.epp_replicas > 1 or ns.peer_replicas > 1:
+        scaled = ("one process each" if ns.peer_replicas == 1 else
+                 f"{ns.peer_replicas} processes each behind Envoy's round-robin, each with its "
+                 "own cache tree")
+        lines += [f"EPP contenders: {ns.epp_replicas} active-active replica(s) behind one Envoy "
+                  f"(sharing nothing but approximate-shared's Valkey); peers: {scaled}; "
+                  "round-robin: Envoy alone.", ""]
     lines += ["| figure | median over seeds [95% interval] | target | verdict |",
              "|---|---|---|---|"]
     for c in results:

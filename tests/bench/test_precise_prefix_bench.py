@@ -12,6 +12,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from bench.peers import PEERS
 from bench.precise_prefix_compare import Run, main, pooled_lag
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,3 +56,30 @@ def test_two_replicas_each_pick_and_the_report_compares_sharing(tmp_path: Path) 
     assert "2 active-active replicas" in proc.stdout
     assert "| hit rate precise / approximate-shared |" in proc.stdout
     assert "KV-event lag p99 over all seeds'" in proc.stdout
+
+
+def test_peer_replicas_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--peer-replicas", "0"])
+    assert exc.value.code == 2
+    assert "--peer-replicas: at least 1" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(240)
+def test_a_peer_scaled_out_runs_as_copies_behind_envoy(tmp_path: Path) -> None:
+    if not PEERS["sglang-router"].installed():
+        pytest.skip("sglang-router is not installed in .cache/peers (python -m bench.peers "
+                    "install needs PyPI; CI does not install the peers)")
+    out = tmp_path / "figures.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.precise_prefix_compare", "--seeds", "1", "--requests",
+         "8", "--peer-replicas", "2", "--contenders", "sglang-router:cache_aware",
+         "--workdir", str(tmp_path), "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=230)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = tmp_path / "seed1" / "sglang-router-cache_aware"
+    assert len((run / "command.txt").read_text().splitlines()) == 2  # two copies started
+    figures = orjson.loads(out.read_bytes())
+    assert figures["peer_replicas"] == 2
+    assert figures["per_seed"]["sglang-router:cache_aware"]["1"]["failures"] == 0
+    assert "peers: 2 processes each behind Envoy's round-robin" in proc.stdout
