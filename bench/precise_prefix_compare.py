@@ -551,7 +551,9 @@ def report(results: dict[str, dict[int, Run]], ns: argparse.Namespace,
         scaled = ("one process each" if ns.peer_replicas == 1 else
                  f"{ns.peer_replicas} processes each behind Envoy's round-robin, each with its "
                  "own cache tree")
-        lines += [f"EPP contenders: {ns.epp_replicas} active-active replica(s) behind one Envoy "
+        replicas = "one process" if ns.epp_replicas == 1 else \
+            f"{ns.epp_replicas} active-active replicas"
+        lines += [f"EPP contenders: {replicas} behind one Envoy "
                   f"(sharing nothing but approximate-shared's Valkey); peers: {scaled}; "
                   "round-robin: Envoy alone.", ""]
     lines += ["| figure | median over seeds [95% interval] | target | verdict |",

@@ -8,6 +8,7 @@ import math
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -37,25 +38,30 @@ def test_the_lag_quantile_is_taken_over_every_runs_batches() -> None:
     assert math.isnan(pooled_lag([Run([], 0, 0, 0)], 0.99))  # no EPP, no figure
 
 
-@pytest.mark.timeout(240)
-def test_two_replicas_each_pick_and_the_report_compares_sharing(tmp_path: Path) -> None:
+def bench(tmp_path: Path, *args: str) -> tuple[str, dict[str, Any]]:
+    """One seed of the benchmark with ``args``; its standard output and its figures."""
     out = tmp_path / "figures.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.precise_prefix_compare", "--seeds", "1", "--requests",
-         "12", "--epp-replicas", "2", "--contenders", "precise,approximate-shared",
+        [sys.executable, "-m", "bench.precise_prefix_compare", "--seeds", "1", *args,
          "--workdir", str(tmp_path), "--json", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=230)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    figures = orjson.loads(out.read_bytes())
+    return proc.stdout, orjson.loads(out.read_bytes())
+
+
+@pytest.mark.timeout(240)
+def test_two_replicas_each_pick_and_the_report_compares_sharing(tmp_path: Path) -> None:
+    stdout, figures = bench(tmp_path, "--requests", "12", "--epp-replicas", "2",
+                            "--contenders", "precise,approximate-shared")
     assert figures["epp_replicas"] == 2
     for name in ("precise", "approximate-shared"):
         epp = figures["per_seed"][name]["1"]["epp"]
         assert epp["picks_0"] > 0 and epp["picks_1"] > 0, (name, epp)  # Envoy spreads
         assert epp["picks_0"] + epp["picks_1"] == 12
     assert figures["per_seed"]["precise"]["1"]["epp"]["lag_count"] > 0  # both subscribed
-    assert "2 active-active replicas" in proc.stdout
-    assert "| hit rate precise / approximate-shared |" in proc.stdout
-    assert "KV-event lag p99 over all seeds'" in proc.stdout
+    assert "2 active-active replicas" in stdout
+    assert "| hit rate precise / approximate-shared |" in stdout
+    assert "KV-event lag p99 over all seeds'" in stdout
 
 
 def test_peer_replicas_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
@@ -70,16 +76,10 @@ def test_a_peer_scaled_out_runs_as_copies_behind_envoy(tmp_path: Path) -> None:
     if not PEERS["sglang-router"].installed():
         pytest.skip("sglang-router is not installed in .cache/peers (python -m bench.peers "
                     "install needs PyPI; CI does not install the peers)")
-    out = tmp_path / "figures.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.precise_prefix_compare", "--seeds", "1", "--requests",
-         "8", "--peer-replicas", "2", "--contenders", "sglang-router:cache_aware",
-         "--workdir", str(tmp_path), "--json", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=230)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    stdout, figures = bench(tmp_path, "--requests", "8", "--peer-replicas", "2",
+                            "--contenders", "sglang-router:cache_aware")
     run = tmp_path / "seed1" / "sglang-router-cache_aware"
     assert len((run / "command.txt").read_text().splitlines()) == 2  # two copies started
-    figures = orjson.loads(out.read_bytes())
     assert figures["peer_replicas"] == 2
     assert figures["per_seed"]["sglang-router:cache_aware"]["1"]["failures"] == 0
-    assert "peers: 2 processes each behind Envoy's round-robin" in proc.stdout
+    assert "peers: 2 processes each behind Envoy's round-robin" in stdout
