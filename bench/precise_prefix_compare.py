@@ -6,10 +6,12 @@ Per seed and contender: a fresh ``vllm-sim`` process serving ``--servers`` serve
 (``--kv-blocks`` blocks, below the working set of the shared prefixes), and the router:
 
 - ``precise``: Envoy + EPP with ``token-producer`` (the last server's ``/tokenize``; server 0
-  is the one restarted) and ``precise-prefix-cache-scorer`` (weight 3)
-  + ``queue-scorer`` (weight 1);
+  is the one restarted) and ``precise-prefix-cache-scorer`` (weight 3) beside the load
+  scorers (``--load-scorers``: ``queue-scorer`` weight 1 by default; ``upstream``: upstream
+  v1.5's default profile, ``queue-scorer`` and ``kv-cache-utilization-scorer`` weight 2);
 - ``precise-speculative``: the same with ``speculativeIndexing: true`` (TTL 2 s);
-- ``approximate``: Envoy + EPP with ``prefix-cache-scorer`` (weight 3) + ``queue-scorer``;
+- ``approximate``: Envoy + EPP with ``prefix-cache-scorer`` (weight 3) and the same load
+  scorers;
 - ``round-robin``: Envoy's ``ROUND_ROBIN`` over the same servers;
 - ``approximate-shared`` (only with ``--epp-replicas`` >= 2): the approximate replicas
   sharing their prefix index and in-flight counts through a real Valkey (``--state-store``,
@@ -81,39 +83,36 @@ OFFSET = 1000
 BLOCK = 16  # tokens per block (the 8b-h100 profile's block size)
 
 
-def precise_config(base: int, n: int, speculative: bool = False) -> str:
-    spec = "\n    speculativeIndexing: true" if speculative else ""
-    return f"""\
-apiVersion: inference.networking.x-k8s.io/v1alpha1
-kind: EndpointPickerConfig
-plugins:
+#: The load scorers beside the prefix scorer (weight 3): ``queue``, the queue scorer at weight
+#: 1 (prefix-sticky); ``upstream``, upstream v1.5's default profile (queue and KV-cache
+#: utilization scorers at weight 2 each).
+LOAD_SCORERS = {"queue": (("queue-scorer", 1),),
+                "upstream": (("queue-scorer", 2), ("kv-cache-utilization-scorer", 2))}
+
+
+def epp_config(name: str, base: int, n: int, load: str = "queue") -> str:
+    """The EndpointPickerConfig of EPP contender ``name``: its prefix scorer at weight 3 and
+    the ``load`` scorers (:data:`LOAD_SCORERS`)."""
+    if name.startswith("precise"):
+        spec = "\n    speculativeIndexing: true" if name == "precise-speculative" else ""
+        prefix = "precise-prefix-cache-scorer"
+        plugins = f"""\
 - type: token-producer
   parameters: {{modelName: {MODEL}, vllm: {{http: "http://127.0.0.1:{base + n - 1}"}}}}
-- type: precise-prefix-cache-scorer
+- type: {prefix}
   parameters:
     tokenProcessorConfig: {{blockSize: {BLOCK}}}
     kvEventsConfig: {{topicFilter: "kv@", podDiscoveryConfig: {{socketPortOffset: {OFFSET}}}}}{spec}
-- type: queue-scorer
-schedulingProfiles:
-- name: default
-  plugins:
-  - {{pluginRef: precise-prefix-cache-scorer, weight: 3}}
-  - {{pluginRef: queue-scorer, weight: 1}}
 """
+    else:
+        prefix = "prefix-cache-scorer"
+        plugins = f"- type: {prefix}\n"
+    scorers = LOAD_SCORERS[load]
+    plugins += "".join(f"- type: {t}\n" for t, _ in scorers)
+    refs = "".join(f"  - {{pluginRef: {t}, weight: {w}}}\n" for t, w in ((prefix, 3), *scorers))
+    return ("apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\n"
+            f"plugins:\n{plugins}schedulingProfiles:\n- name: default\n  plugins:\n{refs}")
 
-
-APPROX_CONFIG = """\
-apiVersion: inference.networking.x-k8s.io/v1alpha1
-kind: EndpointPickerConfig
-plugins:
-- type: prefix-cache-scorer
-- type: queue-scorer
-schedulingProfiles:
-- name: default
-  plugins:
-  - {pluginRef: prefix-cache-scorer, weight: 3}
-  - {pluginRef: queue-scorer, weight: 1}
-"""
 
 PEER_CONTENDERS = ("sglang-router:cache_aware", "vllm-router:cache_aware")
 CONTENDERS = ("precise", "precise-speculative", "approximate", "approximate-shared",
@@ -188,7 +187,7 @@ def fleet(a: Args, seed: int, workdir: Path) -> Iterator[int]:
 
 @contextmanager
 def router(name: str, base: int, n: int, workdir: Path, replicas: int = 1,
-           peer_replicas: int = 1) -> Iterator[tuple[str, list[int]]]:
+           peer_replicas: int = 1, load: str = "queue") -> Iterator[tuple[str, list[int]]]:
     """Start contender ``name``; yields its URL and (EPP contenders) the metrics port of each
     EPP replica (``replicas`` of them, active-active behind one Envoy when more than one; a
     peer runs as ``peer_replicas`` processes, behind Envoy's round-robin when more than
@@ -222,9 +221,7 @@ def router(name: str, base: int, n: int, workdir: Path, replicas: int = 1,
         return
     (workdir / "pool.yaml").write_text(yaml.safe_dump_all(
         ports_pool_manifests("sims", "127.0.0.1", [base + i for i in range(n)])))
-    (workdir / "epp.yaml").write_text(
-        precise_config(base, n, speculative=name == "precise-speculative")
-        if name.startswith("precise") else APPROX_CONFIG)
+    (workdir / "epp.yaml").write_text(epp_config(name, base, n, load))
     with ExitStack() as stack:
         ha: list[str] = []
         if replicas > 1:
@@ -492,6 +489,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--peer-replicas", type=int, default=1,
                     help="each peer runs as N processes behind Envoy's round-robin, each "
                          "with its own cache tree (how a peer is scaled out)")
+    ap.add_argument("--load-scorers", choices=sorted(LOAD_SCORERS), default="queue",
+                    help="beside every EPP's prefix scorer (weight 3): queue = queue-scorer "
+                         "weight 1; upstream = upstream v1.5's default profile (queue-scorer "
+                         "and kv-cache-utilization-scorer, weight 2 each)")
     ap.add_argument("--contenders", default=None,
                     help=f"comma-separated subset of {', '.join(CONTENDERS)} (default: all "
                          "that fit --epp-replicas)")
@@ -519,7 +520,7 @@ def main(argv: list[str] | None = None) -> None:
             wd.mkdir(parents=True, exist_ok=True)
             with fleet(a, seed, wd) as base, \
                     router(name, base, a.servers, wd, ns.epp_replicas,
-                           ns.peer_replicas) as (url, mp):
+                           ns.peer_replicas, ns.load_scorers) as (url, mp):
                 run = asyncio.run(drive(a, seed, url, base, wd / "trace.jsonl"))
                 time.sleep(0.5)  # the last events reach the index
                 run.evictions = server_evictions(base, a.servers)
@@ -545,7 +546,8 @@ def report(results: dict[str, dict[int, Run]], ns: argparse.Namespace,
                         "failures": r.failures, "evictions": r.evictions, "epp": r.epp}
                     for s, r in results[c].items()} for c in results}
     out: dict[str, Any] = {"ceiling": ceilings, "per_seed": per_seed,
-                           "epp_replicas": ns.epp_replicas, "peer_replicas": ns.peer_replicas}
+                           "epp_replicas": ns.epp_replicas, "peer_replicas": ns.peer_replicas,
+                           "load_scorers": ns.load_scorers}
     lines = []
     if ns.epp_replicas > 1 or ns.peer_replicas > 1:
         scaled = ("one process each" if ns.peer_replicas == 1 else
