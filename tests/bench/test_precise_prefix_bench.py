@@ -81,5 +81,8 @@ def test_a_peer_scaled_out_runs_as_copies_behind_envoy(tmp_path: Path) -> None:
     run = tmp_path / "seed1" / "sglang-router-cache_aware"
     assert len((run / "command.txt").read_text().splitlines()) == 2  # two copies started
     assert figures["peer_replicas"] == 2
-    assert figures["per_seed"]["sglang-router:cache_aware"]["1"]["failures"] == 0
+    run1 = figures["per_seed"]["sglang-router:cache_aware"]["1"]
+    # Requests went through Envoy to the copies (only those in flight to the server killed
+    # mid-run may fail).
+    assert run1["failures"] < 8 and run1["ttft_p90_s"] > 0
     assert "peers: 2 processes each behind Envoy's round-robin" in stdout
