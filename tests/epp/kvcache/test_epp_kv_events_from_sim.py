@@ -117,7 +117,6 @@ async def rig(*cfgs: object) -> AsyncIterator[Rig]:
         registry = CollectorRegistry()
         metrics = KVEventMetrics(registry)
         index = KVBlockIndex(IndexConfig(block_size=16))
-        metrics.watch(index)
         subs = KVEventSubscriptions(index, metrics, FAST)
         await subs.sync(sources(fleet))
         r = Rig(fleet, index, subs, registry, client)
@@ -145,9 +144,8 @@ async def test_stored_blocks_reach_the_index_and_score_the_right_server(two: Rig
     assert two.in_step(0) and two.in_step(1)
     assert two.metric("inference_extension_kv_events_events_total", type="BlockStored") >= 2
     held = [s.engine.kv.num_cached for s in two.fleet.servers]  # prompts + distinct fillers
-    assert two.metric("inference_extension_kv_index_keys") == sum(held)
-    assert two.metric("inference_extension_kv_index_endpoint_blocks",
-                      endpoint=two.ep(0)) == held[0]
+    assert len(two.index) == sum(held)
+    assert two.index.endpoint_blocks()[two.ep(0)] == held[0]
 
 
 async def test_an_endpoint_leaving_the_pool_is_unsubscribed_and_forgotten(two: Rig) -> None:
