@@ -100,7 +100,7 @@ def test_a_kv_events_socket_that_cannot_be_bound_exits_with_one_line(manifests: 
     """precise-prefix-cache-scorer binds kvEventsConfig.zmqEndpoint before serving."""
     import zmq
 
-    taken = zmq.Context.instance().socket(zmq.SUB)
+    taken: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.SUB)
     taken.bind("tcp://127.0.0.1:*")
     try:
         address = taken.getsockopt_string(zmq.LAST_ENDPOINT)

@@ -117,7 +117,7 @@ def test_metrics_logging_interval_accepts_nanoseconds_and_durations(value: str,
 def test_a_zmq_endpoint_in_use_is_refused_naming_the_parameter() -> None:
     import zmq
 
-    taken = zmq.Context.instance().socket(zmq.SUB)
+    taken: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.SUB)
     taken.bind("tcp://127.0.0.1:*")
     try:
         address = taken.getsockopt_string(zmq.LAST_ENDPOINT)
