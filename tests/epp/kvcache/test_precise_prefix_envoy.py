@@ -57,6 +57,11 @@ schedulingProfiles:
 """
 
 
+def manifests(path: Path, base: int) -> None:
+    """One pod (127.0.0.1) and a target port per server: N endpoints on one host."""
+    write_yaml(path, ports_pool_manifests("sims", "127.0.0.1", [base + i for i in range(N)]))
+
+
 class Rig:
     """Three simulated servers behind Envoy and the EPP.
 
@@ -91,9 +96,7 @@ class Rig:
                                  topic="kv@{host}@{model}") for i in range(N)]
             events = f'{{topicFilter: "kv@", podDiscoveryConfig: {{socketPortOffset: ' \
                      f"{events_offset}}}}}"
-            # One pod (127.0.0.1) and a target port per server: N endpoints on one host.
-            write_yaml(tmp / "pool.yaml", ports_pool_manifests("sims", "127.0.0.1",
-                                                               self.ports))
+            manifests(tmp / "pool.yaml", base)
         cfgs = [ServerConfig(
             host=self.hosts[i], port=self.ports[i], name=f"sim-{i}", model=MODEL,
             time_scale=0.02, profile=TINY.with_overrides({"num_gpu_blocks": BLOCKS}),
