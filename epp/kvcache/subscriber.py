@@ -461,17 +461,14 @@ class KVEventCollector:
 
     def __init__(self, address: str, index: KVBlockIndex, metrics: KVEventMetrics,
                  config: SubscriberConfig | None = None,
-                 on_cold: Callable[[str], None] | None = None, topic_filter: str = "",
-                 parameter: str = "zmqEndpoint") -> None:
+                 on_cold: Callable[[str], None] | None = None, topic_filter: str = "") -> None:
+        #: Where to bind (llm-d's ``kvEventsConfig.zmqEndpoint``, named so in errors).
         self.address = address
-        self.index = index
-        self.metrics = metrics
+        self.topic_filter = topic_filter
+        self.index, self.metrics = index, metrics
         self.config = config or SubscriberConfig()
         #: See :attr:`KVEventSubscriber.on_cold`.
         self.on_cold = on_cold
-        self.topic_filter = topic_filter
-        #: How the config names ``address`` (for errors).
-        self.parameter = parameter
         #: The pool's endpoints (``ip:port`` -> source) and, per IP, the endpoints there.
         self.sources: dict[str, KVEventSource] = {}
         self._by_ip: dict[str, list[str]] = {}
@@ -499,7 +496,7 @@ class KVEventCollector:
             sock.bind(self.address)
         except zmq.ZMQError as exc:
             sock.close(linger=0)
-            raise BindError(f"kvEventsConfig.{self.parameter}: cannot bind {self.address}: "
+            raise BindError(f"kvEventsConfig.zmqEndpoint: cannot bind {self.address}: "
                             f"{exc}") from None
         self._sock = sock
         self.bound = sock.getsockopt_string(zmq.LAST_ENDPOINT)

@@ -20,19 +20,14 @@ from epp.kvcache import (
     KVEventCollector,
     KVEventMetrics,
     KVEventSource,
-    SubscriberConfig,
+    KVEventSubscriptions,
 )
 from shared.kvevents import BlockStored, EventBatch, encode_batch, seq_to_bytes
 from sim.config import ServerConfig
-from sim.fleet import Fleet, start_fleet
+from sim.fleet import start_fleet
 from sim.kvevents import KVEventsConfig
-from sim.tokenizer import token_ids
-from tests.epp.kvcache.test_epp_kv_events_from_sim import until
+from tests.epp.kvcache.test_epp_kv_events_from_sim import FAST, MODEL, Rig, until
 from tests.support.sim import tiny
-
-MODEL = "meta-llama/Llama-3.1-8B-Instruct"
-FAST = SubscriberConfig(reconnect_min=0.05, reconnect_max=0.2, replay_timeout=2.0,
-                        heartbeat=0.2)
 
 
 def server(host: str, collector: str, topic: str = "kv@{host}@{model}",
@@ -44,68 +39,48 @@ def server(host: str, collector: str, topic: str = "kv@{host}@{model}",
 
 
 @dataclass
-class Rig:
-    fleet: Fleet
-    collector: KVEventCollector
-    index: KVBlockIndex
-    registry: CollectorRegistry
-    client: httpx.AsyncClient
-    cold: list[str] = field(default_factory=list)
-    _fill: int = 0
+class CentralRig(Rig):
+    """The from-sim rig's helpers, the servers publishing into ``collector`` (no ``subs``)."""
 
-    def ep(self, i: int) -> str:
-        s = self.fleet.servers[i]
-        return f"{s.cfg.host}:{s.port}"
+    collector: KVEventCollector | None = None
+    cold: list[str] = field(default_factory=list)
+
+    @property
+    def central(self) -> KVEventCollector:
+        assert self.collector is not None
+        return self.collector
 
     def source(self, i: int) -> KVEventSource:
         pub = self.fleet.servers[i].kv_publisher
         assert pub is not None
-        return KVEventSource(endpoint=self.ep(i), address=self.collector.address,
+        return KVEventSource(endpoint=self.ep(i), address=self.central.address,
                              replay_address=pub.replay_endpoint, model=MODEL,
                              topic_filter="kv@")
 
     async def pool(self, *members: int) -> None:
-        await self.collector.sync([self.source(i) for i in members])
+        await self.central.sync([self.source(i) for i in members])
 
-    def metric(self, name: str, **labels: str) -> float:
-        value = self.registry.get_sample_value(f"inference_extension_kv_events_{name}", labels)
-        return value or 0.0
-
-    async def complete(self, i: int, prompt: str) -> None:
-        r = await self.client.post(self.fleet.urls[i] + "/v1/completions",
-                                   json={"model": MODEL, "prompt": prompt, "max_tokens": 1})
-        assert r.status_code == 200, r.text
-
-    def score(self, prompt: str) -> dict[str, int]:
-        return self.index.score(token_ids(prompt.encode()), MODEL)
-
-    def in_step(self, i: int) -> bool:
-        held = self.fleet.servers[i].engine.kv.num_cached
-        return self.index.endpoint_blocks().get(self.ep(i), 0) == held
+    def kv(self, name: str, **labels: str) -> float:
+        return self.metric(f"inference_extension_kv_events_{name}", **labels)
 
     async def heard(self, i: int) -> None:
         """Fillers on server ``i`` until its batches reach the collector (a connecting
         publisher drops what it sends before the connection is up)."""
-        for _ in range(200):
-            await self.complete(i, f"filler {self._fill} " * 8)
-            self._fill += 1
-            if self.collector.live(self.ep(i)):
+        for n in range(200):
+            await self.complete(i, f"filler {n} " * 8)
+            if self.central.live(self.ep(i)):
                 return
             await asyncio.sleep(0.02)
         raise AssertionError(f"server {i} never reached the collector")
 
-    async def learn(self, i: int, prompt: str) -> None:
-        blocks = len(token_ids(prompt.encode())) // 16
-        await self.complete(i, prompt)
-        await until(lambda: self.score(prompt).get(self.ep(i)) == blocks, "prompt indexed")
-
 
 async def rig(hosts: list[str], members: list[int], *, topics: dict[int, str] | None = None,
-              blocks: int = 8) -> AsyncIterator[Rig]:
+              blocks: int = 8) -> AsyncIterator[CentralRig]:
     registry = CollectorRegistry()
     index = KVBlockIndex(IndexConfig(block_size=16))
     cold: list[str] = []
-    collector = KVEventCollector("tcp://127.0.0.1:*", index, KVEventMetrics(registry), FAST,
+    metrics = KVEventMetrics(registry)
+    collector = KVEventCollector("tcp://127.0.0.1:*", index, metrics, FAST,
                                  on_cold=cold.append, topic_filter="kv@")
     collector.bind()
     assert collector.bound is not None
@@ -113,19 +88,19 @@ async def rig(hosts: list[str], members: list[int], *, topics: dict[int, str] | 
                                            else {}), num_gpu_blocks=blocks)
             for i, h in enumerate(hosts)]
     async with start_fleet(cfgs) as fleet, httpx.AsyncClient(timeout=10) as client:
-        r = Rig(fleet, collector, index, registry, client, cold)
+        r = CentralRig(fleet, index, KVEventSubscriptions(index, metrics), registry, client,
+                       collector=collector, cold=cold)
         await r.pool(*members)
         collector.start()
         try:
-            for i in members:
-                await r.heard(i)
+            await asyncio.gather(*(r.heard(i) for i in members))
             yield r
         finally:
             await collector.stop()
 
 
 @pytest.fixture
-async def three() -> AsyncIterator[Rig]:
+async def three() -> AsyncIterator[CentralRig]:
     """Servers on 127.0.0.2 and .3 in the pool (.3's topic names ``ip:port``, .2's the bare
     IP, llm-d's ``kv@${POD_IP}@model``); 127.0.0.4 publishes too but is not in the pool."""
     async for r in rig(["127.0.0.2", "127.0.0.3", "127.0.0.4"], [0, 1],
@@ -133,7 +108,8 @@ async def three() -> AsyncIterator[Rig]:
         yield r
 
 
-async def test_events_reach_the_index_under_the_endpoint_their_topic_names(three: Rig) -> None:
+async def test_events_reach_the_index_under_the_endpoint_their_topic_names(
+        three: CentralRig) -> None:
     r = three
     a, b = "system prompt A. " * 8, "another system B " * 8  # 2 full blocks each
     await r.learn(0, a)
@@ -141,28 +117,28 @@ async def test_events_reach_the_index_under_the_endpoint_their_topic_names(three
     assert r.score(a + "question") == {r.ep(0): 2}
     assert r.score(b) == {r.ep(1): 2}
     assert r.in_step(0) and r.in_step(1)
-    assert r.metric("batches_total", endpoint=r.ep(0)) > 0
-    assert r.metric("batches_total", endpoint=r.ep(1)) > 0
+    assert r.kv("batches_total", endpoint=r.ep(0)) > 0
+    assert r.kv("batches_total", endpoint=r.ep(1)) > 0
 
 
-async def test_evictions_and_clears_reach_the_index(three: Rig) -> None:
+async def test_evictions_and_clears_reach_the_index(three: CentralRig) -> None:
     r = three
     first = "a" * 260
     await r.learn(0, first)
     await r.complete(0, "b" * 480)  # needs all 8 blocks: the first prompt is evicted
     await until(lambda: r.score(first) == {} and r.in_step(0), "eviction indexed")
-    assert r.metric("blocks_total", type="BlockRemoved") >= 4
+    assert r.kv("blocks_total", type="BlockRemoved") >= 4
     p = "shared prefix .. " * 8
     await r.learn(0, p)
     await r.learn(1, p)
     assert (await r.client.post(r.fleet.urls[1] + "/reset_prefix_cache")).json() == \
         {"reset": True}
     await until(lambda: r.score(p) == {r.ep(0): 2}, "clear indexed")
-    assert r.metric("events_total", type="AllBlocksCleared") == 1
+    assert r.kv("events_total", type="AllBlocksCleared") == 1
     assert r.in_step(0) and r.in_step(1)
 
 
-async def test_a_restarted_server_is_forgotten_then_relearnt(three: Rig) -> None:
+async def test_a_restarted_server_is_forgotten_then_relearnt(three: CentralRig) -> None:
     r = three
     before, after = "before restart. " * 8, "after restart.. " * 8
     await r.learn(0, before)
@@ -179,33 +155,33 @@ async def test_a_restarted_server_is_forgotten_then_relearnt(three: Rig) -> None
     assert r.score(before) == {r.ep(1): 2}  # the revived server's cache is cold
     assert r.in_step(0) and r.in_step(1)
     assert r.ep(0) in r.cold  # the scorer's other guesses are told to forget too
-    assert r.metric("sequence_gaps_total", outcome="resynced") == 0
+    assert r.kv("sequence_gaps_total", outcome="resynced") == 0
 
 
-async def _publish_until_restart(r: Rig, i: int) -> None:
+async def _publish_until_restart(r: CentralRig, i: int) -> None:
     for n in range(200):
-        if r.metric("publisher_restarts_total", endpoint=r.ep(i)) == 1:
+        if r.kv("publisher_restarts_total", endpoint=r.ep(i)) == 1:
             return
         await r.complete(i, f"revived {n} " * 8)
         await asyncio.sleep(0.02)
     raise AssertionError("the restart was never seen")
 
 
-async def test_a_topic_naming_no_pool_endpoint_is_skipped_and_counted(three: Rig) -> None:
+async def test_a_topic_naming_no_pool_endpoint_is_skipped_and_counted(three: CentralRig) -> None:
     r = three
     outsider = "published by a server outside the pool " * 4
     for n in range(200):  # until its batches provably reach the collector
         await r.complete(2, f"{outsider} {n}")
-        if r.metric("unmatched_batches_total", reason="no_endpoint") > 0:
+        if r.kv("unmatched_batches_total", reason="no_endpoint") > 0:
             break
         await asyncio.sleep(0.02)
-    assert r.metric("unmatched_batches_total", reason="no_endpoint") > 0
+    assert r.kv("unmatched_batches_total", reason="no_endpoint") > 0
     assert r.ep(2) not in r.index.endpoint_blocks()
     # It joins the pool: its tracking starts fresh (its history from the replay socket).
     await r.pool(0, 1, 2)
     await r.learn(2, "after joining the pool " * 4)
     assert r.in_step(2)
-    assert r.metric("publisher_restarts_total", endpoint=r.ep(2)) == 0
+    assert r.kv("publisher_restarts_total", endpoint=r.ep(2)) == 0
 
 
 async def test_a_bare_ip_shared_by_several_endpoints_is_ambiguous() -> None:
@@ -215,23 +191,23 @@ async def test_a_bare_ip_shared_by_several_endpoints_is_ambiguous() -> None:
         await r.pool(0, 1, 2)
         for n in range(200):
             await r.complete(0, f"which one {n} " * 8)
-            if r.metric("unmatched_batches_total", reason="ambiguous_endpoint") > 0:
+            if r.kv("unmatched_batches_total", reason="ambiguous_endpoint") > 0:
                 break
             await asyncio.sleep(0.02)
-        assert r.metric("unmatched_batches_total", reason="ambiguous_endpoint") > 0
+        assert r.kv("unmatched_batches_total", reason="ambiguous_endpoint") > 0
         assert r.index.endpoint_blocks().keys() <= {r.ep(2)}
 
 
-async def test_hostile_frames_into_the_bound_socket_are_counted_and_skipped(three: Rig) -> None:
+async def test_hostile_frames_into_the_bound_socket_are_counted_and_skipped(
+        three: CentralRig) -> None:
     r = three
-    assert r.collector.bound is not None
+    assert r.central.bound is not None
     evil = zmq.asyncio.Context.instance().socket(zmq.PUB)
     evil.setsockopt(zmq.LINGER, 0)
-    evil.connect(r.collector.bound)
+    evil.connect(r.central.bound)
     topic = f"kv@{r.ep(1)}@{MODEL}".encode()  # it even claims a real endpoint's topic
 
-    def sample(name: str, **labels: str) -> float:
-        return r.metric(name, **labels)
+    sample = r.kv
 
     try:
         for _ in range(200):  # until a probe provably arrives (slow joiner)
@@ -251,7 +227,7 @@ async def test_hostile_frames_into_the_bound_socket_are_counted_and_skipped(thre
         # The bound socket still serves the honest publishers.
         await r.learn(0, "still served after the garbage " * 4)
         await r.learn(1, "the claimed endpoint is relearnt " * 4)
-        assert r.collector._task is not None and not r.collector._task.done()
+        assert r.central._task is not None and not r.central._task.done()
     finally:
         evil.close(linger=0)
 

@@ -57,7 +57,8 @@ class Rig:
     _fill: int = 0
 
     def ep(self, i: int) -> str:
-        return f"127.0.0.1:{self.fleet.ports[i]}"
+        server = self.fleet.servers[i]
+        return f"{server.cfg.host}:{server.port}"
 
     def metric(self, name: str, **labels: str) -> float:
         return self.registry.get_sample_value(name, labels) or 0.0
