@@ -60,6 +60,9 @@ log = structlog.get_logger(__name__)
 
 _POLL_MS = 250
 _DRAIN = 256
+#: Batches, and their bytes, waiting per endpoint on the bound socket (see ``_Lane``).
+_LANE_DEPTH = 10_000
+_LANE_BYTES = 64 << 20
 _EVENT_TYPES = ("BlockStored", "BlockRemoved", "AllBlocksCleared")
 
 
@@ -446,6 +449,32 @@ def topic_pod(topic: bytes) -> str:
     return parts[1] if len(parts) == 3 else text
 
 
+class _Lane:
+    """One endpoint's batches from the bound socket, applied in order on their own task, so
+    a replay one endpoint waits for never holds up the others. At most ``_LANE_DEPTH``
+    batches of at most ``_LANE_BYTES`` in all wait; more are dropped, which the stream then
+    sees as a gap (replayed or resynced)."""
+
+    def __init__(self, stream: EndpointStream) -> None:
+        self.stream = stream
+        self.queue: asyncio.Queue[tuple[int, bytes]] = asyncio.Queue(maxsize=_LANE_DEPTH)
+        self.queued_bytes = 0
+        self.task = asyncio.get_running_loop().create_task(
+            self._run(), name=f"kv-events {stream.source.endpoint}")
+
+    def put(self, seq: int, payload: bytes) -> None:
+        if self.queued_bytes + len(payload) > _LANE_BYTES or self.queue.full():
+            return
+        self.queued_bytes += len(payload)
+        self.queue.put_nowait((seq, payload))
+
+    async def _run(self) -> None:
+        while True:
+            seq, payload = await self.queue.get()
+            self.queued_bytes -= len(payload)
+            await self.stream.on_batch(seq, payload)
+
+
 class KVEventCollector:
     """One SUB socket bound at ``address`` that every server's publisher connects to
     (llm-d's ``kvEventsConfig.zmqEndpoint``, the *centralized* mode).
@@ -454,9 +483,9 @@ class KVEventCollector:
     match with a pool endpoint first, else a bare IP names the one endpoint at that IP. A
     batch naming no pool endpoint, or an IP several endpoints share, is skipped and counted
     (``inference_extension_kv_events_unmatched_batches_total{reason}``). Each endpoint's
-    batches go to its own :class:`EndpointStream` (sequence numbers are per publisher),
-    created with the endpoint's first batch: an endpoint that joins the pool later starts
-    its sequence tracking fresh.
+    batches go to its own :class:`EndpointStream` (sequence numbers are per publisher) on
+    its own task, created with the endpoint's first batch: an endpoint that joins the pool
+    later starts its sequence tracking fresh.
     """
 
     def __init__(self, address: str, index: KVBlockIndex, metrics: KVEventMetrics,
@@ -472,8 +501,8 @@ class KVEventCollector:
         #: The pool's endpoints (``ip:port`` -> source) and, per IP, the endpoints there.
         self.sources: dict[str, KVEventSource] = {}
         self._by_ip: dict[str, list[str]] = {}
-        #: Streams of the endpoints heard from, by endpoint.
-        self.streams: dict[str, EndpointStream] = {}
+        #: Lanes (and streams) of the endpoints heard from, by endpoint.
+        self._lanes: dict[str, _Lane] = {}
         #: The bound address (a ``*`` port resolved) once :meth:`bind` succeeded.
         self.bound: str | None = None
         self._sock: zmq.asyncio.Socket | None = None
@@ -481,10 +510,15 @@ class KVEventCollector:
         self._warn_malformed = _WarnLimiter()
         self._warn_unmatched = _WarnLimiter()
 
+    @property
+    def streams(self) -> dict[str, EndpointStream]:
+        """The streams of the endpoints heard from, by endpoint."""
+        return {ep: lane.stream for ep, lane in self._lanes.items()}
+
     def live(self, endpoint: str) -> bool:
         """Whether ``endpoint``'s publisher has been heard from (and not lost since)."""
-        stream = self.streams.get(endpoint)
-        return stream is not None and stream.expected is not None
+        lane = self._lanes.get(endpoint)
+        return lane is not None and lane.stream.expected is not None
 
     # -- lifecycle -------------------------------------------------------------------------
     def bind(self) -> None:
@@ -513,6 +547,9 @@ class KVEventCollector:
         """Stop receiving and close the socket."""
         await _cancel(self._task)
         self._task = None
+        for lane in self._lanes.values():
+            await _cancel(lane.task)
+        self._lanes.clear()
         if self._sock is not None:
             self._sock.close(linger=0)
             self._sock = None
@@ -520,9 +557,10 @@ class KVEventCollector:
     async def sync(self, sources: Iterable[KVEventSource]) -> None:
         """The pool now holds exactly these endpoints: forget the ones that left."""
         wanted = {s.endpoint: s for s in sources}
-        for ep, stream in list(self.streams.items()):
-            if wanted.get(ep) != stream.source:
-                del self.streams[ep]
+        for ep, lane in list(self._lanes.items()):
+            if wanted.get(ep) != lane.stream.source:
+                del self._lanes[ep]
+                await _cancel(lane.task)
                 self.index.clear_endpoint(ep)
         self.sources = wanted
         by_ip: dict[str, list[str]] = {}
@@ -546,9 +584,9 @@ class KVEventCollector:
             except MalformedMessage as exc:
                 count_malformed(self.metrics, self._warn_malformed, exc, address=self.bound)
                 continue
-            stream = self._stream_for(topic)
-            if stream is not None:
-                await stream.on_batch(seq, payload)
+            lane = self._lane_for(topic)
+            if lane is not None:
+                lane.put(seq, payload)
 
     def resolve(self, pod: str) -> str | None:
         """The pool endpoint a topic's pod identifier names; None (counted) when none or
@@ -564,13 +602,13 @@ class KVEventCollector:
                              reason=reason, pod=pod[:128])
         return None
 
-    def _stream_for(self, topic: bytes) -> EndpointStream | None:
+    def _lane_for(self, topic: bytes) -> _Lane | None:
         ep = self.resolve(topic_pod(topic))
         if ep is None:
             return None
-        stream = self.streams.get(ep)
-        if stream is None:
-            stream = self.streams[ep] = EndpointStream(
+        lane = self._lanes.get(ep)
+        if lane is None:
+            lane = self._lanes[ep] = _Lane(EndpointStream(
                 self.sources[ep], self.index, self.metrics, self.config, self.on_cold,
-                self._warn_malformed)
-        return stream
+                self._warn_malformed))
+        return lane

@@ -21,6 +21,7 @@ from epp.kvcache import (
     KVEventMetrics,
     KVEventSource,
     KVEventSubscriptions,
+    SubscriberConfig,
 )
 from shared.kvevents import BlockStored, EventBatch, encode_batch, seq_to_bytes
 from sim.config import ServerConfig
@@ -261,3 +262,65 @@ async def test_a_hostile_batch_claiming_an_endpoint_is_applied_as_that_endpoint(
     finally:
         pub.close(linger=0)
         await collector.stop()
+
+
+async def test_a_replay_one_endpoint_waits_for_does_not_hold_up_the_others() -> None:
+    """Each endpoint's batches are applied on their own task: endpoint A waiting on a replay
+    socket that never answers (a gap, honest or claimed by a hostile peer) leaves B's
+    batches flowing."""
+    ctx = zmq.asyncio.Context.instance()
+    silent = ctx.socket(zmq.ROUTER)  # A's replay socket: takes the request, never answers
+    silent.setsockopt(zmq.LINGER, 0)
+    silent.bind("tcp://127.0.0.1:*")
+    index = KVBlockIndex(IndexConfig(block_size=2))
+    registry = CollectorRegistry()
+    collector = KVEventCollector(
+        "tcp://127.0.0.1:*", index, KVEventMetrics(registry),
+        SubscriberConfig(replay_timeout=60.0), topic_filter="kv@")
+    collector.bind()
+    assert collector.bound is not None
+    a, b = "10.2.2.1:8000", "10.2.2.2:8000"
+    await collector.sync([
+        KVEventSource(endpoint=a, address="", model="m",
+                      replay_address=silent.getsockopt_string(zmq.LAST_ENDPOINT)),
+        KVEventSource(endpoint=b, address="", model="m")])
+    collector.start()
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    pub.connect(collector.bound)
+
+    def batch(first: int) -> bytes:
+        ev = BlockStored(block_hashes=[first], parent_block_hash=None, token_ids=[first, 0],
+                         block_size=2, lora_id=None, medium="GPU", lora_name=None)
+        return encode_batch(EventBatch(ts=0.0, events=[ev]))
+
+    async def deliver(topic: bytes, first: int) -> int:
+        """Batches 0, 1, ... on ``topic`` until one is indexed; the next sequence number."""
+        for seq in range(500):
+            await pub.send_multipart([topic, seq_to_bytes(seq), batch(first)])
+            await asyncio.sleep(0.02)
+            if index.score([first, 0], "m"):
+                return seq + 1
+        raise AssertionError(f"{topic!r} never indexed")
+
+    def unmatched() -> float:
+        return registry.get_sample_value("inference_extension_kv_events_unmatched_batches_total",
+                                         {"reason": "no_endpoint"}) or 0.0
+
+    try:
+        for _ in range(500):  # probes until the connection is up (slow joiner), so that A's
+            await pub.send_multipart([b"kv@10.9.9.9@m", seq_to_bytes(0), batch(9)])
+            await asyncio.sleep(0.02)  # first batch is seq 0 and needs no history replayed
+            if unmatched():
+                break
+        after = await deliver(b"kv@10.2.2.1@m", 1)
+        assert after == 1
+        await pub.send_multipart([b"kv@10.2.2.1@m", seq_to_bytes(after + 50), batch(2)])
+        await until(lambda: silent.poll(0) != 0, "A's replay requested")
+        await deliver(b"kv@10.2.2.2@m", 3)  # B flows while A waits
+        assert collector.streams[a].expected == after  # A is still waiting on its replay
+        assert index.score([3, 0], "m") == {b: 1}
+    finally:
+        pub.close(linger=0)
+        await collector.stop()
+        silent.close(linger=0)
