@@ -136,6 +136,8 @@ class EndpointStream:
         self.index = index
         self.metrics = metrics
         self.config = config
+        #: Called with the endpoint when its cache must be presumed cold (the stream was
+        #: lost, or a new publisher appeared): whoever else guesses at that cache forgets too.
         self.on_cold = on_cold
         self.warn = warn or _WarnLimiter()
         #: Next sequence number expected; ``None`` until the first batch (or after a restart).
@@ -274,12 +276,8 @@ class KVEventSubscriber:
                  config: SubscriberConfig | None = None,
                  on_cold: Callable[[str], None] | None = None) -> None:
         self.source = source
-        self.index = index
         self.metrics = metrics
         self.config = config or SubscriberConfig()
-        #: Called with the endpoint when its cache must be presumed cold (the stream was
-        #: lost, or a new publisher appeared): whoever else guesses at that cache forgets too.
-        self.on_cold = on_cold
         self.stream = EndpointStream(source, index, metrics, self.config, on_cold)
         #: Whether the SUB socket currently has a connection to the publisher.
         self.connected = False
@@ -406,7 +404,7 @@ class KVEventSubscriptions:
         self.index = index
         self.metrics = metrics
         self.config = config or SubscriberConfig()
-        #: See :attr:`KVEventSubscriber.on_cold`.
+        #: See :attr:`EndpointStream.on_cold`.
         self.on_cold = on_cold
         self.subscribers: dict[str, KVEventSubscriber] = {}
 
@@ -496,7 +494,7 @@ class KVEventCollector:
         self.topic_filter = topic_filter
         self.index, self.metrics = index, metrics
         self.config = config or SubscriberConfig()
-        #: See :attr:`KVEventSubscriber.on_cold`.
+        #: See :attr:`EndpointStream.on_cold`.
         self.on_cold = on_cold
         #: The pool's endpoints (``ip:port`` -> source) and, per IP, the endpoints there.
         self.sources: dict[str, KVEventSource] = {}
