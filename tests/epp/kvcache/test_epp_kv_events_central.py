@@ -14,11 +14,9 @@ import zmq
 import zmq.asyncio
 from prometheus_client import CollectorRegistry
 
-from epp.kvcache import (
-    IndexConfig,
-    KVBlockIndex,
+from epp.kvcache import IndexConfig, KVBlockIndex, KVEventMetrics
+from epp.kvcache.subscriber import (
     KVEventCollector,
-    KVEventMetrics,
     KVEventSource,
     KVEventSubscriptions,
     SubscriberConfig,
