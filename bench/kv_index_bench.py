@@ -11,7 +11,10 @@ the time to score a 4,096-token prompt (256 blocks) against 8 endpoints.
 Then the same through real sockets: a PUB socket (in a thread of this process) sends the
 batches to a :class:`~epp.kvcache.KVEventSubscriber`; first as fast as it can (block events
 indexed per CPU second of the subscriber's thread), then paced at 20,000 block events/s with
-fresh timestamps (publish-to-indexed lag from the subscriber's histogram).
+fresh timestamps (publish-to-indexed lag from the subscriber's histogram). With
+``--central``, the sockets part runs llm-d's centralized mode instead: the PUB socket
+connects to a :class:`~epp.kvcache.KVEventCollector` bound on this side, topic
+``kv@<ip>@<model>`` (the endpoint taken from the topic, each endpoint on its own task).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from prometheus_client import CollectorRegistry
 from epp.kvcache import (
     IndexConfig,
     KVBlockIndex,
+    KVEventCollector,
     KVEventMetrics,
     KVEventSource,
     KVEventSubscriptions,
@@ -100,7 +104,7 @@ def run(quick: bool) -> None:
 
 
 def _send(pub: zmq.Socket[bytes], payloads: list[bytes], start: int, rate: float | None,
-          restamp: bool) -> None:
+          restamp: bool, topic: bytes) -> None:
     t0 = time.perf_counter()
     for i, payload in enumerate(payloads):
         if rate is not None:
@@ -111,25 +115,41 @@ def _send(pub: zmq.Socket[bytes], payloads: list[bytes], start: int, rate: float
             batch = decode_batch(payload)
             batch.ts = time.time()
             payload = encode_batch(batch)
-        pub.send_multipart([b"kv", (start + i).to_bytes(8, "big"), payload])
+        pub.send_multipart([topic, (start + i).to_bytes(8, "big"), payload])
 
 
-async def sockets(quick: bool) -> None:
+async def sockets(quick: bool, central: bool = False) -> None:
     n = 2_000 if quick else 20_000
     payloads = [p for _, p in build(n, endpoints=1, blocks_per_batch=8, seed=3)]
     pub: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.PUB)
     pub.setsockopt(zmq.SNDHWM, 0)
-    pub.bind("tcp://127.0.0.1:*")
     registry = CollectorRegistry()
     metrics = KVEventMetrics(registry)
     index = KVBlockIndex(IndexConfig(block_size=BS))
+    ep = "10.0.0.1:8000"
     subs = KVEventSubscriptions(index, metrics)
-    await subs.sync([KVEventSource("10.0.0.1:8000", pub.getsockopt_string(zmq.LAST_ENDPOINT),
-                                   MODEL)])
-    sub = next(iter(subs.subscribers.values()))
+    collector = KVEventCollector("tcp://127.0.0.1:*", index, metrics, topic_filter="kv@")
+    if central:
+        collector.bind()
+        assert collector.bound is not None
+        await collector.sync([KVEventSource(ep, collector.address, MODEL)])
+        collector.start()
+        pub.connect(collector.bound)
+        topic = f"kv@10.0.0.1@{MODEL}".encode()
+    else:
+        pub.bind("tcp://127.0.0.1:*")
+        await subs.sync([KVEventSource(ep, pub.getsockopt_string(zmq.LAST_ENDPOINT), MODEL)])
+        topic = b"kv"
+
+    def applied() -> int:
+        if central:
+            stream = collector.streams.get(ep)
+            return stream.batches if stream is not None else 0
+        return subs.subscribers[ep].batches
+
     seq = 0
-    while sub.batches == 0:  # slow joiner
-        pub.send_multipart([b"kv", seq.to_bytes(8, "big"), payloads[0]])
+    while applied() == 0:  # slow joiner
+        pub.send_multipart([topic, seq.to_bytes(8, "big"), payloads[0]])
         seq += 1
         await asyncio.sleep(0.05)
     def lag_buckets() -> list[tuple[float, float]]:
@@ -141,18 +161,19 @@ async def sockets(quick: bool) -> None:
     for label, rate, restamp in (("as fast as possible", None, False),
                                  ("paced at 20,000 block events/s", 20_000 / 16, True)):
         lag_before = lag_buckets()
-        before = sub.batches
+        before = applied()
         c0, w0 = time.thread_time(), time.perf_counter()
-        t = threading.Thread(target=_send, args=(pub, payloads, seq, rate, restamp))
+        t = threading.Thread(target=_send, args=(pub, payloads, seq, rate, restamp, topic))
         t.start()
-        while sub.batches - before < n:
+        while applied() - before < n:
             await asyncio.sleep(0.01)
         t.join()
         cpu, wall = time.thread_time() - c0, time.perf_counter() - w0
         seq += n
         blocks = 16 * n
-        print(f"sockets, {label}: {n} batches (~{blocks} block events) indexed in {wall:.2f} s;"
-              f" subscriber's thread {cpu:.2f} CPU s")
+        mode = " (centralized)" if central else ""
+        print(f"sockets{mode}, {label}: {n} batches (~{blocks} block events) indexed in "
+              f"{wall:.2f} s; subscriber's thread {cpu:.2f} CPU s")
     # Lag of the paced run only: bucket counts after minus before it.
     paced = [(le, v - v0) for (le, v), (_, v0) in zip(lag_buckets(), lag_before, strict=True)]
     total = paced[-1][1]
@@ -161,6 +182,7 @@ async def sockets(quick: bool) -> None:
     print(f"paced run, publish-to-indexed lag: p50 <= {p50 * 1000:g} ms, "
           f"p99 <= {p99 * 1000:g} ms (histogram bucket bounds)")
     await subs.stop()
+    await collector.stop()
     pub.close(linger=0)
 
 
@@ -200,12 +222,14 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true")
     p.add_argument("--memory-only", action="store_true", help="only the memory bound")
+    p.add_argument("--central", action="store_true",
+                   help="sockets part in llm-d's centralized mode (a bound collector)")
     ns = p.parse_args()
     memory(ns.quick)
     if ns.memory_only:
         return
     run(ns.quick)
-    asyncio.run(sockets(ns.quick))
+    asyncio.run(sockets(ns.quick, ns.central))
 
 
 if __name__ == "__main__":

@@ -315,6 +315,7 @@ async def run(args: Any, store_url: StoreURL) -> None:
         die("epp", f"bad EndpointPickerConfig: {e}")
     stop = asyncio.Event()
     connect_notification_sources(args, runtime)
+    open_extractors(runtime)
     datastore.subscribe(lambda s: runtime.retain_endpoints(frozenset(e.key for e in s.endpoints)))
     director = Director.of(runtime)
     register_pool_metrics(args, runtime)
@@ -395,6 +396,18 @@ def connect_notification_sources(args: Any, runtime: Runtime) -> None:
             s.connect(api, args.pool_namespace)
     except (KubernetesConfigError, ValueError) as e:
         die("epp", str(e))
+
+
+def open_extractors(runtime: Runtime) -> None:
+    """Let endpoint-set extractors bind what they listen on (one line and exit when one
+    cannot, e.g. precise-prefix-cache-scorer's zmqEndpoint in use)."""
+    from epp.datalayer.endpoint_notification import EndpointSetExtractor
+
+    for extractor in runtime.handle.find(EndpointSetExtractor):
+        try:
+            extractor.open()
+        except ValueError as e:
+            die("epp", f"{getattr(extractor, 'name', extractor)}: {e}")
 
 
 def register_pool_metrics(args: Any, runtime: Runtime) -> None:

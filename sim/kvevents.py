@@ -113,11 +113,16 @@ class KVEventsConfig:
     def for_server(self, index: int) -> KVEventsConfig:
         """This config for the ``index``-th server of a fleet.
 
-        Like vLLM's data-parallel ranks, a fixed tcp port is offset by ``index`` so one
-        process can publish for many servers (``*`` or 0 ports are left to the OS).
+        Like vLLM's data-parallel ranks, a fixed tcp port the server binds is offset by
+        ``index`` so one process can publish for many servers (``*`` or 0 ports are left to
+        the OS). An endpoint it connects to is kept: every server of the process publishes
+        into the same collector (llm-d's ``zmqEndpoint``), as separate vLLM servers given
+        the same EPP address do.
         """
-        return dataclasses.replace(self,
-                                   endpoint=_offset_port(self.endpoint, index) or self.endpoint,
+        endpoint = self.endpoint
+        if _is_bind(endpoint):
+            endpoint = _offset_port(endpoint, index) or endpoint
+        return dataclasses.replace(self, endpoint=endpoint,
                                    replay_endpoint=_offset_port(self.replay_endpoint, index))
 
 

@@ -23,6 +23,11 @@ class EndpointSetExtractor(Extractor):
         """Unused: notifications arrive through :meth:`endpoints_changed`."""
         return None
 
+    def open(self) -> None:
+        """Called once by the EPP before it serves (not by ``--check-config``): acquire what
+        must not fail later, such as a socket to bind. Raise ValueError to refuse to start;
+        the message is printed as is."""
+
     @abstractmethod
     async def endpoints_changed(self, endpoints: Sequence[EndpointView]) -> None:
         """The pool now holds exactly ``endpoints`` (start/stop per-endpoint work)."""

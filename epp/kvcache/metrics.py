@@ -36,6 +36,10 @@ class KVEventMetrics:
                                "Well-formed events the index could not apply, by reason "
                                "(unknown_parent, block_size, bad_token_ids).", ["reason"],
                                registry=registry)
+        self.unmatched = Counter(p + "unmatched_batches_total",
+                                 "Batches on the bound (zmqEndpoint) socket whose topic names "
+                                 "no single pool endpoint, by reason (no_endpoint, "
+                                 "ambiguous_endpoint).", ["reason"], registry=registry)
         self.gaps = Counter(p + "sequence_gaps_total",
                             "Missed sequence ranges, by outcome (replayed | resynced).",
                             ["outcome"], registry=registry)

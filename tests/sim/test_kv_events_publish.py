@@ -222,6 +222,50 @@ def test_fixed_endpoint_ports_are_offset_per_server_like_dp_ranks() -> None:
         ["tcp://*:5600", "tcp://*:5601", "tcp://*:5602"]
 
 
+def test_a_connect_endpoint_is_shared_by_every_server_of_the_process() -> None:
+    cfgs = configs_from_args(build_parser().parse_args([
+        "--ports", "8001-8002", "--kv-events-config",
+        '{"enable_kv_cache_events": true, "endpoint": "tcp://10.0.0.9:5557",'
+        ' "replay_endpoint": "tcp://*:5600"}']))
+    assert [c.kv_events.endpoint for c in cfgs if c.kv_events] == ["tcp://10.0.0.9:5557"] * 2
+    assert [c.kv_events.replay_endpoint for c in cfgs if c.kv_events] == \
+        ["tcp://*:5600", "tcp://*:5601"]
+
+
+async def test_servers_connect_their_publishers_to_a_bound_subscriber() -> None:
+    """vLLM's rule: an endpoint without ``*`` is connected to. Two servers publish into one
+    SUB socket bound by the receiver (llm-d's centralized mode), each under its own topic."""
+    sub = zmq.asyncio.Context.instance().socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.subscribe(b"kv@")
+    sub.bind("tcp://127.0.0.1:*")
+    kv = KVEventsConfig(enable_kv_cache_events=True,
+                        endpoint=sub.getsockopt_string(zmq.LAST_ENDPOINT),
+                        topic="kv@{host}:{port}@{model}")
+    try:
+        async with start_fleet([tiny(kv_events=kv, time_scale=0.05),
+                                tiny(kv_events=kv, time_scale=0.05)]) as fleet, \
+                httpx.AsyncClient(timeout=10) as c:
+            want = {f"kv@127.0.0.1:{port}@{MODEL}".encode() for port in fleet.ports}
+            seen: dict[bytes, list[int]] = {}
+            for n in range(200):  # ZMQ's slow joiner: publish until both topics arrive
+                for url in fleet.urls:
+                    r = await c.post(url + "/v1/completions", json={
+                        "model": MODEL, "prompt": f"connect {n} " * 10, "max_tokens": 1})
+                    assert r.status_code == 200
+                while await sub.poll(20):
+                    topic, seq, payload = parse_message(await sub.recv_multipart())
+                    assert any(isinstance(e, BlockStored) for e in decode_batch(payload).events)
+                    seen.setdefault(topic, []).append(seq)
+                if set(seen) == want:
+                    break
+            assert set(seen) == want
+            for seqs in seen.values():  # each publisher numbers its own batches
+                assert seqs == sorted(seqs)
+    finally:
+        sub.close()
+
+
 def test_bad_kv_events_config_flag_exits_2_with_one_line() -> None:
     r = subprocess.run([sys.executable, "-m", "sim.main", "--kv-events-config",
                         '{"enable_kv_cache_events": true, "endpont": "tcp://*:1"}'],

@@ -94,3 +94,25 @@ def test_bad_ha_flags_exit_with_one_line(manifests: Path, args: list[str],
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
     assert message in lines[0]
+
+
+def test_a_kv_events_socket_that_cannot_be_bound_exits_with_one_line(manifests: Path) -> None:
+    """precise-prefix-cache-scorer binds kvEventsConfig.zmqEndpoint before serving."""
+    import zmq
+
+    taken: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.SUB)
+    taken.bind("tcp://127.0.0.1:*")
+    try:
+        address = taken.getsockopt_string(zmq.LAST_ENDPOINT)
+        proc = run_epp("--manifests", str(manifests), "--config-text", f"""\
+plugins:
+- type: precise-prefix-cache-scorer
+  parameters: {{kvEventsConfig: {{zmqEndpoint: "{address}"}}}}
+""")
+    finally:
+        taken.close(linger=0)
+    assert proc.returncode != 0
+    line = proc.stderr.strip()
+    assert line.count("\n") == 0, proc.stderr
+    assert "precise-prefix-cache-scorer" in line and "kvEventsConfig.zmqEndpoint" in line
+    assert address in line

@@ -57,7 +57,8 @@ class Rig:
     _fill: int = 0
 
     def ep(self, i: int) -> str:
-        return f"127.0.0.1:{self.fleet.ports[i]}"
+        server = self.fleet.servers[i]
+        return f"{server.cfg.host}:{server.port}"
 
     def metric(self, name: str, **labels: str) -> float:
         return self.registry.get_sample_value(name, labels) or 0.0
@@ -117,7 +118,6 @@ async def rig(*cfgs: object) -> AsyncIterator[Rig]:
         registry = CollectorRegistry()
         metrics = KVEventMetrics(registry)
         index = KVBlockIndex(IndexConfig(block_size=16))
-        metrics.watch(index)
         subs = KVEventSubscriptions(index, metrics, FAST)
         await subs.sync(sources(fleet))
         r = Rig(fleet, index, subs, registry, client)
@@ -145,9 +145,8 @@ async def test_stored_blocks_reach_the_index_and_score_the_right_server(two: Rig
     assert two.in_step(0) and two.in_step(1)
     assert two.metric("inference_extension_kv_events_events_total", type="BlockStored") >= 2
     held = [s.engine.kv.num_cached for s in two.fleet.servers]  # prompts + distinct fillers
-    assert two.metric("inference_extension_kv_index_keys") == sum(held)
-    assert two.metric("inference_extension_kv_index_endpoint_blocks",
-                      endpoint=two.ep(0)) == held[0]
+    assert len(two.index) == sum(held)
+    assert two.index.endpoint_blocks()[two.ep(0)] == held[0]
 
 
 async def test_an_endpoint_leaving_the_pool_is_unsubscribed_and_forgotten(two: Rig) -> None:

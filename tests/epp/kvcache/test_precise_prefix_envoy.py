@@ -1,7 +1,9 @@
 """``precise-prefix-cache-scorer`` end to end: real Envoy → real ``epp`` process (with
 ``token-producer`` asking a simulator's ``/tokenize``) → simulated vLLM servers publishing
 real KV events over ZMQ. The servers' caches are warmed *directly*, behind the EPP's back, so
-only the events can tell the EPP where the blocks are."""
+only the events can tell the EPP where the blocks are. Both of llm-d's socket modes: the EPP
+connecting to each server (``discoverPods``), and the servers, on distinct loopback IPs,
+connecting to the one socket the EPP binds (``zmqEndpoint``)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import orjson
 import pytest
 
 from devkit import envoy as e
-from devkit.manifests import ports_pool_manifests, write_yaml
+from devkit.manifests import pool_manifests, ports_pool_manifests, write_yaml
 from devkit.net import free_port_run
 from sim import ServerConfig, start_fleet
 from sim.kvevents import KVEventsConfig
@@ -35,19 +37,17 @@ def free_run() -> int:
     return free_port_run(N, OFFSET)
 
 
-def config(base: int, offset: int) -> str:
+def config(token_url: str, kv_events: str) -> str:
     return f"""\
 apiVersion: inference.networking.x-k8s.io/v1alpha1
 kind: EndpointPickerConfig
 plugins:
 - type: token-producer
-  parameters: {{modelName: {MODEL}, vllm: {{http: "http://127.0.0.1:{base}"}}}}
+  parameters: {{modelName: {MODEL}, vllm: {{http: "{token_url}"}}}}
 - type: precise-prefix-cache-scorer
   parameters:
     tokenProcessorConfig: {{blockSize: 16}}
-    kvEventsConfig:
-      topicFilter: "kv@"
-      podDiscoveryConfig: {{socketPortOffset: {offset}}}
+    kvEventsConfig: {kv_events}
 - type: max-score-picker
 schedulingProfiles:
 - name: default
@@ -63,24 +63,52 @@ def manifests(path: Path, base: int) -> None:
 
 
 class Rig:
-    def __init__(self, bg: BackgroundLoop, tmp: Path, *, events_offset: int = OFFSET) -> None:
+    """Three simulated servers behind Envoy and the EPP.
+
+    Discovery mode (default): one pod at 127.0.0.1, a target port per server, each server
+    binding its publisher at its HTTP port + ``events_offset``. ``central``: pods at
+    127.0.0.2-4 on one port, each server connecting its publisher to the EPP's
+    ``zmqEndpoint`` with llm-d's topic ``kv@<pod ip>@<model>`` and binding its replay socket
+    at ``podDiscoveryConfig.replaySocketPort`` on its own IP.
+    """
+
+    def __init__(self, bg: BackgroundLoop, tmp: Path, *, events_offset: int = OFFSET,
+                 central: bool = False) -> None:
         self.bg = bg
-        self.base = base = free_run()
+        if central:
+            self.base = base = free_port_run(3)  # HTTP, replay, the EPP's bound socket
+            self.hosts = [f"127.0.0.{2 + i}" for i in range(N)]
+            self.ports = [base] * N
+            kv = [KVEventsConfig(enable_kv_cache_events=True,
+                                 endpoint=f"tcp://127.0.0.1:{base + 2}",
+                                 replay_endpoint=f"tcp://{h}:{base + 1}",
+                                 topic="kv@{host}@{model}") for h in self.hosts]
+            events = (f'{{zmqEndpoint: "tcp://127.0.0.1:{base + 2}", '
+                      f"podDiscoveryConfig: {{replaySocketPort: {base + 1}}}}}")
+            write_yaml(tmp / "pool.yaml", pool_manifests(
+                "sims", [(f"sims-{i}", h) for i, h in enumerate(self.hosts)], base))
+        else:
+            self.base = base = free_run()
+            self.hosts = ["127.0.0.1"] * N
+            self.ports = [base + i for i in range(N)]
+            kv = [KVEventsConfig(enable_kv_cache_events=True,
+                                 endpoint=f"tcp://*:{base + OFFSET + i}",
+                                 topic="kv@{host}@{model}") for i in range(N)]
+            events = f'{{topicFilter: "kv@", podDiscoveryConfig: {{socketPortOffset: ' \
+                     f"{events_offset}}}}}"
+            manifests(tmp / "pool.yaml", base)
         cfgs = [ServerConfig(
-            host="127.0.0.1", port=base + i, name=f"sim-{i}", model=MODEL, time_scale=0.02,
-            profile=TINY.with_overrides({"num_gpu_blocks": BLOCKS}),
-            kv_events=KVEventsConfig(enable_kv_cache_events=True,
-                                     endpoint=f"tcp://*:{base + OFFSET + i}",
-                                     topic="kv@{host}@{model}"))
-            for i in range(N)]
+            host=self.hosts[i], port=self.ports[i], name=f"sim-{i}", model=MODEL,
+            time_scale=0.02, profile=TINY.with_overrides({"num_gpu_blocks": BLOCKS}),
+            kv_events=kv[i]) for i in range(N)]
 
         async def enter() -> Any:
             cm = start_fleet(cfgs)
             return cm, await cm.__aenter__()
 
         self._fleet_cm, self.fleet = bg.run(enter())
-        manifests(tmp / "pool.yaml", base)
-        self.epp = EppProcess(tmp / "pool.yaml", "--config-text", config(base, events_offset),
+        self.epp = EppProcess(tmp / "pool.yaml", "--config-text",
+                              config(f"http://{self.key(0)}", events),
                               log_path=tmp / "epp.log").wait_serving()
         admin, self.port = e.free_port(), e.free_port()
         self.envoy = e.Envoy(pool_gateway_config(self.epp.port, admin, self.port),
@@ -89,11 +117,11 @@ class Rig:
         self._fill = 0
 
     def key(self, i: int) -> str:
-        return f"127.0.0.1:{self.base + i}"
+        return f"{self.hosts[i]}:{self.ports[i]}"
 
     def direct(self, i: int, prompt: str) -> None:
         """A request straight to server ``i`` (the EPP does not see it)."""
-        r = self.client.post(f"http://127.0.0.1:{self.base + i}/v1/completions",
+        r = self.client.post(f"http://{self.key(i)}/v1/completions",
                              json={"model": MODEL, "prompt": prompt, "max_tokens": 1})
         assert r.status_code == 200, r.text
 
@@ -148,9 +176,9 @@ class Rig:
         self.bg.run(self._fleet_cm.__aexit__(None, None, None))
 
 
-@pytest.fixture
-def rig(bg: BackgroundLoop, tmp_path: Path) -> Iterator[Rig]:
-    r = Rig(bg, tmp_path)
+@pytest.fixture(params=["discover-pods", "zmq-endpoint"])
+def rig(bg: BackgroundLoop, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Rig]:
+    r = Rig(bg, tmp_path, central=request.param == "zmq-endpoint")
     yield r
     r.stop()
 

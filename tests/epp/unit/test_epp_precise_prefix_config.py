@@ -67,14 +67,79 @@ def test_port_offsets_and_replay_socket() -> None:
     assert src.topic_filter == ""
 
 
+@pytest.mark.parametrize("name", ["llm-d-sim-epp-kvcache-config.yaml",
+                                  "llm-d-sim-epp-tokenizer-vllm-http-config.yaml"])
+def test_llm_d_centralized_sample_configs_load_with_a_bound_socket(name: str) -> None:
+    """llm-d's samples name only ``zmqEndpoint``: the EPP binds it, the servers connect."""
+    rt = build(load_config_file(DATA / name), store())
+    scorer = rt.handle.plugin("precise-prefix-cache-scorer", PrecisePrefixCacheScorer)
+    assert scorer.collector is not None and scorer.collector.address == "tcp://0.0.0.0:5557"
+    assert scorer.collector.topic_filter == "kv@"
+    assert scorer.subscriptions is None  # no per-endpoint subscriber dials the servers
+    assert scorer.collector.bound is None  # building binds nothing (the EPP opens it)
+    assert scorer.log_interval == 0  # metricsLoggingInterval needs enableMetrics (llm-d)
+
+
+def kv_modes(parameters: str) -> PrecisePrefixCacheScorer:
+    rt = build(parse_config(scorer_config(parameters)), store())
+    return rt.handle.plugin("precise-prefix-cache-scorer", PrecisePrefixCacheScorer)
+
+
+def test_discover_pods_false_binds_llm_ds_default_endpoint() -> None:
+    scorer = kv_modes("{kvEventsConfig: {discoverPods: false}}")
+    assert scorer.collector is not None and scorer.collector.address == "tcp://*:5557"
+    assert scorer.subscriptions is None
+
+
+def test_discover_pods_and_zmq_endpoint_run_both_modes_as_llm_d_does() -> None:
+    scorer = kv_modes("{kvEventsConfig: {discoverPods: true, zmqEndpoint: 'tcp://*:6001'}}")
+    assert scorer.collector is not None and scorer.collector.address == "tcp://*:6001"
+    assert scorer.subscriptions is not None
+
+
+def test_without_either_endpoints_are_discovered() -> None:
+    scorer = kv_modes("{}")
+    assert scorer.subscriptions is not None and scorer.collector is None
+
+
+@pytest.mark.parametrize(("value", "seconds"), [
+    ("60000000000", 60.0),  # nanoseconds, as llm-d's samples write it
+    ("'1m30s'", 90.0),      # a Go duration, as llm-d-kv-cache documents it
+    ("0", 0.0),
+])
+def test_metrics_logging_interval_accepts_nanoseconds_and_durations(value: str,
+                                                                    seconds: float) -> None:
+    scorer = kv_modes(f"{{indexerConfig: {{kvBlockIndexConfig: "
+                      f"{{enableMetrics: true, metricsLoggingInterval: {value}}}}}}}")
+    assert scorer.log_interval == seconds
+
+
+def test_a_zmq_endpoint_in_use_is_refused_naming_the_parameter() -> None:
+    import zmq
+
+    taken: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.SUB)
+    taken.bind("tcp://127.0.0.1:*")
+    try:
+        address = taken.getsockopt_string(zmq.LAST_ENDPOINT)
+        scorer = kv_modes(f"{{kvEventsConfig: {{zmqEndpoint: '{address}'}}}}")
+        with pytest.raises(ValueError, match=r"kvEventsConfig\.zmqEndpoint: cannot bind"):
+            scorer.open()
+    finally:
+        taken.close(linger=0)
+
+
 @pytest.mark.parametrize(("parameters", "message"), [
-    ("{kvEventsConfig: {zmqEndpoint: 'tcp://0.0.0.0:5557'}}", "zmqEndpoint"),
-    ("{kvEventsConfig: {discoverPods: false}}", "discoverPods"),
+    ("{kvEventsConfig: {zmqEndpoint: 'udp://0.0.0.0:5557'}}", "zmqEndpoint"),
+    ("{kvEventsConfig: {zmqEndpoint: 'tcp://0.0.0.0'}}", "zmqEndpoint"),
+    ("{kvEventsConfig: {zmqEndpoint: 'tcp://0.0.0.0:70000'}}", "zmqEndpoint"),
+    ("{kvEventsConfig: {discoverPods: 'no'}}", "discoverPods"),
     ("{kvEventsConfig: {socketPort: 5556}}", "socketPort"),  # belongs in podDiscoveryConfig
     ("{speculativeIndexing: true, speculativeTTL: 0}", "speculativeTTL"),
     ("{speculativeTTL: 'soon'}", "speculativeTTL"),
     ("{tokenProcessorConfig: {blockSize: 0}}", "blockSize"),
-    ("{indexerConfig: {kvBlockIndexConfig: {metricsLoggingInterval: 60000000000}}}",
+    ("{indexerConfig: {kvBlockIndexConfig: {metricsLoggingInterval: 'soon'}}}",
+     "metricsLoggingInterval"),
+    ("{indexerConfig: {kvBlockIndexConfig: {metricsLoggingInterval: -1}}}",
      "metricsLoggingInterval"),
     ("{indexerConfig: {kvBlockIndexConfig: {redisConfig: {address: x}}}}", "redisConfig"),
     ("{tokenProcessorConfig: {blockSize: '16'}}", "blockSize"),

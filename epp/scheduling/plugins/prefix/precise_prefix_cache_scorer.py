@@ -1,11 +1,14 @@
 """``precise-prefix-cache-scorer``: prefer endpoints whose KV cache really holds the
 prompt's leading blocks, as their own KV events say (llm-d's scorer of the same name).
 
-The scorer owns a :class:`epp.kvcache.KVBlockIndex` and one KV-event subscriber per pool
-endpoint. It is an extractor of ``endpoint-notification-source``: endpoints joining the pool
-get a subscriber (``tcp://<endpoint ip>:<socketPort>``), leaving ones lose it and their
-blocks. Scores need the prompt's token ids (``token-producer``); score = leading blocks the
-endpoint holds / full blocks of the prompt.
+The scorer owns a :class:`epp.kvcache.KVBlockIndex` fed by the servers' KV events, in
+llm-d's two socket modes: ``discoverPods`` - one subscriber per pool endpoint, connecting to
+``tcp://<endpoint ip>:<socketPort>`` -, and ``zmqEndpoint`` - one socket bound here that
+every server's publisher connects to, the endpoint named by the topic. It is an extractor of
+``endpoint-notification-source``: endpoints joining the pool get a subscriber (or are
+recognised on the bound socket), leaving ones lose it and their blocks. Scores need the
+prompt's token ids (``token-producer``); score = leading blocks the endpoint holds / full
+blocks of the prompt.
 
 When it cannot be precise it scores like the approximate ``prefix-cache-scorer`` (which
 learns from every pick all along) and says so - a warning when that starts, and
@@ -16,7 +19,10 @@ token ids.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
+from argparse import ArgumentTypeError
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -29,12 +35,18 @@ from epp.datalayer.endpoint_notification import EndpointSetExtractor
 from epp.datastore import EndpointView
 from epp.kvcache import IndexConfig, KVBlockIndex, KVEventMetrics
 from epp.kvcache.metrics import track
-from epp.kvcache.subscriber import KVEventSource, KVEventSubscriptions, SubscriberConfig
+from epp.kvcache.subscriber import (
+    KVEventCollector,
+    KVEventSource,
+    KVEventSubscriptions,
+    SubscriberConfig,
+)
 from epp.requestcontrol.plugin import PreRequest
 from epp.scheduling.plugin import EndpointsRemoved, SchedulerHooks, Scorer
 from epp.scheduling.plugins.prefix.producer import ApproxPrefixCacheProducer, PrefixCacheParameters
 from epp.scheduling.request import LLMRequest
 from epp.scheduling.result import SchedulingResult
+from shared.flags import duration
 from shared.plugins import Duration
 
 log = structlog.get_logger(__name__)
@@ -75,16 +87,33 @@ class InMemoryConfig:
 
 @dataclass(frozen=True, slots=True)
 class KVBlockIndexConfig:
-    """Only the in-memory index exists here (llm-d's Redis/cost-aware backends: refused)."""
+    """Only the in-memory index exists here (llm-d's Redis/cost-aware backends: refused).
+    ``enableMetrics``: the Prometheus series are always exported; with it,
+    ``metricsLoggingInterval`` (nanoseconds as an integer, as llm-d's samples write it, or a
+    Go duration string; 0: off) also logs the index's figures at that interval."""
 
     in_memory_config: InMemoryConfig = field(default_factory=InMemoryConfig)
     enable_metrics: bool = True
-    metrics_logging_interval: int = 0
+    metrics_logging_interval: int | str = 0
 
     def __post_init__(self) -> None:
-        if self.metrics_logging_interval:
+        self.logging_interval()  # refuse a bad value at load
+
+    def logging_interval(self) -> float:
+        """Seconds between index log lines; 0 when they are off."""
+        value = self.metrics_logging_interval
+        if isinstance(value, str):
+            try:
+                seconds = duration(value)
+            except ArgumentTypeError as e:
+                raise ValueError(f"indexerConfig.kvBlockIndexConfig.metricsLoggingInterval: "
+                                 f"{e}") from None
+        else:
+            seconds = value / 1e9
+        if seconds < 0:
             raise ValueError("indexerConfig.kvBlockIndexConfig.metricsLoggingInterval: "
-                             "not supported (the index is exported as Prometheus metrics)")
+                             "must be >= 0")
+        return seconds if self.enable_metrics else 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +126,8 @@ class PodDiscoveryConfig:
     """``socketPort``: the port every endpoint publishes on (llm-d). Ours: ``socketPortOffset``
     (publish port = endpoint port + offset, for several servers on one host, such as the
     simulator's ``--ports``), and the replay socket (``replaySocketPort`` or
-    ``replaySocketPortOffset``; none: gaps are resynced)."""
+    ``replaySocketPortOffset``, at the endpoint's IP, in both socket modes; none: gaps are
+    resynced)."""
 
     socket_port: int = 5556
     socket_port_offset: int | None = None
@@ -105,29 +135,59 @@ class PodDiscoveryConfig:
     replay_socket_port_offset: int | None = None
 
 
+#: llm-d's endpoint for the bound socket when ``discoverPods: false`` names none.
+DEFAULT_ZMQ_ENDPOINT = "tcp://*:5557"
+
+
 @dataclass(frozen=True, slots=True)
 class KVEventsConfig:
     """``topicFilter``: topic prefix subscribed to (llm-d's default ``kv@``; vLLM's default
     topic is empty, so set ``""`` for servers started without a topic). ``concurrency`` is
-    accepted (events are decoded on the event loop here). ``discoverPods`` must be true: the
-    centralized mode (``zmqEndpoint``, one bound SUB socket) is not supported."""
+    accepted (events are decoded on the event loop here).
+
+    Socket modes (llm-d's): ``discoverPods`` connects one subscriber to each endpoint;
+    ``zmqEndpoint`` binds one socket the servers' publishers connect to. Unset
+    ``discoverPods`` means true unless a ``zmqEndpoint`` is given; ``discoverPods: false``
+    without one binds llm-d's default ``tcp://*:5557``; both given run both, as llm-d does.
+    """
 
     zmq_endpoint: str = ""
     topic_filter: str = "kv@"
     concurrency: int = 4
-    discover_pods: bool = True
+    discover_pods: bool | None = None
     pod_discovery_config: PodDiscoveryConfig = field(default_factory=PodDiscoveryConfig)
 
     def __post_init__(self) -> None:
         if self.zmq_endpoint:
-            raise ValueError("kvEventsConfig.zmqEndpoint: the centralized mode (one bound SUB "
-                             "socket for all servers) is not supported; use discoverPods: "
-                             "true with podDiscoveryConfig.socketPort")
-        if not self.discover_pods:
-            raise ValueError("kvEventsConfig.discoverPods: must be true (the centralized "
-                             "mode is not supported)")
+            check_bind_address(self.zmq_endpoint)
         if self.concurrency <= 0:
             raise ValueError("kvEventsConfig.concurrency: must be > 0")
+
+    @property
+    def discovering(self) -> bool:
+        """Whether one subscriber connects to each endpoint."""
+        return self.discover_pods if self.discover_pods is not None else not self.zmq_endpoint
+
+    @property
+    def bind_address(self) -> str | None:
+        """Where the bound socket listens, or None when there is none."""
+        if self.zmq_endpoint:
+            return self.zmq_endpoint
+        return DEFAULT_ZMQ_ENDPOINT if self.discover_pods is False else None
+
+
+def check_bind_address(address: str) -> None:
+    """Refuse what ZMQ could never bind: ``tcp://<host|*>:<port|*>`` or ``ipc://<path>``."""
+    where = f"kvEventsConfig.zmqEndpoint: {address!r}"
+    if address.startswith("ipc://") and len(address) > len("ipc://"):
+        return
+    if not address.startswith("tcp://"):
+        raise ValueError(f"{where}: must be tcp://<host>:<port> (or ipc://<path>)")
+    host, sep, port = address[len("tcp://"):].rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"{where}: missing host or port")
+    if port != "*" and not (port.isdigit() and int(port) <= 65535):
+        raise ValueError(f"{where}: port must be 0-65535 or *")
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,8 +237,22 @@ class PrecisePrefixCacheScorer(Scorer, EndpointSetExtractor, PreRequest, Endpoin
         self.index = KVBlockIndex(IndexConfig(block_size=self.block_size, max_keys=mem.size,
                                               max_endpoints_per_key=mem.pod_cache_size))
         track(self.index)
-        self.subscriptions = KVEventSubscriptions(self.index, KV_EVENT_METRICS,
-                                                  subscriber_config, on_cold=self.forget)
+        kv = p.kv_events_config
+        #: Per-endpoint subscribers (``discoverPods``; none when it is off).
+        self.subscriptions: KVEventSubscriptions | None = None
+        if kv.discovering:
+            self.subscriptions = KVEventSubscriptions(self.index, KV_EVENT_METRICS,
+                                                      subscriber_config, on_cold=self.forget)
+        #: The bound socket (``zmqEndpoint``; none without it).
+        self.collector: KVEventCollector | None = None
+        if kv.bind_address is not None:
+            self.collector = KVEventCollector(kv.bind_address, self.index, KV_EVENT_METRICS,
+                                              subscriber_config, on_cold=self.forget,
+                                              topic_filter=kv.topic_filter)
+        self._pool: frozenset[str] = frozenset()
+        #: Seconds between index log lines (``metricsLoggingInterval``; 0: none).
+        self.log_interval = p.indexer_config.kv_block_index_config.logging_interval()
+        self._log_task: asyncio.Task[None] | None = None
         #: The approximate fallback, learning from every pick (token blocks of the same size).
         self.approx = ApproxPrefixCacheProducer(
             f"{self.name}/approx", PrefixCacheParameters(block_size_tokens=self.block_size))
@@ -205,11 +279,42 @@ class PrecisePrefixCacheScorer(Scorer, EndpointSetExtractor, PreRequest, Endpoin
             replay_address=f"tcp://{host}:{replay}" if replay is not None else None,
             topic_filter=self.params.kv_events_config.topic_filter)
 
+    def open(self) -> None:
+        """Bind the ``zmqEndpoint`` socket (before the EPP serves; a failure refuses to start
+        with a message naming the parameter)."""
+        if self.collector is not None:
+            self.collector.bind()
+
     async def endpoints_changed(self, endpoints: Sequence[EndpointView]) -> None:
-        await self.subscriptions.sync(self.source_for(v) for v in endpoints)
+        sources = [self.source_for(v) for v in endpoints]
+        self._pool = frozenset(s.endpoint for s in sources)
+        if self.subscriptions is not None:
+            await self.subscriptions.sync(sources)
+        if self.collector is not None:
+            await self.collector.sync(sources)
+            self.collector.start()
+        if self.log_interval and self._log_task is None:
+            self._log_task = asyncio.get_running_loop().create_task(self._log_index())
+
+    async def _log_index(self) -> None:
+        """llm-d's ``metricsLoggingInterval``: the index's figures in the log, periodically."""
+        while True:
+            await asyncio.sleep(self.log_interval)
+            blocks = self.index.endpoint_blocks()
+            log.info("kv index", scorer=self.name, keys=len(self.index),
+                     estimated_bytes=self.index.estimated_bytes(), endpoints=len(blocks),
+                     blocks=dict(sorted(blocks.items())[:32]))
 
     async def close(self) -> None:
-        await self.subscriptions.stop()
+        if self._log_task is not None:
+            self._log_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._log_task
+            self._log_task = None
+        if self.subscriptions is not None:
+            await self.subscriptions.stop()
+        if self.collector is not None:
+            await self.collector.stop()
 
     def retain_endpoints(self, keys: frozenset[str]) -> None:
         self.approx.retain_endpoints(keys)
@@ -218,15 +323,17 @@ class PrecisePrefixCacheScorer(Scorer, EndpointSetExtractor, PreRequest, Endpoin
         """``key``'s cache is presumed cold (its event stream was lost or its publisher
         restarted): drop the guesses about it too - the approximate fallback's picks and the
         speculative entries - so a restarted server is not scored warm from its past life."""
-        self.approx.retain_endpoints(frozenset(self.subscriptions.subscribers) - {key})
+        self.approx.retain_endpoints(self._pool - {key})
         for eps in self.speculative.values():
             eps.pop(key, None)
 
     # -- scoring ---------------------------------------------------------------------------
     def live(self, key: str) -> bool:
-        """Whether ``key``'s event stream is connected (its index entries can be trusted)."""
-        sub = self.subscriptions.subscribers.get(key)
-        return sub is not None and sub.connected
+        """Whether ``key``'s event stream is up (its index entries can be trusted): its
+        subscriber is connected, or its publisher has been heard on the bound socket."""
+        subs, collector = self.subscriptions, self.collector
+        return bool((subs is not None and subs.live(key))
+                    or (collector is not None and collector.live(key)))
 
     def score(self, request: LLMRequest, endpoints: Sequence[EndpointView]) -> Sequence[float]:
         ids = request.prompt_token_ids
@@ -313,5 +420,5 @@ class PrecisePrefixCacheScorer(Scorer, EndpointSetExtractor, PreRequest, Endpoin
         return out
 
 
-__all__ = ["FALLBACKS", "KV_EVENT_METRICS", "PrecisePrefixCacheParameters",
+__all__ = ["DEFAULT_ZMQ_ENDPOINT", "FALLBACKS", "KV_EVENT_METRICS", "PrecisePrefixCacheParameters",
            "PrecisePrefixCacheScorer"]
