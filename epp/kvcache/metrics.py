@@ -54,7 +54,6 @@ class KVEventMetrics:
                                   ["endpoint"], registry=registry)
         self.lag = Histogram(p + "lag_seconds", "Publish (batch ts) to indexed.",
                              buckets=_LAG, registry=registry)
-        self._registry = registry
 
 
 _LIVE: weakref.WeakSet[KVBlockIndex] = weakref.WeakSet()

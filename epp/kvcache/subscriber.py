@@ -170,8 +170,7 @@ class EndpointStream:
         if expected is not None and seq < expected:
             # A new publisher (the server restarted): what we knew of its cache is gone.
             self.metrics.restarts.labels(ep).inc()
-            self.index.clear_endpoint(ep)
-            self._cold()
+            self.forget()
             log.info("kv events: publisher restarted", endpoint=ep, seq=seq, expected=expected)
             expected = None
         if expected is None:
@@ -303,7 +302,7 @@ class KVEventSubscriber:
 
     async def stop(self) -> None:
         """Stop the task and close the socket."""
-        await _cancel(self._task)
+        await cancel_task(self._task)
         self._task = None
 
     # -- the loop --------------------------------------------------------------------------
@@ -388,7 +387,8 @@ class KVEventSubscriber:
                     endpoint=ep, forgotten_blocks=forgotten)
 
 
-async def _cancel(task: asyncio.Task[None] | None) -> None:
+async def cancel_task(task: asyncio.Task[None] | None) -> None:
+    """Cancel ``task`` (if any) and wait until it has ended."""
     if task is not None:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -543,10 +543,10 @@ class KVEventCollector:
 
     async def stop(self) -> None:
         """Stop receiving and close the socket."""
-        await _cancel(self._task)
+        await cancel_task(self._task)
         self._task = None
         for lane in self._lanes.values():
-            await _cancel(lane.task)
+            await cancel_task(lane.task)
         self._lanes.clear()
         if self._sock is not None:
             self._sock.close(linger=0)
@@ -558,7 +558,7 @@ class KVEventCollector:
         for ep, lane in list(self._lanes.items()):
             if wanted.get(ep) != lane.stream.source:
                 del self._lanes[ep]
-                await _cancel(lane.task)
+                await cancel_task(lane.task)
                 self.index.clear_endpoint(ep)
         self.sources = wanted
         by_ip: dict[str, list[str]] = {}

@@ -20,7 +20,6 @@ token ids.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from argparse import ArgumentTypeError
 from collections import OrderedDict
@@ -40,6 +39,7 @@ from epp.kvcache.subscriber import (
     KVEventSource,
     KVEventSubscriptions,
     SubscriberConfig,
+    cancel_task,
 )
 from epp.requestcontrol.plugin import PreRequest
 from epp.scheduling.plugin import EndpointsRemoved, SchedulerHooks, Scorer
@@ -306,11 +306,8 @@ class PrecisePrefixCacheScorer(Scorer, EndpointSetExtractor, PreRequest, Endpoin
                      blocks=dict(sorted(blocks.items())[:32]))
 
     async def close(self) -> None:
-        if self._log_task is not None:
-            self._log_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._log_task
-            self._log_task = None
+        await cancel_task(self._log_task)
+        self._log_task = None
         if self.subscriptions is not None:
             await self.subscriptions.stop()
         if self.collector is not None:
