@@ -28,6 +28,7 @@ an error naming the file and the path (``config.yaml: dataLayer.sources[0].extra
 
 from __future__ import annotations
 
+import math
 from argparse import ArgumentTypeError
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -262,10 +263,12 @@ def _profiles(raw: Any, source: str, names: set[str]) -> tuple[ProfileSpec, ...]
             if target not in names:
                 raise ConfigError(f"{rwhere}.pluginRef: no plugin named {target!r} in plugins")
             w = ref.get("weight")
+            # An infinite weight would make every total score inf or nan (inf x 0), and the
+            # picker would find no best endpoint: refused here, like a negative one.
             if w is not None and (
-                isinstance(w, bool) or not isinstance(w, int | float) or not w >= 0
+                isinstance(w, bool) or not isinstance(w, int | float) or not 0 <= w < math.inf
             ):
-                raise ConfigError(f"{rwhere}.weight: must be a number >= 0, got {w!r}")
+                raise ConfigError(f"{rwhere}.weight: must be a finite number >= 0, got {w!r}")
             refs.append(PluginRef(target, None if w is None else float(w)))
         out.append(ProfileSpec(pname, tuple(refs)))
     return tuple(out)

@@ -101,6 +101,13 @@ def test_negative_weight_is_rejected_with_its_location() -> None:
         parse_config(text)
 
 
+@pytest.mark.parametrize("weight", [".inf", "-.inf", ".nan"])
+def test_a_weight_that_is_not_finite_is_rejected(weight: str) -> None:
+    text = UPSTREAM.replace("weight: 3", f"weight: {weight}")
+    with pytest.raises(ConfigError, match=r"plugins\[2\]\.weight: must be a finite number"):
+        parse_config(text)
+
+
 def test_non_numeric_weight_is_rejected() -> None:
     with pytest.raises(ConfigError, match="weight"):
         parse_config(UPSTREAM.replace("weight: 3", "weight: high"))
