@@ -34,12 +34,13 @@ def build_app(
     token: str | None = None,
 ) -> web.Application:
     """An aiohttp app serving ``/metrics`` (and ``routes``); with ``token`` every path needs
-    ``Authorization: Bearer <token>``."""
+    ``Authorization: Bearer <token>`` (the scheme in any case, as RFC 7235 has it)."""
 
     @web.middleware
     async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-        given = request.headers.get("Authorization", "")
-        if token is not None and not hmac.compare_digest(given, f"Bearer {token}"):
+        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+        if token is not None and not (scheme.lower() == "bearer" and hmac.compare_digest(
+                given.strip().encode(), token.encode())):
             return web.Response(status=401, text="unauthorized\n")
         return await handler(request)
 

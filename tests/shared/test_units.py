@@ -104,3 +104,19 @@ def test_certificate_files_are_reloaded_when_they_change(tmp_path: Path) -> None
         os.utime(tmp_path / f, (later, later))
     assert isinstance(source.fetch(), grpc.ServerCertificateConfiguration)
     assert source.pair == (key2, cert2)
+
+
+@pytest.mark.parametrize(("header", "status"), [
+    ("Bearer s3cret", 200), ("bearer s3cret", 200), ("BEARER  s3cret", 200),
+    ("Bearer wrong", 401), ("Basic s3cret", 401), ("s3cret", 401), ("", 401),
+    ("Bearer s3cr\u00e9t", 401),
+])
+async def test_the_metrics_token_takes_the_bearer_scheme_in_any_case(
+        header: str, status: int) -> None:
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from shared.metrics_server import build_app
+
+    async with TestClient(TestServer(build_app(token="s3cret"))) as client:
+        resp = await client.get("/metrics", headers={"Authorization": header} if header else {})
+        assert resp.status == status
