@@ -368,7 +368,7 @@ class _Stream:
             return [r.response_body(r.common(body=new))]
         if self.resp_mode is BodyMode.FULL_DUPLEX_STREAMED:
             out = self.ex.on_response_chunk(chunk.body, eos)
-            return list(r.streamed_body(out, response=True, end_of_stream=eos))
+            return r.streamed_body(out, response=True, end_of_stream=eos)
         if self.resp_mode is BodyMode.STREAMED:
             out = self.ex.on_response_chunk(chunk.body, eos)
             return [r.response_body(r.common(body=out) if out != chunk.body else None)]

@@ -6,7 +6,7 @@ allocates only what it sends.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import orjson
@@ -113,25 +113,23 @@ def response_trailers() -> pb.ProcessingResponse:
 
 def streamed_body(
     body: bytes, *, response: bool, end_of_stream: bool = True
-) -> Iterator[pb.ProcessingResponse]:
+) -> list[pb.ProcessingResponse]:
     """A body re-sent in FULL_DUPLEX_STREAMED mode as chunks of at most :data:`MAX_CHUNK` bytes.
 
-    An empty body still yields one (empty) chunk so that ``end_of_stream`` reaches Envoy.
+    An empty body still gives one (empty) chunk so that ``end_of_stream`` reaches Envoy. Built
+    as one nested constructor per chunk: this runs for every streamed token.
     """
     n = len(body)
-    offsets = range(0, n, MAX_CHUNK) if n else (0,)
-    last = offsets[-1]
-    for off in offsets:
-        chunk = pb.StreamedBodyResponse(
-            body=body[off : off + MAX_CHUNK], end_of_stream=end_of_stream and off == last
-        )
-        cr = pb.CommonResponse()
-        cr.body_mutation.streamed_response.CopyFrom(chunk)
-        body_resp = pb.BodyResponse(response=cr)
-        if response:
-            yield pb.ProcessingResponse(response_body=body_resp)
-        else:
-            yield pb.ProcessingResponse(request_body=body_resp)
+    last = (n - 1) // MAX_CHUNK * MAX_CHUNK if n else 0
+    out = []
+    for off in range(0, max(n, 1), MAX_CHUNK):
+        chunk = pb.StreamedBodyResponse(body=body[off:off + MAX_CHUNK],
+                                        end_of_stream=end_of_stream and off == last)
+        answer = pb.BodyResponse(response=pb.CommonResponse(
+            body_mutation=pb.BodyMutation(streamed_response=chunk)))
+        out.append(pb.ProcessingResponse(response_body=answer) if response
+                   else pb.ProcessingResponse(request_body=answer))
+    return out
 
 
 def immediate(
