@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 LINT_PATHS := shared bbr epp sim sidecar bench devkit tests examples/plugin-package
 
-.PHONY: venv run test test-vllm lint bench bench-quick bench-compare bench-compare-quick bench-twin \
+.PHONY: venv run test test-vllm lint bench bench-cpu bench-quick bench-compare bench-compare-quick bench-twin \
 	bench-twin-quick bench-agreement bench-inference-perf clean
 
 # pip's output (index warnings, setuptools notices) goes to $(VENV)/install.log, so the
@@ -46,12 +46,19 @@ lint: venv
 	$(VENV)/bin/ruff check $(LINT_PATHS)
 	$(VENV)/bin/mypy
 
-## bench: gateway overhead and pick latency (a few minutes); copy figures into bench/RESULTS.md
+## bench: gateway overhead, the EPP's CPU cost and pick latency (a few minutes); copy figures
+## into bench/RESULTS.md
 bench: venv
 	$(PY) -m bench.bbr_overhead
 	$(PY) -m bench.epp_overhead
+	$(PY) -m bench.epp_cpu
 	$(PY) -m bench.epp_pick_bench
 	$(PY) -m bench.sim_bench
+
+## bench-cpu: the EPP's CPU per request and per streamed token beside the no-op floor, each
+## under a 1-CPU budget, and where it goes (py-spy); CPU_ARGS="--cpus 0.5 --save FILE"
+bench-cpu: venv
+	$(PY) -m bench.epp_cpu --split $(CPU_ARGS)
 
 bench-quick: venv
 	$(PY) -m bench.bbr_overhead --quick

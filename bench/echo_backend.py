@@ -2,6 +2,10 @@
 completion naming the requested model, and ``/metrics`` with an idle vLLM page. Used where a
 benchmark measures the gateway, not the model.
 
+A request with ``"stream": true`` gets ``max_tokens`` SSE events, one token each, written
+``--token-gap-ms`` apart (as a model server sends them, so each is its own read for Envoy),
+then a usage event and ``[DONE]``.
+
     python -m bench.echo_backend --host 127.0.20.1 --host 127.0.20.2 --port 8000
 """
 
@@ -20,8 +24,10 @@ METRICS = (
 )
 
 
-async def complete(request: web.Request) -> web.Response:
+async def complete(request: web.Request) -> web.StreamResponse:
     body = orjson.loads(await request.read())
+    if body.get("stream"):
+        return await stream(request, body)
     return web.Response(body=orjson.dumps({
         "id": "x", "object": "chat.completion", "model": body.get("model", ""),
         "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}}],
@@ -29,12 +35,30 @@ async def complete(request: web.Request) -> web.Response:
     }), content_type="application/json")
 
 
+async def stream(request: web.Request, body: dict[str, object]) -> web.StreamResponse:
+    tokens = int(body.get("max_tokens") or 16)  # type: ignore[call-overload]
+    gap = request.app["token_gap"]
+    resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+    await resp.prepare(request)
+    head = b'data: {"id":"x","object":"chat.completion.chunk","model":' + orjson.dumps(
+        body.get("model", ""))
+    event = head + b',"choices":[{"index":0,"delta":{"content":"ok"}}]}\n\n'
+    for _ in range(tokens):
+        await resp.write(event)
+        await asyncio.sleep(gap)
+    await resp.write(head + b',"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":'
+                     + str(tokens).encode() + b'}}\n\ndata: [DONE]\n\n')
+    await resp.write_eof()
+    return resp
+
+
 async def metrics(_: web.Request) -> web.Response:
     return web.Response(text=METRICS)
 
 
-async def serve(hosts: list[str], port: int) -> None:
+async def serve(hosts: list[str], port: int, token_gap: float) -> None:
     app = web.Application()
+    app["token_gap"] = token_gap
     app.router.add_post("/{tail:.*}", complete)
     app.router.add_get("/metrics", metrics)
     runner = web.AppRunner(app, access_log=None)
@@ -48,6 +72,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--host", action="append", default=[])
     p.add_argument("--port", type=int, required=True)
+    p.add_argument("--token-gap-ms", type=float, default=2.0,
+                   help="pause between streamed tokens (default 2)")
     args = p.parse_args()
     try:
         import uvloop
@@ -55,7 +81,7 @@ def main() -> None:
         uvloop.install()
     except ImportError:
         pass
-    asyncio.run(serve(args.host or ["127.0.0.1"], args.port))
+    asyncio.run(serve(args.host or ["127.0.0.1"], args.port, args.token_gap_ms / 1e3))
 
 
 if __name__ == "__main__":

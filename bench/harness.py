@@ -27,11 +27,14 @@ def overhead_args(doc: str | None) -> argparse.Namespace:
     return args
 
 
-def start(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
-    """A helper process with its output in ``log``."""
+def start(cmd: list[str], log: Path, cwd: Path | None = None) -> subprocess.Popen[bytes]:
+    """A helper process with its output in ``log``; ``cwd``: run it from another checkout
+    (its packages come first on the path)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if cwd is not None:
+        env["PYTHONPATH"] = str(cwd)
     with log.open("w") as out:
-        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd)
 
 
 def stop(procs: list[subprocess.Popen[bytes]]) -> None:

@@ -20,6 +20,8 @@ class Stats:
     requests: int
     errors: int
     seconds: float
+    #: Every request finished, the warm-up's included (what a server's CPU time covers).
+    total: int
     p50_ms: float
     p99_ms: float
 
@@ -40,7 +42,7 @@ async def closed_loop(url: str, body: bytes, concurrency: int, seconds: float,
                       warmup: float = 0.5) -> Stats:
     """``concurrency`` workers POST ``body`` back to back for ``seconds``."""
     latencies: list[float] = []
-    errors = 0
+    errors = total = 0
     conn = aiohttp.TCPConnector(limit=concurrency, force_close=False)
     headers = {"content-type": "application/json"}
     async with aiohttp.ClientSession(connector=conn) as session:
@@ -49,7 +51,7 @@ async def closed_loop(url: str, body: bytes, concurrency: int, seconds: float,
         stop_at = measure_from + seconds
 
         async def worker() -> None:
-            nonlocal errors
+            nonlocal errors, total
             while (now := time.perf_counter()) < stop_at:
                 try:
                     async with session.post(url, data=body, headers=headers) as resp:
@@ -58,6 +60,7 @@ async def closed_loop(url: str, body: bytes, concurrency: int, seconds: float,
                 except aiohttp.ClientError:
                     ok = False
                 done = time.perf_counter()
+                total += 1
                 if now >= measure_from:
                     if ok:
                         latencies.append(done - now)
@@ -66,7 +69,7 @@ async def closed_loop(url: str, body: bytes, concurrency: int, seconds: float,
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
     return Stats(
-        requests=len(latencies), errors=errors, seconds=seconds,
+        requests=len(latencies), errors=errors, seconds=seconds, total=total,
         p50_ms=statistics.median(latencies) * 1e3 if latencies else 0.0,
         p99_ms=percentile(latencies, 0.99) * 1e3,
     )

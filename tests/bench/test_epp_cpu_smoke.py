@@ -1,0 +1,38 @@
+"""Smoke test of ``python -m bench.epp_cpu --quick``: through the real Envoy, the EPP's and
+the no-op floor's CPU per request and per streamed token are measured under a CPU budget, and
+``--save`` keeps what the twin's ``--epp-cost`` reads; the idle cost of scraping simulator
+pods is measured too."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.twin.cpu import ProcessCpu
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.envoy
+def test_epp_cpu_measures_every_contender_and_saves_the_costs(tmp_path: Path) -> None:
+    saved = tmp_path / "cost.json"
+    proc = subprocess.run([sys.executable, "-m", "bench.epp_cpu", "--quick", "--tokens", "4,24",
+                           "--concurrency", "8", "--scrape-pods", "2", "--save", str(saved)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=110)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "CPU budget per ext_proc process: 1 CPU (" in proc.stdout
+    assert "| 2 |" in proc.stdout.split("scraping pools of simulator pods")[1]
+    costs = json.loads(saved.read_text())["contenders"]
+    assert set(costs) == {"no-op ext_proc (floor)", "EPP default profile", "EPP tuned profile"}
+    for name, c in costs.items():
+        assert c["per_token"] > 0, name   # every chunk crosses the ext_proc stream
+        assert c["rps"] > 0, name
+    # the EPP scrapes its pool while idle; the floor has nothing to do
+    assert costs["EPP default profile"]["idle"] > costs["no-op ext_proc (floor)"]["idle"]
+    cpu = ProcessCpu.measured(saved, 1.0, 4)
+    assert cpu.per_token == costs["EPP default profile"]["per_token"]
+    assert cpu.idle > 0   # scraping two simulator pods costs something
