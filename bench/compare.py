@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 import time
@@ -37,6 +38,7 @@ import orjson
 
 from bench import report as rp
 from bench.contenders import Contender, SimFleet, all_contenders
+from bench.cpubudget import budget_statement, burners
 from bench.openloop import Outcome
 from bench.report import RunResult, summarize
 from bench.workloads import PROFILE, WORKLOADS, Workload, write_specs
@@ -79,6 +81,7 @@ def run_one(workload: Workload, load: float, contender: Contender, *, duration: 
         if debug:
             (workdir / "debug.json").write_text(json.dumps(debug, indent=1))
     res.wall_seconds = time.monotonic() - started
+    res.router_cpu, res.router_throttled = contender.cpu_used, contender.throttled
     outcomes = [Outcome(**dict(orjson.loads(line).items()))
                 for line in (workdir / "outcomes.jsonl").read_bytes().splitlines()]
     return summarize(res, outcomes, time_scale,
@@ -109,6 +112,9 @@ def report(results: list[RunResult], meta: dict[str, object]) -> str:
         f"(unchanged profile, time scale {meta['time_scale']}, fresh fleet per run). "
         "The machine has 2 CPUs shared by the client, Envoy, the router, the simulator - and "
         "other engineers' jobs, so wall-clock drift is part of the noise the intervals carry. "
+        f"Router CPU budget: {meta.get('budget') or 'none (whole machine)'}; background CPU "
+        f"burners: {meta.get('burners', 0)}; load average at the end "
+        f"{meta.get('loadavg', '?')}. "
         "Times are model seconds; \"load\" is offered rate / the workload's nominal fleet "
         "capacity. Each run leaves out its first 20% of requests (cold start, reported as "
         "\"cold TTFT p90\"). Figures are medians over seeds; ratios are paired by seed, "
@@ -172,7 +178,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--contenders", default=",".join(FULL_RUN),
                    help="comma-separated; 'all' = every contender")
     p.add_argument("--seeds", type=_positive_int, default=5,
-                   help="seeds 0..N-1; every contender runs every seed (default 5)")
+                   help="how many seeds, from --first-seed on; every contender runs every "
+                        "seed (default 5)")
+    p.add_argument("--first-seed", type=int, default=0, help="the first seed (default 0)")
+    p.add_argument("--router-cpus", type=float, default=0.0,
+                   help="CPU budget of each router process (our EPP, the peers), as a "
+                        "Guaranteed pod's request = limit (bench.cpubudget); 0: none")
+    p.add_argument("--burners", type=int, default=0,
+                   help="busy-loop processes running beside the whole comparison")
     p.add_argument("--servers", type=_positive_int, default=8,
                    help="simulated servers in the fleet (default 8)")
     p.add_argument("--duration", type=float, default=0.0,
@@ -212,13 +225,42 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     command = "python -m bench.compare " + " ".join(sys.argv[1:] if argv is None else argv)
     contenders = {k: all_contenders()[k] for k in args.contender_names}
+    for c in contenders.values():
+        c.cpus = args.router_cpus
     run_dir = RUNS / time.strftime("%Y%m%d-%H%M%S")
     started = time.monotonic()
     meta: dict[str, object] = {"command": command.strip(), "seeds": args.seeds,
                                "servers": args.servers, "time_scale": args.time_scale,
-                               "wall": 0.0, "note": args.note,
+                               "wall": 0.0, "note": args.note, "burners": args.burners,
+                               "budget": budget_statement(args.router_cpus),
                                "durations": {w: args.duration or WORKLOADS[w].duration
                                              for w in args.workloads.split(",")}}
+    with burners(args.burners):
+        results = run_all(args, contenders, run_dir, meta, started)
+    wall = time.monotonic() - started
+    meta["wall"] = wall
+    meta["loadavg"] = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    _save(run_dir, meta, results)
+    section = publish(results, meta) if not args.no_write else report(results, meta)
+    print(section)
+    print(f"raw outcomes: {run_dir}  ({wall:.0f} s)", file=sys.stderr)
+    failed = [r for r in results
+              if (r.skipped.startswith("failed") or (not r.skipped and r.ok == 0))]
+    if args.quick:
+        failed += [r for r in results if not r.skipped and r.errors]
+    for r in failed:
+        print(f"FAILED: {r.workload} {r.load:g} seed {r.seed} {r.contender}: "
+              f"{r.skipped or r.error_samples}", file=sys.stderr)
+    skipped = sorted({r.contender for r in results if r.skipped and r not in failed})
+    if skipped:
+        print(f"WARNING: NOT RUN here: {', '.join(skipped)} (see the SKIPPED lines)",
+              file=sys.stderr)
+    return 1 if failed else 0
+
+
+def run_all(args: argparse.Namespace, contenders: dict[str, Contender], run_dir: Path,
+            meta: dict[str, object], started: float) -> list[RunResult]:
+    """Every workload x load x seed x contender, the contenders' order alternating."""
     results: list[RunResult] = []
     flip = False
     for wl_name in args.workloads.split(","):
@@ -226,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         loads = (list(wl.loads) if args.loads == "workload"
                  else [float(x) for x in args.loads.split(",")])
         for load in loads:
-            for seed in range(args.seeds):
+            for seed in range(args.first_seed, args.first_seed + args.seeds):
                 order = list(contenders.values())
                 if flip:
                     order.reverse()
@@ -251,26 +293,12 @@ def main(argv: list[str] | None = None) -> int:
                              f"ok {res.ok}/{res.requests} TTFT p50 {res.ttft_p50:.3f} "
                              f"p90 {res.ttft_p90:.3f} s (cold p90 {res.cold_ttft_p90:.3f})  "
                              f"{res.output_tps:.0f} tok/s  hit {100 * res.cache_hit:.0f}%  "
-                             f"({res.wall_seconds:.0f} s)"),
+                             f"({res.wall_seconds:.0f} s"
+                             + (f", router CPU {res.router_cpu:.1f} s, throttled "
+                                f"{res.router_throttled:.1f} s" if res.router_cpu else "")
+                             + ")"),
                           file=sys.stderr, flush=True)
-    wall = time.monotonic() - started
-    meta["wall"] = wall
-    _save(run_dir, meta, results)
-    section = publish(results, meta) if not args.no_write else report(results, meta)
-    print(section)
-    print(f"raw outcomes: {run_dir}  ({wall:.0f} s)", file=sys.stderr)
-    failed = [r for r in results
-              if (r.skipped.startswith("failed") or (not r.skipped and r.ok == 0))]
-    if args.quick:
-        failed += [r for r in results if not r.skipped and r.errors]
-    for r in failed:
-        print(f"FAILED: {r.workload} {r.load:g} seed {r.seed} {r.contender}: "
-              f"{r.skipped or r.error_samples}", file=sys.stderr)
-    skipped = sorted({r.contender for r in results if r.skipped and r not in failed})
-    if skipped:
-        print(f"WARNING: NOT RUN here: {', '.join(skipped)} (see the SKIPPED lines)",
-              file=sys.stderr)
-    return 1 if failed else 0
+    return results
 
 
 if __name__ == "__main__":

@@ -30,8 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
 import yaml
 
+from bench.cpubudget import CpuBudget
 from bench.peers import PEERS, peer_env
 from bench.workloads import FLEET_SIZE, LORA_ADAPTERS, PROFILE, objective_manifests
 from devkit import envoy as e
@@ -100,6 +102,14 @@ def _stop(proc: subprocess.Popen[Any] | None, grace: float = 10.0) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def _cpu_seconds(pid: int) -> float:
+    try:
+        t = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return 0.0
+    return float(t.user + t.system)
 
 
 def _tail(path: Path, n: int = 15) -> str:
@@ -188,6 +198,12 @@ class Contender:
 
     name: str = ""
     kind: str = ""   # "baseline" | "ours" | "peer"
+    #: CPU budget of the router's own process, as its pod's limit (0: none; Envoy and the
+    #: baselines have no process of their own)
+    cpus: float = 0.0
+    #: the router process's CPU seconds in its last run, and how long its budget held it back
+    cpu_used: float = 0.0
+    throttled: float = 0.0
 
     def unavailable(self) -> str | None:
         """Why this contender cannot run here (None when it can)."""
@@ -201,6 +217,24 @@ class Contender:
     def debug(self) -> dict[str, Any]:
         """Router-side state worth keeping after a run (e.g. the EPP's /debug/pool)."""
         return {}
+
+    @contextlib.contextmanager
+    def _process(self, cmd: list[str], log: Path,
+                 env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
+        """The router's process under its CPU budget, stopped on exit; what CPU it used is
+        kept in :attr:`cpu_used` and :attr:`throttled`."""
+        self.cpu_used = self.throttled = 0.0
+        with contextlib.ExitStack() as stack:
+            proc = _popen(cmd, log, env)
+            stack.callback(_stop, proc)
+            budget = stack.enter_context(CpuBudget(self.cpus)) if self.cpus else None
+            if budget is not None:
+                budget.add(proc.pid)
+            try:
+                yield proc
+            finally:
+                self.cpu_used = _cpu_seconds(proc.pid)
+                self.throttled = budget.throttled_seconds() if budget is not None else 0.0
 
 
 class EnvoyLB(Contender):
@@ -273,17 +307,14 @@ class Epp(Contender):
             cfg.write_text(self.config)
             cmd += ["--config-file", str(cfg)]
         log = workdir / "epp.log"
-        proc = _popen(cmd, log)
-        self.pid = proc.pid
-        try:
+        with self._process(cmd, log) as proc:
+            self.pid = proc.pid
             self._wait_ready(proc, log, fleet.size)
             admin, listen = e.free_port(), e.free_port()
             known = [f"{h}:{p}" for h, p in fleet.endpoints]
             with e.Envoy(pool_gateway_config(grpc, admin, listen, known), admin_port=admin,
                          workdir=workdir / "envoy"):
                 yield f"http://127.0.0.1:{listen}"
-        finally:
-            _stop(proc)
 
     def _wait_ready(self, proc: subprocess.Popen[bytes], log: Path, size: int) -> None:
         # Ready = every endpoint listed with fresh metrics in /debug/pool, so the first
@@ -336,12 +367,9 @@ class PeerRouter(Contender):
         cmd = self.peer.command(policy=self.policy, port=port, prometheus_port=prom,
                                 workers=fleet.urls, extra=self.extra)
         (workdir / "command.txt").write_text(" ".join(cmd) + "\n")
-        proc = _popen(cmd, log, env=peer_env())
-        try:
+        with self._process(cmd, log, env=peer_env()) as proc:
             wait_router_ready(proc, port, self.name, log)
             yield f"http://127.0.0.1:{port}"
-        finally:
-            _stop(proc)
 
 
 def all_contenders() -> dict[str, Contender]:

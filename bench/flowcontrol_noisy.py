@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import time
@@ -38,6 +39,7 @@ import orjson
 
 from bench.compare import RUNS, run_one
 from bench.contenders import TUNED_CONFIG, Contender, EnvoyLB, Epp
+from bench.cpubudget import budget_statement, burners
 from bench.flowcontrol_probe import FlowEpp
 from bench.loadgen import percentile as pct
 from bench.openloop import Outcome
@@ -254,10 +256,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=120.0)
     p.add_argument("--contenders", default="", help="comma-separated subset")
     p.add_argument("--servers", type=int, default=FLEET_SIZE)
+    p.add_argument("--router-cpus", type=float, default=0.0,
+                   help="CPU budget of the EPP's process (bench.cpubudget); 0: none")
+    p.add_argument("--burners", type=int, default=0,
+                   help="busy-loop processes running beside the whole benchmark")
     args = p.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
     cs = [c for c in contenders()
           if not args.contenders or c.name in args.contenders.split(",")]
+    for c in cs:
+        c.cpus = args.router_cpus
+    print(f"router CPU budget: {budget_statement(args.router_cpus) or 'none'}; "
+          f"burners: {args.burners}", flush=True)
+    with burners(args.burners):
+        rows = run_seeds(args, seeds, cs)
+    print(f"load average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    report(seeds, cs, rows)
+    return 0
+
+
+def run_seeds(args: argparse.Namespace, seeds: list[int],
+              cs: list[Contender]) -> dict[str, list[dict[str, float]]]:
+    """Per contender, one row per seed: the solo and the flooded run's figures."""
     run_dir = RUNS / f"flowcontrol-noisy-{time.strftime('%Y%m%d-%H%M%S')}"
     rows: dict[str, list[dict[str, float]]] = {}
     for i, seed in enumerate(seeds):
@@ -305,6 +325,13 @@ def main(argv: list[str] | None = None) -> int:
                   f"tok/s {row['tok_s']:.0f}, quiet EPP wait / mean TTFT "
                   f"{row.get('noisy_epp_share', float('nan')):.2f}, "
                   f"errors {row['noisy_errors']:.0f}", flush=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "results.json").write_text(json.dumps(rows, indent=1))
+    return rows
+
+
+def report(seeds: list[int], cs: list[Contender],
+           rows: dict[str, list[dict[str, float]]]) -> None:
     print(f"\nnoisy tenant, seeds {seeds}: median [95% bootstrap interval] over seeds")
     base = cs[0].name if cs else ""
     print("| contender | quiet TTFT p90 solo s | with flood s | flood / solo | "
@@ -330,9 +357,6 @@ def main(argv: list[str] | None = None) -> int:
               f"{col('ratio')} | {col('jain')} | {col('noisy_goodput_share')} | "
               f"{col('jain_completed')} | "
               f"{sum(r['noisy_errors'] for r in rs):.0f} |")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "results.json").write_text(json.dumps(rows, indent=1))
-    return 0
 
 
 if __name__ == "__main__":
