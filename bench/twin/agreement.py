@@ -1,12 +1,14 @@
 """Does the twin agree with the real-time stack? Same workload, seed and fleet, both ways.
 
     python -m bench.twin.agreement                      # make bench-agreement: a short live case
-    python -m bench.twin.agreement --from-run .cache/bench-compare/<timestamp>
+    python -m bench.twin.agreement --from-run .cache/bench-compare/<timestamp> [--epp-cpus 1]
 
 Live: ``envoy-rr`` and ``epp-default`` run for real (``bench.compare.run_one``: simulator
 processes, real Envoy, the EPP process) and in the twin, on the same schedule. ``--from-run``
-replays every ``envoy-rr`` / ``epp-default`` run of a saved ``bench.compare`` run in the twin
-instead (no new real-time runs). Compared: TTFT p50, TTFT p90 and output tok/s of the warm
+replays every ``envoy-rr`` / ``epp-default`` / ``epp-tuned`` run of a saved ``bench.compare``
+run in the twin instead (no new real-time runs). ``--epp-cpus N`` gives the twin's EPP the
+measured CPU model at that budget (:class:`bench.twin.cpu.ProcessCpu`), as ``bench.compare
+--router-cpus N`` gave the real one. Compared: TTFT p50, TTFT p90 and output tok/s of the warm
 requests; the twin agrees when each is within :data:`TOLERANCE` of the real figure.
 """
 
@@ -21,11 +23,14 @@ from pathlib import Path
 
 from bench import report as rp
 from bench.report import RunResult
-from bench.twin.cli import run_one
+from bench.twin.cli import MEASURED_COST, run_one
+from bench.twin.cpu import ProcessCpu
 from bench.workloads import WORKLOADS
 
 TOLERANCE = 0.15
 CONTENDERS = ("envoy-rr", "epp-default")
+#: What a saved run is replayed for (the routers the twin has).
+REPLAYED = (*CONTENDERS, "epp-tuned")
 SECTION = "## Twin agreement"
 METRICS = (("TTFT p50", "ttft_p50"), ("TTFT p90", "ttft_p90"), ("out tok/s", "output_tps"))
 
@@ -50,13 +55,14 @@ class Pair:
         return all(abs(d) <= TOLERANCE for d in self.diffs().values())
 
 
-def twin_of(real: RunResult, duration: float) -> RunResult:
-    """The twin's run matching ``real``."""
-    return run_one(real.workload, real.load, real.servers, real.seed, real.contender, duration)
+def twin_of(real: RunResult, duration: float, cpu: ProcessCpu | None = None) -> RunResult:
+    """The twin's run matching ``real`` (``cpu``: the EPP's CPU model, None: free)."""
+    return run_one(real.workload, real.load, real.servers, real.seed, real.contender, duration,
+                   cpu=cpu)
 
 
 def live(workload: str, load: float, seed: int, servers: int, duration: float,
-         workdir: Path) -> list[Pair]:
+         workdir: Path, cpu: ProcessCpu | None = None) -> list[Pair]:
     """Run ``envoy-rr`` and ``epp-default`` for real, then in the twin."""
     from bench.compare import run_one
     from bench.contenders import all_contenders
@@ -66,7 +72,7 @@ def live(workload: str, load: float, seed: int, servers: int, duration: float,
         real = run_one(WORKLOADS[workload], load, all_contenders()[name], duration=duration,
                        seed=seed, servers=servers, time_scale=1.0,
                        workdir=workdir / name, progress=False, timeout=60.0)
-        pairs.append(Pair(real, twin_of(real, duration)))
+        pairs.append(Pair(real, twin_of(real, duration, cpu)))
     return pairs
 
 
@@ -96,8 +102,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--servers", type=int, default=4)
     ap.add_argument("--duration", type=float, default=12.0, help="model seconds")
+    ap.add_argument("--epp-cpus", type=float, default=0.0,
+                    help="the twin's EPP CPU budget, with the measured costs "
+                         "(bench/twin/epp_cost.json); 0: free CPU")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args(argv)
+    def cpu(servers: int) -> ProcessCpu | None:
+        return (ProcessCpu.measured(MEASURED_COST, args.epp_cpus, servers)
+                if args.epp_cpus > 0 else None)
     command = "python -m bench.twin.agreement " + " ".join(
         sys.argv[1:] if argv is None else argv)
     started = time.monotonic()
@@ -107,19 +119,23 @@ def main(argv: list[str] | None = None) -> int:
         meta, results = load_run(args.from_run)
         durations = dict(meta.get("durations", {}))  # type: ignore[call-overload]
         pairs = [Pair(r, twin_of(r, float(durations.get(r.workload,
-                                                        WORKLOADS[r.workload].duration))))
-                 for r in results if r.contender in CONTENDERS and r.usable]
+                                                        WORKLOADS[r.workload].duration)),
+                               cpu(r.servers)))
+                 for r in results if r.contender in REPLAYED and r.usable]
         source = f"the real runs of `{meta['command']}`"
     else:
         if args.workload not in WORKLOADS:
             ap.error(f"--workload: unknown workload {args.workload!r}")
         with tempfile.TemporaryDirectory() as tmp:
             pairs = live(args.workload, args.load, args.seed, args.servers, args.duration,
-                         Path(tmp))
+                         Path(tmp), cpu(args.servers))
         source = "live runs made by the command"
     lines = [SECTION, "",
              f"Command: `{command.strip()}` ({time.monotonic() - started:.0f} s; compared "
-             f"with {source}). Warm requests only (first 20% left out), model seconds.", "",
+             f"with {source}). Warm requests only (first 20% left out), model seconds. "
+             "The twin's EPP CPU: " + (f"{args.epp_cpus:g} CPU, measured costs "
+                                       f"({MEASURED_COST.name})." if args.epp_cpus > 0
+                                       else "free."), "",
              *table(pairs)]
     text = "\n".join(lines) + "\n"
     print(text)

@@ -9,6 +9,7 @@ so the same tables, ratios, intervals and verdicts apply.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -24,6 +25,7 @@ from bench import report as rp
 from bench.contenders import TUNED_CONFIG
 from bench.report import RunResult, summarize
 from bench.twin.baselines import LeastRequest, Random, RoundRobin
+from bench.twin.cpu import ProcessCpu
 from bench.twin.epp_adapter import ConfigError, EppRouter
 from bench.twin.loop import Router, TwinConfig, run
 from bench.workloads import MODEL, WORKLOADS
@@ -35,22 +37,30 @@ ROUTERS = ("envoy-rr", "envoy-random", "envoy-lr", "epp-default", "epp-tuned")
 DURATION_FACTOR = 1.0
 
 RouterFactory = Callable[[list[str], int], Router]
+#: The EPP's CPU costs the twin's ``--epp-cpus`` uses (``bench.epp_cpu --save``).
+MEASURED_COST = Path(__file__).with_name("epp_cost.json")
 
 
-def router_factories(config: Path | None) -> dict[str, RouterFactory]:
-    """Every router the twin knows; ``--config FILE`` adds ``epp:<file stem>``."""
+def router_factories(config: Path | None,
+                     cpu: ProcessCpu | None = None) -> dict[str, RouterFactory]:
+    """Every router the twin knows; ``--config FILE`` adds ``epp:<file stem>``. ``cpu``: each
+    EPP run gets its own process CPU model like it (None: the EPP's CPU is free)."""
+    def own() -> ProcessCpu | None:
+        return dataclasses.replace(cpu) if cpu is not None else None
+
     out: dict[str, RouterFactory] = {
         "envoy-rr": lambda keys, seed: RoundRobin("envoy-rr", keys, seed),
         "envoy-random": lambda keys, seed: Random("envoy-random", keys, seed),
         "envoy-lr": lambda keys, seed: LeastRequest("envoy-lr", keys, seed),
-        "epp-default": lambda keys, seed: EppRouter("epp-default", keys, seed, model=MODEL),
-        "epp-tuned": lambda keys, seed: EppRouter("epp-tuned", keys, seed,
+        "epp-default": lambda keys, seed: EppRouter("epp-default", keys, seed, model=MODEL,
+                                                    cpu=own()),
+        "epp-tuned": lambda keys, seed: EppRouter("epp-tuned", keys, seed, cpu=own(),
                                                   config_text=TUNED_CONFIG, model=MODEL),
     }
     if config is not None:
         name = f"epp:{config.stem}"
         out[name] = lambda keys, seed: EppRouter(name, keys, seed, config_file=config,
-                                                 model=MODEL)
+                                                 model=MODEL, cpu=own())
     return out
 
 
@@ -58,16 +68,16 @@ def kind(name: str) -> str:
     return "ours" if name.startswith("epp") else "baseline"
 
 
-Job = tuple[str, float, int, int, tuple[str, ...], float, str | None]
+Job = tuple[str, float, int, int, tuple[str, ...], float, str | None, ProcessCpu | None]
 
 
 def run_job(job: Job) -> list[RunResult]:
     """One (workload, load, servers, seed): the schedule, built once, through each router."""
-    wl_name, load, servers, seed, routers, duration, config = job
+    wl_name, load, servers, seed, routers, duration, config, cpu = job
     wl = WORKLOADS[wl_name]
     specs = wl.schedule(load, duration, seed, servers)
     cfg = TwinConfig(servers=servers, seed=seed, model=MODEL)
-    factories = router_factories(Path(config) if config else None)
+    factories = router_factories(Path(config) if config else None, cpu)
     out = []
     for name in routers:
         started = time.monotonic()
@@ -81,9 +91,10 @@ def run_job(job: Job) -> list[RunResult]:
 
 
 def run_one(workload: str, load: float, servers: int, seed: int, router: str,
-            duration: float, config: str | None = None) -> RunResult:
+            duration: float, config: str | None = None,
+            cpu: ProcessCpu | None = None) -> RunResult:
     """A single router's run."""
-    return run_job((workload, load, servers, seed, (router,), duration, config))[0]
+    return run_job((workload, load, servers, seed, (router,), duration, config, cpu))[0]
 
 
 def _floats(text: str) -> list[float]:
@@ -123,12 +134,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--duration", type=float, default=0.0,
                    help=f"arrival window per run, model seconds (default {DURATION_FACTOR:g}x "
                         "the workload's real-time window)")
+    p.add_argument("--epp-cpus", type=float, default=0.0,
+                   help="model the EPP process's CPU at this budget (e.g. 1; at most 1 is "
+                        "used: one interpreter), with the costs in --epp-cost; 0: free CPU")
+    p.add_argument("--epp-cost", type=Path, default=MEASURED_COST,
+                   help="the EPP's measured CPU costs (bench.epp_cpu --save; default "
+                        "bench/twin/epp_cost.json)")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
     p.add_argument("--no-write", action="store_true", help="do not touch RESULTS.md / plots")
     p.add_argument("--quick", action="store_true",
                    help="CI smoke: shared-prefix, 8 servers, 2 seeds, 10 model s")
     args = p.parse_args(argv)
     args.seeds = args.seeds[0]
+    if args.epp_cpus < 0:
+        p.error(f"--epp-cpus: expected a CPU budget >= 0, got {args.epp_cpus:g}")
+    if args.epp_cpus:
+        try:
+            for servers in args.servers:
+                ProcessCpu.measured(args.epp_cost, args.epp_cpus, servers)
+        except (OSError, ValueError, KeyError) as e:
+            p.error(f"--epp-cost: cannot use the EPP's costs in {args.epp_cost}: {e!r}")
     if args.quick:
         args.workloads, args.servers, args.seeds, args.duration = "shared-prefix", [8], 2, 10.0
         args.no_write = True
@@ -163,6 +188,8 @@ def report(results: list[RunResult], meta: dict[str, object]) -> str:
         "the real EPP scheduler and director (`bench/twin/epp_adapter.py`). What the twin "
         "models and leaves out: `docs/benchmarks.md`.", "",
     ]
+    if meta.get("epp_cpu"):
+        lines[-1:-1] = [f" The EPP's CPU is modelled: {meta['epp_cpu']}."]
     for servers in sorted({r.servers for r in results}):
         subset = [r for r in results if r.servers == servers]
         lines += [f"### {servers} servers", ""]
@@ -182,9 +209,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     command = "python -m bench.twin " + " ".join(sys.argv[1:] if argv is None else argv)
     cfg = str(args.config) if args.config else None
+    def cpu(servers: int) -> ProcessCpu | None:
+        return (ProcessCpu.measured(args.epp_cost, args.epp_cpus, servers)
+                if args.epp_cpus else None)
+
     jobs: list[Job] = [
         (wl, load, servers, seed, tuple(args.router_names),
-         args.duration or DURATION_FACTOR * WORKLOADS[wl].duration, cfg)
+         args.duration or DURATION_FACTOR * WORKLOADS[wl].duration, cfg, cpu(servers))
         for wl in args.workloads.split(",") for load in args.loads for servers in args.servers
         for seed in range(args.seeds)]
     started = time.monotonic()
@@ -195,6 +226,11 @@ def main(argv: list[str] | None = None) -> int:
             results.extend(batch)
     wall = time.monotonic() - started
     meta: dict[str, object] = {"command": command.strip(), "wall": wall, "jobs": args.jobs}
+    c = cpu(1)
+    if c is not None:
+        meta["epp_cpu"] = (f"{c.cpus:g} CPU, {c.per_request * 1e3:.2f} ms per request, "
+                           f"{c.per_token * 1e6:.0f} µs per streamed token, {c.idle:.2%} of "
+                           f"a CPU per scraped pod (from {args.epp_cost.name})")
     run_dir = RUNS / time.strftime("%Y%m%d-%H%M%S")
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "results.json").write_text(

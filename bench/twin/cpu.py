@@ -76,6 +76,51 @@ class CpuCost:
         return (1 - self.background) / self.per_request
 
 
+@dataclass(slots=True)
+class ProcessCpu:
+    """One EPP process's CPU in the routing twin (:mod:`bench.twin.loop`), per request and per
+    streamed token, under a CPU budget (a pod's limit).
+
+    Costs are CPU seconds measured on the real EPP (``bench.epp_cpu --save``): a request costs
+    ``per_request`` when it is picked, every streamed token ``per_token`` when its chunk crosses
+    the ext_proc stream, and background work (scraping the pool's pods) holds ``idle`` of a
+    CPU. The process
+    does one piece of work at a time, first come first served, at ``cpus`` CPUs (at most one:
+    one Python interpreter). A piece that arrives while it is busy waits: a late pick starts
+    the request late on its server, a late chunk reaches the client late.
+    """
+
+    per_request: float
+    per_token: float
+    cpus: float = 1.0
+    idle: float = 0.0
+    #: when the work taken so far is done (model seconds)
+    free_at: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.per_request < 0 or self.per_token < 0 or not 0 <= self.idle < min(1, self.cpus):
+            raise ValueError(f"bad EPP CPU model {self}: costs >= 0, 0 <= idle < cpus")
+
+    def run(self, now: float, work: float) -> float:
+        """Work of ``work`` CPU seconds arriving at ``now``: when it is done."""
+        speed = min(self.cpus, 1.0) - self.idle
+        self.free_at = max(now, self.free_at) + work / speed
+        return self.free_at
+
+    def pick_done(self, index: int, now: float) -> float:
+        """When the pick of a request arriving at ``now`` is done."""
+        return self.run(now, self.per_request)
+
+    @classmethod
+    def measured(cls, path: Path, cpus: float, servers: int) -> ProcessCpu:
+        """The default profile's median costs saved by ``bench.epp_cpu --save PATH``, for a
+        pool of ``servers`` pods (the idle cost is the measured scraping cost per pod)."""
+        saved = json.loads(path.read_text())
+        costs = saved["contenders"]["EPP default profile"]
+        return cls(costs["per_request"], costs["per_token"], cpus,
+                   saved["scrape_per_pod"] * servers)
+
+
 class Cores:
     """``n`` single-core replicas behind Envoy's balancer; times in seconds."""
 

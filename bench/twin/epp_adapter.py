@@ -28,6 +28,7 @@ from pathlib import Path
 
 import yaml
 
+from bench.twin.cpu import ProcessCpu
 from bench.twin.loop import Refused, ServerState
 from bench.workloads import objective_manifests
 from devkit.manifests import pool_manifests
@@ -63,11 +64,13 @@ class EppRouter:
     def __init__(self, name: str, keys: list[str], seed: int, *, config_text: str | None = None,
                  config_file: Path | None = None, model: str = "",
                  scrape_interval: float = SCRAPE_INTERVAL,
-                 state_store: StateStore | None = None) -> None:
+                 state_store: StateStore | None = None, cpu: ProcessCpu | None = None) -> None:
         """``config_file`` or ``config_text`` (neither: the EPP's default config); raises
         :class:`ConfigError` for a bad config, naming the file. ``state_store``: what the
-        handle shares (:mod:`bench.twin.replicas`; a private in-memory store when None)."""
+        handle shares (:mod:`bench.twin.replicas`; a private in-memory store when None).
+        ``cpu``: the process's CPU model (None: picks and chunks cost no time)."""
         self.name = name
+        self.cpu = cpu
         self.scrape_interval = scrape_interval
         self.model = model
         config = (load_config_file(config_file) if config_file is not None

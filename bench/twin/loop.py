@@ -11,7 +11,10 @@ Events, in time order (ties broken by kind, then by insertion):
 - **arrival** of a request: the router picks a server (its in-flight count goes up), the
   server's engine queues the request and starts a step if it was idle. A router that models
   its own CPU (``pick_done``, :mod:`bench.twin.cpu` in :mod:`bench.twin.replicas`) says when
-  the pick is done instead, and a **pick** event at that time does the above.
+  the pick is done instead, and a **pick** event at that time does the above. A router with
+  a process CPU model (``cpu``, :class:`bench.twin.cpu.ProcessCpu`) pays for each pick and
+  each streamed token on it: the pick waits for the process, and the client sees a token when
+  the process has passed it on.
 
 A request leaves the router's in-flight accounting when its last token is out. Times are model
 seconds; nothing sleeps, so one seed gives the same outcomes every time.
@@ -28,6 +31,7 @@ from typing import Protocol
 import orjson
 
 from bench.openloop import Outcome
+from bench.twin.cpu import ProcessCpu
 from bench.workloads import RequestSpec
 from sim.engine import Engine, QueueFull, SimRequest
 from sim.openai import ApiError, parse_request
@@ -122,6 +126,7 @@ def run(specs: Sequence[RequestSpec], router: Router, config: TwinConfig) -> lis
     owner: dict[int, tuple[int, str]] = {}   # id(SimRequest) -> (request index, server)
     events: list[tuple[float, int, int, str]] = []   # (time, kind, seq, payload)
     seq = 0
+    cpu: ProcessCpu | None = getattr(router, "cpu", None)
 
     def push(t: float, kind: int, payload: str) -> None:
         nonlocal seq
@@ -142,10 +147,12 @@ def run(specs: Sequence[RequestSpec], router: Router, config: TwinConfig) -> lis
             if idx is None:
                 return
             out = outcomes[idx[0]]
-            if kind == "first_token":
-                out.ttft = t - out.start
+            if kind == "first_token" or kind == "token":
+                seen = t if cpu is None else cpu.run(t, cpu.per_token)
+                if kind == "first_token":
+                    out.ttft = seen - out.start
+                out.e2e = seen - out.start   # the last token's is the request's
             elif kind == "finish":
-                out.e2e = t - out.start
                 out.status = 200
                 out.output_tokens = req.generated
                 out.prompt_tokens = req.prompt_tokens
@@ -175,6 +182,8 @@ def run(specs: Sequence[RequestSpec], router: Router, config: TwinConfig) -> lis
     advance: Callable[[float], None] | None = getattr(router, "advance", None)
     # A router with a CPU model: (request index, arrival time) -> when its pick is done.
     pick_done: Callable[[int, float], float] | None = getattr(router, "pick_done", None)
+    if cpu is not None:
+        pick_done = cpu.pick_done
     while events:
         t, kind, _, payload = heapq.heappop(events)
         if advance is not None:
