@@ -184,6 +184,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--router-cpus", type=float, default=0.0,
                    help="CPU budget of each router process (our EPP, the peers), as a "
                         "Guaranteed pod's request = limit (bench.cpubudget); 0: none")
+    p.add_argument("--gateway-cpus", type=float, default=0.0,
+                   help="CPU budget of the gateway's Envoy (its own pod), for every contender "
+                        "that runs one; 0: none")
     p.add_argument("--burners", type=int, default=0,
                    help="busy-loop processes running beside the whole comparison")
     p.add_argument("--servers", type=_positive_int, default=8,
@@ -226,13 +229,15 @@ def main(argv: list[str] | None = None) -> int:
     command = "python -m bench.compare " + " ".join(sys.argv[1:] if argv is None else argv)
     contenders = {k: all_contenders()[k] for k in args.contender_names}
     for c in contenders.values():
-        c.cpus = args.router_cpus
+        c.cpus, c.gateway_cpus = args.router_cpus, args.gateway_cpus
     run_dir = RUNS / time.strftime("%Y%m%d-%H%M%S")
     started = time.monotonic()
     meta: dict[str, object] = {"command": command.strip(), "seeds": args.seeds,
                                "servers": args.servers, "time_scale": args.time_scale,
                                "wall": 0.0, "note": args.note, "burners": args.burners,
-                               "budget": budget_statement(args.router_cpus),
+                               "budget": "; ".join(filter(None, (
+                                   budget_statement(args.router_cpus, "router process"),
+                                   budget_statement(args.gateway_cpus, "gateway Envoy")))),
                                "durations": {w: args.duration or WORKLOADS[w].duration
                                              for w in args.workloads.split(",")}}
     with burners(args.burners):

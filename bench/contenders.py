@@ -30,10 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psutil
 import yaml
 
-from bench.cpubudget import CpuBudget
+from bench.cpubudget import CpuBudget, cpu_seconds
 from bench.peers import PEERS, peer_env
 from bench.workloads import FLEET_SIZE, LORA_ADAPTERS, PROFILE, objective_manifests
 from devkit import envoy as e
@@ -102,14 +101,6 @@ def _stop(proc: subprocess.Popen[Any] | None, grace: float = 10.0) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-
-
-def _cpu_seconds(pid: int) -> float:
-    try:
-        t = psutil.Process(pid).cpu_times()
-    except psutil.Error:
-        return 0.0
-    return float(t.user + t.system)
 
 
 def _tail(path: Path, n: int = 15) -> str:
@@ -201,6 +192,9 @@ class Contender:
     #: CPU budget of the router's own process, as its pod's limit (0: none; Envoy and the
     #: baselines have no process of their own)
     cpus: float = 0.0
+    #: CPU budget of the gateway's Envoy (its own pod; 0: none), for every contender that
+    #: runs one: the baselines and our EPP alike
+    gateway_cpus: float = 0.0
     #: the router process's CPU seconds in its last run, and how long its budget held it back
     cpu_used: float = 0.0
     throttled: float = 0.0
@@ -219,6 +213,15 @@ class Contender:
         return {}
 
     @contextlib.contextmanager
+    def _gateway(self, config: dict[str, Any], admin: int, workdir: Path) -> Iterator[e.Envoy]:
+        """The gateway's Envoy, under :attr:`gateway_cpus`."""
+        with e.Envoy(config, admin_port=admin, workdir=workdir / "envoy") as envoy, \
+                contextlib.ExitStack() as stack:
+            if self.gateway_cpus and envoy.proc is not None:
+                stack.enter_context(CpuBudget(self.gateway_cpus)).add(envoy.proc.pid)
+            yield envoy
+
+    @contextlib.contextmanager
     def _process(self, cmd: list[str], log: Path,
                  env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
         """The router's process under its CPU budget, stopped on exit; what CPU it used is
@@ -233,7 +236,7 @@ class Contender:
             try:
                 yield proc
             finally:
-                self.cpu_used = _cpu_seconds(proc.pid)
+                self.cpu_used = cpu_seconds(proc.pid)
                 self.throttled = budget.throttled_seconds() if budget is not None else 0.0
 
 
@@ -252,7 +255,7 @@ class EnvoyLB(Contender):
         cluster = e.static_cluster("fleet", fleet.endpoints, lb_policy=self.lb_policy)
         cluster["connect_timeout"] = "5s"
         cfg = e.bootstrap(admin, [e.listener(listen, [e.route("fleet")], [])], [cluster])
-        with e.Envoy(cfg, admin_port=admin, workdir=workdir / "envoy"):
+        with self._gateway(cfg, admin, workdir):
             yield f"http://127.0.0.1:{listen}"
 
 
@@ -312,8 +315,7 @@ class Epp(Contender):
             self._wait_ready(proc, log, fleet.size)
             admin, listen = e.free_port(), e.free_port()
             known = [f"{h}:{p}" for h, p in fleet.endpoints]
-            with e.Envoy(pool_gateway_config(grpc, admin, listen, known), admin_port=admin,
-                         workdir=workdir / "envoy"):
+            with self._gateway(pool_gateway_config(grpc, admin, listen, known), admin, workdir):
                 yield f"http://127.0.0.1:{listen}"
 
     def _wait_ready(self, proc: subprocess.Popen[bytes], log: Path, size: int) -> None:

@@ -21,6 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 
+import psutil
+
 PERIOD_US = 100_000
 #: The highest weight each cgroup version takes (v2 ``cpu.weight``, v1 ``cpu.shares``).
 WEIGHT_V2, SHARES_V1 = 10_000, 262_144
@@ -108,12 +110,22 @@ class CpuBudget:
         self._remove()
 
 
-def budget_statement(cpus: float) -> str:
-    """What a budget of ``cpus`` per process is on this machine, for a report ("" for none)."""
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system, every thread) process ``pid`` has used; 0 once it is gone."""
+    try:
+        t = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return 0.0
+    return float(t.user + t.system)
+
+
+def budget_statement(cpus: float, what: str = "router process") -> str:
+    """What a budget of ``cpus`` for each ``what`` is on this machine, for a report ("" for
+    no budget)."""
     if not cpus:
         return ""
     with CpuBudget(cpus) as budget:
-        return f"{cpus:g} CPU per router process ({budget.how})"
+        return f"{cpus:g} CPU per {what} ({budget.how})"
 
 
 @contextlib.contextmanager

@@ -15,7 +15,8 @@ control, and gRPC with the event loop, whose native code py-spy sees as the loop
 and how much ran on other threads (gRPC core's poller).
 
     python -m bench.epp_cpu [--seconds 4] [--rounds 3] [--concurrency 32] [--tokens 8,64]
-                            [--cpus 1] [--split] [--quick]
+                            [--cpus 1] [--scrape-pods 8,32] [--baseline-tree DIR] [--split]
+                            [--save FILE] [--quick]
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from pathlib import Path
 import psutil
 
 from bench.contenders import TUNED_CONFIG, Epp, SimFleet
-from bench.cpubudget import CpuBudget
+from bench.cpubudget import CpuBudget, cpu_seconds
 from bench.epp_overhead import PODS, echo_pool
 from bench.harness import start, stop
 from bench.stats import Interval, bootstrap_median
@@ -103,11 +104,6 @@ def save(args: argparse.Namespace, medians: dict[str, dict[str, float]],
         "scrape_per_pod": statistics.median(r / n for n, r in scrapes.items())
         if scrapes else medians["EPP default profile"]["idle"] / len(PODS)},
         indent=1) + "\n")
-
-
-def cpu_seconds(pid: int) -> float:
-    t = psutil.Process(pid).cpu_times()
-    return t.user + t.system
 
 
 def stream_body(work: Path, tokens: int) -> Path:

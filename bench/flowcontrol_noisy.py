@@ -258,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--servers", type=int, default=FLEET_SIZE)
     p.add_argument("--router-cpus", type=float, default=0.0,
                    help="CPU budget of the EPP's process (bench.cpubudget); 0: none")
+    p.add_argument("--gateway-cpus", type=float, default=0.0,
+                   help="CPU budget of the gateway's Envoy (bench.cpubudget); 0: none")
     p.add_argument("--burners", type=int, default=0,
                    help="busy-loop processes running beside the whole benchmark")
     args = p.parse_args(argv)
@@ -265,8 +267,9 @@ def main(argv: list[str] | None = None) -> int:
     cs = [c for c in contenders()
           if not args.contenders or c.name in args.contenders.split(",")]
     for c in cs:
-        c.cpus = args.router_cpus
-    print(f"router CPU budget: {budget_statement(args.router_cpus) or 'none'}; "
+        c.cpus, c.gateway_cpus = args.router_cpus, args.gateway_cpus
+    print(f"router CPU budget: {budget_statement(args.router_cpus) or 'none'}; gateway: "
+          f"{budget_statement(args.gateway_cpus, 'gateway Envoy') or 'none'}; "
           f"burners: {args.burners}", flush=True)
     with burners(args.burners):
         rows = run_seeds(args, seeds, cs)
