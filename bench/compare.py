@@ -25,6 +25,7 @@ Raw per-request outcomes and logs stay under ``.cache/bench-compare/<timestamp>/
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -38,7 +39,7 @@ import orjson
 
 from bench import report as rp
 from bench.contenders import Contender, SimFleet, all_contenders
-from bench.cpubudget import budget_statement, burners
+from bench.cpubudget import CpuBudget, budget_statement, burners
 from bench.openloop import Outcome
 from bench.report import RunResult, summarize
 from bench.workloads import PROFILE, WORKLOADS, Workload, write_specs
@@ -55,8 +56,9 @@ FULL_WORKLOADS, FULL_LOAD = ("shared-prefix", "lora", "bursts", "sharegpt"), 0.7
 
 def run_one(workload: Workload, load: float, contender: Contender, *, duration: float,
             seed: int, servers: int, time_scale: float, workdir: Path, progress: bool,
-            timeout: float) -> RunResult:
-    """One run: fresh fleet, contender in front, the seed's schedule played open-loop."""
+            timeout: float, fleet_cpus: float = 0.0, client_cpus: float = 0.0) -> RunResult:
+    """One run: fresh fleet, contender in front, the seed's schedule played open-loop;
+    ``fleet_cpus`` / ``client_cpus``: CPU budgets of the simulator and the client (0: none)."""
     specs = workload.schedule(load, duration, seed, servers)
     res = RunResult(workload.name, load, load * workload.capacity(servers), contender.name,
                     contender.kind, seed=seed, servers=servers)
@@ -69,14 +71,20 @@ def run_one(workload: Workload, load: float, contender: Contender, *, duration: 
     specs = [dataclasses.replace(s, at=s.at * time_scale) for s in specs]
     write_specs(specs, workdir / "requests.jsonl")
     started = time.monotonic()
-    with SimFleet(workdir / "fleet", size=servers, time_scale=time_scale, seed=seed) as fleet, \
-            contender.running(fleet, workdir) as url:
+    with SimFleet(workdir / "fleet", size=servers, time_scale=time_scale, seed=seed,
+                  cpus=fleet_cpus) as fleet, contender.running(fleet, workdir) as url:
         cmd = [sys.executable, "-m", "bench.openloop", "--url", url,
                "--requests", str(workdir / "requests.jsonl"),
                "--out", str(workdir / "outcomes.jsonl"), "--timeout", str(timeout)]
         if progress:
             cmd.append("--progress")
-        subprocess.run(cmd, check=True)
+        with contextlib.ExitStack() as stack:
+            client = subprocess.Popen(cmd)
+            stack.callback(client.kill)   # only if this block fails before it ends
+            if client_cpus:
+                stack.enter_context(CpuBudget(client_cpus)).add(client.pid)
+            if client.wait() != 0:
+                raise subprocess.CalledProcessError(client.returncode, cmd)
         debug = contender.debug()
         if debug:
             (workdir / "debug.json").write_text(json.dumps(debug, indent=1))
@@ -112,7 +120,7 @@ def report(results: list[RunResult], meta: dict[str, object]) -> str:
         f"(unchanged profile, time scale {meta['time_scale']}, fresh fleet per run). "
         "The machine has 2 CPUs shared by the client, Envoy, the router, the simulator - and "
         "other engineers' jobs, so wall-clock drift is part of the noise the intervals carry. "
-        f"Router CPU budget: {meta.get('budget') or 'none (whole machine)'}; background CPU "
+        f"CPU budgets: {meta.get('budget') or 'none (whole machine)'}; background CPU "
         f"burners: {meta.get('burners', 0)}; load average at the end "
         f"{meta.get('loadavg', '?')}. "
         "Times are model seconds; \"load\" is offered rate / the workload's nominal fleet "
@@ -187,6 +195,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--gateway-cpus", type=float, default=0.0,
                    help="CPU budget of the gateway's Envoy (its own pod), for every contender "
                         "that runs one; 0: none")
+    p.add_argument("--fleet-cpus", type=float, default=0.0,
+                   help="CPU budget of the simulator process (the model servers have their "
+                        "own machines in production); 0: none")
+    p.add_argument("--client-cpus", type=float, default=0.0,
+                   help="CPU budget of the load-generating client; 0: none")
     p.add_argument("--burners", type=int, default=0,
                    help="busy-loop processes running beside the whole comparison")
     p.add_argument("--servers", type=_positive_int, default=8,
@@ -237,7 +250,9 @@ def main(argv: list[str] | None = None) -> int:
                                "wall": 0.0, "note": args.note, "burners": args.burners,
                                "budget": "; ".join(filter(None, (
                                    budget_statement(args.router_cpus, "router process"),
-                                   budget_statement(args.gateway_cpus, "gateway Envoy")))),
+                                   budget_statement(args.gateway_cpus, "gateway Envoy"),
+                                   budget_statement(args.fleet_cpus, "simulator process"),
+                                   budget_statement(args.client_cpus, "client")))),
                                "durations": {w: args.duration or WORKLOADS[w].duration
                                              for w in args.workloads.split(",")}}
     with burners(args.burners):
@@ -285,7 +300,9 @@ def run_all(args: argparse.Namespace, contenders: dict[str, Contender], run_dir:
                         res = run_one(wl, load, c, duration=args.duration or wl.duration,
                                       seed=seed, servers=args.servers,
                                       time_scale=args.time_scale, workdir=workdir,
-                                      progress=not args.no_progress, timeout=args.timeout)
+                                      progress=not args.no_progress, timeout=args.timeout,
+                                      fleet_cpus=args.fleet_cpus,
+                                      client_cpus=args.client_cpus)
                     except Exception as exc:  # a contender that fails to start is a result
                         res = RunResult(wl.name, load, load * wl.capacity(args.servers),
                                         c.name, c.kind, seed=seed, servers=args.servers,

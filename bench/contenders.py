@@ -139,6 +139,9 @@ class SimFleet:
     port: int = 0
     hosts: list[str] = field(default_factory=list)
     proc: subprocess.Popen[str] | None = None
+    #: CPU budget of the simulator process (the model servers' own machines; 0: none)
+    cpus: float = 0.0
+    _budget: CpuBudget | None = None
 
     @property
     def urls(self) -> list[str]:
@@ -165,6 +168,9 @@ class SimFleet:
             [sys.executable, "-m", "sim.main", "--config", str(path), "--log-level", "warning"],
             stdout=subprocess.PIPE, stderr=(self.workdir / "sim.log").open("ab"), text=True)
         assert self.proc.stdout is not None
+        if self.cpus:
+            self._budget = CpuBudget(self.cpus).__enter__()
+            self._budget.add(self.proc.pid)
         line = self.proc.stdout.readline()
         if not line.startswith("vllm-sim ready:"):
             _stop(self.proc)
@@ -175,6 +181,9 @@ class SimFleet:
     def stop(self) -> None:
         """SIGTERM the simulator."""
         _stop(self.proc)
+        if self._budget is not None:
+            self._budget.__exit__(None, None, None)
+            self._budget = None
 
     def __enter__(self) -> SimFleet:
         return self.start()

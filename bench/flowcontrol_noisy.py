@@ -260,6 +260,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="CPU budget of the EPP's process (bench.cpubudget); 0: none")
     p.add_argument("--gateway-cpus", type=float, default=0.0,
                    help="CPU budget of the gateway's Envoy (bench.cpubudget); 0: none")
+    p.add_argument("--fleet-cpus", type=float, default=0.0,
+                   help="CPU budget of the simulator process; 0: none")
+    p.add_argument("--client-cpus", type=float, default=0.0,
+                   help="CPU budget of the load-generating client; 0: none")
     p.add_argument("--burners", type=int, default=0,
                    help="busy-loop processes running beside the whole benchmark")
     args = p.parse_args(argv)
@@ -269,7 +273,9 @@ def main(argv: list[str] | None = None) -> int:
     for c in cs:
         c.cpus, c.gateway_cpus = args.router_cpus, args.gateway_cpus
     print(f"router CPU budget: {budget_statement(args.router_cpus) or 'none'}; gateway: "
-          f"{budget_statement(args.gateway_cpus, 'gateway Envoy') or 'none'}; "
+          f"{budget_statement(args.gateway_cpus, 'gateway Envoy') or 'none'}; simulator: "
+          f"{budget_statement(args.fleet_cpus, 'simulator process') or 'none'}; client: "
+          f"{budget_statement(args.client_cpus, 'client') or 'none'}; "
           f"burners: {args.burners}", flush=True)
     with burners(args.burners):
         rows = run_seeds(args, seeds, cs)
@@ -292,7 +298,8 @@ def run_seeds(args: argparse.Namespace, seeds: list[int],
                 res = run_one(cast(Workload, w), 1.0, c, duration=args.duration, seed=seed,
                               servers=args.servers,
                               time_scale=args.time_scale, workdir=workdir, progress=False,
-                              timeout=args.timeout)
+                              timeout=args.timeout, fleet_cpus=args.fleet_cpus,
+                              client_cpus=args.client_cpus)
                 specs = w.schedule(1.0, args.duration, seed, args.servers)
                 outcomes = [Outcome(**orjson.loads(line)) for line in
                             (workdir / "outcomes.jsonl").read_bytes().splitlines()]

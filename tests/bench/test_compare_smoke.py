@@ -58,12 +58,15 @@ def test_the_epp_routes_under_a_cpu_budget_on_the_seeds_asked_for() -> None:
         [sys.executable, "-m", "bench.compare", "--workloads", "shared-prefix", "--loads", "0.3",
          "--duration", "4", "--time-scale", "0.25", "--servers", "2", "--seeds", "1",
          "--first-seed", "7", "--contenders", "epp-default", "--router-cpus", "0.5",
-         "--gateway-cpus", "1", "--burners", "1", "--no-write", "--no-progress"],
+         "--gateway-cpus", "1", "--fleet-cpus", "1", "--client-cpus", "0.5", "--burners", "1",
+         "--no-write", "--no-progress"],
         cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(ln for ln in proc.stderr.splitlines() if "seed 7 epp-default" in ln)
     assert " ok " in line and ", router CPU " in line and " throttled " in line
     assert "Seeds [7]" in proc.stdout
-    assert "Router CPU budget: 0.5 CPU per router process (" in proc.stdout
+    assert "CPU budgets: 0.5 CPU per router process (" in proc.stdout
     assert "; 1 CPU per gateway Envoy (" in proc.stdout
+    assert "; 1 CPU per simulator process (" in proc.stdout
+    assert "; 0.5 CPU per client (" in proc.stdout
     assert "background CPU burners: 1;" in proc.stdout
