@@ -173,7 +173,7 @@ class SimFleet:
             self._budget.add(self.proc.pid)
         line = self.proc.stdout.readline()
         if not line.startswith("vllm-sim ready:"):
-            _stop(self.proc)
+            self.stop()
             raise RuntimeError(f"simulator did not start: {line!r} "
                                f"{_tail(self.workdir / 'sim.log')}")
         return self
