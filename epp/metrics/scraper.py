@@ -3,8 +3,13 @@
 One aiohttp session for all endpoints and one task per endpoint, so a slow or hanging
 server only delays its own updates. Picking never waits for a scrape: the scheduler reads
 whatever metrics are installed, and each endpoint's ``updated_at`` tells how old they are.
-After ``failure_threshold`` failures in a row (a timeout, a non-200, a page without load
-metrics) the datastore drops the endpoint from the candidates until a scrape succeeds.
+
+A failed scrape (a timeout, a non-200, a page without load metrics) leaves the endpoint on
+its last metrics, which go stale, as upstream: a hung ``/metrics`` says nothing about
+inference. After ``failure_threshold`` failures in a row the datastore drops the endpoint
+from the candidates, until a scrape succeeds, only when there is nothing to serve on: its
+metrics were never read, or its server refuses connections on the port it serves
+(:meth:`Scraper._refused`).
 """
 
 from __future__ import annotations
@@ -32,8 +37,8 @@ class ScraperConfig:
     #: Seconds between the starts of two scrapes of one endpoint (``--refresh-metrics-interval``).
     interval: float = 0.05
     #: Whole-request timeout in seconds. Upstream uses 10 s; 2 s is our default because a
-    #: server that cannot answer in 2 s is past the staleness threshold anyway, and failing
-    #: sooner takes a hung server out of rotation sooner.
+    #: server that cannot answer in 2 s is past the staleness threshold anyway, and a hung
+    #: request given up sooner lets the next try see a recovered server sooner.
     timeout: float = 2.0
     path: str = "/metrics"
     #: ``http`` or ``https``.
@@ -171,26 +176,46 @@ class Scraper:
         except asyncio.CancelledError:
             raise
         except (aiohttp.ClientError, TimeoutError, MetricsError, OSError) as e:
-            self._failed(view, e)
+            self._failed(view, e, refused=self._refused(view, e))
             return False
         except Exception as e:  # a page no rule foresaw must not end this endpoint's loop
             log.warning("metrics page could not be read", endpoint=view.key,
                         error=f"{type(e).__name__}: {e}")
             self._failed(view, e)
             return False
-        was_healthy = view.healthy
+        was_failing = (not view.healthy
+                       or view.consecutive_failures >= self.datastore.failure_threshold)
         self.datastore.record_scrape(view, parsed.metrics)
-        if not was_healthy:
+        if was_failing:
             log.info("endpoint metrics recovered", endpoint=view.key)
         self._warn_once(view, parsed.anomalies, parsed.missing)
         return True
 
-    def _failed(self, view: EndpointView, error: BaseException) -> None:
+    def _refused(self, view: EndpointView, error: BaseException) -> bool:
+        """True when ``error`` says the server itself is down: the connection to the port
+        it serves on could not be made (refused, unreachable), TLS aside. A metrics side
+        port that refuses says nothing about inference."""
+        port = self.config.port
+        return (isinstance(error, aiohttp.ClientConnectorError)
+                and not isinstance(error, aiohttp.ClientSSLError)
+                and (port is None or port == view.endpoint.port))
+
+    def _failed(self, view: EndpointView, error: BaseException, *, refused: bool = False) -> None:
         reason = str(error) or type(error).__name__
-        if self.datastore.record_scrape_failure(view):
+        if self.datastore.record_scrape_failure(view, refused=refused):
             log.warning(
-                "endpoint unhealthy: metrics scrapes keep failing",
+                "endpoint out of the candidates: metrics scrapes keep failing"
+                + (" (connection refused)" if refused else " (metrics never read)"),
                 endpoint=view.key,
+                pod=view.endpoint.pod_name,
+                failures=view.consecutive_failures,
+                error=reason,
+            )
+        elif view.healthy and view.consecutive_failures == self.datastore.failure_threshold:
+            log.warning(
+                "metrics scrapes keep failing; serving the endpoint on its last metrics",
+                endpoint=view.key,
+                pod=view.endpoint.pod_name,
                 failures=view.consecutive_failures,
                 error=reason,
             )

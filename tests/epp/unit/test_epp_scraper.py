@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import orjson
 import pytest
 from aiohttp import web
 
+from epp.config import build
 from epp.datastore import Datastore, build_snapshot, parse_object
 from epp.metrics import Scraper, ScraperConfig
+from epp.requestcontrol import Director
 
 PAGE = "vllm:num_requests_waiting 3\nvllm:num_requests_running 1\nvllm:kv_cache_usage_perc 0.5\n"
 
@@ -79,14 +83,16 @@ async def test_scrape_installs_metrics(server: FakeServer, raw_pool, raw_pod) ->
     assert ds.views()[0].metrics.kv_usage == 0.5
 
 
-async def test_failing_endpoint_becomes_unhealthy(server: FakeServer, raw_pool, raw_pod) -> None:
+async def test_endpoint_never_read_leaves_the_candidates_when_scrapes_fail(
+        server: FakeServer, raw_pool, raw_pod) -> None:
     server.mode = "fail"
     ds = datastore_for([server.port], raw_pool, raw_pod)
     async with Scraper(ds, FAST):
         await eventually(lambda: ds.candidates() == ())
 
 
-async def test_hanging_endpoint_becomes_unhealthy(server: FakeServer, raw_pool, raw_pod) -> None:
+async def test_endpoint_never_read_leaves_the_candidates_when_scrapes_hang(
+        server: FakeServer, raw_pool, raw_pod) -> None:
     server.mode = "hang"
     ds = datastore_for([server.port], raw_pool, raw_pod)
     async with Scraper(ds, ScraperConfig(interval=0.01, timeout=0.05)):
@@ -128,3 +134,59 @@ async def test_one_hanging_endpoint_does_not_delay_another(raw_pool, raw_pod) ->
     finally:
         await slow.stop()
         await fast.stop()
+
+
+async def test_error_pages_keep_a_read_endpoint_on_its_last_metrics(
+        server: FakeServer, raw_pool, raw_pod) -> None:
+    ds = datastore_for([server.port], raw_pool, raw_pod)
+    view = ds.views()[0]
+    async with Scraper(ds, FAST):
+        await eventually(lambda: view.metrics.waiting == 3)
+        server.mode = "fail"
+        await eventually(lambda: view.consecutive_failures > ds.failure_threshold)
+        assert ds.candidates() == (view,)
+        assert view.metrics.waiting == 3
+
+
+async def test_hung_metrics_on_every_pod_leave_them_candidates_and_picks_succeed(
+        raw_pool, raw_pod) -> None:
+    servers = [FakeServer() for _ in range(3)]
+    for s in servers:
+        await s.start()
+    try:
+        ds = datastore_for([s.port for s in servers], raw_pool, raw_pod)
+        director = Director.of(build(datastore=ds, rng=random.Random(0)))
+        async with Scraper(ds, ScraperConfig(interval=0.01, timeout=0.05)):
+            await eventually(lambda: all(v.ever_scraped for v in ds.views()))
+            for s in servers:
+                s.mode = "hang"
+            await eventually(lambda: all(v.consecutive_failures > ds.failure_threshold
+                                         for v in ds.views()))
+            assert len(ds.candidates()) == 3
+            body = orjson.dumps({"model": "m", "prompt": "hello"})
+            _, routed = director.route({":path": "/v1/completions"}, body, {})
+            assert routed.endpoint in ds.views()
+    finally:
+        for s in servers:
+            await s.stop()
+
+
+async def test_a_read_endpoint_whose_server_refuses_connections_leaves_the_candidates(
+        server: FakeServer, raw_pool, raw_pod) -> None:
+    ds = datastore_for([server.port], raw_pool, raw_pod)
+    async with Scraper(ds, FAST):
+        await eventually(lambda: ds.views()[0].ever_scraped)
+        await server.stop()
+        await eventually(lambda: ds.candidates() == ())
+
+
+async def test_an_endpoint_the_source_removed_is_no_candidate_and_no_longer_scraped(
+        server: FakeServer, raw_pool, raw_pod) -> None:
+    ds = datastore_for([server.port], raw_pool, raw_pod)
+    async with Scraper(ds, FAST) as scraper:
+        await eventually(lambda: ds.views()[0].ever_scraped)
+        server.mode = "hang"
+        ds.replace(build_snapshot([o for o in (parse_object(raw_pool(ports=(server.port,))),)
+                                   if o], pool_name=None, pool_namespace="default"))
+        assert ds.candidates() == ()
+        await eventually(lambda: not scraper._tasks)
