@@ -47,21 +47,56 @@ class ScraperConfig:
     insecure_skip_verify: bool = True
     #: Scrape this port instead of the endpoint's target port (metrics on a side port).
     port: int | None = None
-    #: A bigger page is a failed scrape (a vLLM page is ~100 KB; an endless one must not
-    #: grow the EPP's memory until the timeout).
-    max_page_bytes: int = 16 * 1024 * 1024
 
 
-async def _read_capped(resp: aiohttp.ClientResponse, limit: int) -> bytes:
-    """The response body, or :class:`MetricsError` as soon as it passes ``limit`` bytes."""
-    if resp.content_length is not None and resp.content_length > limit:
-        raise MetricsError(f"metrics page of {resp.content_length} bytes is over {limit}")
+#: Caps on one ``/metrics`` response. Upstream has none (and no flag), so they are constants.
+#: A real vLLM page (histograms, LoRA info) is tens of KB, ~100 KB with many models: both
+#: caps are far above any real page, and low enough that a hostile or broken server (an
+#: endless page, a gzip bomb) costs one bounded read per scrape. Bytes on the wire: the
+#: ``Content-Length`` (refused before reading), else the body bytes received, compressed
+#: or not.
+MAX_WIRE_BYTES = 4 * 1024 * 1024
+#: Bytes of the page after decompression.
+MAX_PAGE_BYTES = 16 * 1024 * 1024
+#: Longest wait between the starts of two scrapes of an endpoint whose scrapes keep failing
+#: (or the interval, if longer). It bounds what a failing server costs (about one capped
+#: read a second) and how late a recovered one is seen (at most this long after).
+MAX_BACKOFF = 1.0
+
+
+class PageTooLarge(MetricsError):
+    """The response is over :data:`MAX_WIRE_BYTES` on the wire or :data:`MAX_PAGE_BYTES`
+    decompressed: a failed scrape."""
+
+
+async def _read_capped(resp: aiohttp.ClientResponse) -> bytes:
+    """The (decompressed) response body, or :class:`PageTooLarge` as soon as it passes a cap.
+
+    aiohttp (>= 3.14, see pyproject.toml) decompresses a body only as fast as it is read,
+    in bounded pieces, so stopping here also stops the decompression of a gzip bomb;
+    ``total_raw_bytes`` counts what arrived before decompression."""
+    if resp.content_length is not None and resp.content_length > MAX_WIRE_BYTES:
+        raise PageTooLarge(f"metrics page of {resp.content_length} bytes is over "
+                           f"{MAX_WIRE_BYTES} on the wire")
     body = bytearray()
-    async for piece in resp.content.iter_chunked(1 << 16):
+    async for piece in resp.content.iter_any():
         body += piece
-        if len(body) > limit:
-            raise MetricsError(f"metrics page is over {limit} bytes")
+        if len(body) > MAX_PAGE_BYTES:
+            raise PageTooLarge(f"metrics page is over {MAX_PAGE_BYTES} bytes decompressed")
+        if resp.content.total_raw_bytes > MAX_WIRE_BYTES:
+            raise PageTooLarge(f"metrics page is over {MAX_WIRE_BYTES} bytes on the wire")
     return bytes(body)
+
+
+def backoff(interval: float, failures: int, threshold: int) -> float:
+    """Seconds from one scrape's start to the next after ``failures`` failed scrapes in a
+    row: the interval until ``threshold`` failures (a dead server is still noticed within
+    ``threshold`` intervals), then doubling with each further failure, at most
+    :data:`MAX_BACKOFF` (or the interval, if longer)."""
+    extra = failures - threshold + 1
+    if extra <= 0:
+        return interval
+    return min(max(MAX_BACKOFF, interval), interval * 2.0 ** min(extra, 32))
 
 
 #: Reads one page for one endpoint: (page text, endpoint, now) → metrics.
@@ -159,7 +194,9 @@ class Scraper:
         while True:
             started = loop.time()
             await self.scrape_once(view)
-            await asyncio.sleep(max(0.0, self.config.interval - (loop.time() - started)))
+            wait = backoff(self.config.interval, view.consecutive_failures,
+                           self.datastore.failure_threshold)
+            await asyncio.sleep(max(0.0, wait - (loop.time() - started)))
 
     async def scrape_once(self, view: EndpointView) -> bool:
         """Scrape ``view`` once and record the outcome; True on success."""
@@ -171,7 +208,7 @@ class Scraper:
             async with session.get(self.url(view)) as resp:
                 if resp.status != 200:
                     raise MetricsError(f"HTTP {resp.status}")
-                body = await _read_capped(resp, self.config.max_page_bytes)
+                body = await _read_capped(resp)
             parsed = self.extract(body.decode("utf-8", "replace"), view, time.monotonic())
         except asyncio.CancelledError:
             raise
@@ -202,6 +239,12 @@ class Scraper:
 
     def _failed(self, view: EndpointView, error: BaseException, *, refused: bool = False) -> None:
         reason = str(error) or type(error).__name__
+        if isinstance(error, PageTooLarge):
+            seen = self._warned.setdefault(view.key, set())
+            if "too large" not in seen:  # once per endpoint, not once per scrape
+                seen.add("too large")
+                log.warning("metrics page over the size cap; its scrapes fail",
+                            endpoint=view.key, pod=view.endpoint.pod_name, error=reason)
         if self.datastore.record_scrape_failure(view, refused=refused):
             log.warning(
                 "endpoint out of the candidates: metrics scrapes keep failing"
