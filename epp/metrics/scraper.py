@@ -10,6 +10,10 @@ inference. After ``failure_threshold`` failures in a row the datastore drops the
 from the candidates, until a scrape succeeds, only when there is nothing to serve on: its
 metrics were never read, or its server refuses connections on the port it serves
 (:meth:`Scraper._refused`).
+
+A hostile or broken server costs little: a response is read only up to the caps
+(:data:`MAX_WIRE_BYTES`, :data:`MAX_PAGE_BYTES`), and an endpoint whose scrapes keep failing
+is scraped less and less often, up to :data:`MAX_BACKOFF` apart (:func:`backoff`).
 """
 
 from __future__ import annotations
