@@ -76,7 +76,8 @@ class EndpointView:
     remote_tokens: int = 0
     #: Scraped ``waiting`` + picks not yet reflected by a scrape (see the class docstring).
     queue: int = 0
-    #: False after ``failure_threshold`` scrapes in a row failed; excluded from candidates.
+    #: False (excluded from the candidates) after ``failure_threshold`` scrapes in a row
+    #: failed while there was nothing to serve on: see :meth:`record_scrape_failure`.
     healthy: bool = True
     consecutive_failures: int = 0
     #: Typed attributes data-layer extractors add beside the core metrics, keyed by their
@@ -109,6 +110,11 @@ class EndpointView:
         """The latest attribute of class ``kind`` an extractor installed (None if none)."""
         value = self.attributes.get(kind)
         return value if isinstance(value, kind) else None
+
+    @property
+    def ever_scraped(self) -> bool:
+        """True once a scrape succeeded: there are metrics to serve on, however old."""
+        return self.metrics.updated_at != 0.0
 
     def age(self, now: float) -> float:
         """Seconds since the latest successful scrape (``inf`` if never scraped)."""
@@ -153,10 +159,17 @@ class EndpointView:
         self.healthy = True
         self._update_queue()
 
-    def record_scrape_failure(self, failure_threshold: int) -> bool:
-        """Count a failed scrape; returns True when this failure made the endpoint unhealthy."""
+    def record_scrape_failure(self, failure_threshold: int, *, refused: bool = False) -> bool:
+        """Count a failed scrape; returns True when this failure made the endpoint unhealthy.
+
+        A scrape that times out or gets an error page does not take the endpoint out (as
+        upstream, it is served on its last metrics, which go stale). It leaves the
+        candidates after ``failure_threshold`` failures in a row only when there is nothing
+        to serve on: its metrics were never read, or the server ``refused`` the connection
+        (the server is down, not only its ``/metrics``)."""
         self.consecutive_failures += 1
-        if self.healthy and self.consecutive_failures >= failure_threshold:
+        if (self.healthy and self.consecutive_failures >= failure_threshold
+                and (refused or not self.ever_scraped)):
             self.healthy = False
             return True
         return False

@@ -74,7 +74,8 @@ class Datastore:
         return self._all
 
     def candidates(self) -> tuple[EndpointView, ...]:
-        """Endpoints the scheduler may pick: all but those whose scrapes keep failing.
+        """Endpoints the scheduler may pick: all but those whose scrapes keep failing with
+        nothing to serve on (never read, or the server refuses connections).
 
         Cached; rebuilt only when the snapshot or an endpoint's health changes.
         """
@@ -93,9 +94,10 @@ class Datastore:
         if not was_healthy and view.key in self._views:
             self._refresh_candidates()
 
-    def record_scrape_failure(self, view: EndpointView) -> bool:
-        """A scrape of ``view`` failed; True when that made it unhealthy."""
-        flipped = view.record_scrape_failure(self.failure_threshold)
+    def record_scrape_failure(self, view: EndpointView, *, refused: bool = False) -> bool:
+        """A scrape of ``view`` failed (``refused``: the server refused the connection);
+        True when that made it unhealthy (see :meth:`EndpointView.record_scrape_failure`)."""
+        flipped = view.record_scrape_failure(self.failure_threshold, refused=refused)
         if flipped and view.key in self._views:
             self._refresh_candidates()
         return flipped

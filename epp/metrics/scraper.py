@@ -3,8 +3,17 @@
 One aiohttp session for all endpoints and one task per endpoint, so a slow or hanging
 server only delays its own updates. Picking never waits for a scrape: the scheduler reads
 whatever metrics are installed, and each endpoint's ``updated_at`` tells how old they are.
-After ``failure_threshold`` failures in a row (a timeout, a non-200, a page without load
-metrics) the datastore drops the endpoint from the candidates until a scrape succeeds.
+
+A failed scrape (a timeout, a non-200, a page without load metrics) leaves the endpoint on
+its last metrics, which go stale, as upstream: a hung ``/metrics`` says nothing about
+inference. After ``failure_threshold`` failures in a row the datastore drops the endpoint
+from the candidates, until a scrape succeeds, only when there is nothing to serve on: its
+metrics were never read, or its server refuses connections on the port it serves
+(:meth:`Scraper._refused`).
+
+A hostile or broken server costs little: a response is read only up to the caps
+(:data:`MAX_WIRE_BYTES`, :data:`MAX_PAGE_BYTES`), and an endpoint whose scrapes keep failing
+is scraped less and less often, up to :data:`MAX_BACKOFF` apart (:func:`backoff`).
 """
 
 from __future__ import annotations
@@ -32,8 +41,8 @@ class ScraperConfig:
     #: Seconds between the starts of two scrapes of one endpoint (``--refresh-metrics-interval``).
     interval: float = 0.05
     #: Whole-request timeout in seconds. Upstream uses 10 s; 2 s is our default because a
-    #: server that cannot answer in 2 s is past the staleness threshold anyway, and failing
-    #: sooner takes a hung server out of rotation sooner.
+    #: server that cannot answer in 2 s is past the staleness threshold anyway, and a hung
+    #: request given up sooner lets the next try see a recovered server sooner.
     timeout: float = 2.0
     path: str = "/metrics"
     #: ``http`` or ``https``.
@@ -42,21 +51,56 @@ class ScraperConfig:
     insecure_skip_verify: bool = True
     #: Scrape this port instead of the endpoint's target port (metrics on a side port).
     port: int | None = None
-    #: A bigger page is a failed scrape (a vLLM page is ~100 KB; an endless one must not
-    #: grow the EPP's memory until the timeout).
-    max_page_bytes: int = 16 * 1024 * 1024
 
 
-async def _read_capped(resp: aiohttp.ClientResponse, limit: int) -> bytes:
-    """The response body, or :class:`MetricsError` as soon as it passes ``limit`` bytes."""
-    if resp.content_length is not None and resp.content_length > limit:
-        raise MetricsError(f"metrics page of {resp.content_length} bytes is over {limit}")
+#: Caps on one ``/metrics`` response. Upstream has none (and no flag), so they are constants.
+#: A real vLLM page (histograms, LoRA info) is tens of KB, ~100 KB with many models: both
+#: caps are far above any real page, and low enough that a hostile or broken server (an
+#: endless page, a gzip bomb) costs one bounded read per scrape. Bytes on the wire: the
+#: ``Content-Length`` (refused before reading), else the body bytes received, compressed
+#: or not.
+MAX_WIRE_BYTES = 4 * 1024 * 1024
+#: Bytes of the page after decompression.
+MAX_PAGE_BYTES = 16 * 1024 * 1024
+#: Longest wait between the starts of two scrapes of an endpoint whose scrapes keep failing
+#: (or the interval, if longer). It bounds what a failing server costs (about one capped
+#: read a second) and how late a recovered one is seen (at most this long after).
+MAX_BACKOFF = 1.0
+
+
+class PageTooLarge(MetricsError):
+    """The response is over :data:`MAX_WIRE_BYTES` on the wire or :data:`MAX_PAGE_BYTES`
+    decompressed: a failed scrape."""
+
+
+async def _read_capped(resp: aiohttp.ClientResponse) -> bytes:
+    """The (decompressed) response body, or :class:`PageTooLarge` as soon as it passes a cap.
+
+    aiohttp (>= 3.14, see pyproject.toml) decompresses a body only as fast as it is read,
+    in bounded pieces, so stopping here also stops the decompression of a gzip bomb;
+    ``total_raw_bytes`` counts what arrived before decompression."""
+    if resp.content_length is not None and resp.content_length > MAX_WIRE_BYTES:
+        raise PageTooLarge(f"metrics page of {resp.content_length} bytes is over "
+                           f"{MAX_WIRE_BYTES} on the wire")
     body = bytearray()
-    async for piece in resp.content.iter_chunked(1 << 16):
+    async for piece in resp.content.iter_any():
         body += piece
-        if len(body) > limit:
-            raise MetricsError(f"metrics page is over {limit} bytes")
+        if len(body) > MAX_PAGE_BYTES:
+            raise PageTooLarge(f"metrics page is over {MAX_PAGE_BYTES} bytes decompressed")
+        if resp.content.total_raw_bytes > MAX_WIRE_BYTES:
+            raise PageTooLarge(f"metrics page is over {MAX_WIRE_BYTES} bytes on the wire")
     return bytes(body)
+
+
+def backoff(interval: float, failures: int, threshold: int) -> float:
+    """Seconds from one scrape's start to the next after ``failures`` failed scrapes in a
+    row: the interval until ``threshold`` failures (a dead server is still noticed within
+    ``threshold`` intervals), then doubling with each further failure, at most
+    :data:`MAX_BACKOFF` (or the interval, if longer)."""
+    extra = failures - threshold + 1
+    if extra <= 0:
+        return interval
+    return min(max(MAX_BACKOFF, interval), interval * 2.0 ** min(extra, 32))
 
 
 #: Reads one page for one endpoint: (page text, endpoint, now) → metrics.
@@ -154,7 +198,9 @@ class Scraper:
         while True:
             started = loop.time()
             await self.scrape_once(view)
-            await asyncio.sleep(max(0.0, self.config.interval - (loop.time() - started)))
+            wait = backoff(self.config.interval, view.consecutive_failures,
+                           self.datastore.failure_threshold)
+            await asyncio.sleep(max(0.0, wait - (loop.time() - started)))
 
     async def scrape_once(self, view: EndpointView) -> bool:
         """Scrape ``view`` once and record the outcome; True on success."""
@@ -166,31 +212,57 @@ class Scraper:
             async with session.get(self.url(view)) as resp:
                 if resp.status != 200:
                     raise MetricsError(f"HTTP {resp.status}")
-                body = await _read_capped(resp, self.config.max_page_bytes)
+                body = await _read_capped(resp)
             parsed = self.extract(body.decode("utf-8", "replace"), view, time.monotonic())
         except asyncio.CancelledError:
             raise
         except (aiohttp.ClientError, TimeoutError, MetricsError, OSError) as e:
-            self._failed(view, e)
+            self._failed(view, e, refused=self._refused(view, e))
             return False
         except Exception as e:  # a page no rule foresaw must not end this endpoint's loop
             log.warning("metrics page could not be read", endpoint=view.key,
                         error=f"{type(e).__name__}: {e}")
             self._failed(view, e)
             return False
-        was_healthy = view.healthy
+        was_failing = (not view.healthy
+                       or view.consecutive_failures >= self.datastore.failure_threshold)
         self.datastore.record_scrape(view, parsed.metrics)
-        if not was_healthy:
+        if was_failing:
             log.info("endpoint metrics recovered", endpoint=view.key)
         self._warn_once(view, parsed.anomalies, parsed.missing)
         return True
 
-    def _failed(self, view: EndpointView, error: BaseException) -> None:
+    def _refused(self, view: EndpointView, error: BaseException) -> bool:
+        """True when ``error`` says the server itself is down: the connection to the port
+        it serves on could not be made (refused, unreachable), TLS aside. A metrics side
+        port that refuses says nothing about inference."""
+        port = self.config.port
+        return (isinstance(error, aiohttp.ClientConnectorError)
+                and not isinstance(error, aiohttp.ClientSSLError)
+                and (port is None or port == view.endpoint.port))
+
+    def _failed(self, view: EndpointView, error: BaseException, *, refused: bool = False) -> None:
         reason = str(error) or type(error).__name__
-        if self.datastore.record_scrape_failure(view):
+        if isinstance(error, PageTooLarge):
+            seen = self._warned.setdefault(view.key, set())
+            if "too large" not in seen:  # once per endpoint, not once per scrape
+                seen.add("too large")
+                log.warning("metrics page over the size cap; its scrapes fail",
+                            endpoint=view.key, pod=view.endpoint.pod_name, error=reason)
+        if self.datastore.record_scrape_failure(view, refused=refused):
             log.warning(
-                "endpoint unhealthy: metrics scrapes keep failing",
+                "endpoint out of the candidates: metrics scrapes keep failing"
+                + (" (connection refused)" if refused else " (metrics never read)"),
                 endpoint=view.key,
+                pod=view.endpoint.pod_name,
+                failures=view.consecutive_failures,
+                error=reason,
+            )
+        elif view.healthy and view.consecutive_failures == self.datastore.failure_threshold:
+            log.warning(
+                "metrics scrapes keep failing; serving the endpoint on its last metrics",
+                endpoint=view.key,
+                pod=view.endpoint.pod_name,
                 failures=view.consecutive_failures,
                 error=reason,
             )

@@ -10,11 +10,13 @@ import httpx
 import orjson
 import pytest
 
+from epp.metrics.scraper import MAX_BACKOFF
 from tests.support.picker import Pool
 
 pytestmark = pytest.mark.envoy
 
 SCRAPE_SETTLE = 0.4  # several 50 ms scrape intervals
+STALENESS = 2.0  # the EPP's default --metrics-staleness-threshold
 
 
 def complete(pool: Pool, model: str = "base-model", prompt: str | None = None,
@@ -127,14 +129,18 @@ def test_shared_prefix_sticks_to_one_server(pool: Pool) -> None:
     assert len(set(served)) == 1
 
 
-def test_failing_metrics_take_an_endpoint_out_until_it_recovers(pool: Pool) -> None:
+def test_failing_metrics_leave_an_endpoint_on_its_last_metrics_until_they_go_stale(
+        pool: Pool) -> None:
     a, b, c = pool.servers
-    a.metrics_status = 500
-    wait_scrapes()
-    assert a.name not in picks(pool, 20)
-    a.metrics_status = 200
     b.waiting = c.waiting = 30
     wait_scrapes()
+    a.metrics_status = 500
+    wait_scrapes()
+    assert picks(pool, 5) == Counter({a.name: 5})  # its last page: an empty queue
+    time.sleep(STALENESS + 0.3)  # past the EPP's 2 s staleness: fresh servers preferred
+    assert a.name not in picks(pool, 10)
+    a.metrics_status = 200
+    time.sleep(MAX_BACKOFF + SCRAPE_SETTLE)  # its scrapes back off to one a second
     assert picks(pool, 5) == Counter({a.name: 5})
 
 

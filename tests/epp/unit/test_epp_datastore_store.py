@@ -39,7 +39,7 @@ def test_removed_endpoint_leaves_candidates(raw_pool: Raw, raw_pod: Raw) -> None
     assert [v.key for v in ds.candidates()] == ["10.0.0.1:8000"]
 
 
-def test_endpoint_failing_scrapes_leaves_candidates_until_success(
+def test_endpoint_never_read_failing_scrapes_leaves_candidates_until_success(
     raw_pool: Raw, raw_pod: Raw
 ) -> None:
     ds = Datastore(failure_threshold=3)
@@ -58,6 +58,33 @@ def test_two_failures_below_threshold_keep_the_endpoint(raw_pool: Raw, raw_pod: 
     view = ds.views()[0]
     ds.record_scrape_failure(view)
     ds.record_scrape_failure(view)
+    assert ds.candidates() == (view,)
+
+
+def test_read_endpoint_failing_scrapes_stays_a_candidate_on_its_last_metrics(
+    raw_pool: Raw, raw_pod: Raw
+) -> None:
+    ds = Datastore(failure_threshold=3)
+    ds.replace(snap(raw_pool, raw_pod, "a"))
+    view = ds.views()[0]
+    ds.record_scrape(view, EndpointMetrics(waiting=4, updated_at=1.0))
+    for _ in range(10):
+        ds.record_scrape_failure(view)
+    assert ds.candidates() == (view,) and view.metrics.waiting == 4
+
+
+def test_read_endpoint_whose_server_refuses_leaves_candidates_until_success(
+    raw_pool: Raw, raw_pod: Raw
+) -> None:
+    ds = Datastore(failure_threshold=3)
+    ds.replace(snap(raw_pool, raw_pod, "a"))
+    view = ds.views()[0]
+    ds.record_scrape(view, EndpointMetrics(updated_at=1.0))
+    ds.record_scrape_failure(view)
+    ds.record_scrape_failure(view)
+    assert ds.record_scrape_failure(view, refused=True)
+    assert ds.candidates() == ()
+    ds.record_scrape(view, EndpointMetrics(updated_at=2.0))
     assert ds.candidates() == (view,)
 
 
