@@ -37,9 +37,9 @@ from pathlib import Path
 
 import orjson
 
+from bench import cpubudget
 from bench import report as rp
 from bench.contenders import Contender, SimFleet, all_contenders
-from bench.cpubudget import CpuBudget, budget_statement, burners
 from bench.openloop import Outcome
 from bench.report import RunResult, summarize
 from bench.workloads import PROFILE, WORKLOADS, Workload, write_specs
@@ -82,7 +82,7 @@ def run_one(workload: Workload, load: float, contender: Contender, *, duration: 
             client = subprocess.Popen(cmd)
             stack.callback(client.kill)   # only if this block fails before it ends
             if client_cpus:
-                stack.enter_context(CpuBudget(client_cpus)).add(client.pid)
+                stack.enter_context(cpubudget.CpuBudget(client_cpus)).add(client.pid)
             if client.wait() != 0:
                 raise subprocess.CalledProcessError(client.returncode, cmd)
         debug = contender.debug()
@@ -189,19 +189,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="how many seeds, from --first-seed on; every contender runs every "
                         "seed (default 5)")
     p.add_argument("--first-seed", type=int, default=0, help="the first seed (default 0)")
-    p.add_argument("--router-cpus", type=float, default=0.0,
-                   help="CPU budget of each router process (our EPP, the peers), as a "
-                        "Guaranteed pod's request = limit (bench.cpubudget); 0: none")
-    p.add_argument("--gateway-cpus", type=float, default=0.0,
-                   help="CPU budget of the gateway's Envoy (its own pod), for every contender "
-                        "that runs one; 0: none")
-    p.add_argument("--fleet-cpus", type=float, default=0.0,
-                   help="CPU budget of the simulator process (the model servers have their "
-                        "own machines in production); 0: none")
-    p.add_argument("--client-cpus", type=float, default=0.0,
-                   help="CPU budget of the load-generating client; 0: none")
-    p.add_argument("--burners", type=int, default=0,
-                   help="busy-loop processes running beside the whole comparison")
+    cpubudget.add_arguments(p)
     p.add_argument("--servers", type=_positive_int, default=8,
                    help="simulated servers in the fleet (default 8)")
     p.add_argument("--duration", type=float, default=0.0,
@@ -248,14 +236,10 @@ def main(argv: list[str] | None = None) -> int:
     meta: dict[str, object] = {"command": command.strip(), "seeds": args.seeds,
                                "servers": args.servers, "time_scale": args.time_scale,
                                "wall": 0.0, "note": args.note, "burners": args.burners,
-                               "budget": "; ".join(filter(None, (
-                                   budget_statement(args.router_cpus, "router process"),
-                                   budget_statement(args.gateway_cpus, "gateway Envoy"),
-                                   budget_statement(args.fleet_cpus, "simulator process"),
-                                   budget_statement(args.client_cpus, "client")))),
+                               "budget": cpubudget.statement(args),
                                "durations": {w: args.duration or WORKLOADS[w].duration
                                              for w in args.workloads.split(",")}}
-    with burners(args.burners):
+    with cpubudget.burners(args.burners):
         results = run_all(args, contenders, run_dir, meta, started)
     wall = time.monotonic() - started
     meta["wall"] = wall

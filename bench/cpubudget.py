@@ -12,6 +12,7 @@ which held, so a report can state it.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import math
 import os
@@ -117,6 +118,32 @@ def cpu_seconds(pid: int) -> float:
     except psutil.Error:
         return 0.0
     return float(t.user + t.system)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The budget flags of the real-time comparisons: each part of the system under test
+    as a Guaranteed pod, and other work on the machine."""
+    p.add_argument("--router-cpus", type=float, default=0.0,
+                   help="CPU budget of each router process (our EPP, the peers); 0: none")
+    p.add_argument("--gateway-cpus", type=float, default=0.0,
+                   help="CPU budget of the gateway's Envoy (its own pod), for every contender "
+                        "that runs one; 0: none")
+    p.add_argument("--fleet-cpus", type=float, default=0.0,
+                   help="CPU budget of the simulator process (the model servers have their "
+                        "own machines in production); 0: none")
+    p.add_argument("--client-cpus", type=float, default=0.0,
+                   help="CPU budget of the load-generating client; 0: none")
+    p.add_argument("--burners", type=int, default=0,
+                   help="busy-loop processes running beside the whole benchmark")
+
+
+def statement(args: argparse.Namespace) -> str:
+    """The budgets :func:`add_arguments` set, for a report."""
+    return "; ".join(filter(None, (
+        budget_statement(args.router_cpus, "router process"),
+        budget_statement(args.gateway_cpus, "gateway Envoy"),
+        budget_statement(args.fleet_cpus, "simulator process"),
+        budget_statement(args.client_cpus, "client")))) or "none (whole machine)"
 
 
 def budget_statement(cpus: float, what: str = "router process") -> str:

@@ -37,9 +37,9 @@ from typing import cast
 
 import orjson
 
+from bench import cpubudget
 from bench.compare import RUNS, run_one
 from bench.contenders import TUNED_CONFIG, Contender, EnvoyLB, Epp
-from bench.cpubudget import budget_statement, burners
 from bench.flowcontrol_probe import FlowEpp
 from bench.loadgen import percentile as pct
 from bench.openloop import Outcome
@@ -256,28 +256,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=120.0)
     p.add_argument("--contenders", default="", help="comma-separated subset")
     p.add_argument("--servers", type=int, default=FLEET_SIZE)
-    p.add_argument("--router-cpus", type=float, default=0.0,
-                   help="CPU budget of the EPP's process (bench.cpubudget); 0: none")
-    p.add_argument("--gateway-cpus", type=float, default=0.0,
-                   help="CPU budget of the gateway's Envoy (bench.cpubudget); 0: none")
-    p.add_argument("--fleet-cpus", type=float, default=0.0,
-                   help="CPU budget of the simulator process; 0: none")
-    p.add_argument("--client-cpus", type=float, default=0.0,
-                   help="CPU budget of the load-generating client; 0: none")
-    p.add_argument("--burners", type=int, default=0,
-                   help="busy-loop processes running beside the whole benchmark")
+    cpubudget.add_arguments(p)
     args = p.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
     cs = [c for c in contenders()
           if not args.contenders or c.name in args.contenders.split(",")]
     for c in cs:
         c.cpus, c.gateway_cpus = args.router_cpus, args.gateway_cpus
-    print(f"router CPU budget: {budget_statement(args.router_cpus) or 'none'}; gateway: "
-          f"{budget_statement(args.gateway_cpus, 'gateway Envoy') or 'none'}; simulator: "
-          f"{budget_statement(args.fleet_cpus, 'simulator process') or 'none'}; client: "
-          f"{budget_statement(args.client_cpus, 'client') or 'none'}; "
-          f"burners: {args.burners}", flush=True)
-    with burners(args.burners):
+    print(f"CPU budgets: {cpubudget.statement(args)}; burners: {args.burners}", flush=True)
+    with cpubudget.burners(args.burners):
         rows = run_seeds(args, seeds, cs)
     print(f"load average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     report(seeds, cs, rows)
