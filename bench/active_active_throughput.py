@@ -34,21 +34,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.cpubudget import cpu_seconds
 from bench.epp_overhead import PODS, echo_pool
-from bench.harness import start, stop
+from bench.harness import load, start, stop
 from bench.stats import bootstrap_median, verdict
 from devkit import envoy as e
 from devkit.topology import Pool, Topology, bootstrap
 from devkit.valkey import ValkeyServer
 
 ONE, SHARED, PAIR = "1 replica, no store", "1 replica + Valkey", "2 replicas + Valkey"
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of ``pid`` so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
 
 
 @dataclass
@@ -139,13 +133,10 @@ def one_round(url: str, body: Path, args: argparse.Namespace, pids: list[int],
     before = [cpu_seconds(p) for p in pids]
     v_before = cpu_seconds(valkey_pid) if valkey_pid else 0.0
     t0 = time.monotonic()
-    out = subprocess.run([sys.executable, "-m", "bench.loadgen", url, str(body),
-                          str(args.concurrency), str(args.seconds)],
-                         capture_output=True, text=True, check=True)
+    stats = load(url, body, args.concurrency, args.seconds)
     wall = time.monotonic() - t0
     used = tuple(cpu_seconds(p) - b for p, b in zip(pids, before, strict=True))
     v_used = (cpu_seconds(valkey_pid) if valkey_pid else 0.0) - v_before
-    stats = json.loads(out.stdout)
     n = max(1, stats["requests"])
     return Round(stats["requests"] / stats["seconds"], stats["errors"], 1000 * sum(used) / n,
                  1000 * v_used / n, stats["requests"], wall, used)

@@ -32,13 +32,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 
 from bench.contenders import TUNED_CONFIG, Epp, SimFleet
 from bench.cpubudget import CpuBudget, cpu_seconds
 from bench.epp_overhead import PODS, echo_pool
-from bench.harness import start, stop
+from bench.harness import load, start, stop
 from bench.stats import Interval, bootstrap_median
 from devkit import envoy as e
 from devkit.topology import Pool, Topology, bootstrap
@@ -115,16 +116,8 @@ def stream_body(work: Path, tokens: int) -> Path:
     return path
 
 
-def load(url: str, body: Path, concurrency: int, seconds: float) -> dict[str, float]:
-    out = subprocess.run([sys.executable, "-m", "bench.loadgen", url, str(body),
-                          str(concurrency), str(seconds)],
-                         capture_output=True, text=True, check=True)
-    stats: dict[str, float] = json.loads(out.stdout)
-    return stats
-
-
 def measure(pid: int, idle_rate: float, url: str, body: Path,
-            args: argparse.Namespace) -> tuple[float, dict[str, float]]:
+            args: argparse.Namespace) -> tuple[float, dict[str, Any]]:
     """CPU-seconds per request of one closed-loop run, idle cost removed."""
     cpu0, t0 = cpu_seconds(pid), time.monotonic()
     stats = load(url, body, args.concurrency, args.seconds)

@@ -10,6 +10,7 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 Results = dict[str, list[dict[str, float]]]
 
@@ -44,6 +45,16 @@ def stop(procs: list[subprocess.Popen[bytes]]) -> None:
         proc.wait(10)
 
 
+def load(url: str, body: Path, concurrency: int, seconds: float) -> dict[str, Any]:
+    """One closed-loop run of :mod:`bench.loadgen` (its own process) against ``url``: its
+    stats (requests, errors, seconds, total, p50_ms, p99_ms)."""
+    out = subprocess.run([sys.executable, "-m", "bench.loadgen", url, str(body),
+                          str(concurrency), str(seconds)],
+                         capture_output=True, text=True, check=True)
+    stats: dict[str, Any] = json.loads(out.stdout)
+    return stats
+
+
 def run_rounds(contenders: dict[str, str], body: Path, concurrency: int, seconds: float,
                rounds: int) -> Results:
     """Each contender URL under the same load, rounds alternating in order (noisy machine)."""
@@ -51,11 +62,7 @@ def run_rounds(contenders: dict[str, str], body: Path, concurrency: int, seconds
     for rnd in range(rounds):
         order = list(contenders) if rnd % 2 == 0 else list(reversed(contenders))
         for name in order:
-            out = subprocess.run(
-                [sys.executable, "-m", "bench.loadgen", contenders[name], str(body),
-                 str(concurrency), str(seconds)],
-                capture_output=True, text=True, check=True)
-            stats = json.loads(out.stdout)
+            stats = load(contenders[name], body, concurrency, seconds)
             stats["rps"] = stats["requests"] / stats["seconds"]
             results[name].append(stats)
             print(f"round {rnd + 1} {name:28s} {stats['rps']:8.0f} req/s "

@@ -15,8 +15,6 @@ graceful-close run is the baseline; each run starts fresh processes.
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -24,17 +22,10 @@ from typing import Any
 
 import orjson
 
+from bench.harness import load
 from devkit.envoy import GRACEFUL_CLOSE
 from devkit.reliability.faultkit import MODEL, SimFleet, start_sim_gateway
 from devkit.reliability.gateway import rss_kb
-
-
-def load(url: str, body: Path, concurrency: int, seconds: float) -> dict[str, Any]:
-    out = subprocess.run([sys.executable, "-m", "bench.loadgen", url, str(body),
-                          str(concurrency), str(seconds)],
-                         capture_output=True, text=True, check=True)
-    stats: dict[str, Any] = json.loads(out.stdout)
-    return stats
 
 
 def measure(runtime: dict[str, Any] | None, seconds: float, concurrency: int
