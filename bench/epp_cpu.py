@@ -180,7 +180,7 @@ def split(pid: int, url: str, body: Path, args: argparse.Namespace, work: Path) 
 def main() -> None:
     args = parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-epp-cpu-"))
-    _, backend_port, backend = echo_pool(work)
+    _, backend_port, backend = echo_pool(work, args.token_gap_ms)
     (work / "tuned.yaml").write_text(TUNED_CONFIG)
     bodies = [stream_body(work, k) for k in args.tokens]
     py = sys.executable

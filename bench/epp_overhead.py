@@ -46,7 +46,8 @@ def manifests(port: int) -> list[dict[str, object]]:
     return docs
 
 
-def echo_pool(work: Path) -> tuple[Path, int, subprocess.Popen[bytes]]:
+def echo_pool(work: Path, token_gap_ms: float = 2.0
+              ) -> tuple[Path, int, subprocess.Popen[bytes]]:
     """What the gateway benches share, in ``work``: the 0.9 KB chat body (``body.json``), the
     pool's manifests (``pool.yaml``) and the echo pods (one process answering at once on every
     :data:`PODS` address). Returns the body file, the pods' port and their process."""
@@ -57,6 +58,7 @@ def echo_pool(work: Path) -> tuple[Path, int, subprocess.Popen[bytes]]:
     port = e.free_port()
     (work / "pool.yaml").write_text(yaml.safe_dump_all(manifests(port)))
     backend = start([sys.executable, "-m", "bench.echo_backend", "--port", str(port),
+                     "--token-gap-ms", str(token_gap_ms),
                      *(a for ip in PODS for a in ("--host", ip))], work / "backend.log")
     return body, port, backend
 
