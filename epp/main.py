@@ -294,11 +294,10 @@ def check_config(args: Any) -> None:
 def metrics_hooks() -> SchedulerHooks:
     """The scheduler's timings and prefix hits, into the exported metrics."""
     return SchedulerHooks(
-        e2e_duration=m.SCHEDULER_E2E.observe,
-        prefix_hit_ratio=m.PREFIX_HIT_RATIO.observe,
-        prefix_hit_bytes=m.PREFIX_HIT_BYTES.observe,
-        plugin_duration=lambda point, kind, name, s: m.PLUGIN_DURATION.labels(
-            point, kind, name).observe(s),
+        e2e_duration=m.scheduler_e2e,
+        plugin_prefix_hit_ratio=m.prefix_hit_ratio,
+        plugin_prefix_hit_bytes=m.prefix_hit_bytes,
+        plugin_duration=m.plugin_duration,
     )
 
 
@@ -420,7 +419,8 @@ def register_pool_metrics(args: Any, runtime: Runtime) -> None:
     scheduler = runtime.scheduler
     m.register_pool(m.PoolCollector(
         pool_name, runtime.datastore, staleness=args.metrics_staleness_threshold,
-        prefix_stats=lambda: scheduler.prefix_indexer_size))
+        prefix_stats=lambda: scheduler.prefix_indexer_size,
+        prefix_sizes=scheduler.prefix_indexer_sizes))
 
 
 def start_source(args: Any, datastore: Datastore) -> tuple[Source, LeaderElector | None]:
@@ -474,9 +474,9 @@ def main(argv: list[str] | None = None) -> None:
     logs.configure(args.verbosity, json=ls.json, level=ls.level, time_format=ls.time_format)
     report(args, log, EPP_IGNORED, DEPRECATED)
     try:
-        m.INFO.labels(commit=version("inference-gateway-py"), build_ref="").set(1)
+        m.build_info(version("inference-gateway-py"), "")
     except PackageNotFoundError:
-        m.INFO.labels(commit="dev", build_ref="").set(1)
+        m.build_info("dev", "")
     store_url = state_store_url(args)
     install_uvloop()
     try:

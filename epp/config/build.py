@@ -143,7 +143,7 @@ def build(
             _default(registry, handle, cls.type_name, src)
     for plugin in handle:  # plugins added by defaults get the scheduler's hooks too
         if plugin not in scheduler.plugins and hasattr(plugin, "attach"):
-            plugin.attach(scheduler.hooks)
+            plugin.attach(scheduler.hooks.for_plugin(plugin.type_name, plugin.name))
     return Runtime(
         config=config, handle=handle, scheduler=scheduler, parser=parser,
         producers=tuple(handle.find(DataProducer)), saturation=saturation,

@@ -134,7 +134,7 @@ class Director:
         req = self.runtime.parser.parse(body, headers.get(":path", "/"))
         res = self._resolve(req, headers)
         if res.rewrite_name is not None:
-            m.REWRITE_DECISIONS.labels(res.rewrite_name, req.model, res.target_model).inc()
+            m.rewrite_decision(res.rewrite_name, req.model, res.target_model)
         candidates = self._candidates(filter_metadata)
         # With flow control, sheddable requests wait in its queues instead (as upstream).
         if (res.priority < 0 and self.runtime.flow_control is None
@@ -229,7 +229,8 @@ class Director:
     @staticmethod
     def count_error(headers: Mapping[str, str], err: GatewayError) -> None:
         """A request the director refused (labelled by whatever model it named)."""
-        m.ERRORS.labels(headers.get("x-gateway-model-name", ""), "", err.code).inc()
+        m.request_error(headers.get("x-gateway-model-name", ""), "", m.fairness_id(headers), "0",
+                        err.code)
 
     # -- steps -------------------------------------------------------------------------
 
