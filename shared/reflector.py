@@ -139,6 +139,9 @@ class Reflector:
         self.timing = timing or WatchTiming()
         #: Set after the first successful list (or a 404 of an optional resource).
         self.synced = threading.Event()
+        #: Whether the API server serves the resource: True after a list, False after a 404
+        #: of an optional resource (its CRD is not installed), None before either.
+        self.served: bool | None = None
         #: The resume point: the newest resourceVersion seen (list, event or bookmark).
         self.resource_version: str | None = None
         self._stop = threading.Event()
@@ -204,6 +207,7 @@ class Reflector:
         message = _status_message(e)
         if e.status == 404 and self.optional:
             # The CRD is not installed (e.g. legacy InferenceModel): nothing to serve from it.
+            self.served = False
             if not self.synced.is_set():
                 log.info("resource not served by the API server; treating it as empty",
                          resource=self.name)
@@ -241,6 +245,7 @@ class Reflector:
             # List items carry no kind/apiVersion; parsers need them, as in watch events.
             items.append({"kind": kind, "apiVersion": api_version, **item})
         self.resource_version = str((body.get("metadata") or {}).get("resourceVersion") or "0")
+        self.served = True
         self.handler(Replace(tuple(items)))
         if not self.synced.is_set():
             log.info("listed", resource=self.name, items=len(items))

@@ -44,7 +44,9 @@ class PickerExchange(Exchange):
             raise
         finally:  # refusals too: a queue's rejections are the slowest samples (as upstream)
             m.REQUEST_PROCESSING.observe(time.perf_counter() - started)
-        self.rewriter = ResponseRewriter(self.routed.client_model, self.routed.target_model)
+        # A request that named no model gets the response's model unchanged (as upstream).
+        self.rewriter = ResponseRewriter(self.routed.client_model or self.routed.target_model,
+                                         self.routed.target_model)
         return decision
 
     async def on_response_headers(self, headers: dict[str, str]) -> ResponseHeadersDecision:

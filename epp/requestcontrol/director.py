@@ -254,7 +254,14 @@ class Director:
         try:
             prompt = prefix_input(req.prompt, req.messages)
             new_body = None
-            if res.target_model != req.model and req.model:  # no model: passthrough body
+            if req.model_absent:  # a JSON body without model: a match-all rewrite names it
+                if not res.target_model:
+                    raise BadRequest("the request has no 'model' field and no "
+                                     "InferenceModelRewrite rule matches every request",
+                                     code="missing_model")
+                req.body["model"] = res.target_model
+                new_body = req.dumps()
+            elif res.target_model != req.model and req.model:  # other parsers: body as is
                 req.body["model"] = res.target_model
                 new_body = req.dumps()  # JSON, or the parser's own wire format
         except orjson.JSONEncodeError as e:
