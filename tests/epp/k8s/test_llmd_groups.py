@@ -5,15 +5,25 @@ with both CRDs installed only llm-d.ai is read, as upstream."""
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from typing import Any
 
+import pytest
 from structlog.testing import capture_logs
 
-from tests.epp.k8s.test_epp_source import cluster, eventually, running  # noqa: F401
+from tests.epp.k8s.test_epp_source import eventually, running
 from tests.support import k8s_objects as o
 from tests.support.fake_apiserver import FakeApiServer
 
 LLMD = "llm-d.ai"
+
+
+@pytest.fixture
+def cluster(apiserver: FakeApiServer) -> Iterator[FakeApiServer]:
+    """A pool with one ready pod (llm-d.ai's CRDs not installed until a test says so)."""
+    apiserver.apply(o.pool())
+    apiserver.apply(o.pod("vllm-0", "10.0.0.1"))
+    yield apiserver
 
 
 def install_llmd(server: FakeApiServer) -> None:
