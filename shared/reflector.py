@@ -129,9 +129,13 @@ class Reflector:
         *,
         label_selector: str | None = None,
         optional: bool = False,
+        forbidden_is_absent: bool = False,
         timing: WatchTiming | None = None,
     ) -> None:
         self.name = name
+        #: An optional resource whose 403 counts as a 404 (logged): for a group that an
+        #: older RBAC has no rule for, so that such a deployment keeps working without it.
+        self.forbidden_is_absent = forbidden_is_absent and optional
         self.list_func = list_func
         self.handler = handler
         self.label_selector = label_selector
@@ -205,7 +209,11 @@ class Reflector:
 
     def _api_error(self, e: ApiException) -> None:
         message = _status_message(e)
-        if e.status == 404 and self.optional:
+        if e.status == 403 and self.forbidden_is_absent and self.served is not False:
+            log.error("forbidden by RBAC: treating the resource as not installed; grant the "
+                      "service account get, list and watch on it", resource=self.name,
+                      status=e.status, message=message)
+        if e.status == 404 and self.optional or e.status == 403 and self.forbidden_is_absent:
             # The CRD is not installed (e.g. legacy InferenceModel): nothing to serve from it.
             self.served = False
             if not self.synced.is_set():

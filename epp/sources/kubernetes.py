@@ -196,7 +196,10 @@ class KubernetesSource:
 
         def reflector(name: str, func: Callable[..., Any], *, optional: bool = False,
                       label_selector: str | None = None) -> Reflector:
+            # An RBAC written for GIE v1.5 has no llm-d.ai rule: then its 403 means "not
+            # installed", and the deprecated group is read as before.
             return Reflector(name, func, self._handler(name), optional=optional,
+                             forbidden_is_absent=name.startswith(GROUP_LLMD + "/"),
                              label_selector=label_selector, timing=self.timing)
 
         def crd(group: str, version: str, plural: str) -> Callable[..., Any]:
@@ -294,6 +297,8 @@ class KubernetesSource:
                                 kind=kind, ignored=len(self._objects.get(legacy, {})))
             else:
                 self._both_logged.discard(kind)
+            if served.get(current) is False:  # gone (or forbidden) since it was listed
+                ignored.add(current)
         return ignored
 
     def _rebuild(self) -> None:

@@ -262,10 +262,11 @@ class FakeApiServer:
             self._rv += n
             self._cond.notify_all()
 
-    def forbid(self, plural: str) -> None:
-        """Answer 403 Forbidden to every request on resource ``plural`` (RBAC missing)."""
+    def forbid(self, plural: str, group: str | None = None) -> None:
+        """Answer 403 Forbidden to every request on resource ``plural`` (of every group, or
+        of ``group`` only): RBAC missing."""
         with self._cond:
-            self._forbidden.add(plural)
+            self._forbidden.add(plural if group is None else f"{plural}.{group}")
 
     def unserve(self, plural: str, group: str | None = None) -> None:
         """Answer 404 for resource ``plural`` (of every group, or of ``group`` only), as when
@@ -470,10 +471,7 @@ def _handler_for(server: FakeApiServer) -> type[BaseHTTPRequestHandler]:
                                             f"resource ({url.path})")
                 return None
             res, ns, name = route
-            if res.plural in server._unserved or f"{res.plural}.{res.group}" in server._unserved:
-                self._fail(404, "NotFound", "the server could not find the requested resource")
-                return None
-            if res.plural in server._forbidden:
+            if res.plural in server._forbidden or f"{res.plural}.{res.group}" in server._forbidden:
                 verb = {"GET": "watch" if query.get("watch") in ("true", "1") else
                         ("get" if name else "list"), "POST": "create", "PUT": "update",
                         "DELETE": "delete"}[method]
@@ -482,6 +480,10 @@ def _handler_for(server: FakeApiServer) -> type[BaseHTTPRequestHandler]:
                 self._fail(403, "Forbidden",
                            f"{res.plural} is forbidden: User \"system:serviceaccount:test:epp\" "
                            f"cannot {verb} resource \"{res.plural}\"{group}{where}")
+                return None
+            # after RBAC, as the real server authorizes before it looks for the resource
+            if res.plural in server._unserved or f"{res.plural}.{res.group}" in server._unserved:
+                self._fail(404, "NotFound", "the server could not find the requested resource")
                 return None
             return res, ns, name, query
 

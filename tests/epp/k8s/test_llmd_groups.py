@@ -4,6 +4,7 @@ with both CRDs installed only llm-d.ai is read, as upstream."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import Iterator
 from typing import Any
@@ -100,3 +101,27 @@ async def test_installing_the_llm_d_ai_crd_later_switches_to_it(cluster: FakeApi
         cluster.serve("inferenceobjectives", LLMD)  # re-listed on the reflector's retry
         await eventually(lambda: set(src.datastore.snapshot.objectives) == {"new"},
                          timeout=10)
+
+
+async def test_an_rbac_without_llm_d_ai_rules_still_syncs_on_the_old_group(
+        cluster: FakeApiServer, kube: Any) -> None:
+    """A Role written for GIE v1.5 has no llm-d.ai rule: the API server answers 403 whether
+    or not the CRD exists. That counts as "not installed" (logged), not as a stuck sync."""
+    for plural in ("inferenceobjectives", "inferencemodelrewrites"):
+        cluster.forbid(plural, LLMD)
+    cluster.apply(o.objective("old", 7))
+    with capture_logs() as logs:
+        async with running(kube) as src:
+            await eventually(lambda: src.synced)
+            assert set(src.datastore.snapshot.objectives) == {"old"}
+    assert any(e["event"].startswith("forbidden by RBAC: treating") for e in logs)
+
+
+async def test_a_forbidden_deprecated_group_still_blocks_the_sync(cluster: FakeApiServer,
+                                                                 kube: Any) -> None:
+    # Only llm-d.ai gets the lenient reading: a Role missing the group it always needed is
+    # a misconfiguration to fix, as before.
+    cluster.forbid("inferenceobjectives", "inference.networking.x-k8s.io")
+    async with running(kube) as src:
+        await asyncio.sleep(0.5)
+        assert not src.synced
