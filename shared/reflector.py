@@ -213,7 +213,7 @@ class Reflector:
             log.error("forbidden by RBAC: treating the resource as not installed; grant the "
                       "service account get, list and watch on it", resource=self.name,
                       status=e.status, message=message)
-        if e.status == 404 and self.optional or e.status == 403 and self.forbidden_is_absent:
+        if (e.status == 404 and self.optional) or (e.status == 403 and self.forbidden_is_absent):
             # The CRD is not installed (e.g. legacy InferenceModel): nothing to serve from it.
             self.served = False
             if not self.synced.is_set():
