@@ -6,14 +6,16 @@ pair); pool gauges are computed by a collector when Prometheus scrapes, never pe
 
 from __future__ import annotations
 
+import bisect
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
-from prometheus_client.core import REGISTRY, GaugeMetricFamily
+from prometheus_client.core import REGISTRY, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from epp.datastore import Datastore
 
@@ -162,9 +164,51 @@ LLMD_TTFT = Histogram("llm_d_epp_request_ttft_seconds",
 LLMD_STREAMING_TPOT = Histogram("llm_d_epp_request_streaming_tpot_seconds",
                                 "Time per output token after the first (streamed responses).",
                                 LLMD_MODEL, buckets=_STREAMING_TPOT)
-LLMD_ITL = Histogram("llm_d_epp_request_streaming_itl_seconds",
-                     "Time between consecutive response body chunks (streamed responses).",
-                     LLMD_MODEL, buckets=_ITL)
+class CountingHistogram(Collector):
+    """A labelled histogram for per-chunk observations: ``observe`` is a bisect and two
+    additions (no lock: the EPP records from its one event loop), about a fifth of
+    prometheus_client's; the exposition (buckets, ``_sum``, ``_count``) is the same."""
+
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str],
+                 buckets: Sequence[float]) -> None:
+        self.name, self.documentation = name, documentation
+        self._labelnames = tuple(labelnames)
+        self._upper_bounds = [float(b) for b in buckets] + [math.inf]
+        self._children: dict[tuple[str, ...], CountingHistogram.Child] = {}
+        REGISTRY.register(self)
+
+    class Child:
+        """One label set's buckets."""
+
+        __slots__ = ("bounds", "counts", "sum")
+
+        def __init__(self, bounds: list[float]) -> None:
+            self.bounds, self.counts, self.sum = bounds, [0] * len(bounds), 0.0
+
+        def observe(self, value: float) -> None:
+            self.counts[bisect.bisect_left(self.bounds, value)] += 1
+            self.sum += value
+
+    def labels(self, *values: str) -> CountingHistogram.Child:
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = CountingHistogram.Child(self._upper_bounds)
+        return child
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        fam = HistogramMetricFamily(self.name, self.documentation, labels=self._labelnames)
+        for values, child in list(self._children.items()):
+            total, buckets = 0, []
+            for bound, n in zip(self._upper_bounds, child.counts, strict=True):
+                total += n
+                buckets.append(("+Inf" if bound == math.inf else floatToGoString(bound), total))
+            fam.add_metric(list(values), buckets, child.sum)
+        yield fam
+
+
+LLMD_ITL = CountingHistogram(
+    "llm_d_epp_request_streaming_itl_seconds",
+    "Time between consecutive response body chunks (streamed responses).", LLMD_MODEL, _ITL)
 LLMD_SCHEDULER_E2E = Histogram("llm_d_epp_scheduler_e2e_duration_seconds",
                                "Time to pick an endpoint.", buckets=_SCHED)
 LLMD_SCHEDULER_ATTEMPTS = Counter(

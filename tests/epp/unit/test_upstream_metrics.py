@@ -214,3 +214,25 @@ def test_prefix_hits_are_labelled_with_the_plugin_that_looked_up() -> None:
                  completion_tokens=1)
     assert sample("llm_d_epp_prefix_indexer_hit_ratio_count", plugin_name=name,
                   plugin_type=kind) == before + 2
+
+
+def test_the_counting_histogram_exposes_what_prometheus_clients_would() -> None:
+    from prometheus_client import CollectorRegistry, Histogram
+    from prometheus_client.core import REGISTRY as DEFAULT
+
+    ours = m.CountingHistogram("test_counting_seconds", "t", ["a"], (0.01, 0.1, 1))
+    registry = CollectorRegistry()
+    theirs = Histogram("test_counting_seconds", "t", ["a"], buckets=(0.01, 0.1, 1),
+                       registry=registry)
+    try:
+        for v in (0.005, 0.01, 0.05, 0.5, 5, 0.1):
+            ours.labels("x").observe(v)
+            theirs.labels("x").observe(v)
+        want = {(s.name, tuple(sorted(s.labels.items())), s.value)
+                for f in registry.collect() for s in f.samples
+                if not s.name.endswith("_created")}
+        got = {(s.name, tuple(sorted(s.labels.items())), s.value)
+               for f in ours.collect() for s in f.samples}
+        assert got == want
+    finally:
+        DEFAULT.unregister(ours)
