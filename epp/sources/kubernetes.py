@@ -136,6 +136,7 @@ class KubernetesSource:
         self._rebuild_pending = False
         self._waiting_logged = False
         self._both_logged: set[str] = set()
+        self._deprecation_logged: set[str] = set()
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -282,6 +283,16 @@ class KubernetesSource:
         for resource, store in self._objects.items():
             if resource not in ignored:
                 yield from store.values()
+                self._warn_deprecated(resource, store)
+
+    def _warn_deprecated(self, resource: str, store: dict[tuple[str, str], PoolObject]) -> None:
+        """Once per kind: objects are read from the deprecated group (as upstream warns)."""
+        for kind, (_, legacy) in BOTH_GROUPS.items():
+            if resource == legacy and store and kind not in self._deprecation_logged:
+                self._deprecation_logged.add(kind)
+                log.warning(f"{GROUP_X}/v1alpha2 {kind} is deprecated: use {GROUP_LLMD}/v1alpha2 "
+                            "(install its CRD and move the objects)", kind=kind,
+                            objects=len(store))
 
     def _ignored_legacy(self) -> set[str]:
         """The deprecated-group resources not read because llm-d.ai serves their kind."""

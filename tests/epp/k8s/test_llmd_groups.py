@@ -73,10 +73,14 @@ async def test_without_llm_d_ai_crds_the_deprecated_group_is_read(cluster: FakeA
                                                                  kube: Any) -> None:
     cluster.apply(o.objective("old", 7))
     cluster.apply(o.rewrite("rw", "llama", "from-x-k8s"))
-    async with running(kube) as src:
-        await eventually(lambda: src.synced)
-        assert set(src.datastore.snapshot.objectives) == {"old"}
-        assert target(src, "llama") == "from-x-k8s"
+    with capture_logs() as logs:
+        async with running(kube) as src:
+            await eventually(lambda: src.synced)
+            assert set(src.datastore.snapshot.objectives) == {"old"}
+            assert target(src, "llama") == "from-x-k8s"
+    deprecated = [e for e in logs if "is deprecated" in e["event"]]
+    assert sorted(e["kind"] for e in deprecated) == ["InferenceModelRewrite",
+                                                     "InferenceObjective"]  # once each
 
 
 async def test_one_kind_in_llm_d_ai_leaves_the_other_in_the_old_group(
