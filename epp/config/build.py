@@ -6,7 +6,9 @@ System defaults, as upstream's loader adds them when a config is silent: the
 ``single-profile-handler``; ``max-score-picker`` in a profile without a picker (weight 1 for
 scorers without one); ``openai-parser``; ``utilization-detector``; ``metrics-data-source`` with
 ``core-metrics-extractor`` when there is no ``dataLayer`` section; an
-``approx-prefix-cache-producer`` for a ``prefix-cache-scorer`` without one. Ours on top:
+``approx-prefix-cache-producer`` for a ``prefix-cache-scorer`` without one. As llm-d v0.10, the
+default metrics source is added beside a ``dataLayer`` section that lists none, unless
+``dataLayer.injectDefaults: false``. Ours on top:
 ``inflight-load-producer`` and ``request-metrics-recorder`` (in-flight accounting and the
 per-request metrics) always run, last among the pre-request and response-complete plugins.
 With plugins but no profiles, one profile ``default`` uses every filter, scorer and picker.
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from epp.config.builtins import builtin_registry
+from epp.config.stability import warn_deprecated
 from epp.config.loader import (
     DEFAULT_PROFILE,
     ConfigError,
@@ -52,6 +55,7 @@ from epp.requestcontrol.plugin import (
     ResponseStreaming,
     SaturationDetector,
 )
+from epp.requestcontrol.parser_chain import ParserChain
 from epp.requestcontrol.plugins import (
     ConcurrencyDetector,
     InflightLoadProducer,
@@ -184,6 +188,7 @@ def _instantiate(config: EndpointPickerConfig, registry: PluginRegistry,
             registry.create(spec.type, spec.name, spec.parameters, handle)
         except PluginError as e:
             raise ConfigError(f"{spec.where or config.source}: {e}") from None
+        warn_deprecated(spec.type, spec.name, spec.where or config.source)
 
 
 def _type(registry: PluginRegistry, type_name: str, where: str) -> type[Plugin]:
@@ -213,6 +218,14 @@ def _last(handle: EppHandle, kind: type[K]) -> tuple[K, ...]:
 def _parser(config: EndpointPickerConfig, registry: PluginRegistry,
             handle: EppHandle) -> Parser:
     src = config.source
+    if config.parsers:
+        chosen: list[Parser] = []
+        for i, ref in enumerate(config.parsers):
+            try:
+                chosen.append(handle.plugin(ref, Parser))
+            except PluginError as e:
+                raise ConfigError(f"{src}: requestHandler.parsers[{i}].pluginRef: {e}") from None
+        return chosen[0] if len(chosen) == 1 else ParserChain(chosen)
     if config.parser is not None:
         try:
             return handle.plugin(config.parser, Parser)
@@ -286,7 +299,8 @@ def _data_layer(config: EndpointPickerConfig, registry: PluginRegistry,
                 handle: EppHandle) -> tuple[DataSource, ...]:
     src = config.source
     specs = config.data_layer
-    if specs is None or "enableLegacyMetrics" in config.feature_gates:
+    if "enableLegacyMetrics" in config.feature_gates or (
+            specs is None and config.inject_defaults):
         source = next(iter(handle.find(MetricsDataSource)), None) or _default(
             registry, handle, MetricsDataSource.type_name, src)
         extractor = next(iter(handle.find(CoreMetricsExtractor)), None) or _default(
@@ -295,7 +309,7 @@ def _data_layer(config: EndpointPickerConfig, registry: PluginRegistry,
         source.extractors = [extractor]
         return (source,)
     sources: list[DataSource] = []
-    for i, spec in enumerate(specs):
+    for i, spec in enumerate(specs or ()):
         where = f"{src}: dataLayer.sources[{i}]"
         try:
             found = handle.plugin(spec.plugin_ref, DataSource)
@@ -314,6 +328,16 @@ def _data_layer(config: EndpointPickerConfig, registry: PluginRegistry,
             raise ConfigError(f"{where}.extractors: {spec.plugin_ref} needs a "
                               f"core-metrics-extractor")
         sources.append(found)
+    if config.inject_defaults and not any(isinstance(s, MetricsDataSource) for s in sources):
+        # llm-d v0.10 adds the default metrics source beside the listed ones (opt out with
+        # injectDefaults: false), reusing configured instances of the two types.
+        source = next((s for s in handle.find(MetricsDataSource)), None) or _default(
+            registry, handle, MetricsDataSource.type_name, src)
+        extractor = next(iter(handle.find(CoreMetricsExtractor)), None) or _default(
+            registry, handle, CoreMetricsExtractor.type_name, src)
+        assert isinstance(source, MetricsDataSource) and isinstance(extractor, Extractor)
+        source.extractors = [extractor]
+        sources.append(source)
     return tuple(sources)
 
 

@@ -13,6 +13,8 @@ class OpenAIParser(Plugin, Parser):
     default parser, and ours."""
 
     type_name = "openai-parser"
+    paths = ("chat/completions", "completions", "embeddings", "responses", "conversations",
+             "chat/completions/render", "completions/render", "images/generations")
 
     def parse(self, body: bytes, path: str) -> OpenAIRequest:
         return parse_request(body, path)
