@@ -333,14 +333,21 @@ async def run(args: Any, store_url: StoreURL) -> None:
     """Build everything, serve until SIGTERM."""
     datastore = Datastore()
     flag_settings = settings(args)  # flag files (e.g. the session key) fail before the pool
-    source, elector = start_source(args, datastore)
+    try:
+        config = load_config(args)
+    except ConfigError as e:
+        die("epp", f"bad EndpointPickerConfig: {e}")
+    discovery = config.discovery is not None
+    source, elector = (None, None) if discovery else start_source(args, datastore)
     store = open_store(store_url, pool=store_pool(args, datastore))
     try:
-        runtime = build(load_config(args), datastore, flag_settings,
+        runtime = build(config, datastore, flag_settings,
                         rng=random.Random(), hooks=metrics_hooks(), state_store=store)
     except ConfigError as e:
         die("epp", f"bad EndpointPickerConfig: {e}")
     check_plugin_stability(args, runtime)
+    if source is None:
+        source = start_discovery(args, runtime)
     stop = asyncio.Event()
     connect_notification_sources(args, runtime)
     open_extractors(runtime)
@@ -451,6 +458,27 @@ def register_pool_metrics(args: Any, runtime: Runtime) -> None:
     m.register_pool(m.PoolCollector(
         pool_name, runtime.datastore, staleness=args.metrics_staleness_threshold,
         prefix_stats=lambda: scheduler.prefix_indexer_size))
+
+
+def start_discovery(args: Any, runtime: Runtime) -> Source:
+    """``dataLayer.discovery``: the named plugin lists the endpoints (no Kubernetes API, no
+    --manifests); exits with one line when it cannot load them."""
+    from epp.sources.file_discovery import DiscoveryError, FileDiscovery
+
+    ref = runtime.config.discovery
+    assert ref is not None
+    if args.manifests is not None or args.endpoint_selector:
+        die("epp", "dataLayer.discovery lists the endpoints: drop --manifests / "
+                   "--endpoint-selector")
+    if args.ha_enable_leader_election or args.ha_mode == "active-passive":
+        die("epp", "leader election needs the Kubernetes API, not dataLayer.discovery")
+    plugin = runtime.handle.plugin(ref, FileDiscovery)
+    plugin.bind(runtime.datastore, pool_name=args.pool_name, namespace=args.pool_namespace)
+    try:
+        plugin.load()
+    except DiscoveryError as e:
+        die("epp", f"{ref} (file-discovery): {e}")
+    return plugin
 
 
 def start_source(args: Any, datastore: Datastore) -> tuple[Source, LeaderElector | None]:

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from epp.config.builtins import builtin_registry
-from epp.config.stability import warn_deprecated
 from epp.config.loader import (
     DEFAULT_PROFILE,
     ConfigError,
@@ -31,6 +30,7 @@ from epp.config.loader import (
     ProfileSpec,
     parse_config,
 )
+from epp.config.stability import warn_deprecated
 from epp.datalayer import (
     CoreMetricsExtractor,
     DataSource,
@@ -44,6 +44,7 @@ from epp.flowcontrol import FEATURE_GATE as FLOW_CONTROL_GATE
 from epp.flowcontrol import FlowControlConfig, FlowControlConfigError, FlowController
 from epp.flowcontrol.admitter import FlowControlAdmitter, pool_saturation
 from epp.handle import EppHandle, Settings
+from epp.requestcontrol.parser_chain import ParserChain
 from epp.requestcontrol.plugin import (
     Admitter,
     DataProducer,
@@ -55,7 +56,6 @@ from epp.requestcontrol.plugin import (
     ResponseStreaming,
     SaturationDetector,
 )
-from epp.requestcontrol.parser_chain import ParserChain
 from epp.requestcontrol.plugins import (
     ConcurrencyDetector,
     InflightLoadProducer,
@@ -74,6 +74,7 @@ from epp.scheduling import (
     Scorer,
     WeightedScorer,
 )
+from epp.sources.file_discovery import FileDiscovery
 from epp.statestore import StateStore
 from shared.plugins import Plugin, PluginError, PluginRegistry
 
@@ -140,6 +141,7 @@ def build(
     saturation = _saturation(config, registry, handle)
     sources = _data_layer(config, registry, handle)
     flow = _flow_control(config, handle, saturation)
+    _check_discovery(config, handle)
     _check_prefill_limit(config, handle, saturation, flow)
     sources += _endpoint_notifications(registry, handle, sources, src)
     for cls in (InflightLoadProducer, RequestMetricsRecorder):
@@ -277,6 +279,21 @@ def _flow_control(config: EndpointPickerConfig, handle: EppHandle,
         raise ConfigError(f"{config.source}: {e}") from None
     handle.add(FlowControlAdmitter(controller))
     return controller
+
+
+def _check_discovery(config: EndpointPickerConfig, handle: EppHandle) -> None:
+    """``dataLayer.discovery`` names a discovery plugin, and a discovery plugin is named
+    (one nobody names would do nothing; upstream ignores it, here it is refused)."""
+    src = config.source
+    if config.discovery is not None:
+        try:
+            handle.plugin(config.discovery, FileDiscovery)
+        except PluginError as e:
+            raise ConfigError(f"{src}: dataLayer.discovery.pluginRef: {e}") from None
+    for plugin in handle.find(FileDiscovery):
+        if plugin.name != config.discovery:
+            raise ConfigError(f"{src}: plugin {plugin.name!r} (file-discovery) does nothing "
+                              f"unless dataLayer.discovery.pluginRef names it")
 
 
 def _check_prefill_limit(config: EndpointPickerConfig, handle: EppHandle,

@@ -8,12 +8,17 @@ from epp.flowcontrol.policies import POLICY_PLUGINS as FLOW_CONTROL
 from epp.requestcontrol.plugins import BUILTIN_PLUGINS as REQUEST_CONTROL
 from epp.requestcontrol.plugins.token_producer import TokenProducer
 from epp.scheduling.plugins import BUILTIN_PLUGINS as SCHEDULING
+from epp.scheduling.plugins.prefix.precise_prefix_cache_producer import (
+    PrecisePrefixCacheProducer,
+)
 from epp.scheduling.plugins.prefix.precise_prefix_cache_scorer import PrecisePrefixCacheScorer
 from epp.scheduling.plugins.prefix.producer import ApproxPrefixCacheProducer
+from epp.sources.file_discovery import FileDiscovery
 from shared.plugins import Plugin, PluginRegistry
 
 BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     *SCHEDULING, ApproxPrefixCacheProducer, PrecisePrefixCacheScorer, *REQUEST_CONTROL,
+    PrecisePrefixCacheProducer, FileDiscovery,
     TokenProducer, *DATA_LAYER, *FLOW_CONTROL)
 
 _FLOW = ("eviction of dispatched requests is not built (issue #14); upstream v1.5 registers "
