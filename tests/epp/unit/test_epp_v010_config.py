@@ -56,7 +56,7 @@ def test_the_first_parser_claiming_the_path_parses_the_request() -> None:
 
 def test_a_path_nobody_claims_is_404_without_a_fallback() -> None:
     chain = parsers("{pluginRef: grpc}, {pluginRef: openai}")
-    with pytest.raises(NotFound, match="no parser is configured for path '/custom/api'"):
+    with pytest.raises(NotFound, match=r"no parser is configured for path '/custom/api'"):
         chain.parse(b"{}", "/custom/api")
 
 
@@ -127,7 +127,7 @@ def test_stability_tables_hold_only_types_upstream_registers() -> None:
 
 def test_an_alpha_plugin_is_refused_unless_experimental_plugins_are_allowed() -> None:
     plugins = [("affinity", "session-affinity-scorer"), ("q", "queue-scorer")]
-    with pytest.raises(ExperimentalPluginError, match="'affinity'.*Alpha"):
+    with pytest.raises(ExperimentalPluginError, match=r"'affinity'.*Alpha"):
         check_stability(plugins, allow_experimental=False)
     check_stability(plugins, allow_experimental=True)
     check_stability([("q", "queue-scorer"), ("mine", "my-own-scorer")],
@@ -192,7 +192,7 @@ endpoints:
         ("10.0.0.1:8000", "default", {"llm-d.ai/role": "decode"}),
         ("10.0.0.5:8001", "other", {})]
     assert len([x for x in logs if x["event"].startswith("skipping")]) == 3
-    with pytest.raises(DiscoveryError, match="f.yaml: must be a mapping with one key"):
+    with pytest.raises(DiscoveryError, match=r"f\.yaml: must be a mapping with one key"):
         parse_endpoints(b"pods: []\n", "f.yaml", "default")
     with pytest.raises(DiscoveryError, match="larger than"):
         parse_endpoints(b"#" * ((1 << 20) + 1), "f.yaml", "default")

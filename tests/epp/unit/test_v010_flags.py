@@ -180,3 +180,14 @@ def test_an_alpha_plugin_needs_allow_experimental_plugins() -> None:
     assert "--config-text" in line
     allowed = check("--allow-experimental-plugins")
     assert allowed.returncode == 0, allowed.stderr
+
+
+def test_v010_flags_parse_with_upstreams_value_syntax() -> None:
+    from epp.main import parser
+
+    args = parser().parse_args([
+        "--drain-timeout=30s", "--emit-endpoint-scores=true", "--grpc-max-recv-msg-size=10MiB",
+        "--grpc-max-send-msg-size=25MB", "--allow-experimental-plugins=false"])
+    assert (args.drain_timeout, args.emit_endpoint_scores, args.grpc_max_recv_msg_size,
+            args.grpc_max_send_msg_size, args.allow_experimental_plugins) == (
+        30.0, True, 10 << 20, 25_000_000, False)

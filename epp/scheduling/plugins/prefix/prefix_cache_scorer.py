@@ -6,7 +6,7 @@ split, ``precise-prefix-cache-producer`` (the servers' KV events), named by
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from epp.datastore import EndpointView
@@ -78,7 +78,7 @@ class PrefixCacheScorer(Scorer, PostPick, EndpointsRemoved):
                  precise: PrecisePrefixCacheProducer | None = None) -> None:
         if params is not None and not isinstance(params, PrefixCacheScorerParameters):
             params = PrefixCacheScorerParameters(**{
-                f: getattr(params, f) for f in PrefixCacheParameters.__dataclass_fields__})
+                f.name: getattr(params, f.name) for f in fields(PrefixCacheParameters)})
         super().__init__(name, params)
         #: The precise producer read instead of the approximate one, when named.
         self.precise = precise
