@@ -40,10 +40,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+import structlog
 import yaml
 
 from epp.flowcontrol.config import FlowControlConfig, FlowControlConfigError
 from shared.flags import duration
+
+log = structlog.get_logger(__name__)
 
 API_VERSIONS: Final = ("inference.networking.x-k8s.io/v1alpha1", "llm-d.ai/v1alpha1")
 KIND: Final = "EndpointPickerConfig"
@@ -229,6 +232,12 @@ def parse_config(text: str | None, *, source: str = "config") -> EndpointPickerC
         raise ConfigError(
             f"{source}: apiVersion: must be one of {', '.join(API_VERSIONS)}, got {api!r}"
         )
+    if api == API_VERSIONS[0] and text is not DEFAULT_CONFIG_YAML:
+        log.warning("config group is deprecated (llm-d v0.10)", where=f"{source}: apiVersion",
+                    use=API_VERSIONS[1])
+    if "parser" in top:
+        log.warning("config section is deprecated (llm-d v0.10)", where=f"{source}: parser",
+                    use="requestHandler.parsers")
     kind = top.get("kind")
     if kind is not None and kind != KIND:
         raise ConfigError(f"{source}: kind: must be {KIND}, got {kind!r}")

@@ -196,3 +196,17 @@ endpoints:
         parse_endpoints(b"pods: []\n", "f.yaml", "default")
     with pytest.raises(DiscoveryError, match="larger than"):
         parse_endpoints(b"#" * ((1 << 20) + 1), "f.yaml", "default")
+
+
+def test_the_older_group_and_parser_section_load_with_a_deprecation_warning() -> None:
+    text = ("apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\n"
+            "plugins: [{type: openai-parser}]\nparser: {pluginRef: openai-parser}\n")
+    with capture_logs() as logs:
+        parse_config(text, source="old.yaml")
+    assert sorted((e["where"], e["use"]) for e in logs) == [
+        ("old.yaml: apiVersion", "llm-d.ai/v1alpha1"),
+        ("old.yaml: parser", "requestHandler.parsers")]
+    with capture_logs() as logs:
+        parse_config("apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\n")
+        parse_config(None)  # the built-in default says nothing
+    assert logs == []
