@@ -43,6 +43,8 @@ log = structlog.get_logger(__name__)
 DESTINATION = "x-gateway-destination-endpoint"
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 LB_NAMESPACE = "envoy.lb"
+#: Key of the per-endpoint scores under ``envoy.lb`` (``--emit-endpoint-scores``).
+DESTINATION_SCORES = "x-gateway-destination-endpoint-scores"
 OBJECTIVE_HEADER = "x-gateway-inference-objective"
 REWRITE_HEADER = "x-gateway-model-name-rewrite"
 REQUEST_ID = "x-request-id"
@@ -102,6 +104,7 @@ class Director:
         s = runtime.settings
         self.reject_unknown_models = s.reject_unknown_models
         self.subset_filter = s.subset_filter
+        self.emit_scores = s.emit_endpoint_scores
         self.staleness = s.staleness
         self._debug = logging.getLogger().isEnabledFor(logging.DEBUG)
         self._served_cache: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())
@@ -289,6 +292,10 @@ class Director:
     def _decision(self, pending: Pending, result: SchedulingResult) -> RequestDecision:
         destination = result.destination
         headers = pending.headers
+        lb: dict[str, Any] = {DESTINATION: destination}
+        if self.emit_scores and result.primary.totals:
+            # Every endpoint the primary profile scored, not only the picks (as upstream).
+            lb[DESTINATION_SCORES] = result.primary.scores()
         return RequestDecision(
             set_headers={DESTINATION: destination, REQUEST_ID: pending.request.request_id,
                          **result.extra_headers},
@@ -297,7 +304,7 @@ class Director:
             remove_headers=[h for h in headers if (h.startswith(DESTINATION) and h != DESTINATION)
                             or (h == PREFILLER_HEADER and h not in result.extra_headers)],
             body=pending.new_body,
-            metadata={LB_NAMESPACE: {DESTINATION: destination}},
+            metadata={LB_NAMESPACE: lb},
         )
 
     def _candidates(self, filter_metadata: Mapping[str, Any]) -> Sequence[EndpointView]:

@@ -15,6 +15,8 @@ class OpenAIParser(Plugin, Parser):
     Upstream's default parser, and ours."""
 
     type_name = "openai-parser"
+    paths = ("chat/completions", "completions", "embeddings", "responses", "conversations",
+             "chat/completions/render", "completions/render", "images/generations")
 
     def parse(self, body: bytes, path: str) -> OpenAIRequest:
         return parse_request(body, path, require_model=False)
