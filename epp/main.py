@@ -524,12 +524,13 @@ def start_source(args: Any, datastore: Datastore) -> tuple[Source, LeaderElector
 
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
+    # Logs first (to stderr): --check-config's warnings must not mix with its verdict on stdout.
+    ls = log_settings(args)
+    logs.configure(args.verbosity, json=ls.json, level=ls.level, time_format=ls.time_format)
     if args.check_config is not None:
         check_config(args)
     if args.endpoint_selector and not args.endpoint_target_ports:
         die("epp", "--endpoint-selector needs --endpoint-target-ports")
-    ls = log_settings(args)
-    logs.configure(args.verbosity, json=ls.json, level=ls.level, time_format=ls.time_format)
     report(args, log, EPP_IGNORED, DEPRECATED)
     try:
         m.build_info(version("inference-gateway-py"), "")
