@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import sys
 from collections.abc import Awaitable, Callable
-from importlib.metadata import PackageNotFoundError, version
 
 import structlog
 
@@ -14,7 +13,7 @@ from bbr.basemodels import BaseModelError, FileBaseModels, StaticBaseModels
 from bbr.models import ModelListing
 from bbr.plugins import PluginSpecError, build
 from bbr.router import BodyRouter
-from shared import logs
+from shared import buildinfo, logs
 from shared.extproc import DEFAULT_MAX_BODY, BodyMode, ExtProcServicer
 from shared.flags import Parser, die
 from shared.metrics_server import read_token, run_metrics_server
@@ -92,10 +91,7 @@ def main(argv: list[str] | None = None) -> None:
         token = read_token(args.metrics_bearer_token_file)
     except OSError as e:
         die("bbr", f"cannot read --metrics-bearer-token-file: {e.strerror or e}")
-    try:
-        metrics.INFO.labels(version=version("inference-gateway-py")).set(1)
-    except PackageNotFoundError:
-        metrics.INFO.labels(version="dev").set(1)
+    metrics.INFO.labels(commit=buildinfo.commit(), build_ref=buildinfo.version()).set(1)
     router = BodyRouter(plugins, ModelListing(base_models) if args.models_endpoint else None)
     mode = BodyMode.FULL_DUPLEX_STREAMED if args.streaming else BodyMode.BUFFERED
     servicer = ExtProcServicer(router.exchange, request_mode=mode, max_body=args.max_body_bytes)

@@ -8,7 +8,6 @@ import random
 import sys
 import time
 from collections.abc import Awaitable
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,7 @@ from epp.scheduling import SchedulerHooks
 from epp.sources import ManifestError, ManifestSource, Source
 from epp.sources.standalone import standalone_pool
 from epp.statestore import StoreURL, StoreURLError, open_store, parse_store_url
-from shared import logs
+from shared import buildinfo, logs
 from shared.extproc import DEFAULT_MAX_BODY, BodyMode, ExtProcServicer
 from shared.flags import Parser, die, duration
 from shared.metrics_server import read_token, run_metrics_server
@@ -473,10 +472,7 @@ def main(argv: list[str] | None = None) -> None:
     ls = log_settings(args)
     logs.configure(args.verbosity, json=ls.json, level=ls.level, time_format=ls.time_format)
     report(args, log, EPP_IGNORED, DEPRECATED)
-    try:
-        m.INFO.labels(commit=version("inference-gateway-py"), build_ref="").set(1)
-    except PackageNotFoundError:
-        m.INFO.labels(commit="dev", build_ref="").set(1)
+    m.INFO.labels(commit=buildinfo.commit(), build_ref=buildinfo.version()).set(1)
     store_url = state_store_url(args)
     install_uvloop()
     try:

@@ -88,7 +88,7 @@ def exercise_both_services() -> list[object]:
         router.decide(raw)
     with pytest.raises(GatewayError):
         router.decide(b"not json")
-    bbr_metrics.INFO.labels(version="test").set(1)
+    bbr_metrics.INFO.labels(commit="test", build_ref="").set(1)
     # Flow control's series, through the object its controller records with (one request
     # queued, one finished, one dispatch cycle); tests/epp/flowcontrol drive the real thing.
     fc = default_flow_control_metrics()
