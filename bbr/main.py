@@ -42,6 +42,10 @@ def parser() -> Parser:
     p.add_bool("--models-endpoint", default=True,
                help="answer GET /v1/models (and /v1/models/ID) with every base model and "
                     "adapter the base-model mappings name (nothing known: passed on)")
+    p.add_bool("--require-model", default=True,
+               help="answer 400 (missing_model / invalid_model, OpenAI JSON) to a JSON body "
+                    "without a non-empty string 'model'; false: pass it on without the "
+                    "header, as upstream does")
     p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY,
                    help="largest request body accepted; bigger gets 413")
     p.add_argument("--metrics-bearer-token-file", default=None,
@@ -92,7 +96,8 @@ def main(argv: list[str] | None = None) -> None:
     except OSError as e:
         die("bbr", f"cannot read --metrics-bearer-token-file: {e.strerror or e}")
     metrics.INFO.labels(commit=buildinfo.commit(), build_ref=buildinfo.version()).set(1)
-    router = BodyRouter(plugins, ModelListing(base_models) if args.models_endpoint else None)
+    router = BodyRouter(plugins, ModelListing(base_models) if args.models_endpoint else None,
+                        require_model=args.require_model)
     mode = BodyMode.FULL_DUPLEX_STREAMED if args.streaming else BodyMode.BUFFERED
     servicer = ExtProcServicer(router.exchange, request_mode=mode, max_body=args.max_body_bytes)
     opts = ServeOptions(
