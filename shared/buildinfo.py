@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import os
 import re
-from importlib.metadata import PackageNotFoundError, version as _dist_version
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _dist_version
 from pathlib import Path
 
 DISTRIBUTION = "inference-gateway-py"
