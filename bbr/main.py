@@ -27,6 +27,9 @@ def parser() -> Parser:
     p.add_argument("--grpc-port", type=int, default=9004, help="ext_proc gRPC port")
     p.add_argument("--grpc-health-port", type=int, default=9005, help="gRPC health port")
     p.add_argument("--metrics-port", type=int, default=9090, help="Prometheus metrics port")
+    p.add_argument("--bind-address", default="0.0.0.0", metavar="HOST",
+                   help="address the ext_proc, health and metrics ports listen on (ours; "
+                        "default every interface, as in a pod; gateway-stack: 127.0.0.1)")
     p.add_bool("--streaming", default=False,
                help="Envoy sends bodies FULL_DUPLEX_STREAMED (else BUFFERED)")
     p.add_bool("--secure-serving", default=True, help="serve ext_proc over TLS")
@@ -101,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
     mode = BodyMode.FULL_DUPLEX_STREAMED if args.streaming else BodyMode.BUFFERED
     servicer = ExtProcServicer(router.exchange, request_mode=mode, max_body=args.max_body_bytes)
     opts = ServeOptions(
-        grpc_port=args.grpc_port, health_port=args.grpc_health_port,
+        grpc_port=args.grpc_port, health_port=args.grpc_health_port, host=args.bind_address,
         secure=args.secure_serving, cert_path=args.cert_path, grace=args.grace_period,
         max_message_bytes=args.max_body_bytes + 1024 * 1024,
     )
@@ -109,7 +112,8 @@ def main(argv: list[str] | None = None) -> None:
         "starting", plugins=[f"{p.type_name}:{p.name}" for p in plugins], mode=mode.name)
     install_uvloop()
     try:
-        metrics_server = run_metrics_server(args.metrics_port, token=token)
+        metrics_server = run_metrics_server(args.metrics_port, host=args.bind_address,
+                                            token=token)
         asyncio.run(serve(servicer, opts, background=[metrics_server],
                           ready=None if watch is None else ready_when_synced(watch)))
     except OSError as e:
