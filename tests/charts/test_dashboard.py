@@ -129,7 +129,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> Iterator[set[str]]:
              for name, (cmd, _) in commands.items()}
     try:
         names: set[str] = set()
-        for name, (_, port) in commands.items():
+        for _, port in commands.values():
             wait_for_port(port, timeout=60)
             names |= exported_series(httpx.get(f"http://127.0.0.1:{port}/metrics",
                                                timeout=10).text)
