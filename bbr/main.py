@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import sys
 from collections.abc import Awaitable, Callable
-from importlib.metadata import PackageNotFoundError, version
 
 import structlog
 
@@ -14,7 +13,7 @@ from bbr.basemodels import BaseModelError, FileBaseModels, StaticBaseModels
 from bbr.models import ModelListing
 from bbr.plugins import PluginSpecError, build
 from bbr.router import BodyRouter
-from shared import logs
+from shared import buildinfo, logs
 from shared.extproc import DEFAULT_MAX_BODY, BodyMode, ExtProcServicer
 from shared.flags import Parser, die
 from shared.metrics_server import read_token, run_metrics_server
@@ -28,6 +27,9 @@ def parser() -> Parser:
     p.add_argument("--grpc-port", type=int, default=9004, help="ext_proc gRPC port")
     p.add_argument("--grpc-health-port", type=int, default=9005, help="gRPC health port")
     p.add_argument("--metrics-port", type=int, default=9090, help="Prometheus metrics port")
+    p.add_argument("--bind-address", default="0.0.0.0", metavar="HOST",
+                   help="address the ext_proc, health and metrics ports listen on (ours; "
+                        "default every interface, as in a pod; gateway-stack: 127.0.0.1)")
     p.add_bool("--streaming", default=False,
                help="Envoy sends bodies FULL_DUPLEX_STREAMED (else BUFFERED)")
     p.add_bool("--secure-serving", default=True, help="serve ext_proc over TLS")
@@ -43,6 +45,10 @@ def parser() -> Parser:
     p.add_bool("--models-endpoint", default=True,
                help="answer GET /v1/models (and /v1/models/ID) with every base model and "
                     "adapter the base-model mappings name (nothing known: passed on)")
+    p.add_bool("--require-model", default=True,
+               help="answer 400 (missing_model / invalid_model, OpenAI JSON) to a JSON body "
+                    "without a non-empty string 'model'; false: pass it on without the "
+                    "header, as upstream does")
     p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY,
                    help="largest request body accepted; bigger gets 413")
     p.add_argument("--metrics-bearer-token-file", default=None,
@@ -92,15 +98,13 @@ def main(argv: list[str] | None = None) -> None:
         token = read_token(args.metrics_bearer_token_file)
     except OSError as e:
         die("bbr", f"cannot read --metrics-bearer-token-file: {e.strerror or e}")
-    try:
-        metrics.INFO.labels(version=version("inference-gateway-py")).set(1)
-    except PackageNotFoundError:
-        metrics.INFO.labels(version="dev").set(1)
-    router = BodyRouter(plugins, ModelListing(base_models) if args.models_endpoint else None)
+    metrics.INFO.labels(commit=buildinfo.commit(), build_ref=buildinfo.version()).set(1)
+    router = BodyRouter(plugins, ModelListing(base_models) if args.models_endpoint else None,
+                        require_model=args.require_model)
     mode = BodyMode.FULL_DUPLEX_STREAMED if args.streaming else BodyMode.BUFFERED
     servicer = ExtProcServicer(router.exchange, request_mode=mode, max_body=args.max_body_bytes)
     opts = ServeOptions(
-        grpc_port=args.grpc_port, health_port=args.grpc_health_port,
+        grpc_port=args.grpc_port, health_port=args.grpc_health_port, host=args.bind_address,
         secure=args.secure_serving, cert_path=args.cert_path, grace=args.grace_period,
         max_message_bytes=args.max_body_bytes + 1024 * 1024,
     )
@@ -108,7 +112,8 @@ def main(argv: list[str] | None = None) -> None:
         "starting", plugins=[f"{p.type_name}:{p.name}" for p in plugins], mode=mode.name)
     install_uvloop()
     try:
-        metrics_server = run_metrics_server(args.metrics_port, token=token)
+        metrics_server = run_metrics_server(args.metrics_port, host=args.bind_address,
+                                            token=token)
         asyncio.run(serve(servicer, opts, background=[metrics_server],
                           ready=None if watch is None else ready_when_synced(watch)))
     except OSError as e:

@@ -11,15 +11,19 @@ from bbr.models import ModelListing
 from bbr.plugins import HeaderPlugin
 from shared.errors import GatewayError
 from shared.extproc import Exchange, RequestDecision
-from shared.openai import parse_json_object
+from shared.openai import model_field, parse_json_object
 
 
 class BodyRouter:
     """Holds the configured plugins; makes one :class:`RouterExchange` per stream."""
 
     def __init__(self, plugins: Sequence[HeaderPlugin],
-                 models: ModelListing | None = None) -> None:
+                 models: ModelListing | None = None, *, require_model: bool = True) -> None:
         self.plugins = list(plugins)
+        #: A JSON body without a usable ``model`` ends at the gateway with the EPP's 400
+        #: (``missing_model`` / ``invalid_model``); False: it passes on without the header,
+        #: to whatever route matches without it (upstream BBR).
+        self.require_model = require_model
         #: Answers ``GET /v1/models`` at the gateway (see :mod:`bbr.models`); None: passed on.
         self.models = models
         self.owned = sorted({h for p in self.plugins for h in p.owned_headers})
@@ -29,7 +33,10 @@ class BodyRouter:
         ]
 
     def decide(self, body: bytes) -> RequestDecision:
-        """Headers for a request body; a headers-only request passes unchanged."""
+        """Headers for a request body; a headers-only request passes unchanged.
+
+        :class:`~shared.errors.BadRequest` for a body that is not a JSON object, and (with
+        ``require_model``) for one whose ``model`` is missing, empty or not a string."""
         if not body:
             return RequestDecision()
         try:
@@ -42,6 +49,12 @@ class BodyRouter:
             start = time.perf_counter()
             set_headers.update(plugin.headers(data))
             timer.observe(time.perf_counter() - start)
+        if self.require_model:
+            try:
+                model_field(data)
+            except GatewayError as e:
+                metrics.ERRORS.labels(code=str(e.status)).inc()
+                raise
         metrics.SUCCESS.inc()
         # A client's own copy of a header we own must not pick the route for it.
         remove = [h for h in self.owned if h not in set_headers]

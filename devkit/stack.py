@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -33,6 +34,7 @@ import sys
 import time
 import urllib.request
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +49,9 @@ from shared.pd import ROLE_LABEL
 from sim.pd import LINKS
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "examples" / "stack.yaml"
+#: Where BBR's and the EPPs' ports listen (their ``--bind-address``): nothing of the local
+#: stack, ``/debug/pool`` included, is reachable from another machine.
+LOOPBACK = "127.0.0.1"
 
 
 class StackError(Exception):
@@ -96,6 +101,8 @@ class PoolSpec:
     pd: PDSpec | None = None
     #: the EPP's EndpointPickerConfig file (relative paths: to the stack file); None: defaults
     epp_config: Path | None = None
+    #: extra ``epp`` flags (the file's ``epp.flags``), after the stack's own
+    epp_flags: list[str] = field(default_factory=list, init=False)
     #: ``--metrics-port`` of each decode pod's sidecar (free ports, set at load)
     sidecar_metrics: list[int] = field(default_factory=list, init=False)
     #: Ports of every EPP replica, ``epp`` first (set from ``--epp-replicas``, not the file).
@@ -136,6 +143,8 @@ class StackSpec:
     epp_replicas: int = 1
     #: ``--state-store`` of the replicas; None = a Valkey the stack starts.
     state_store: str | None = None
+    #: extra ``bbr`` flags (the file's ``bbr.flags``), after the stack's own
+    bbr_flags: list[str] = field(default_factory=list)
 
     def set_replicas(self, n: int, state_store: str | None) -> None:
         """``n`` EPP replicas per pool: the first on the file's ports, the others on free
@@ -168,17 +177,52 @@ def load_spec(path: Path) -> StackSpec:
         raise StackError(f"{path} is not valid YAML: {err}") from None
     if not isinstance(raw, dict) or not isinstance(raw.get("pools"), list) or not raw["pools"]:
         raise StackError(f"{path}: needs a non-empty 'pools' list")
+    try:
+        _check_mapping(raw, TOP_KEYS)
+        for key in ("gateway", "bbr", "demo"):
+            if raw.get(key) is not None:
+                if not isinstance(raw[key], dict):
+                    raise ValueError(f"{key} must be a mapping")
+                _check_mapping(raw[key], SECTION_KEYS[key], f"{key}: ")
+        bbr = dict(raw.get("bbr") or {"grpc_port": 9004, "health_port": 9005,
+                                      "metrics_port": 9190})
+        bbr_flags = _flags(bbr.pop("flags", None), "bbr.flags")
+    except ValueError as err:
+        raise StackError(f"{path}: {err}") from None
     pools = []
     for i, p in enumerate(raw["pools"]):
         try:
             pools.append(_pool_spec(i, p, path.parent))
         except (TypeError, ValueError) as err:
             raise StackError(f"{path}: pools[{i}]: {err}") from None
-    gw = raw.get("gateway", {})
+    gw = raw.get("gateway") or {}
     return StackSpec(port=gw.get("port", 8080), admin_port=gw.get("admin_port", 9901),
-                     bbr=raw.get("bbr", {"grpc_port": 9004, "health_port": 9005,
-                                         "metrics_port": 9190}),
-                     pools=pools, demo=raw.get("demo", {}))
+                     bbr=bbr, pools=pools, demo=raw.get("demo") or {}, bbr_flags=bbr_flags)
+
+
+#: The stack file's top-level keys; anything else is a mistake, named in one line.
+TOP_KEYS = ("gateway", "bbr", "pools", "demo")
+PORT_KEYS = ("grpc_port", "health_port", "metrics_port")
+SECTION_KEYS = {"gateway": ("port", "admin_port"), "bbr": (*PORT_KEYS, "flags"),
+                "epp": (*PORT_KEYS, "flags"), "demo": ("requests", "concurrency", "max_tokens")}
+
+
+def _check_mapping(raw: dict[str, Any], known: Sequence[str], where: str = "") -> None:
+    """ValueError naming the keys of ``raw`` not in ``known``."""
+    if unknown := sorted(set(raw) - set(known), key=str):
+        raise ValueError(f"{where}unknown key(s) {', '.join(map(str, unknown))} (known: "
+                         f"{', '.join(known)})")
+
+
+def _flags(raw: Any, where: str) -> list[str]:
+    """A ``flags`` entry: a list of arguments or one string (split as a shell would)."""
+    if raw is None:
+        return []
+    if isinstance(raw, str):
+        return shlex.split(raw)
+    if isinstance(raw, list) and all(isinstance(a, str | int | float) for a in raw):
+        return [str(a) for a in raw]
+    raise ValueError(f"{where} must be a list of arguments or a string, got {raw!r}")
 
 
 def _check_keys(raw: dict[str, Any], cls: type, where: str = "") -> None:
@@ -195,6 +239,11 @@ def _pool_spec(i: int, raw: Any, base: Path) -> PoolSpec:
         raise ValueError("must be a mapping")
     raw = dict(raw)
     _check_keys(raw, PoolSpec)
+    if not isinstance(raw.get("epp"), dict):
+        raise ValueError("epp must be a mapping {grpc_port, health_port, metrics_port}")
+    raw["epp"] = dict(raw["epp"])
+    _check_mapping(raw["epp"], SECTION_KEYS["epp"], "epp: ")
+    epp_flags = _flags(raw["epp"].pop("flags", None), "epp.flags")
     if raw.get("pd") is not None:
         if "servers" in raw:
             raise ValueError("give 'servers' or 'pd', not both (a P/D pool has "
@@ -212,6 +261,7 @@ def _pool_spec(i: int, raw: Any, base: Path) -> PoolSpec:
         if not raw["epp_config"].is_file():
             raise ValueError(f"epp_config: no file {raw['epp_config']}")
     spec = PoolSpec(index=i, **raw)
+    spec.epp_flags = epp_flags
     spec.sidecar_metrics = [e.free_port() for _ in spec.decoders]
     return spec
 
@@ -222,16 +272,16 @@ def check_ports(spec: StackSpec) -> None:
         ("127.0.0.1", spec.port, "gateway listener (--port)"),
         ("127.0.0.1", spec.admin_port, "Envoy admin"),
     ]
-    wanted += [("0.0.0.0", port, f"bbr {what}") for what, port in spec.bbr.items()]
+    wanted += [(LOOPBACK, port, f"bbr {what}") for what, port in spec.bbr.items()]
     for p in spec.pools:
-        wanted += [("0.0.0.0", port, f"epp of pool {p.name} {what}")
+        wanted += [(LOOPBACK, port, f"epp of pool {p.name} {what}")
                    for ports in p.replicas or [p.epp] for what, port in ports.items()]
         wanted += [(ip, p.server_port, f"simulated pod of pool {p.name}") for ip in p.pod_ips]
         if p.pd is not None:
             wanted += [(ip, p.pd.vllm_port, f"decode server of pool {p.name} (pd.vllm_port)")
                        for ip in p.decoders]
-        wanted += [("0.0.0.0", port, f"sidecar metrics of pool {p.name}")
-                   for port in p.sidecar_metrics]
+        wanted += [(ip, port, f"sidecar metrics of pool {p.name}")
+                   for ip, port in zip(p.decoders, p.sidecar_metrics, strict=True)]
     for host, port, what in wanted:
         with socket.socket() as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -368,8 +418,15 @@ class Stack:
         self.store_url = url
         return ["--ha-mode", "active-active", "--state-store", url]
 
-    def start(self) -> None:
+    def fresh_logs(self) -> None:
+        """Empty ``logs/`` and Envoy's log: what is there is this stack's, not an earlier
+        stack's (a pool it no longer has, an Envoy log appended to across runs)."""
         self.logs.mkdir(parents=True, exist_ok=True)
+        for old in [*self.logs.glob("*.log"), self.run_dir / "envoy" / "envoy.log"]:
+            old.unlink(missing_ok=True)
+
+    def start(self) -> None:
+        self.fresh_logs()
         py = sys.executable
         ha = self.start_store()
         for p in self.spec.pools:
@@ -388,7 +445,7 @@ class Stack:
                     "--pool-name", p.name, "--grpc-port", str(ports["grpc_port"]),
                     "--grpc-health-port", str(ports["health_port"]),
                     "--metrics-port", str(ports["metrics_port"]), "--grace-period", "3",
-                    *config, *ha])
+                    "--bind-address", LOOPBACK, *config, *ha, *p.epp_flags])
             self._start_sidecars(p, manifests)
         b = self.spec.bbr
         (self.run_dir / "base-models.yaml").write_text(
@@ -397,7 +454,8 @@ class Stack:
                             "--base-models", str(self.run_dir / "base-models.yaml"),
                             "--grpc-port", str(b["grpc_port"]),
                             "--grpc-health-port", str(b["health_port"]),
-                            "--metrics-port", str(b["metrics_port"]), "--grace-period", "3"])
+                            "--metrics-port", str(b["metrics_port"]), "--grace-period", "3",
+                            "--bind-address", LOOPBACK, *self.spec.bbr_flags])
         self.wait_ready()
         self.envoy = e.Envoy(envoy_config(self.spec), admin_port=self.spec.admin_port,
                              workdir=self.run_dir / "envoy").start()
@@ -550,8 +608,8 @@ def sidecar_modes(p: PoolSpec) -> Counter[str]:
     from prometheus_client.parser import text_string_to_metric_families
 
     out: Counter[str] = Counter()
-    for port in p.sidecar_metrics:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+    for ip, port in zip(p.decoders, p.sidecar_metrics, strict=True):
+        with urllib.request.urlopen(f"http://{ip}:{port}/metrics", timeout=5) as r:
             text = r.read().decode()
         for fam in text_string_to_metric_families(text):
             if fam.name == "pd_sidecar_requests":

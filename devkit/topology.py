@@ -170,6 +170,10 @@ class Topology:
             route: dict[str, Any] = {
                 "match": {"prefix": "/"},
                 "direct_response": {"status": 404, "body": {"inline_string": json.dumps(body)}},
+                # Envoy sends a direct response as text/plain unless told otherwise.
+                "response_headers_to_add": [{
+                    "header": {"key": "content-type", "value": "application/json"},
+                    "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}],
             }
             per_route = self._per_route(None)
             if per_route:
@@ -196,11 +200,30 @@ class Topology:
                 out.append(e.original_dst_cluster(p.upstream, timeout=p.connect_timeout))
         return out + self.extra_clusters
 
+    def local_reply(self) -> dict[str, Any] | None:
+        """The catch-all 404 names the model asked for (BBR's header; Envoy fills it in per
+        request and escapes it as JSON), as an OpenAI error; None without a catch-all."""
+        if self.not_found is None:
+            return None
+        known = ", ".join(m for p in self.pools for m in p.models)
+        error = {"message": f"{self.not_found}: %REQ({MODEL_HEADER})%; known models: {known}",
+                 "type": "invalid_request_error", "code": "model_not_found"}
+        return {"mappers": [{
+            "filter": {"and_filter": {"filters": [
+                {"status_code_filter": {"comparison": {
+                    "op": "EQ", "value": {"default_value": 404, "runtime_key": "_unused"}}}},
+                {"header_filter": {"header": {"name": MODEL_HEADER, "present_match": True}}},
+            ]}},
+            "body_format_override": {"json_format": {"error": error}},
+        }]}
+
     def listener(self) -> dict[str, Any]:
         """This layout's Envoy listener."""
         lst = e.listener(self.listen, self.routes(), self.filters(), name=self.name)
         if self.buffer_limit:
             lst["per_connection_buffer_limit_bytes"] = self.buffer_limit
+        if (reply := self.local_reply()) is not None:
+            lst["filter_chains"][0]["filters"][0]["typed_config"]["local_reply_config"] = reply
         return lst
 
     def bootstrap(self) -> dict[str, Any]:

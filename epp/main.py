@@ -8,7 +8,6 @@ import random
 import sys
 import time
 from collections.abc import Awaitable
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +30,11 @@ from epp.scheduling import SchedulerHooks
 from epp.sources import ManifestError, ManifestSource, Source
 from epp.sources.standalone import standalone_pool
 from epp.statestore import StoreURL, StoreURLError, open_store, parse_store_url
-from shared import logs
+from shared import buildinfo, logs
 from shared.extproc import DEFAULT_MAX_BODY, BodyMode, ExtProcServicer
 from shared.flags import Parser, byte_size, die, duration
 from shared.metrics_server import read_token, run_metrics_server
+from shared.pd import ROLE_LABEL
 from shared.server import Health, ServeOptions, install_uvloop, serve
 from shared.upstream_flags import (
     IGNORED,
@@ -53,7 +53,10 @@ def parser() -> Parser:
     p.add_argument("--grpc-port", type=int, default=9002, help="ext_proc gRPC port")
     p.add_argument("--grpc-health-port", type=int, default=9003, help="gRPC health port")
     p.add_argument("--metrics-port", type=int, default=9090,
-                   help="Prometheus metrics (and /debug/pool) port")
+                   help="Prometheus metrics (and /debug) port")
+    p.add_argument("--bind-address", default="0.0.0.0", metavar="HOST",
+                   help="address the ext_proc, health and metrics ports listen on (ours; "
+                        "default every interface, as in a pod; gateway-stack: 127.0.0.1)")
     p.add_argument("--pool-name", default=None, help="the InferencePool this EPP serves")
     p.add_argument("--pool-namespace", default=os.environ.get("NAMESPACE") or "default",
                    help="its namespace (default: $NAMESPACE, else default)")
@@ -235,7 +238,12 @@ def debug_pool_route(datastore: Datastore, flow_control: FlowController | None =
             "synced": datastore.is_synced,
             "endpoints": [
                 {
-                    "name": v.endpoint.name, "address": v.key, "healthy": v.healthy,
+                    # One endpoint, its names: ``name`` (the EPP's, <pod>-rank-<i>, as in the
+                    # metrics' model_server_pod), its ``pod`` (pod_name label, what the pod
+                    # itself reports, e.g. the simulator's x-inference-pod) and ``address``
+                    # (x-gateway-destination-endpoint).
+                    "name": v.endpoint.name, "pod": v.endpoint.pod_name, "address": v.key,
+                    "role": v.endpoint.labels.get(ROLE_LABEL), "healthy": v.healthy,
                     "age_seconds": None if v.age(now) == float("inf") else round(v.age(now), 3),
                     "waiting": v.metrics.waiting, "running": v.metrics.running,
                     "kv_usage": v.metrics.kv_usage, "queue": v.queue,
@@ -258,6 +266,19 @@ def debug_pool_route(datastore: Datastore, flow_control: FlowController | None =
         return web.json_response(body)
 
     return handler
+
+
+#: The pages of the metrics port, as ``GET /debug`` lists them.
+DEBUG_PAGES = {
+    "/debug/pool": "the pool: every endpoint (names, P/D role, health, latest metrics and "
+                   "their age, in-flight counts, KV blocks held) and flow control's queues",
+    "/metrics": "Prometheus metrics (docs/metrics.md)",
+}
+
+
+async def debug_index(_: web.Request) -> web.Response:
+    """``/debug``: what the other pages are."""
+    return web.json_response({"pages": DEBUG_PAGES})
 
 
 def settings(args: Any) -> Settings:
@@ -363,8 +384,9 @@ async def run(args: Any, store_url: StoreURL) -> None:
                                response_mode=BodyMode.FULL_DUPLEX_STREAMED,
                                max_body=args.max_body_bytes)
     opts = ServeOptions(grpc_port=args.grpc_port, health_port=args.grpc_health_port,
-                        secure=args.secure_serving, cert_path=args.cert_path,
-                        grace=args.grace_period, health_on_grpc_port=args.health_checking,
+                        host=args.bind_address, secure=args.secure_serving,
+                        cert_path=args.cert_path, grace=args.grace_period,
+                        health_on_grpc_port=args.health_checking,
                         max_message_bytes=args.max_body_bytes + 1024 * 1024,
                         max_receive_bytes=args.grpc_max_recv_msg_size,
                         max_send_bytes=args.grpc_max_send_msg_size, drain=args.drain_timeout)
@@ -375,8 +397,9 @@ async def run(args: Any, store_url: StoreURL) -> None:
     background: list[Awaitable[None]] = [
         *(s.run(datastore) for s in runtime.data_sources),
         source.run(),
-        run_metrics_server(args.metrics_port, token=token,
-                           routes={"/debug/pool": debug_pool_route(datastore,
+        run_metrics_server(args.metrics_port, host=args.bind_address, token=token,
+                           routes={"/debug": debug_index,
+                                   "/debug/pool": debug_pool_route(datastore,
                                                                    runtime.flow_control)}),
     ]
     if elector is not None:
@@ -532,10 +555,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.endpoint_selector and not args.endpoint_target_ports:
         die("epp", "--endpoint-selector needs --endpoint-target-ports")
     report(args, log, EPP_IGNORED, DEPRECATED)
-    try:
-        m.build_info(version("inference-gateway-py"), "")
-    except PackageNotFoundError:
-        m.build_info("dev", "")
+    m.build_info(buildinfo.commit(), buildinfo.version())
     store_url = state_store_url(args)
     install_uvloop()
     try:

@@ -84,11 +84,11 @@ def exercise_both_services() -> list[object]:
     exercise_slo_plugins()
     m.build_info("test", "")
     router = BodyRouter(build_bbr([], StaticBaseModels()))
-    for raw in (b'{"model": "m"}', b'{"model": ""}', b"{}"):
-        router.decide(raw)
-    with pytest.raises(GatewayError):
-        router.decide(b"not json")
-    bbr_metrics.INFO.labels(version="test").set(1)
+    router.decide(b'{"model": "m"}')
+    for raw in (b'{"model": ""}', b"{}", b"not json"):
+        with pytest.raises(GatewayError):
+            router.decide(raw)
+    bbr_metrics.INFO.labels(commit="test", build_ref="").set(1)
     # Flow control's series, through the object its controller records with (one request
     # queued, one finished, one dispatch cycle); tests/epp/flowcontrol drive the real thing.
     fc = default_flow_control_metrics()
