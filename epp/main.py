@@ -30,7 +30,7 @@ from epp.scheduling import SchedulerHooks
 from epp.sources import ManifestError, ManifestSource, Source
 from epp.sources.standalone import standalone_pool
 from epp.statestore import StoreURL, StoreURLError, open_store, parse_store_url
-from shared import logs
+from shared import logs, tracing
 from shared.extproc import DEFAULT_MAX_BODY, BodyMode, ExtProcServicer
 from shared.flags import Parser, die, duration
 from shared.metrics_server import read_token, run_metrics_server
@@ -41,6 +41,7 @@ from shared.upstream_flags import (
     add_logging_flags,
     log_settings,
     report,
+    start_tracing,
 )
 
 log = structlog.get_logger("epp")
@@ -473,6 +474,7 @@ def main(argv: list[str] | None = None) -> None:
     ls = log_settings(args)
     logs.configure(args.verbosity, json=ls.json, level=ls.level, time_format=ls.time_format)
     report(args, log, EPP_IGNORED, DEPRECATED)
+    start_tracing(args, "epp", log)
     try:
         m.INFO.labels(commit=version("inference-gateway-py"), build_ref="").set(1)
     except PackageNotFoundError:
@@ -483,6 +485,8 @@ def main(argv: list[str] | None = None) -> None:
         asyncio.run(run(args, store_url))
     except OSError as e:
         die("epp", f"cannot serve: {e}")
+    finally:
+        tracing.shutdown()  # the spans still queued go out
     sys.exit(0)
 
 
