@@ -140,13 +140,15 @@ def _traced_request(gw: TracedGateway, stream: bool) -> tuple[str, str, list[Rec
 def test_one_trace_links_envoy_bbr_and_epp_under_the_clients_traceparent(
         gateway: TracedGateway) -> None:
     trace_id, client_span, spans = _traced_request(gateway, stream=False)
+    assert spans and all(s.trace_id == trace_id for s in spans)
     by_id = {s.span_id: s for s in spans}
     services = {s.service for s in spans}
     assert {"envoy-gateway", "bbr", "epp"} <= services
     # Every span hangs, through received spans only, from the client's span.
     for s in spans:
         assert _ancestry(s, by_id)[-1] == client_span, (s.service, s.name)
-    ingress = [s for s in spans if s.service == "envoy-gateway" and s.parent_span_id == client_span]
+    ingress = [s for s in spans
+               if s.service == "envoy-gateway" and s.parent_span_id == client_span]
     assert ingress, "Envoy's own span is not a child of the client's"
     bbr = next(s for s in spans if s.service == "bbr" and s.name == "gateway.request")
     epp = next(s for s in spans if s.service == "epp" and s.name == "gateway.request")
