@@ -207,7 +207,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("file", type=Path, help="a receiver's span file (run/traces.jsonl)")
     ap.add_argument("--last", type=int, default=5, help="show the last N traces (default 5)")
     args = ap.parse_args(argv)
-    spans = load(args.file)
+    try:
+        spans = load(args.file)
+    except OSError as e:
+        ap.error(f"cannot read {args.file}: {e.strerror or e}")
+    except (ValueError, TypeError) as e:
+        ap.error(f"{args.file} is not a span file written by devkit.otlp: {e}")
     order = list(dict.fromkeys(s.trace_id for s in spans))[-args.last:]
     keep = set(order)
     print(render([s for s in spans if s.trace_id in keep]))

@@ -169,13 +169,16 @@ class RequestTrace:
         return self.tracer.start_span(name, context=ctx, attributes=attributes)
 
     def fail(self, span: Span, error: BaseException) -> None:
-        """Mark ``span`` failed with ``error`` (e.g. the 4xx/5xx a request got)."""
+        """Record on ``span`` the answer ``error`` ended the request with: failed for a
+        4xx/5xx (or any other exception), not for a direct 2xx answer (BBR's model list)."""
         from opentelemetry.trace import Status, StatusCode
 
-        span.set_status(Status(StatusCode.ERROR, str(error)))
         status = getattr(error, "status", None)
         if isinstance(status, int):
             span.set_attribute("http.response.status_code", status)
+            if status < 400:
+                return
+        span.set_status(Status(StatusCode.ERROR, str(error)))
         code = getattr(error, "code", None)
         if isinstance(code, str):
             span.set_attribute("error.type", code)

@@ -137,3 +137,24 @@ def test_an_unsampled_request_gets_no_trace_and_the_scheduler_no_span(
     scorer = next(s for s in spans if s.name == "llm_d.epp.scorer.queue-scorer")
     assert scorer.attributes["llm_d.epp.scorer.endpoints"] == ["10.0.0.0:8000", "10.0.0.1:8000"]
     assert scorer.attributes["llm_d.epp.scorer.scores"] == [0.0, 1.0]
+
+
+def test_an_error_answer_fails_the_span_and_a_direct_answer_does_not(
+        receiver: OtlpReceiver) -> None:
+    from shared.errors import BadRequest, DirectResponse
+
+    configure(receiver, OTEL_TRACES_SAMPLER="always_on")
+    trace = tracing.start_request("gateway.request", {})
+    assert trace is not None
+    bad, listing = trace.span("bad"), trace.span("listing")
+    trace.fail(bad, BadRequest("no model", code="missing_model"))
+    trace.fail(listing, DirectResponse(b"{}"))
+    for span in (bad, listing, trace.root):
+        span.end()
+    flush()
+    spans = {s.name: s for s in receiver.wait_for(lambda s: len(s) >= 3)}
+    assert spans["bad"].status == 2  # STATUS_CODE_ERROR
+    assert spans["bad"].attributes == {"http.response.status_code": 400,
+                                       "error.type": "missing_model"}
+    assert spans["listing"].status == 0
+    assert spans["listing"].attributes == {"http.response.status_code": 200}
