@@ -13,7 +13,7 @@ from shared.errors import GatewayError
 from shared.extproc import Exchange, RequestDecision, ResponseHeadersDecision
 
 if TYPE_CHECKING:
-    from opentelemetry.trace import Span
+    from shared.tracing import ChildSpan
 
 
 class PickerExchange(Exchange):
@@ -28,7 +28,7 @@ class PickerExchange(Exchange):
         self.grpc: _GrpcUsage | None = None
         #: The request's trace when tracing is on and the request sampled (else None).
         self.trace: tracing.RequestTrace | None = None
-        self.response_span: Span | None = None
+        self.response_span: ChildSpan | None = None
 
     async def on_request(self, headers: dict[str, str], body: bytes) -> RequestDecision:
         director = self.director

@@ -14,8 +14,7 @@ from epp.scheduling.request import LLMRequest
 from epp.scheduling.result import ProfileResult
 
 if TYPE_CHECKING:
-    from opentelemetry.trace import Span
-
+    from shared.tracing import ChildSpan as Span
     from shared.tracing import RequestTrace
 
 #: Per-endpoint values a plugin span carries at most (parallel arrays: bounded attributes,
@@ -115,20 +114,22 @@ def _start(trace: RequestTrace, parent: Span | None, kind: str, plugin: Any,
 def _end_scorer(span: Span, weight: float, cands: Sequence[EndpointView],
                 scores: Sequence[float]) -> None:
     """The scorer's weight, its raw scores' max/min/avg and the first endpoints' scores."""
-    span.set_attribute("llm_d.epp.scorer.weight", weight)
+    attrs: dict[str, Any] = {"llm_d.epp.scorer.weight": weight}
     if scores:
-        span.set_attribute("llm_d.epp.scorer.score.max", float(max(scores)))
-        span.set_attribute("llm_d.epp.scorer.score.min", float(min(scores)))
-        span.set_attribute("llm_d.epp.scorer.score.avg", float(sum(scores)) / len(scores))
-        span.set_attribute("llm_d.epp.scorer.endpoints_scored", len(scores))
-    _set_endpoint_scores(span, "llm_d.epp.scorer", cands, scores)
+        attrs["llm_d.epp.scorer.score.max"] = float(max(scores))
+        attrs["llm_d.epp.scorer.score.min"] = float(min(scores))
+        attrs["llm_d.epp.scorer.score.avg"] = float(sum(scores)) / len(scores)
+        attrs["llm_d.epp.scorer.endpoints_scored"] = len(scores)
+    _set_endpoint_scores(span, "llm_d.epp.scorer", cands, scores, attrs)
     span.end()
 
 
 def _set_endpoint_scores(span: Span, prefix: str, cands: Sequence[EndpointView],
-                         scores: Sequence[float]) -> None:
+                         scores: Sequence[float], attrs: dict[str, Any] | None = None) -> None:
     """``<prefix>.endpoints`` and ``<prefix>.scores``: parallel arrays, the first
-    :data:`TRACED_ENDPOINTS` candidates."""
+    :data:`TRACED_ENDPOINTS` candidates (with ``attrs``, in one call: the SDK locks per call)."""
     n = min(len(cands), len(scores), TRACED_ENDPOINTS)
-    span.set_attribute(f"{prefix}.endpoints", [cands[i].key for i in range(n)])
-    span.set_attribute(f"{prefix}.scores", [float(scores[i]) for i in range(n)])
+    out = attrs if attrs is not None else {}
+    out[f"{prefix}.endpoints"] = [cands[i].key for i in range(n)]
+    out[f"{prefix}.scores"] = [float(scores[i]) for i in range(n)]
+    span.set_attributes(out)
