@@ -150,14 +150,14 @@ def configure(enabled: bool, service_name: str, *, flag_given: bool = False,
     provider = TracerProvider(sampler=sampler, resource=Resource.create(attrs))
     span_exporter: Any
     if exporter == "otlp":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        from shared.otlpwire import fast_exporter_class
 
         endpoint = (env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
                     or env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or DEFAULT_ENDPOINT)
         insecure = None
         if endpoint.startswith("http://"):
             insecure = True  # as upstream's Go exporter reads the scheme
-        span_exporter = OTLPSpanExporter(endpoint=endpoint, insecure=insecure)
+        span_exporter = fast_exporter_class()(endpoint=endpoint, insecure=insecure)
     else:
         span_exporter = ConsoleSpanExporter(
             formatter=lambda span: span.to_json(indent=None) + os.linesep)
