@@ -113,8 +113,13 @@ IGNORED: Mapping[str, str] = {
 }
 
 
-def start_tracing(args: Any, service_name: str,
-                  log: structlog.typing.FilteringBoundLogger) -> None:
+#: Upstream's default ``OTEL_SERVICE_NAME`` per command (llm-d-router v0.10's EPP, GIE
+#: v1.5's BBR).
+SERVICE_NAMES: Mapping[str, str] = {"epp": "llm-d-epp",
+                                    "bbr": "gateway-api-inference-extension/bbr"}
+
+
+def start_tracing(args: Any, prog: str, log: structlog.typing.FilteringBoundLogger) -> None:
     """Set up OpenTelemetry as ``--tracing`` and the ``OTEL_*`` variables ask (one line and
     exit for a bad variable); logs the exporter when tracing is on."""
     import os
@@ -124,9 +129,10 @@ def start_tracing(args: Any, service_name: str,
 
     given = "tracing" in getattr(args, "given_flags", set())
     try:
-        exporter = tracing.configure(args.tracing, service_name, flag_given=given)
+        exporter = tracing.configure(args.tracing, SERVICE_NAMES.get(prog, prog),
+                                     flag_given=given)
     except tracing.TracingConfigError as e:
-        die(service_name, str(e))
+        die(prog, str(e))
     if exporter != "none":
         log.info("tracing on", exporter=exporter,
                  sampler=os.environ.get("OTEL_TRACES_SAMPLER", tracing.DEFAULT_SAMPLER),

@@ -15,8 +15,11 @@ import yaml
 from devkit.envoy import free_port
 from devkit.otlp import load as load_spans
 from devkit.stack import DEFAULT_CONFIG
+from shared.upstream_flags import SERVICE_NAMES
 
 pytestmark = pytest.mark.envoy
+#: The services' default OTEL_SERVICE_NAME (upstream's).
+BBR, EPP = SERVICE_NAMES["bbr"], SERVICE_NAMES["epp"]
 
 
 def config_on_free_ports(tmp_path: Path, demo_requests: int = 20,
@@ -68,7 +71,7 @@ def test_example_stack_serves_the_demo_through_both_pools(tmp_path: Path) -> Non
     services: dict[str, set[str]] = {}
     for span in load_spans(traces):
         services.setdefault(span.trace_id, set()).add(span.service)
-    assert any({"envoy-gateway", "bbr", "epp"} <= found for found in services.values()), services
+    assert any({"envoy-gateway", BBR, EPP} <= found for found in services.values()), services
 
 
 def test_pd_example_prefills_long_prompts_on_prefill_pods(tmp_path: Path) -> None:

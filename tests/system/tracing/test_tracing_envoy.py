@@ -21,9 +21,12 @@ from devkit import envoy as e
 from devkit.manifests import pool_manifests, write_yaml
 from devkit.otlp import OtlpReceiver, ReceivedSpan
 from devkit.topology import Pool, Topology
+from shared.upstream_flags import SERVICE_NAMES
 from tests.support.processes import BackgroundLoop, EppProcess, FakeModelServer
 
 pytestmark = pytest.mark.envoy
+#: The services' default OTEL_SERVICE_NAME (upstream's).
+BBR, EPP = SERVICE_NAMES["bbr"], SERVICE_NAMES["epp"]
 
 MODEL = "llama"
 #: Spans leave the services and Envoy within a fraction of a second, not the SDK's 5 s.
@@ -129,7 +132,7 @@ def _traced_request(gw: TracedGateway, stream: bool) -> tuple[str, str, list[Rec
     def complete(spans: list[ReceivedSpan]) -> bool:
         mine = [s for s in spans if s.trace_id == trace_id]
         roots = {(s.service, s.name) for s in mine}
-        return {("bbr", "gateway.request"), ("epp", "gateway.request")} <= roots and any(
+        return {(BBR, "gateway.request"), (EPP, "gateway.request")} <= roots and any(
             s.service == "envoy-gateway" and s.kind == 2 for s in mine)  # SERVER: ingress
 
     gw.receiver.wait_for(complete)
@@ -143,15 +146,15 @@ def test_one_trace_links_envoy_bbr_and_epp_under_the_clients_traceparent(
     assert spans and all(s.trace_id == trace_id for s in spans)
     by_id = {s.span_id: s for s in spans}
     services = {s.service for s in spans}
-    assert {"envoy-gateway", "bbr", "epp"} <= services
+    assert {"envoy-gateway", BBR, EPP} <= services
     # Every span hangs, through received spans only, from the client's span.
     for s in spans:
         assert _ancestry(s, by_id)[-1] == client_span, (s.service, s.name)
     ingress = [s for s in spans
                if s.service == "envoy-gateway" and s.parent_span_id == client_span]
     assert ingress, "Envoy's own span is not a child of the client's"
-    bbr = next(s for s in spans if s.service == "bbr" and s.name == "gateway.request")
-    epp = next(s for s in spans if s.service == "epp" and s.name == "gateway.request")
+    bbr = next(s for s in spans if s.service == BBR and s.name == "gateway.request")
+    epp = next(s for s in spans if s.service == EPP and s.name == "gateway.request")
     for root in (bbr, epp):
         assert ingress[0].span_id in _ancestry(root, by_id)  # under Envoy's request span
     assert bbr.attributes["gen_ai.request.model"] == MODEL
@@ -162,7 +165,7 @@ def test_one_trace_links_envoy_bbr_and_epp_under_the_clients_traceparent(
 def test_epp_spans_cover_the_request_and_each_scorer_carries_its_scores(
         gateway: TracedGateway) -> None:
     _, _, spans = _traced_request(gateway, stream=True)
-    epp = {s.span_id: s for s in spans if s.service == "epp"}
+    epp = {s.span_id: s for s in spans if s.service == EPP}
     root = next(s for s in epp.values() if s.name == "gateway.request")
     names = [s.name for s in epp.values()]
     for name in ("parse", "run_scheduler_profile", "pre_request", "response"):
