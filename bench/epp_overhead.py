@@ -83,6 +83,28 @@ def tracing_cost(results: dict[str, list[dict[str, float]]]) -> str:
             f"median {statistics.median(ratios):.3f}")
 
 
+def paired_cpu(urls: dict[str, str], pids: dict[str, int], body: Path, concurrency: int,
+               seconds: float, rounds: int) -> list[float]:
+    """Traced / untraced EPP CPU per request with both under load **at the same time** (half
+    the connections each, two load generators), so both see the same machine; per round."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from bench.cpubudget import cpu_seconds
+    from bench.harness import load
+
+    names = ["EPP default profile", TRACED]
+    ratios = []
+    with ThreadPoolExecutor(2) as pool:
+        for _ in range(rounds):
+            before = {n: cpu_seconds(pids[n]) for n in names}
+            runs = list(pool.map(lambda n: load(urls[n], body, max(concurrency // 2, 1),
+                                                seconds), names))
+            per = [(cpu_seconds(pids[n]) - before[n]) / max(r["requests"], 1)
+                   for n, r in zip(names, runs, strict=True)]
+            ratios.append(per[1] / per[0])
+    return ratios
+
+
 def main() -> None:
     args = overhead_args(__doc__)
 
@@ -139,9 +161,10 @@ def main() -> None:
             e.wait_for_port(port, timeout=60,
                             host="127.0.0.1" if port != backend_port else PODS[0])
         with e.Envoy(cfg, admin_port=admin, workdir=work / "envoy"):
+            pids = {"EPP default profile": procs[2].pid, TRACED: procs[3].pid}
             results = run_rounds(urls, body, args.concurrency, args.seconds, args.rounds,
-                                 pids={"EPP default profile": procs[2].pid,
-                                       TRACED: procs[3].pid})
+                                 pids=pids)
+            paired = paired_cpu(urls, pids, body, args.concurrency, args.seconds, args.rounds)
     finally:
         stop(procs)
         receiver.stop()
@@ -160,6 +183,9 @@ def main() -> None:
         ratio_row("tracing on, 10% sampled", med[TRACED], med["EPP default profile"]),
         "",
         tracing_cost(results),
+        "Both EPPs loaded at once (half the connections each), traced / untraced CPU per "
+        f"request per round: {', '.join(f'{r:.3f}' for r in paired)}; "
+        f"median {statistics.median(paired):.3f}",
         f"Spans received from the traced EPP: {len(receiver.spans)}",
     ]))
     if had_errors(results):
