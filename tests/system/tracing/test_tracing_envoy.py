@@ -158,6 +158,8 @@ def test_one_trace_links_envoy_bbr_and_epp_under_the_clients_traceparent(
     for root in (bbr, epp):
         assert ingress[0].span_id in _ancestry(root, by_id)  # under Envoy's request span
     assert bbr.attributes["gen_ai.request.model"] == MODEL
+    bbr_children = {s.name for s in spans if s.parent_span_id == bbr.span_id}
+    assert {"parse", "bbr.plugin.body-field-to-header"} <= bbr_children
     # Envoy's router span: the call to the model server the EPP picked.
     assert any(s.service == "envoy-gateway" and s.kind == 3 for s in spans)  # CLIENT
 
