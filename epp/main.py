@@ -18,6 +18,7 @@ from aiohttp import web
 from epp import telemetry as m
 from epp.config import ConfigError, EndpointPickerConfig, Runtime, build, load_config_file
 from epp.config import parse_config as parse_config_text
+from epp.config.stability import ExperimentalPluginError, check_stability
 from epp.datastore import Datastore, FailureMode
 from epp.flowcontrol import FlowController
 from epp.handle import Settings
@@ -32,7 +33,7 @@ from epp.sources.standalone import standalone_pool
 from epp.statestore import StoreURL, StoreURLError, open_store, parse_store_url
 from shared import logs, tracing
 from shared.extproc import DEFAULT_MAX_BODY, BodyMode, ExtProcServicer
-from shared.flags import Parser, die, duration
+from shared.flags import Parser, byte_size, die, duration
 from shared.metrics_server import read_token, run_metrics_server
 from shared.server import Health, ServeOptions, install_uvloop, serve
 from shared.upstream_flags import (
@@ -125,6 +126,21 @@ def parser() -> Parser:
                    help="largest request body accepted; bigger gets 413")
     p.add_argument("--grace-period", type=float, default=30.0,
                    help="seconds in-flight streams get to finish on SIGTERM")
+    p.add_argument("--drain-timeout", type=duration, default=0.0,
+                   help="after SIGTERM: health NOT_SERVING and the Lease released at once, "
+                        "but new ext_proc streams are still served this long (upstream "
+                        "default 30s; here 0s, see docs/epp.md); then --grace-period applies")
+    p.add_argument("--grpc-max-recv-msg-size", type=byte_size, default=None, metavar="SIZE",
+                   help="largest gRPC message received, e.g. 10MiB or 25MB (default: "
+                        "--max-body-bytes + 1MiB)")
+    p.add_argument("--grpc-max-send-msg-size", type=byte_size, default=None, metavar="SIZE",
+                   help="largest gRPC message sent (default: --max-body-bytes + 1MiB)")
+    p.add_bool("--emit-endpoint-scores", default=False,
+               help="send the primary profile's per-endpoint scores to the proxy in "
+                    "envoy.lb metadata x-gateway-destination-endpoint-scores")
+    p.add_bool("--allow-experimental-plugins", default=False,
+               help="allow plugin types upstream marks Alpha (experimental); without it "
+                    "a config naming one is refused")
     p.add_argument("--metrics-bearer-token-file", default=None,
                    help="require 'Authorization: Bearer <token>' on the metrics port")
     p.add_argument("--session-token-key-file", default=None, metavar="FILE",
@@ -258,6 +274,7 @@ def settings(args: Any) -> Settings:
         metric_overrides={key: getattr(args, dest) for dest, key in _OVERRIDE_KEYS.items()
                           if getattr(args, dest) is not None},
         session_token_key=read_session_key(args.session_token_key_file),
+        emit_endpoint_scores=args.emit_endpoint_scores,
     )
 
 
@@ -282,12 +299,22 @@ def load_config(args: Any, path: str | None = None) -> EndpointPickerConfig:
     return parse_config_text(args.config_text, source="--config-text")
 
 
+def check_plugin_stability(args: Any, runtime: Runtime) -> None:
+    """Refuse Alpha plugin types without ``--allow-experimental-plugins`` (as upstream)."""
+    try:
+        check_stability(((p.name, p.type_name) for p in runtime.handle),
+                        allow_experimental=args.allow_experimental_plugins)
+    except ExperimentalPluginError as e:
+        die("epp", f"bad EndpointPickerConfig: {runtime.config.source}: {e}")
+
+
 def check_config(args: Any) -> None:
     """``--check-config``: build everything a config names (no serving) and exit 0 or 1."""
     try:
-        build(load_config(args, args.check_config), settings=settings(args))
+        runtime = build(load_config(args, args.check_config), settings=settings(args))
     except ConfigError as e:
         die("epp", f"bad EndpointPickerConfig: {e}")
+    check_plugin_stability(args, runtime)
     print("epp: EndpointPickerConfig is valid")
     sys.exit(0)
 
@@ -295,11 +322,10 @@ def check_config(args: Any) -> None:
 def metrics_hooks() -> SchedulerHooks:
     """The scheduler's timings and prefix hits, into the exported metrics."""
     return SchedulerHooks(
-        e2e_duration=m.SCHEDULER_E2E.observe,
-        prefix_hit_ratio=m.PREFIX_HIT_RATIO.observe,
-        prefix_hit_bytes=m.PREFIX_HIT_BYTES.observe,
-        plugin_duration=lambda point, kind, name, s: m.PLUGIN_DURATION.labels(
-            point, kind, name).observe(s),
+        e2e_duration=m.scheduler_e2e,
+        plugin_prefix_hit_ratio=m.prefix_hit_ratio,
+        plugin_prefix_hit_bytes=m.prefix_hit_bytes,
+        plugin_duration=m.plugin_duration,
     )
 
 
@@ -307,13 +333,21 @@ async def run(args: Any, store_url: StoreURL) -> None:
     """Build everything, serve until SIGTERM."""
     datastore = Datastore()
     flag_settings = settings(args)  # flag files (e.g. the session key) fail before the pool
-    source, elector = start_source(args, datastore)
+    try:
+        config = load_config(args)
+    except ConfigError as e:
+        die("epp", f"bad EndpointPickerConfig: {e}")
+    discovery = config.discovery is not None
+    source, elector = (None, None) if discovery else start_source(args, datastore)
     store = open_store(store_url, pool=store_pool(args, datastore))
     try:
-        runtime = build(load_config(args), datastore, flag_settings,
+        runtime = build(config, datastore, flag_settings,
                         rng=random.Random(), hooks=metrics_hooks(), state_store=store)
     except ConfigError as e:
         die("epp", f"bad EndpointPickerConfig: {e}")
+    check_plugin_stability(args, runtime)
+    if source is None:
+        source = start_discovery(args, runtime)
     stop = asyncio.Event()
     connect_notification_sources(args, runtime)
     open_extractors(runtime)
@@ -332,7 +366,9 @@ async def run(args: Any, store_url: StoreURL) -> None:
     opts = ServeOptions(grpc_port=args.grpc_port, health_port=args.grpc_health_port,
                         secure=args.secure_serving, cert_path=args.cert_path,
                         grace=args.grace_period, health_on_grpc_port=args.health_checking,
-                        max_message_bytes=args.max_body_bytes + 1024 * 1024)
+                        max_message_bytes=args.max_body_bytes + 1024 * 1024,
+                        max_receive_bytes=args.grpc_max_recv_msg_size,
+                        max_send_bytes=args.grpc_max_send_msg_size, drain=args.drain_timeout)
 
     async def ready(health: Health) -> None:
         await report_readiness(health.set_serving, datastore.synced, elector)
@@ -421,7 +457,29 @@ def register_pool_metrics(args: Any, runtime: Runtime) -> None:
     scheduler = runtime.scheduler
     m.register_pool(m.PoolCollector(
         pool_name, runtime.datastore, staleness=args.metrics_staleness_threshold,
-        prefix_stats=lambda: scheduler.prefix_indexer_size))
+        prefix_stats=lambda: scheduler.prefix_indexer_size,
+        prefix_sizes=scheduler.prefix_indexer_sizes))
+
+
+def start_discovery(args: Any, runtime: Runtime) -> Source:
+    """``dataLayer.discovery``: the named plugin lists the endpoints (no Kubernetes API, no
+    --manifests); exits with one line when it cannot load them."""
+    from epp.sources.file_discovery import DiscoveryError, FileDiscovery
+
+    ref = runtime.config.discovery
+    assert ref is not None
+    if args.manifests is not None or args.endpoint_selector:
+        die("epp", "dataLayer.discovery lists the endpoints: drop --manifests / "
+                   "--endpoint-selector")
+    if args.ha_enable_leader_election or args.ha_mode == "active-passive":
+        die("epp", "leader election needs the Kubernetes API, not dataLayer.discovery")
+    plugin = runtime.handle.plugin(ref, FileDiscovery)
+    plugin.bind(runtime.datastore, pool_name=args.pool_name, namespace=args.pool_namespace)
+    try:
+        plugin.load()
+    except DiscoveryError as e:
+        die("epp", f"{ref} (file-discovery): {e}")
+    return plugin
 
 
 def start_source(args: Any, datastore: Datastore) -> tuple[Source, LeaderElector | None]:
@@ -476,9 +534,9 @@ def main(argv: list[str] | None = None) -> None:
     report(args, log, EPP_IGNORED, DEPRECATED)
     start_tracing(args, "epp", log)
     try:
-        m.INFO.labels(commit=version("inference-gateway-py"), build_ref="").set(1)
+        m.build_info(version("inference-gateway-py"), "")
     except PackageNotFoundError:
-        m.INFO.labels(commit="dev", build_ref="").set(1)
+        m.build_info("dev", "")
     store_url = state_store_url(args)
     install_uvloop()
     try:

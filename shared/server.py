@@ -40,6 +40,14 @@ class ServeOptions:
     max_message_bytes: int = 16 * 1024 * 1024
     """gRPC message cap; a BUFFERED body arrives (and may go back) as one message, so this
     must exceed the body cap."""
+    max_receive_bytes: int | None = None
+    """``--grpc-max-recv-msg-size``: overrides ``max_message_bytes`` for received messages."""
+    max_send_bytes: int | None = None
+    """``--grpc-max-send-msg-size``: overrides ``max_message_bytes`` for sent messages."""
+    drain: float = 0.0
+    """``--drain-timeout``: after SIGTERM, health says NOT_SERVING (and the Lease goes) at
+    once but ext_proc keeps taking new streams this long, for proxies that still route here
+    until they notice; then new streams are refused and in-flight ones get ``grace``."""
     health_on_grpc_port: bool = False
     """Also serve the health service on the ext_proc port (upstream's ``--health-checking``)."""
 
@@ -116,8 +124,8 @@ async def serve(
     health = health or Health()
     server = grpc.aio.server(options=[
         ("grpc.so_reuseport", 0),
-        ("grpc.max_receive_message_length", opts.max_message_bytes),
-        ("grpc.max_send_message_length", opts.max_message_bytes),
+        ("grpc.max_receive_message_length", opts.max_receive_bytes or opts.max_message_bytes),
+        ("grpc.max_send_message_length", opts.max_send_bytes or opts.max_message_bytes),
         ("grpc.server.max_pending_requests", PENDING_STREAMS_SOFT),
         ("grpc.server.max_pending_requests_hard_limit", PENDING_STREAMS_HARD),
     ])
@@ -152,8 +160,12 @@ async def serve(
     try:
         await stop.wait()
     finally:
-        log.info("draining", grace_seconds=opts.grace)
+        log.info("draining", grace_seconds=opts.grace, drain_timeout_seconds=opts.drain)
         await health.set_serving(False)
+        if opts.drain > 0:
+            # Still serving ext_proc: a proxy that has not yet seen NOT_SERVING (or a DNS
+            # refresh) keeps sending streams here, and they are answered, not refused.
+            await asyncio.sleep(opts.drain)
         await server.stop(opts.grace)
         await health_server.stop(0)
         for t in tasks:

@@ -3,8 +3,10 @@ rewritten back to the client's model and its usage is recorded when the stream e
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
+from epp import telemetry as m
 from epp.requestcontrol import Director, Routed
 from epp.requestcontrol.grpcbody import FrameReader, GrpcResponseReader
 from epp.requestcontrol.response import ResponseRewriter, Usage
@@ -26,12 +28,19 @@ class PickerExchange(Exchange):
         self.status = 0
         self.response_size = 0
         self.grpc: _GrpcUsage | None = None
+        #: ``llm_d_epp_response_processing_duration_seconds``: our time on this response
+        #: (streamed: the sum of per-chunk slices, so generation time between chunks is
+        #: left out; otherwise headers to end). None until the response headers arrive.
+        self.response_processing: float | None = None
+        self.response_started = 0.0
+        self.sse = False
         #: The request's trace when tracing is on and the request sampled (else None).
         self.trace: tracing.RequestTrace | None = None
         self.response_span: ChildSpan | None = None
 
     async def on_request(self, headers: dict[str, str], body: bytes) -> RequestDecision:
         director = self.director
+        started = time.perf_counter()
         if tracing.TRACER is not None:
             self.trace = tracing.start_request("gateway.request", headers,
                                                self.grpc_traceparent)
@@ -45,10 +54,21 @@ class PickerExchange(Exchange):
             if self.trace is not None:
                 self.trace.fail(self.trace.root, e)
             raise
-        self.rewriter = ResponseRewriter(self.routed.client_model, self.routed.target_model)
+        finally:  # refusals too: a queue's rejections are the slowest samples (as upstream)
+            m.REQUEST_PROCESSING.observe(time.perf_counter() - started)
+        # A request that named no model gets the response's model unchanged (as upstream).
+        self.rewriter = ResponseRewriter(self.routed.client_model or self.routed.target_model,
+                                         self.routed.target_model)
         return decision
 
     async def on_response_headers(self, headers: dict[str, str]) -> ResponseHeadersDecision:
+        started = self.response_started = time.perf_counter()
+        try:
+            return self._response_headers(headers)
+        finally:
+            self.response_processing = time.perf_counter() - started
+
+    def _response_headers(self, headers: dict[str, str]) -> ResponseHeadersDecision:
         try:
             self.status = int(headers.get(":status", "200"))
         except ValueError:
@@ -69,11 +89,21 @@ class PickerExchange(Exchange):
             if isinstance(parser, GrpcResponseReader):
                 self.grpc = _GrpcUsage(parser, self.routed.request.headers.get(":path", ""))
             return ResponseHeadersDecision(set_headers=dict(added))
-        sse = content_type.startswith("text/event-stream")
+        sse = self.sse = content_type.startswith("text/event-stream")
         return ResponseHeadersDecision(set_headers=dict(added),
                                        buffer_body=not sse and self.rewriter is not None)
 
     def on_response_chunk(self, chunk: bytes, end_of_stream: bool) -> bytes:
+        if not self.sse:
+            return self._response_chunk(chunk, end_of_stream)
+        started = time.perf_counter()
+        try:
+            return self._response_chunk(chunk, end_of_stream)
+        finally:
+            if self.response_processing is not None:
+                self.response_processing += time.perf_counter() - started
+
+    def _response_chunk(self, chunk: bytes, end_of_stream: bool) -> bytes:
         self.response_size += len(chunk)
         if self.grpc is not None:
             if self.grpc.feed(chunk) and self.routed is not None:
@@ -102,6 +132,11 @@ class PickerExchange(Exchange):
         return self.director.response_metadata(self.routed, usage)
 
     def on_close(self, completed: bool) -> None:
+        if self.response_processing is not None:  # aborted streams too (as upstream)
+            m.RESPONSE_PROCESSING.observe(
+                self.response_processing if self.sse
+                else time.perf_counter() - self.response_started)
+            self.response_processing = None
         routed = self.routed
         if routed is None:
             if self.trace is not None:

@@ -44,6 +44,8 @@ log = structlog.get_logger(__name__)
 DESTINATION = "x-gateway-destination-endpoint"
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 LB_NAMESPACE = "envoy.lb"
+#: Key of the per-endpoint scores under ``envoy.lb`` (``--emit-endpoint-scores``).
+DESTINATION_SCORES = "x-gateway-destination-endpoint-scores"
 OBJECTIVE_HEADER = "x-gateway-inference-objective"
 REWRITE_HEADER = "x-gateway-model-name-rewrite"
 REQUEST_ID = "x-request-id"
@@ -103,6 +105,7 @@ class Director:
         s = runtime.settings
         self.reject_unknown_models = s.reject_unknown_models
         self.subset_filter = s.subset_filter
+        self.emit_scores = s.emit_endpoint_scores
         self.staleness = s.staleness
         self._debug = logging.getLogger().isEnabledFor(logging.DEBUG)
         self._served_cache: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())
@@ -140,7 +143,7 @@ class Director:
             req = self._traced_parse(trace, body, headers)
         res = self._resolve(req, headers)
         if res.rewrite_name is not None:
-            m.REWRITE_DECISIONS.labels(res.rewrite_name, req.model, res.target_model).inc()
+            m.rewrite_decision(res.rewrite_name, req.model, res.target_model)
         candidates = self._candidates(filter_metadata)
         # With flow control, sheddable requests wait in its queues instead (as upstream).
         if (res.priority < 0 and self.runtime.flow_control is None
@@ -257,7 +260,8 @@ class Director:
     @staticmethod
     def count_error(headers: Mapping[str, str], err: GatewayError) -> None:
         """A request the director refused (labelled by whatever model it named)."""
-        m.ERRORS.labels(headers.get("x-gateway-model-name", ""), "", err.code).inc()
+        m.request_error(headers.get("x-gateway-model-name", ""), "", m.fairness_id(headers), "0",
+                        err.code)
 
     # -- steps -------------------------------------------------------------------------
 
@@ -311,7 +315,14 @@ class Director:
         try:
             prompt = prefix_input(req.prompt, req.messages)
             new_body = None
-            if res.target_model != req.model and req.model:  # no model: passthrough body
+            if req.model_absent:  # a JSON body without model: a match-all rewrite names it
+                if not res.target_model:
+                    raise BadRequest("the request has no 'model' field and no "
+                                     "InferenceModelRewrite rule matches every request",
+                                     code="missing_model")
+                req.body["model"] = res.target_model
+                new_body = req.dumps()
+            elif res.target_model != req.model and req.model:  # other parsers: body as is
                 req.body["model"] = res.target_model
                 new_body = req.dumps()  # JSON, or the parser's own wire format
         except orjson.JSONEncodeError as e:
@@ -339,6 +350,10 @@ class Director:
     def _decision(self, pending: Pending, result: SchedulingResult) -> RequestDecision:
         destination = result.destination
         headers = pending.headers
+        lb: dict[str, Any] = {DESTINATION: destination}
+        if self.emit_scores and result.primary.totals:
+            # Every endpoint the primary profile scored, not only the picks (as upstream).
+            lb[DESTINATION_SCORES] = result.primary.scores()
         return RequestDecision(
             set_headers={DESTINATION: destination, REQUEST_ID: pending.request.request_id,
                          **result.extra_headers},
@@ -347,7 +362,7 @@ class Director:
             remove_headers=[h for h in headers if (h.startswith(DESTINATION) and h != DESTINATION)
                             or (h == PREFILLER_HEADER and h not in result.extra_headers)],
             body=pending.new_body,
-            metadata={LB_NAMESPACE: {DESTINATION: destination}},
+            metadata={LB_NAMESPACE: lb},
         )
 
     def _candidates(self, filter_metadata: Mapping[str, Any]) -> Sequence[EndpointView]:

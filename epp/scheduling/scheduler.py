@@ -64,7 +64,7 @@ class Scheduler:
         for each in self.plugins:
             attach = getattr(each, "attach", None)  # third-party plugins may lack it
             if attach is not None:
-                attach(self.hooks)
+                attach(self.hooks.for_plugin(each.type_name, each.name))
 
     def schedule(
         self, request: LLMRequest, candidates: Sequence[EndpointView]
@@ -133,3 +133,16 @@ class Scheduler:
         stores = {id(s): s for p in self.plugins
                   if isinstance(s := getattr(p, "store", None), StateStore)}
         return sum(s.prefix_size for s in stores.values())
+
+    def prefix_indexer_sizes(self) -> list[tuple[str, str, int]]:
+        """(plugin type, plugin name, entries) of each prefix index, named after the plugin
+        keeping it: its producer rather than a scorer reading the producer's index, as the
+        hit series are (``llm_d_epp_prefix_indexer_size``)."""
+        from epp.statestore import StateStore
+
+        out: dict[int, tuple[str, str, int]] = {}
+        readers_last = sorted(self.plugins, key=lambda p: hasattr(p, "producer"))
+        for p in readers_last:
+            if isinstance(s := getattr(p, "store", None), StateStore) and id(s) not in out:
+                out[id(s)] = (p.type_name, p.name, s.prefix_size)
+        return list(out.values())

@@ -184,6 +184,8 @@ def test_epp_rbac_is_read_only_on_what_the_source_watches() -> None:
     assert rules == {
         "/pods": read,
         "inference.networking.k8s.io/inferencepools": read,
+        "llm-d.ai/inferenceobjectives": read,
+        "llm-d.ai/inferencemodelrewrites": read,
         "inference.networking.x-k8s.io/inferenceobjectives": read,
         "inference.networking.x-k8s.io/inferencemodelrewrites": read,
         "inference.networking.x-k8s.io/inferencemodels": read,

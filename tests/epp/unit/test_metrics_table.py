@@ -82,7 +82,7 @@ def exercise_both_services() -> list[object]:
         d.dispatch(pending)  # a scheduling failure
     d.count_error({"x-gateway-model-name": "m"}, GatewayError("refused"))
     exercise_slo_plugins()
-    m.INFO.labels(commit="test", build_ref="").set(1)
+    m.build_info("test", "")
     router = BodyRouter(build_bbr([], StaticBaseModels()))
     for raw in (b'{"model": "m"}', b'{"model": ""}', b"{}"):
         router.decide(raw)
@@ -99,7 +99,8 @@ def exercise_both_services() -> list[object]:
     fc.dispatch_cycle.observe(0.0001)
     asyncio.run(exercise_state_store())
     pool = m.PoolCollector("pool", runtime.datastore,
-                           prefix_stats=lambda: runtime.scheduler.prefix_indexer_size)
+                           prefix_stats=lambda: runtime.scheduler.prefix_indexer_size,
+                           prefix_sizes=runtime.scheduler.prefix_indexer_sizes)
     return list(pool.collect())
 
 
@@ -125,7 +126,7 @@ def exported() -> dict[str, tuple[str, set[frozenset[str]]]]:
     out: dict[str, tuple[str, set[frozenset[str]]]] = {}
     for fam in families:
         name = fam.name + "_total" if fam.type == "counter" else fam.name  # type: ignore[attr-defined]
-        if not name.startswith(("inference_", "bbr_")) or name.endswith("_created"):
+        if not name.startswith(("inference_", "bbr_", "llm_d_")) or name.endswith("_created"):
             continue  # _created: the client library's creation time of each series
         label_sets = {frozenset(k for k in s.labels if k != "le")
                       for s in fam.samples}  # type: ignore[attr-defined]
