@@ -13,12 +13,18 @@ from bbr.basemodels import BaseModelError, FileBaseModels, StaticBaseModels
 from bbr.models import ModelListing
 from bbr.plugins import PluginSpecError, build
 from bbr.router import BodyRouter
-from shared import buildinfo, logs
+from shared import buildinfo, logs, tracing
 from shared.extproc import DEFAULT_MAX_BODY, BodyMode, ExtProcServicer
 from shared.flags import Parser, die
 from shared.metrics_server import read_token, run_metrics_server
 from shared.server import Health, ServeOptions, install_uvloop, serve
-from shared.upstream_flags import add_diagnostics_flags, add_logging_flags, log_settings, report
+from shared.upstream_flags import (
+    add_diagnostics_flags,
+    add_logging_flags,
+    log_settings,
+    report,
+    start_tracing,
+)
 
 
 def parser() -> Parser:
@@ -77,6 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     ls = log_settings(args)
     logs.configure(args.verbosity, json=ls.json, level=ls.level, time_format=ls.time_format)
     report(args, structlog.get_logger("bbr"))
+    start_tracing(args, "bbr", structlog.get_logger("bbr"))
     if args.base_models and args.base_models_from_configmaps:
         die("bbr", "--base-models and --base-models-from-configmaps exclude each other")
     try:
@@ -121,6 +128,7 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         if watch is not None:
             watch.stop()
+        tracing.shutdown()  # the spans still queued go out
     sys.exit(0)
 
 

@@ -356,17 +356,24 @@ def base_models(spec: StackSpec) -> list[dict[str, Any]]:
             for p in spec.pools]
 
 
-def envoy_config(spec: StackSpec) -> dict[str, Any]:
+def envoy_config(spec: StackSpec, otlp_port: int | None = None) -> dict[str, Any]:
     """Envoy: BBR for every request, then the matched pool's EPP, then the pool's
-    ``override_host`` cluster, retrying down the EPP's fallback endpoints."""
+    ``override_host`` cluster, retrying down the EPP's fallback endpoints. With ``otlp_port``
+    Envoy's own tracer sends its spans there (every request sampled; BBR and the EPPs follow
+    Envoy's decision)."""
     return Topology(
         listen=spec.port, admin=spec.admin_port, bbr_port=spec.bbr["grpc_port"], tls=True,
         pools=[Pool(p.name, models=p.model_names, epp_port=p.epp["grpc_port"],
                     epp_replicas=[(r["grpc_port"], r["health_port"]) for r in p.replicas],
                     endpoints=[(ip, p.server_port) for ip in p.pod_ips])
                for p in spec.pools],
-        not_found="no pool serves this model", runtime=e.GRACEFUL_CLOSE,
+        not_found="no pool serves this model", otlp_port=otlp_port,
+        runtime={**e.GRACEFUL_CLOSE, **({TRACE_FLUSH: 1000} if otlp_port else {})},
     ).bootstrap()
+
+
+#: Envoy's OpenTelemetry tracer flushes every 5 s by default; 1 s shows a request sooner.
+TRACE_FLUSH = "tracing.opentelemetry.flush_interval_ms"
 
 
 # --- processes -------------------------------------------------------------------------
@@ -389,13 +396,16 @@ class Stack:
         self.envoy: e.Envoy | None = None
         self.valkey: Any = None  # devkit.valkey.ValkeyServer when the stack runs one
         self.store_url: str | None = None
+        #: The OTLP receiver every process sends its spans to (``run_dir/traces.jsonl``).
+        self.traces: Any = None  # devkit.otlp.OtlpReceiver once started
+        self.env: dict[str, str] = {}
 
     def _spawn(self, name: str, args: list[str]) -> None:
         log = self.logs / f"{name}.log"
         with log.open("wb") as out:
             proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True,
-                                    env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                    env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env})
         self.children.append(Child(name, proc, log))
 
     def start_store(self) -> list[str]:
@@ -425,10 +435,22 @@ class Stack:
         for old in [*self.logs.glob("*.log"), self.run_dir / "envoy" / "envoy.log"]:
             old.unlink(missing_ok=True)
 
+    def start_traces(self) -> list[str]:
+        """The OTLP receiver, and the flag and variables that send BBR's and the EPPs' spans
+        to it (docs/tracing.md)."""
+        from devkit.otlp import OtlpReceiver
+
+        self.traces = OtlpReceiver(path=self.run_dir / "traces.jsonl").start()
+        self.env = {"OTEL_TRACES_EXPORTER": "otlp",
+                    "OTEL_EXPORTER_OTLP_ENDPOINT": self.traces.endpoint,
+                    "OTEL_BSP_SCHEDULE_DELAY": "500"}
+        return ["--tracing=true"]
+
     def start(self) -> None:
         self.fresh_logs()
         py = sys.executable
         ha = self.start_store()
+        traced = self.start_traces()
         for p in self.spec.pools:
             pool_dir = self.run_dir / p.name
             pool_dir.mkdir(exist_ok=True)
@@ -445,7 +467,7 @@ class Stack:
                     "--pool-name", p.name, "--grpc-port", str(ports["grpc_port"]),
                     "--grpc-health-port", str(ports["health_port"]),
                     "--metrics-port", str(ports["metrics_port"]), "--grace-period", "3",
-                    "--bind-address", LOOPBACK, *config, *ha, *p.epp_flags])
+                    "--bind-address", LOOPBACK, *config, *ha, *traced, *p.epp_flags])
             self._start_sidecars(p, manifests)
         b = self.spec.bbr
         (self.run_dir / "base-models.yaml").write_text(
@@ -455,9 +477,11 @@ class Stack:
                             "--grpc-port", str(b["grpc_port"]),
                             "--grpc-health-port", str(b["health_port"]),
                             "--metrics-port", str(b["metrics_port"]), "--grace-period", "3",
-                            "--bind-address", LOOPBACK, *self.spec.bbr_flags])
+                            "--bind-address", LOOPBACK, *traced,
+                            *self.spec.bbr_flags])
         self.wait_ready()
-        self.envoy = e.Envoy(envoy_config(self.spec), admin_port=self.spec.admin_port,
+        self.envoy = e.Envoy(envoy_config(self.spec, self.traces.port),
+                             admin_port=self.spec.admin_port,
                              workdir=self.run_dir / "envoy").start()
 
     def _start_sidecars(self, p: PoolSpec, manifests: str) -> None:
@@ -528,6 +552,9 @@ class Stack:
         if self.valkey is not None:
             self.valkey.close()
             self.valkey = None
+        if self.traces is not None:  # last: the services flush their spans as they stop
+            self.traces.stop()
+            self.traces = None
 
 
 # --- demo ----------------------------------------------------------------------------------
@@ -669,7 +696,9 @@ def report(spec: StackSpec, results: list[DemoResult], stack: Stack) -> None:
 Models: {', '.join(m for p in spec.pools for m in p.model_names)}
 Pool state: {', '.join(f"http://127.0.0.1:{r['metrics_port']}/debug/pool"
                        for p in spec.pools for r in p.replicas or [p.epp])}
-Logs: {stack.logs}/ (envoy: {stack.run_dir / 'envoy' / 'envoy.log'})""", flush=True)
+Logs: {stack.logs}/ (envoy: {stack.run_dir / 'envoy' / 'envoy.log'})
+Traces: {stack.run_dir / 'traces.jsonl'} (as trees: python -m devkit.otlp \
+{stack.run_dir / 'traces.jsonl'})""", flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:

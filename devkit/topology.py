@@ -113,6 +113,9 @@ class Topology:
     extra_clusters: list[dict[str, Any]] = field(default_factory=list)
     #: the listener's name (also its stats prefix); distinct per layout in :func:`bootstrap`
     name: str = "gateway"
+    #: OTLP/gRPC port on loopback for Envoy's own OpenTelemetry tracer; None: Envoy traces
+    #: nothing (:func:`devkit.envoy.otel_tracing`)
+    otlp_port: int | None = None
 
     def filters(self) -> list[dict[str, Any]]:
         """The ext_proc filters in order: BBR, then the EPP (default: the first EPP pool)."""
@@ -198,6 +201,8 @@ class Topology:
                 out.append(e.static_cluster(p.upstream, p.endpoints))
             else:
                 out.append(e.original_dst_cluster(p.upstream, timeout=p.connect_timeout))
+        if self.otlp_port is not None:
+            out.append(e.grpc_cluster(e.OTLP_CLUSTER, self.otlp_port, tls=False))
         return out + self.extra_clusters
 
     def local_reply(self) -> dict[str, Any] | None:
@@ -222,8 +227,11 @@ class Topology:
         lst = e.listener(self.listen, self.routes(), self.filters(), name=self.name)
         if self.buffer_limit:
             lst["per_connection_buffer_limit_bytes"] = self.buffer_limit
+        hcm = lst["filter_chains"][0]["filters"][0]["typed_config"]
         if (reply := self.local_reply()) is not None:
-            lst["filter_chains"][0]["filters"][0]["typed_config"]["local_reply_config"] = reply
+            hcm["local_reply_config"] = reply
+        if self.otlp_port is not None:
+            hcm["tracing"] = e.otel_tracing()
         return lst
 
     def bootstrap(self) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from epp.scheduling import SchedulerHooks
 from epp.sources import ManifestError, ManifestSource, Source
 from epp.sources.standalone import standalone_pool
 from epp.statestore import StoreURL, StoreURLError, open_store, parse_store_url
-from shared import buildinfo, logs
+from shared import buildinfo, logs, tracing
 from shared.extproc import DEFAULT_MAX_BODY, BodyMode, ExtProcServicer
 from shared.flags import Parser, byte_size, die, duration
 from shared.metrics_server import read_token, run_metrics_server
@@ -42,6 +42,7 @@ from shared.upstream_flags import (
     add_logging_flags,
     log_settings,
     report,
+    start_tracing,
 )
 
 log = structlog.get_logger("epp")
@@ -555,6 +556,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.endpoint_selector and not args.endpoint_target_ports:
         die("epp", "--endpoint-selector needs --endpoint-target-ports")
     report(args, log, EPP_IGNORED, DEPRECATED)
+    start_tracing(args, "epp", log)
     m.build_info(buildinfo.commit(), buildinfo.version())
     store_url = state_store_url(args)
     install_uvloop()
@@ -562,6 +564,8 @@ def main(argv: list[str] | None = None) -> None:
         asyncio.run(run(args, store_url))
     except OSError as e:
         die("epp", f"cannot serve: {e}")
+    finally:
+        tracing.shutdown()  # the spans still queued go out
     sys.exit(0)
 
 

@@ -38,6 +38,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from google.protobuf.json_format import MessageToDict
 
 from shared import responses as r
+from shared import tracing
 from shared.errors import GatewayError, PayloadTooLarge
 from shared.headers import header_dict
 
@@ -98,6 +99,10 @@ class Exchange:
     #: The namespaces Envoy forwarded with the response headers (e.g. ``envoy.lb`` with the
     #: endpoint it served), set before :meth:`on_response_headers` runs.
     response_metadata: Mapping[str, Any] = _NO_METADATA
+
+    #: The ``traceparent`` on the ext_proc gRPC call itself (Envoy's span for the call, when
+    #: Envoy traces); read only while tracing is on (:mod:`shared.tracing`).
+    grpc_traceparent: str | None = None
 
     wants_response: bool = True
     """False for a service with nothing to do on the response path (BBR): its streams end
@@ -176,7 +181,10 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
         self, requests: AsyncIterator[pb.ProcessingRequest], context: Any
     ) -> AsyncIterator[pb.ProcessingResponse]:
         """Run one stream; see the module docstring for the protocol."""
-        stream = _Stream(self._factory(), self.request_mode, self.response_mode, self.max_body)
+        ex = self._factory()
+        if tracing.TRACER is not None:
+            ex.grpc_traceparent = _traceparent(context)
+        stream = _Stream(ex, self.request_mode, self.response_mode, self.max_body)
         try:
             async for msg in requests:
                 for resp in await stream.handle(msg):
@@ -198,6 +206,18 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
 
 
 Responses = list[pb.ProcessingResponse]
+
+
+def _traceparent(context: Any) -> str | None:
+    """The ``traceparent`` gRPC metadata of the call, if any."""
+    try:
+        metadata = context.invocation_metadata() or ()
+    except Exception:  # a test's fake context may have none
+        return None
+    for key, value in metadata:
+        if key == tracing.TRACEPARENT:
+            return value if isinstance(value, str) else None
+    return None
 
 
 class _Stream:

@@ -78,12 +78,28 @@ class Scheduler:
             raise NoCandidates("no ready endpoint in the pool")
         t0 = perf_counter()
         results: dict[str, ProfileResult] = {}
+        trace = request.trace
         while True:
             todo = self.handler.pick_profiles(request, self.profiles, results)
             if not todo:
                 break
             for profile in todo:
-                results[profile.name] = profile.run(request, candidates, self.rng, self.hooks)
+                if trace is None:
+                    results[profile.name] = profile.run(request, candidates, self.rng,
+                                                        self.hooks)
+                    continue
+                span = trace.span("run_scheduler_profile", {
+                    "llm_d.epp.scheduling.profile.name": profile.name,
+                    "llm_d.epp.scheduling.candidate_endpoints": len(candidates)})
+                try:
+                    res = results[profile.name] = profile.run(request, candidates, self.rng,
+                                                              self.hooks, span)
+                    span.set_attribute("llm_d.epp.scheduling.picked",
+                                       [v.key for v in res.picked])
+                    if res.rejected_by:
+                        span.set_attribute("llm_d.epp.scheduling.rejected_by", res.rejected_by)
+                finally:
+                    span.end()
         primary = self.handler.primary_profile(request, results)
         result = SchedulingResult(results, primary)
         if self.hooks.e2e_duration is not None:

@@ -13,9 +13,13 @@ import pytest
 import yaml
 
 from devkit.envoy import free_port
+from devkit.otlp import load as load_spans
 from devkit.stack import DEFAULT_CONFIG
+from shared.upstream_flags import SERVICE_NAMES
 
 pytestmark = pytest.mark.envoy
+#: The services' default OTEL_SERVICE_NAME (upstream's).
+BBR, EPP = SERVICE_NAMES["bbr"], SERVICE_NAMES["epp"]
 
 
 def config_on_free_ports(tmp_path: Path, demo_requests: int = 20,
@@ -60,6 +64,14 @@ def test_example_stack_serves_the_demo_through_both_pools(tmp_path: Path) -> Non
     envoy_cfg = yaml.safe_load((tmp_path / "run" / "envoy" / "envoy.yaml").read_text())
     runtime = envoy_cfg["layered_runtime"]["layers"][0]["static_layer"]
     assert runtime["envoy.reloadable_features.ext_proc_graceful_grpc_close"] is True
+    # Traces: the stack's OTLP receiver got the demo's traces, Envoy's, BBR's and the EPP's
+    # spans in one trace, and the screen names the file.
+    traces = tmp_path / "run" / "traces.jsonl"
+    assert f"Traces: {traces}" in proc.stdout
+    services: dict[str, set[str]] = {}
+    for span in load_spans(traces):
+        services.setdefault(span.trace_id, set()).add(span.service)
+    assert any({"envoy-gateway", BBR, EPP} <= found for found in services.values()), services
 
 
 def test_pd_example_prefills_long_prompts_on_prefill_pods(tmp_path: Path) -> None:
