@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -357,7 +358,9 @@ class Stack:
         if url is None:
             from devkit.valkey import ValkeyServer
 
-            self.valkey = ValkeyServer()
+            # A password and a signing secret even on loopback: the stack shows the setup
+            # the chart requires (anyone who can write to the store could steer picks).
+            self.valkey = ValkeyServer(password=secrets.token_urlsafe(18))
             try:
                 self.valkey.start()
             except (OSError, RuntimeError) as err:
@@ -366,7 +369,11 @@ class Stack:
                                  "URL") from None
             url = self.valkey.url
         self.store_url = url
-        return ["--ha-mode", "active-active", "--state-store", url]
+        secret_file = self.run_dir / "state-store.secret"
+        secret_file.touch(mode=0o600)
+        secret_file.write_text(secrets.token_urlsafe(32))
+        return ["--ha-mode", "active-active", "--state-store", url,
+                "--state-store-secret-file", str(secret_file)]
 
     def start(self) -> None:
         self.logs.mkdir(parents=True, exist_ok=True)

@@ -111,6 +111,10 @@ def parser() -> Parser:
                    help="where replicas share the prefix index and in-flight counts: "
                         "memory:// (default, nothing shared), valkey://[user:pw@]host:port/db, "
                         "valkeys:// (TLS); redis:// and rediss:// are aliases")
+    p.add_argument("--state-store-secret-file", default=None, metavar="FILE",
+                   help="shared secret (>= 16 bytes) that signs what replicas write to the "
+                        "state store, so a writer without it cannot steer picks (a mounted "
+                        f"Secret; env {STORE_SECRET_ENV} also works)")
     p.add_argument("--endpoint-selector", default=None,
                    help="pods by label (k=v,...) instead of an InferencePool")
     p.add_argument("--endpoint-target-ports", default=None,
@@ -260,6 +264,30 @@ def settings(args: Any) -> Settings:
     )
 
 
+#: Environment variable holding the state store's shared secret (the chart sets it from a
+#: Secret) when ``--state-store-secret-file`` is not given.
+STORE_SECRET_ENV = "EPP_STATE_STORE_SECRET"
+
+
+def state_store_secret(args: Any, url: StoreURL) -> bytes | None:
+    """The state store's signing secret (flag file, else env); warns when a shared store
+    runs without one, and exits on one that is too short."""
+    path = args.state_store_secret_file
+    where = f"--state-store-secret-file {path}" if path else STORE_SECRET_ENV
+    try:
+        secret = (Path(path).read_bytes() if path
+                  else os.environ.get(STORE_SECRET_ENV, "").encode()).strip()
+    except OSError as e:
+        die("epp", f"cannot read --state-store-secret-file {path}: {e.strerror or e}")
+    if secret and len(secret) < 16:
+        die("epp", f"{where}: the secret must be at least 16 bytes")
+    if url.kind != "memory" and not secret:
+        log.warning("state store without a shared secret: anyone who can write to it can "
+                    "steer picks (set --state-store-secret-file; docs/active-active.md)",
+                    store=url.redacted())
+    return secret or None
+
+
 def read_session_key(path: str | None) -> bytes | None:
     """The session-token HMAC key in ``path`` (surrounding whitespace dropped)."""
     if path is None:
@@ -307,7 +335,8 @@ async def run(args: Any, store_url: StoreURL) -> None:
     datastore = Datastore()
     flag_settings = settings(args)  # flag files (e.g. the session key) fail before the pool
     source, elector = start_source(args, datastore)
-    store = open_store(store_url, pool=store_pool(args, datastore))
+    store = open_store(store_url, pool=store_pool(args, datastore),
+                       secret=state_store_secret(args, store_url))
     try:
         runtime = build(load_config(args), datastore, flag_settings,
                         rng=random.Random(), hooks=metrics_hooks(), state_store=store)
