@@ -42,7 +42,7 @@ import orjson
 import yaml
 
 from devkit import envoy as e
-from devkit.topology import Pool, Topology
+from devkit.topology import INFERENCE_PATHS, Pool, Topology
 from shared.flags import Parser, die
 from shared.pd import ROLE_LABEL
 from sim.pd import LINKS
@@ -137,6 +137,8 @@ class StackSpec:
     epp_replicas: int = 1
     #: ``--state-store`` of the replicas; None = a Valkey the stack starts.
     state_store: str | None = None
+    #: paths the pool routes pass (``gateway.api_paths``); others get a JSON 404
+    api_paths: tuple[str, ...] = INFERENCE_PATHS
 
     def set_replicas(self, n: int, state_store: str | None) -> None:
         """``n`` EPP replicas per pool: the first on the file's ports, the others on free
@@ -176,10 +178,15 @@ def load_spec(path: Path) -> StackSpec:
         except (TypeError, ValueError) as err:
             raise StackError(f"{path}: pools[{i}]: {err}") from None
     gw = raw.get("gateway", {})
+    paths = gw.get("api_paths", INFERENCE_PATHS)
+    if (not isinstance(paths, list | tuple) or not paths
+            or not all(isinstance(x, str) and x.startswith("/") for x in paths)):
+        raise StackError(f"{path}: gateway.api_paths: a non-empty list of paths starting "
+                         "with '/' (exact; ending in '/': a prefix)")
     return StackSpec(port=gw.get("port", 8080), admin_port=gw.get("admin_port", 9901),
                      bbr=raw.get("bbr", {"grpc_port": 9004, "health_port": 9005,
                                          "metrics_port": 9190}),
-                     pools=pools, demo=raw.get("demo", {}))
+                     pools=pools, demo=raw.get("demo", {}), api_paths=tuple(paths))
 
 
 def _check_keys(raw: dict[str, Any], cls: type, where: str = "") -> None:
@@ -317,6 +324,7 @@ def envoy_config(spec: StackSpec) -> dict[str, Any]:
                     endpoints=[(ip, p.server_port) for ip in p.pod_ips])
                for p in spec.pools],
         not_found="no pool serves this model", runtime=e.GRACEFUL_CLOSE,
+        api_paths=spec.api_paths,
     ).bootstrap()
 
 

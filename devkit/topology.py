@@ -30,6 +30,16 @@ MODEL_HEADER = "x-gateway-model-name"
 #: Envoy's per-connection buffer is 1 MiB by default; above it Envoy itself answers 413 in
 #: BUFFERED mode before the services see the body.
 BUFFER_LIMIT = 32 * 1024 * 1024
+#: The inference APIs a pool route passes when a layout restricts paths (``gateway-stack``
+#: and the reliability kit do; charts: ``experimentalHttpRoute.paths``). Model servers also
+#: serve admin paths (``/v1/load_lora_adapter``, ``/reset_prefix_cache``, ``/metrics``,
+#: ``/sim/*``, ...) that no client of the gateway should reach. An entry is an exact path;
+#: one ending in ``/`` is a prefix. docs/local-stack.md lists the choice.
+INFERENCE_PATHS: tuple[str, ...] = (
+    "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses",
+    "/v1/messages", "/v1/models", "/v1/score", "/v1/rerank", "/v1/audio/transcriptions",
+    "/v1/audio/translations", "/inference/v1/generate",
+)
 
 
 @dataclass(frozen=True)
@@ -113,6 +123,17 @@ class Topology:
     extra_clusters: list[dict[str, Any]] = field(default_factory=list)
     #: the listener's name (also its stats prefix); distinct per layout in :func:`bootstrap`
     name: str = "gateway"
+    #: paths a pool route passes (exact; ending in ``/``: a prefix); others get a JSON 404
+    #: ``path_not_found``. None: every path (layouts whose servers are the tests' own)
+    api_paths: Sequence[str] | None = None
+
+    def _path_matches(self) -> list[dict[str, Any]]:
+        """One route match per allowed path (exact, on the path without its query string:
+        dot segments or encoded slashes never turn an allowed path into another one on the
+        server). One regex would do, but Envoy refuses an RE2 program of this size."""
+        if self.api_paths is None:
+            return [{"prefix": "/"}]
+        return [{"prefix": p} if p.endswith("/") else {"path": p} for p in self.api_paths]
 
     def filters(self) -> list[dict[str, Any]]:
         """The ext_proc filters in order: BBR, then the EPP (default: the first EPP pool)."""
@@ -161,21 +182,34 @@ class Topology:
 
     def routes(self) -> list[dict[str, Any]]:
         """One route per (pool, model), catch-all pools next, then the optional 404."""
-        routes = [self._route(p, m) for p in self.pools for m in p.models]
-        routes += [self._route(p, None) for p in self.pools if not p.models]
+        pairs = [(p, m) for p in self.pools for m in p.models]
+        pairs += [(p, None) for p in self.pools if not p.models]
+        paths = self._path_matches()
+        routes = [_with_path(self._route(p, m), path) for p, m in pairs for path in paths]
         if self.not_found is not None:
             known = ", ".join(m for p in self.pools for m in p.models)
-            body = {"error": {"message": f"{self.not_found}; known models: {known}",
-                              "type": "invalid_request_error", "code": "model_not_found"}}
-            route: dict[str, Any] = {
-                "match": {"prefix": "/"},
-                "direct_response": {"status": 404, "body": {"inline_string": json.dumps(body)}},
-            }
-            per_route = self._per_route(None)
-            if per_route:
-                route["typed_per_filter_config"] = per_route
-            routes.append(route)
+            routes += [self._not_found(path, "model_not_found",
+                                       f"{self.not_found}; known models: {known}")
+                       for path in paths]
+        if self.api_paths is not None:
+            routes.append(self._not_found({"prefix": "/"}, "path_not_found",
+                                          "this path is not an inference API served by the "
+                                          "gateway"))
         return routes
+
+    def _not_found(self, match: dict[str, Any], code: str, message: str) -> dict[str, Any]:
+        body = {"error": {"message": message, "type": "invalid_request_error", "code": code}}
+        route: dict[str, Any] = {
+            "match": match,
+            "direct_response": {"status": 404, "body": {"inline_string": json.dumps(body)}},
+            "response_headers_to_add": [{
+                "header": {"key": "content-type", "value": "application/json"},
+                "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}],
+        }
+        per_route = self._per_route(None)
+        if per_route:
+            route["typed_per_filter_config"] = per_route
+        return route
 
     def clusters(self) -> list[dict[str, Any]]:
         """BBR's, then per pool its EPP's and its upstream."""
@@ -206,6 +240,12 @@ class Topology:
     def bootstrap(self) -> dict[str, Any]:
         """The Envoy bootstrap for this layout."""
         return e.bootstrap(self.admin, [self.listener()], self.clusters(), runtime=self.runtime)
+
+
+def _with_path(route: dict[str, Any], path: dict[str, Any]) -> dict[str, Any]:
+    """``route`` matching ``path`` instead of every path."""
+    match = {k: v for k, v in route["match"].items() if k != "prefix"}
+    return {**route, "match": {**path, **match}}
 
 
 def bootstrap(layouts: Sequence[Topology]) -> dict[str, Any]:

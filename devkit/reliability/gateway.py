@@ -22,7 +22,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from devkit import envoy as e
 from devkit.manifests import pool_manifests, write_yaml
-from devkit.topology import Pool, Topology
+from devkit.topology import INFERENCE_PATHS, Pool, Topology
 
 
 class ServiceProcess:
@@ -122,6 +122,7 @@ def gateway_config(pools: list[tuple[PoolDef, int]], bbr_port: int, admin: int, 
         pools=[Pool(p.name, models=p.models, epp_port=port,
                     endpoints=[(ip, p.port) for _, ip in p.pods]) for p, port in pools],
         not_found="no pool serves this model",
+        api_paths=INFERENCE_PATHS,
     ).bootstrap()
 
 
