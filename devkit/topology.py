@@ -182,7 +182,7 @@ class Topology:
 
     def routes(self) -> list[dict[str, Any]]:
         """One route per (pool, model), catch-all pools next, then the optional 404."""
-        pairs = [(p, m) for p in self.pools for m in p.models]
+        pairs: list[tuple[Pool, str | None]] = [(p, m) for p in self.pools for m in p.models]
         pairs += [(p, None) for p in self.pools if not p.models]
         paths = self._path_matches()
         routes = [_with_path(self._route(p, m), path) for p, m in pairs for path in paths]
