@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from devkit import envoy as e
+from devkit import overload
 
 EPP_FILTER = "epp-ext-proc"
 BBR_FILTER = "bbr-ext-proc"
@@ -126,6 +127,9 @@ class Topology:
     #: paths a pool route passes (exact; ending in ``/``: a prefix); others get a JSON 404
     #: ``path_not_found``. None: every path (layouts whose servers are the tests' own)
     api_paths: Sequence[str] | None = None
+    #: circuit breakers, slow-client timeouts and JSON refusals (:mod:`devkit.overload`);
+    #: None: Envoy's defaults (1,024 requests per cluster, bare 500s)
+    limits: overload.Limits | None = overload.DEFAULT
 
     def _path_matches(self) -> list[dict[str, Any]]:
         """One route match per allowed path (exact, on the path without its query string:
@@ -228,13 +232,19 @@ class Topology:
                 out.append(e.static_cluster(p.upstream, p.endpoints))
             else:
                 out.append(e.original_dst_cluster(p.upstream, timeout=p.connect_timeout))
-        return out + self.extra_clusters
+        out += self.extra_clusters
+        if self.limits is None:
+            return out
+        breakers = overload.circuit_breakers(self.limits)
+        return [{**cluster, "circuit_breakers": breakers} for cluster in out]
 
     def listener(self) -> dict[str, Any]:
         """This layout's Envoy listener."""
         lst = e.listener(self.listen, self.routes(), self.filters(), name=self.name)
         if self.buffer_limit:
             lst["per_connection_buffer_limit_bytes"] = self.buffer_limit
+        if self.limits is not None:
+            overload.apply(lst, [], self.limits)
         return lst
 
     def bootstrap(self) -> dict[str, Any]:
