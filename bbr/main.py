@@ -18,7 +18,7 @@ from shared import logs
 from shared.extproc import DEFAULT_MAX_BODY, BodyMode, ExtProcServicer
 from shared.flags import Parser, die
 from shared.metrics_server import read_token, run_metrics_server
-from shared.server import Health, ServeOptions, install_uvloop, serve
+from shared.server import Health, ServeOptions, install_uvloop, message_limit, serve
 from shared.upstream_flags import add_diagnostics_flags, add_logging_flags, log_settings, report
 
 
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
     opts = ServeOptions(
         grpc_port=args.grpc_port, health_port=args.grpc_health_port,
         secure=args.secure_serving, cert_path=args.cert_path, grace=args.grace_period,
-        max_message_bytes=args.max_body_bytes + 1024 * 1024,
+        max_message_bytes=message_limit(args.max_body_bytes),
     )
     structlog.get_logger("bbr").info(
         "starting", plugins=[f"{p.type_name}:{p.name}" for p in plugins], mode=mode.name)

@@ -34,7 +34,7 @@ from shared import logs
 from shared.extproc import DEFAULT_MAX_BODY, BodyMode, ExtProcServicer
 from shared.flags import Parser, die, duration
 from shared.metrics_server import read_token, run_metrics_server
-from shared.server import Health, ServeOptions, install_uvloop, serve
+from shared.server import Health, ServeOptions, install_uvloop, message_limit, serve
 from shared.upstream_flags import (
     IGNORED,
     add_diagnostics_flags,
@@ -360,7 +360,7 @@ async def run(args: Any, store_url: StoreURL) -> None:
     opts = ServeOptions(grpc_port=args.grpc_port, health_port=args.grpc_health_port,
                         secure=args.secure_serving, cert_path=args.cert_path,
                         grace=args.grace_period, health_on_grpc_port=args.health_checking,
-                        max_message_bytes=args.max_body_bytes + 1024 * 1024)
+                        max_message_bytes=message_limit(args.max_body_bytes))
 
     async def ready(health: Health) -> None:
         await report_readiness(health.set_serving, datastore.synced, elector)

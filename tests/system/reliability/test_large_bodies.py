@@ -1,0 +1,57 @@
+"""Bodies over the cap through the real Envoy in streaming mode (issue 31, item 6).
+
+In FULL_DUPLEX_STREAMED, Envoy sends the body in whatever chunks it holds; when the ext_proc
+stream is behind, one chunk can be far larger than the body cap (up to the listener's buffer
+limit, 32 MiB here). A chunk over the services' gRPC message limit (cap + 1 MiB) failed the
+stream: a bare 500 instead of the JSON 413 (8 of 30 at 20 and 40 MB). A small cap (100 kB)
+makes the large chunks certain here.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from devkit import envoy as e
+from devkit.reliability.gateway import Gateway, PoolDef, start_gateway
+from tests.support.processes import BackgroundLoop, FakeModelServer
+
+pytestmark = pytest.mark.envoy
+
+CAP = 100_000
+
+
+@pytest.fixture(scope="module")
+def gateway(bg: BackgroundLoop, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    port = e.free_port()
+    server = bg.run(FakeModelServer("p0", "127.0.23.1", port).start())
+    server.model = "m"
+    gw = start_gateway(tmp_path_factory.mktemp("large"), [PoolDef("p", ["m"], [("p0",
+                       server.host)], port)], mode="FULL_DUPLEX_STREAMED",
+                       bbr_args=("--max-body-bytes", str(CAP)),
+                       epp_args=("--max-body-bytes", str(CAP)))
+    yield gw
+    gw.stop()
+    bg.run(server.stop())
+
+
+def body(size: int) -> bytes:
+    head = b'{"model": "m", "prompt": "'
+    return head + b"x" * (size - len(head) - 2) + b'"}'
+
+
+@pytest.mark.parametrize("size", [2_000_000, 20_000_000])
+def test_bodies_over_the_cap_get_the_json_413_never_a_500(gateway: Gateway, size: int) -> None:
+    seen: Counter[str] = Counter()
+    payload = body(size)
+    with httpx.Client(timeout=60) as client:
+        for _ in range(8):
+            r = client.post(gateway.url(), content=payload,
+                            headers={"content-type": "application/json"})
+            code = r.json()["error"]["code"] if r.status_code != 200 else "ok"
+            seen[f"{r.status_code} {code}"] += 1
+    assert seen == {"413 request_too_large": 8}, seen
