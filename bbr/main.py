@@ -15,7 +15,7 @@ from bbr.models import ModelListing
 from bbr.plugins import PluginSpecError, build
 from bbr.router import BodyRouter
 from shared import logs
-from shared.extproc import DEFAULT_MAX_BODY, BodyMode, ExtProcServicer
+from shared.extproc import DEFAULT_MAX_BODY, DEFAULT_MAX_BUFFERED, BodyMode, ExtProcServicer
 from shared.flags import Parser, die
 from shared.metrics_server import read_token, run_metrics_server
 from shared.server import Health, ServeOptions, install_uvloop, message_limit, serve
@@ -45,6 +45,9 @@ def parser() -> Parser:
                     "adapter the base-model mappings name (nothing known: passed on)")
     p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY,
                    help="largest request body accepted; bigger gets 413")
+    p.add_argument("--max-buffered-body-bytes", type=int, default=DEFAULT_MAX_BUFFERED,
+                   help="request-body bytes all streams may hold at once (bounds memory under "
+                        "many concurrent uploads); a chunk over it gets a JSON 503; 0: no bound")
     p.add_argument("--metrics-bearer-token-file", default=None,
                    help="require 'Authorization: Bearer <token>' on the metrics port")
     p.add_argument("--grace-period", type=float, default=30.0,
@@ -98,7 +101,8 @@ def main(argv: list[str] | None = None) -> None:
         metrics.INFO.labels(version="dev").set(1)
     router = BodyRouter(plugins, ModelListing(base_models) if args.models_endpoint else None)
     mode = BodyMode.FULL_DUPLEX_STREAMED if args.streaming else BodyMode.BUFFERED
-    servicer = ExtProcServicer(router.exchange, request_mode=mode, max_body=args.max_body_bytes)
+    servicer = ExtProcServicer(router.exchange, request_mode=mode, max_body=args.max_body_bytes,
+                               max_buffered=args.max_buffered_body_bytes)
     opts = ServeOptions(
         grpc_port=args.grpc_port, health_port=args.grpc_health_port,
         secure=args.secure_serving, cert_path=args.cert_path, grace=args.grace_period,

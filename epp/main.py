@@ -31,7 +31,7 @@ from epp.sources import ManifestError, ManifestSource, Source
 from epp.sources.standalone import standalone_pool
 from epp.statestore import StoreURL, StoreURLError, open_store, parse_store_url
 from shared import logs
-from shared.extproc import DEFAULT_MAX_BODY, BodyMode, ExtProcServicer
+from shared.extproc import DEFAULT_MAX_BODY, DEFAULT_MAX_BUFFERED, BodyMode, ExtProcServicer
 from shared.flags import Parser, die, duration
 from shared.metrics_server import read_token, run_metrics_server
 from shared.server import Health, ServeOptions, install_uvloop, message_limit, serve
@@ -126,6 +126,9 @@ def parser() -> Parser:
                help="404 for models no rewrite, legacy model or server names")
     p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY,
                    help="largest request body accepted; bigger gets 413")
+    p.add_argument("--max-buffered-body-bytes", type=int, default=DEFAULT_MAX_BUFFERED,
+                   help="request-body bytes all streams may hold at once (bounds memory under "
+                        "many concurrent uploads); a chunk over it gets a JSON 503; 0: no bound")
     p.add_argument("--grace-period", type=float, default=30.0,
                    help="seconds in-flight streams get to finish on SIGTERM")
     p.add_argument("--metrics-bearer-token-file", default=None,
@@ -356,7 +359,8 @@ async def run(args: Any, store_url: StoreURL) -> None:
     servicer = ExtProcServicer(lambda: PickerExchange(director),
                                request_mode=BodyMode.FULL_DUPLEX_STREAMED,
                                response_mode=BodyMode.FULL_DUPLEX_STREAMED,
-                               max_body=args.max_body_bytes)
+                               max_body=args.max_body_bytes,
+                               max_buffered=args.max_buffered_body_bytes)
     opts = ServeOptions(grpc_port=args.grpc_port, health_port=args.grpc_health_port,
                         secure=args.secure_serving, cert_path=args.cert_path,
                         grace=args.grace_period, health_on_grpc_port=args.health_checking,

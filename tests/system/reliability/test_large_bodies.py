@@ -9,6 +9,7 @@ makes the large chunks certain here.
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ import pytest
 
 from devkit import envoy as e
 from devkit.reliability.gateway import Gateway, PoolDef, start_gateway
+from devkit.reliability.slowclients import legit_requests, open_slow, replies
 from tests.support.processes import BackgroundLoop, FakeModelServer
 
 pytestmark = pytest.mark.envoy
@@ -55,3 +57,26 @@ def test_bodies_over_the_cap_get_the_json_413_never_a_500(gateway: Gateway, size
             code = r.json()["error"]["code"] if r.status_code != 200 else "ok"
             seen[f"{r.status_code} {code}"] += 1
     assert seen == {"413 request_too_large": 8}, seen
+
+
+def test_concurrent_uploads_are_bounded_by_the_body_budget(
+        bg: BackgroundLoop, tmp_path: Path) -> None:
+    """Issue 31, item 7: many capped bodies at once are bounded too. BBR may hold 4 MB of
+    request bodies in all; 6 uploads stalled after 1.5 MB each: the ones past the budget get
+    a JSON 503 at once, the held ones keep theirs, and once they end, requests pass."""
+    port = e.free_port()
+    server = bg.run(FakeModelServer("p0", "127.0.23.2", port).start())
+    server.model = "m"
+    gw = start_gateway(tmp_path, [PoolDef("p", ["m"], [("p0", server.host)], port)],
+                       mode="FULL_DUPLEX_STREAMED",
+                       bbr_args=("--max-buffered-body-bytes", "4000000"))
+    try:
+        slow = open_slow(gw.listen, 6, model="m", body_bytes=3_000_000)
+        answered = replies(slow, timeout=3)
+        assert answered["503 json"] >= 3, answered
+        assert set(answered) <= {"503 json", "none"}, answered
+        ok = asyncio.run(legit_requests(gw.url(), 10, 2, model="m"))
+        assert ok.ok == 10, ok.counts
+    finally:
+        gw.stop()
+        bg.run(server.stop())
