@@ -34,6 +34,9 @@ def parser() -> Parser:
     p.add_argument("--cert-path", default=None,
                    help="directory with tls.crt and tls.key (reloaded on change); "
                         "default: a self-signed certificate")
+    p.add_argument("--client-ca-file", default=None, metavar="FILE",
+                   help="PEM CA bundle: the ext_proc port then requires a client certificate "
+                        "it signed (mTLS; the gateway's Envoy presents one)")
     p.add_argument("--plugin", action="append", default=[], metavar="TYPE:NAME[:JSON]",
                    help="a plugin to run, repeatable (default: body-field-to-header and "
                         "base-model-to-header)")
@@ -105,7 +108,8 @@ def main(argv: list[str] | None = None) -> None:
                                max_buffered=args.max_buffered_body_bytes)
     opts = ServeOptions(
         grpc_port=args.grpc_port, health_port=args.grpc_health_port,
-        secure=args.secure_serving, cert_path=args.cert_path, grace=args.grace_period,
+        secure=args.secure_serving, cert_path=args.cert_path, client_ca=args.client_ca_file,
+        grace=args.grace_period,
         max_message_bytes=message_limit(args.max_body_bytes),
     )
     structlog.get_logger("bbr").info(

@@ -68,6 +68,9 @@ def parser() -> Parser:
     p.add_argument("--cert-path", default=None,
                    help="directory with tls.crt and tls.key (reloaded on change); "
                         "default: a self-signed certificate")
+    p.add_argument("--client-ca-file", default=None, metavar="FILE",
+                   help="PEM CA bundle: the ext_proc port then requires a client certificate "
+                        "it signed (mTLS; the gateway's Envoy presents one)")
     p.add_argument("--refresh-metrics-interval", type=duration, default=0.05,
                    help="how often each endpoint's metrics are scraped (default 50ms)")
     p.add_argument("--metrics-staleness-threshold", type=duration, default=2.0,
@@ -363,6 +366,7 @@ async def run(args: Any, store_url: StoreURL) -> None:
                                max_buffered=args.max_buffered_body_bytes)
     opts = ServeOptions(grpc_port=args.grpc_port, health_port=args.grpc_health_port,
                         secure=args.secure_serving, cert_path=args.cert_path,
+                        client_ca=args.client_ca_file,
                         grace=args.grace_period, health_on_grpc_port=args.health_checking,
                         max_message_bytes=message_limit(args.max_body_bytes))
 

@@ -50,6 +50,8 @@ class ServeOptions:
     health_port: int
     secure: bool = True
     cert_path: str | None = None
+    #: PEM file of the CA that signs client certificates; set: mTLS on the ext_proc port
+    client_ca: str | None = None
     host: str = "0.0.0.0"
     grace: float = 30.0
     max_message_bytes: int = 16 * 1024 * 1024
@@ -141,7 +143,7 @@ async def serve(
         health_pb2_grpc.add_HealthServicer_to_server(health.servicer, server)
     address = f"{opts.host}:{opts.grpc_port}"
     if opts.secure:
-        server.add_secure_port(address, server_credentials(opts.cert_path))
+        server.add_secure_port(address, server_credentials(opts.cert_path, opts.client_ca))
     else:
         server.add_insecure_port(address)
     health_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])

@@ -444,3 +444,22 @@ def test_explicit_active_passive_is_the_lease() -> None:
 )
 def test_bad_active_active_values_are_refused(sets: list[str], message: str) -> None:
     assert message in refusal("inferencepool", *sets)
+
+
+def test_network_policy_admits_only_the_gateway_to_the_ext_proc_port() -> None:
+    """Issue 31, item 11: no NetworkPolicy let any pod open ext_proc streams on the EPP."""
+    assert not [o for o in render("inferencepool") if o["kind"] == "NetworkPolicy"]
+    objs = render("inferencepool", "inferenceExtension.networkPolicy.enabled=true",
+                  "inferenceExtension.networkPolicy.gatewayPodSelector.matchLabels.app=envoy",
+                  "inferenceExtension.networkPolicy.gatewayNamespaceSelector.matchLabels"
+                  ".kubernetes\\.io/metadata\\.name=gateway")
+    policy = one(objs, "NetworkPolicy")["spec"]
+    deployment = one(objs, "Deployment")
+    assert policy["podSelector"]["matchLabels"].items() <= (
+        deployment["spec"]["template"]["metadata"]["labels"].items())
+    by_port = {r["ports"][0]["port"]: r for r in policy["ingress"]}
+    assert by_port[9002]["from"] == [{
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gateway"}},
+        "podSelector": {"matchLabels": {"app": "envoy"}}}]
+    assert "from" not in by_port[9003]  # kubelet health probes
+    assert set(by_port) == {9002, 9003, 9090}
