@@ -4,8 +4,9 @@
 mode (BUFFERED, FULL_DUPLEX_STREAMED) and size, Envoy + BBR + EPP (TLS, default caps: 10 MiB
 body, 256 MiB of bodies held per service) in front of a ``vllm-sim`` pod; ``--clients``
 uploads start at once, each writing its body in 1 MiB pieces. Prints JSON: answers by status
-(``<status> json`` = OpenAI-shaped, ``bare`` otherwise, ``reset`` = the connection closed
-before an answer) and the peak RSS of BBR, the EPP and Envoy. Not in CI.
+as the client read them (``<status> json`` = OpenAI-shaped, ``bare`` otherwise, ``reset`` =
+the connection closed before the client could read an answer: Envoy answers early and closes
+while a large body is still being sent), what Envoy counted as answered (2xx/4xx/5xx) and the peak RSS of BBR, the EPP and Envoy. Not in CI.
 """
 
 from __future__ import annotations
@@ -76,10 +77,18 @@ def main() -> None:
             pids = {"bbr": gw.bbr.proc.pid, "epp": gw.epps["sim"].proc.pid,  # type: ignore[union-attr]
                     "envoy": gw.envoy.proc.pid}  # type: ignore[union-attr]
             for size in sizes:
+                before = gw.envoy.stats("downstream_rq_")
                 with PeakRSS(pids) as peak:
                     answers = asyncio.run(burst(gw.listen, args.clients, size))
+                after = gw.envoy.stats("downstream_rq_")
+                # What Envoy answered, also to clients that could not read it (they were
+                # still sending when the early answer came and the connection closed).
+                sent = {k.rpartition(".")[2]: after[k] - before.get(k, 0) for k in after
+                        if k.startswith("http.gateway.downstream_rq_")
+                        and k[-3:] in ("2xx", "4xx", "5xx") and after[k] > before.get(k, 0)}
                 out.append({"mode": mode, "size": size, "clients": args.clients,
-                            "answers": dict(answers), "rss_peak_mib": peak.mib()})
+                            "answers": dict(answers), "envoy_answered": sent,
+                            "rss_peak_mib": peak.mib()})
                 print(json.dumps(out[-1]), flush=True)
         finally:
             gw.stop()

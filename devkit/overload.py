@@ -77,6 +77,15 @@ def local_reply_config() -> dict[str, Any]:
         # gone): Envoy says 500; it is an unavailable dependency, so 503 like upstream's.
         {"filter": status(500), "status_code": 503,
          "body_format_override": _json_reply("service_unavailable", "server_error")},
+        # Envoy's own 413 (a BUFFERED body over its buffer), not the services' JSON 413s:
+        # told apart by the reply's details (a CEL filter; no other filter sees them).
+        {"filter": {"and_filter": {"filters": [status(413), {"extension_filter": {
+            "name": "envoy.access_loggers.extension_filters.cel",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.access_loggers.filters.cel.v3"
+                         ".ExpressionFilter",
+                "expression": "response.code_details == 'request_payload_too_large'"}}}]}},
+         "body_format_override": _json_reply("request_too_large", "invalid_request_error")},
         {"filter": status(408), "body_format_override": _json_reply("request_timeout",
                                                                      "invalid_request_error")},
         {"filter": status(504), "body_format_override": _json_reply("upstream_timeout",

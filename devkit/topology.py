@@ -24,13 +24,19 @@ from typing import Any
 
 from devkit import envoy as e
 from devkit import overload
+from shared.extproc import DEFAULT_MAX_BODY
 
 EPP_FILTER = "epp-ext-proc"
 BBR_FILTER = "bbr-ext-proc"
 MODEL_HEADER = "x-gateway-model-name"
 #: Envoy's per-connection buffer is 1 MiB by default; above it Envoy itself answers 413 in
-#: BUFFERED mode before the services see the body.
-BUFFER_LIMIT = 32 * 1024 * 1024
+#: BUFFERED mode before the services see the body. BUFFERED needs room for a body at the
+#: services' cap; FULL_DUPLEX_STREAMED keeps Envoy's 1 MiB. It also bounds the largest chunk
+#: Envoy sends an ext_proc service at once and Envoy's own memory per connection: at 32 MiB
+#: for every mode, 100 concurrent 100 MB streamed uploads took Envoy to 2.5 GB and BBR to
+#: 900 MiB (issue 31; docs/reliability.md).
+BUFFER_LIMIT = DEFAULT_MAX_BODY + 1024 * 1024
+STREAMED_BUFFER_LIMIT = 1024 * 1024
 #: The inference APIs a pool route passes when a layout restricts paths (``gateway-stack``
 #: and the reliability kit do; charts: ``experimentalHttpRoute.paths``). Model servers also
 #: serve admin paths (``/v1/load_lora_adapter``, ``/reset_prefix_cache``, ``/metrics``,
@@ -116,7 +122,9 @@ class Topology:
     #: message of the 404 for a model no pool serves; None: no catch-all 404 route
     not_found: str | None = None
     runtime: dict[str, Any] | None = None
-    buffer_limit: int | None = BUFFER_LIMIT
+    #: the listener's per-connection buffer; None: by mode (:data:`BUFFER_LIMIT` for
+    #: BUFFERED, :data:`STREAMED_BUFFER_LIMIT` otherwise); 0: Envoy's default
+    buffer_limit: int | None = None
     #: dynamic-metadata namespaces Envoy forwards to the EPP
     epp_forwarding: Sequence[str] = ()
     bbr_filter: str = BBR_FILTER
@@ -241,8 +249,11 @@ class Topology:
     def listener(self) -> dict[str, Any]:
         """This layout's Envoy listener."""
         lst = e.listener(self.listen, self.routes(), self.filters(), name=self.name)
-        if self.buffer_limit:
-            lst["per_connection_buffer_limit_bytes"] = self.buffer_limit
+        limit = self.buffer_limit
+        if limit is None:
+            limit = BUFFER_LIMIT if self.mode == "BUFFERED" else STREAMED_BUFFER_LIMIT
+        if limit:
+            lst["per_connection_buffer_limit_bytes"] = limit
         if self.limits is not None:
             overload.apply(lst, [], self.limits)
         return lst

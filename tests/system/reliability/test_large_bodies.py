@@ -80,3 +80,26 @@ def test_concurrent_uploads_are_bounded_by_the_body_budget(
     finally:
         gw.stop()
         bg.run(server.stop())
+
+
+def test_buffered_bodies_over_envoys_buffer_get_a_json_413(
+        bg: BackgroundLoop, tmp_path: Path) -> None:
+    """BUFFERED: Envoy holds at most the cap + 1 MiB (so 100 big uploads cannot each land
+    in BBR whole); over it Envoy answers itself, as JSON, and the services' own 413 keeps its
+    body (not wrapped by the mapping)."""
+    port = e.free_port()
+    gw = start_gateway(tmp_path, [PoolDef("p", ["m"], [("p0", "127.0.23.3")], port)],
+                       mode="BUFFERED", bbr_args=("--max-body-bytes", str(CAP)))
+    try:
+        with httpx.Client(timeout=60) as client:
+            for size, message in ((20_000_000, "Payload Too Large"),
+                                  (CAP + 1000, f"larger than the {CAP}-byte limit")):
+                r = client.post(gw.url(), content=body(size),
+                                headers={"content-type": "application/json"})
+                assert r.status_code == 413
+                assert r.headers["content-type"] == "application/json"
+                err = r.json()["error"]
+                assert err["code"] == "request_too_large" and message in err["message"], err
+                assert not err["message"].startswith("{")
+    finally:
+        gw.stop()
