@@ -6,7 +6,8 @@ body, 256 MiB of bodies held per service) in front of a ``vllm-sim`` pod; ``--cl
 uploads start at once, each writing its body in 1 MiB pieces. Prints JSON: answers by status
 as the client read them (``<status> json`` = OpenAI-shaped, ``bare`` otherwise, ``reset`` =
 the connection closed before the client could read an answer: Envoy answers early and closes
-while a large body is still being sent), what Envoy counted as answered (2xx/4xx/5xx) and the peak RSS of BBR, the EPP and Envoy. Not in CI.
+while a large body is still being sent), what Envoy counted as answered (2xx/4xx/5xx) and
+the peak RSS of BBR, the EPP and Envoy. Not in CI.
 """
 
 from __future__ import annotations
