@@ -108,6 +108,9 @@ class PoolDef:
     pods: list[tuple[str, str]]
     port: int
     extra: list[dict[str, Any]] = field(default_factory=list)
+    #: hosts in Envoy's pool cluster that are NOT in the EPP's pool: Envoy could reach them,
+    #: so a canary there proves no request was steered to it (issue 31, item 12)
+    decoys: list[str] = field(default_factory=list)
 
 
 def gateway_config(pools: list[tuple[PoolDef, int]], bbr_port: int, admin: int, listen: int,
@@ -121,7 +124,8 @@ def gateway_config(pools: list[tuple[PoolDef, int]], bbr_port: int, admin: int, 
         listen=listen, admin=admin, bbr_port=bbr_port, mode=mode, tls=tls,
         failure_mode_allow=failure_mode_allow, timeout=timeout, runtime=runtime,
         pools=[Pool(p.name, models=p.models, epp_port=port,
-                    endpoints=[(ip, p.port) for _, ip in p.pods]) for p, port in pools],
+                    endpoints=[(ip, p.port) for _, ip in p.pods] + [(h, p.port) for h in p.decoys])
+               for p, port in pools],
         not_found="no pool serves this model",
         api_paths=INFERENCE_PATHS, limits=limits,
     ).bootstrap()
