@@ -116,7 +116,8 @@ class PoolDef:
 def gateway_config(pools: list[tuple[PoolDef, int]], bbr_port: int, admin: int, listen: int,
                    *, mode: str, tls: bool = True, failure_mode_allow: bool = False,
                    timeout: str = "10s", runtime: dict[str, Any] | None = None,
-                   limits: Limits | None = DEFAULT) -> dict[str, Any]:
+                   limits: Limits | None = DEFAULT,
+                   buffer_limit: int | None = None) -> dict[str, Any]:
     """Envoy: BBR for every request, then the matched pool's EPP (per route), then the pool's
     ``override_host`` cluster (retrying down the EPP's fallbacks); unknown models get a 404
     from the catch-all route."""
@@ -127,7 +128,7 @@ def gateway_config(pools: list[tuple[PoolDef, int]], bbr_port: int, admin: int, 
                     endpoints=[(ip, p.port) for _, ip in p.pods] + [(h, p.port) for h in p.decoys])
                for p, port in pools],
         not_found="no pool serves this model",
-        api_paths=INFERENCE_PATHS, limits=limits,
+        api_paths=INFERENCE_PATHS, limits=limits, buffer_limit=buffer_limit,
     ).bootstrap()
 
 
@@ -156,7 +157,8 @@ def start_gateway(workdir: Path, pools: list[PoolDef], *, mode: str,
                   epp_args: tuple[str, ...] = (), bbr_args: tuple[str, ...] = (),
                   failure_mode_allow: bool = False, timeout: str = "10s",
                   runtime: dict[str, Any] | None = None,
-                  limits: Limits | None = DEFAULT) -> Gateway:
+                  limits: Limits | None = DEFAULT,
+                  buffer_limit: int | None = None) -> Gateway:
     """Start one EPP per pool, BBR and Envoy (everything TLS, as deployed by default);
     ``runtime`` is Envoy's static runtime layer (none: Envoy's defaults); ``limits`` the
     overload limits (:mod:`devkit.overload`; None: Envoy's defaults)."""
@@ -176,7 +178,7 @@ def start_gateway(workdir: Path, pools: list[PoolDef], *, mode: str,
     admin, listen = e.free_port(), e.free_port()
     cfg = gateway_config([(p, epps[p.name].port) for p in pools], bbr.port, admin, listen,
                          mode=mode, failure_mode_allow=failure_mode_allow, timeout=timeout,
-                         runtime=runtime, limits=limits)
+                         runtime=runtime, limits=limits, buffer_limit=buffer_limit)
     envoy = e.Envoy(cfg, admin_port=admin, workdir=workdir / "envoy").start()
     return Gateway(mode, envoy, bbr, epps, listen, workdir)
 

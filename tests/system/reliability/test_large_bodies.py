@@ -2,9 +2,9 @@
 
 In FULL_DUPLEX_STREAMED, Envoy sends the body in whatever chunks it holds; when the ext_proc
 stream is behind, one chunk can be far larger than the body cap (up to the listener's buffer
-limit, 32 MiB here). A chunk over the services' gRPC message limit (cap + 1 MiB) failed the
-stream: a bare 500 instead of the JSON 413 (8 of 30 at 20 and 40 MB). A small cap (100 kB)
-makes the large chunks certain here.
+limit: 32 MiB here, as the local stack had it; a Gateway may set any). A chunk over the
+services' gRPC message limit (cap + 1 MiB) failed the stream: a bare 500 instead of the JSON
+413 (8 of 30 at 20 and 40 MB). A small cap (100 kB) makes the large chunks certain here.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def gateway(bg: BackgroundLoop, tmp_path_factory: pytest.TempPathFactory) -> Ite
     gw = start_gateway(tmp_path_factory.mktemp("large"), [PoolDef("p", ["m"], [("p0",
                        server.host)], port)], mode="FULL_DUPLEX_STREAMED",
                        bbr_args=("--max-body-bytes", str(CAP)),
-                       epp_args=("--max-body-bytes", str(CAP)))
+                       epp_args=("--max-body-bytes", str(CAP)), buffer_limit=32 << 20)
     yield gw
     gw.stop()
     bg.run(server.stop())
