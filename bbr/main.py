@@ -14,10 +14,10 @@ from bbr.models import ModelListing
 from bbr.plugins import PluginSpecError, build
 from bbr.router import BodyRouter
 from shared import buildinfo, logs, tracing
-from shared.extproc import DEFAULT_MAX_BODY, BodyMode, ExtProcServicer
+from shared.extproc import DEFAULT_MAX_BODY, DEFAULT_MAX_BUFFERED, BodyMode, ExtProcServicer
 from shared.flags import Parser, die
 from shared.metrics_server import read_token, run_metrics_server
-from shared.server import Health, ServeOptions, install_uvloop, serve
+from shared.server import Health, ServeOptions, install_uvloop, message_limit, serve
 from shared.upstream_flags import (
     add_diagnostics_flags,
     add_logging_flags,
@@ -42,6 +42,9 @@ def parser() -> Parser:
     p.add_argument("--cert-path", default=None,
                    help="directory with tls.crt and tls.key (reloaded on change); "
                         "default: a self-signed certificate")
+    p.add_argument("--client-ca-file", default=None, metavar="FILE",
+                   help="PEM CA bundle: the ext_proc port then requires a client certificate "
+                        "it signed (mTLS; the gateway's Envoy presents one)")
     p.add_argument("--plugin", action="append", default=[], metavar="TYPE:NAME[:JSON]",
                    help="a plugin to run, repeatable (default: body-field-to-header and "
                         "base-model-to-header)")
@@ -57,6 +60,9 @@ def parser() -> Parser:
                     "header, as upstream does")
     p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY,
                    help="largest request body accepted; bigger gets 413")
+    p.add_argument("--max-buffered-body-bytes", type=int, default=DEFAULT_MAX_BUFFERED,
+                   help="request-body bytes all streams may hold at once (bounds memory under "
+                        "many concurrent uploads); a chunk over it gets a JSON 503; 0: no bound")
     p.add_argument("--metrics-bearer-token-file", default=None,
                    help="require 'Authorization: Bearer <token>' on the metrics port")
     p.add_argument("--grace-period", type=float, default=30.0,
@@ -109,11 +115,13 @@ def main(argv: list[str] | None = None) -> None:
     router = BodyRouter(plugins, ModelListing(base_models) if args.models_endpoint else None,
                         require_model=args.require_model)
     mode = BodyMode.FULL_DUPLEX_STREAMED if args.streaming else BodyMode.BUFFERED
-    servicer = ExtProcServicer(router.exchange, request_mode=mode, max_body=args.max_body_bytes)
+    servicer = ExtProcServicer(router.exchange, request_mode=mode, max_body=args.max_body_bytes,
+                               max_buffered=args.max_buffered_body_bytes)
     opts = ServeOptions(
         grpc_port=args.grpc_port, health_port=args.grpc_health_port, host=args.bind_address,
-        secure=args.secure_serving, cert_path=args.cert_path, grace=args.grace_period,
-        max_message_bytes=args.max_body_bytes + 1024 * 1024,
+        secure=args.secure_serving, cert_path=args.cert_path, client_ca=args.client_ca_file,
+        grace=args.grace_period,
+        max_message_bytes=message_limit(args.max_body_bytes),
     )
     structlog.get_logger("bbr").info(
         "starting", plugins=[f"{p.type_name}:{p.name}" for p in plugins], mode=mode.name)

@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import secrets
 import shlex
 import signal
 import socket
@@ -43,7 +44,7 @@ import orjson
 import yaml
 
 from devkit import envoy as e
-from devkit.topology import Pool, Topology
+from devkit.topology import INFERENCE_PATHS, Pool, Topology
 from shared.flags import Parser, die
 from shared.pd import ROLE_LABEL
 from sim.pd import LINKS
@@ -145,6 +146,8 @@ class StackSpec:
     state_store: str | None = None
     #: extra ``bbr`` flags (the file's ``bbr.flags``), after the stack's own
     bbr_flags: list[str] = field(default_factory=list)
+    #: paths the pool routes pass (``gateway.api_paths``); others get a JSON 404
+    api_paths: tuple[str, ...] = INFERENCE_PATHS
 
     def set_replicas(self, n: int, state_store: str | None) -> None:
         """``n`` EPP replicas per pool: the first on the file's ports, the others on free
@@ -196,14 +199,20 @@ def load_spec(path: Path) -> StackSpec:
         except (TypeError, ValueError) as err:
             raise StackError(f"{path}: pools[{i}]: {err}") from None
     gw = raw.get("gateway") or {}
+    paths = gw.get("api_paths", INFERENCE_PATHS)
+    if (not isinstance(paths, list | tuple) or not paths
+            or not all(isinstance(x, str) and x.startswith("/") for x in paths)):
+        raise StackError(f"{path}: gateway.api_paths: a non-empty list of paths starting "
+                         "with '/' (exact; ending in '/': a prefix)")
     return StackSpec(port=gw.get("port", 8080), admin_port=gw.get("admin_port", 9901),
-                     bbr=bbr, pools=pools, demo=raw.get("demo") or {}, bbr_flags=bbr_flags)
+                     bbr=bbr, pools=pools, demo=raw.get("demo") or {}, bbr_flags=bbr_flags,
+                     api_paths=tuple(paths))
 
 
 #: The stack file's top-level keys; anything else is a mistake, named in one line.
 TOP_KEYS = ("gateway", "bbr", "pools", "demo")
 PORT_KEYS = ("grpc_port", "health_port", "metrics_port")
-SECTION_KEYS = {"gateway": ("port", "admin_port"), "bbr": (*PORT_KEYS, "flags"),
+SECTION_KEYS = {"gateway": ("port", "admin_port", "api_paths"), "bbr": (*PORT_KEYS, "flags"),
                 "epp": (*PORT_KEYS, "flags"), "demo": ("requests", "concurrency", "max_tokens")}
 
 
@@ -369,6 +378,7 @@ def envoy_config(spec: StackSpec, otlp_port: int | None = None) -> dict[str, Any
                for p in spec.pools],
         not_found="no pool serves this model", otlp_port=otlp_port,
         runtime={**e.GRACEFUL_CLOSE, **({TRACE_FLUSH: 1000} if otlp_port else {})},
+        api_paths=spec.api_paths,
     ).bootstrap()
 
 
@@ -417,7 +427,9 @@ class Stack:
         if url is None:
             from devkit.valkey import ValkeyServer
 
-            self.valkey = ValkeyServer()
+            # A password and a signing secret even on loopback: the stack shows the setup
+            # the chart requires (anyone who can write to the store could steer picks).
+            self.valkey = ValkeyServer(password=secrets.token_urlsafe(18))
             try:
                 self.valkey.start()
             except (OSError, RuntimeError) as err:
@@ -426,7 +438,11 @@ class Stack:
                                  "URL") from None
             url = self.valkey.url
         self.store_url = url
-        return ["--ha-mode", "active-active", "--state-store", url]
+        secret_file = self.run_dir / "state-store.secret"
+        secret_file.touch(mode=0o600)
+        secret_file.write_text(secrets.token_urlsafe(32))
+        return ["--ha-mode", "active-active", "--state-store", url,
+                "--state-store-secret-file", str(secret_file)]
 
     def fresh_logs(self) -> None:
         """Empty ``logs/`` and Envoy's log: what is there is this stack's, not an earlier

@@ -31,11 +31,11 @@ from epp.sources import ManifestError, ManifestSource, Source
 from epp.sources.standalone import standalone_pool
 from epp.statestore import StoreURL, StoreURLError, open_store, parse_store_url
 from shared import buildinfo, logs, tracing
-from shared.extproc import DEFAULT_MAX_BODY, BodyMode, ExtProcServicer
+from shared.extproc import DEFAULT_MAX_BODY, DEFAULT_MAX_BUFFERED, BodyMode, ExtProcServicer
 from shared.flags import Parser, byte_size, die, duration
 from shared.metrics_server import read_token, run_metrics_server
 from shared.pd import ROLE_LABEL
-from shared.server import Health, ServeOptions, install_uvloop, serve
+from shared.server import Health, ServeOptions, install_uvloop, message_limit, serve
 from shared.upstream_flags import (
     IGNORED,
     add_diagnostics_flags,
@@ -73,6 +73,9 @@ def parser() -> Parser:
     p.add_argument("--cert-path", default=None,
                    help="directory with tls.crt and tls.key (reloaded on change); "
                         "default: a self-signed certificate")
+    p.add_argument("--client-ca-file", default=None, metavar="FILE",
+                   help="PEM CA bundle: the ext_proc port then requires a client certificate "
+                        "it signed (mTLS; the gateway's Envoy presents one)")
     p.add_argument("--refresh-metrics-interval", type=duration, default=0.05,
                    help="how often each endpoint's metrics are scraped (default 50ms)")
     p.add_argument("--metrics-staleness-threshold", type=duration, default=2.0,
@@ -116,6 +119,10 @@ def parser() -> Parser:
                    help="where replicas share the prefix index and in-flight counts: "
                         "memory:// (default, nothing shared), valkey://[user:pw@]host:port/db, "
                         "valkeys:// (TLS); redis:// and rediss:// are aliases")
+    p.add_argument("--state-store-secret-file", default=None, metavar="FILE",
+                   help="shared secret (>= 16 bytes) that signs what replicas write to the "
+                        "state store, so a writer without it cannot steer picks (a mounted "
+                        f"Secret; env {STORE_SECRET_ENV} also works)")
     p.add_argument("--endpoint-selector", default=None,
                    help="pods by label (k=v,...) instead of an InferencePool")
     p.add_argument("--endpoint-target-ports", default=None,
@@ -127,6 +134,9 @@ def parser() -> Parser:
                help="404 for models no rewrite, legacy model or server names")
     p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY,
                    help="largest request body accepted; bigger gets 413")
+    p.add_argument("--max-buffered-body-bytes", type=int, default=DEFAULT_MAX_BUFFERED,
+                   help="request-body bytes all streams may hold at once (bounds memory under "
+                        "many concurrent uploads); a chunk over it gets a JSON 503; 0: no bound")
     p.add_argument("--grace-period", type=float, default=30.0,
                    help="seconds in-flight streams get to finish on SIGTERM")
     p.add_argument("--drain-timeout", type=duration, default=0.0,
@@ -299,6 +309,30 @@ def settings(args: Any) -> Settings:
     )
 
 
+#: Environment variable holding the state store's shared secret (the chart sets it from a
+#: Secret) when ``--state-store-secret-file`` is not given.
+STORE_SECRET_ENV = "EPP_STATE_STORE_SECRET"
+
+
+def state_store_secret(args: Any, url: StoreURL) -> bytes | None:
+    """The state store's signing secret (flag file, else env); warns when a shared store
+    runs without one, and exits on one that is too short."""
+    path = args.state_store_secret_file
+    where = f"--state-store-secret-file {path}" if path else STORE_SECRET_ENV
+    try:
+        secret = (Path(path).read_bytes() if path
+                  else os.environ.get(STORE_SECRET_ENV, "").encode()).strip()
+    except OSError as e:
+        die("epp", f"cannot read --state-store-secret-file {path}: {e.strerror or e}")
+    if secret and len(secret) < 16:
+        die("epp", f"{where}: the secret must be at least 16 bytes")
+    if url.kind != "memory" and not secret:
+        log.warning("state store without a shared secret: anyone who can write to it can "
+                    "steer picks (set --state-store-secret-file; docs/active-active.md)",
+                    store=url.redacted())
+    return secret or None
+
+
 def read_session_key(path: str | None) -> bytes | None:
     """The session-token HMAC key in ``path`` (surrounding whitespace dropped)."""
     if path is None:
@@ -360,7 +394,8 @@ async def run(args: Any, store_url: StoreURL) -> None:
         die("epp", f"bad EndpointPickerConfig: {e}")
     discovery = config.discovery is not None
     source, elector = (None, None) if discovery else start_source(args, datastore)
-    store = open_store(store_url, pool=store_pool(args, datastore))
+    store = open_store(store_url, pool=store_pool(args, datastore),
+                       secret=state_store_secret(args, store_url))
     try:
         runtime = build(config, datastore, flag_settings,
                         rng=random.Random(), hooks=metrics_hooks(), state_store=store)
@@ -383,12 +418,13 @@ async def run(args: Any, store_url: StoreURL) -> None:
     servicer = ExtProcServicer(lambda: PickerExchange(director),
                                request_mode=BodyMode.FULL_DUPLEX_STREAMED,
                                response_mode=BodyMode.FULL_DUPLEX_STREAMED,
-                               max_body=args.max_body_bytes)
+                               max_body=args.max_body_bytes,
+                               max_buffered=args.max_buffered_body_bytes)
     opts = ServeOptions(grpc_port=args.grpc_port, health_port=args.grpc_health_port,
                         host=args.bind_address, secure=args.secure_serving,
-                        cert_path=args.cert_path, grace=args.grace_period,
-                        health_on_grpc_port=args.health_checking,
-                        max_message_bytes=args.max_body_bytes + 1024 * 1024,
+                        cert_path=args.cert_path, client_ca=args.client_ca_file,
+                        grace=args.grace_period, health_on_grpc_port=args.health_checking,
+                        max_message_bytes=message_limit(args.max_body_bytes),
                         max_receive_bytes=args.grpc_max_recv_msg_size,
                         max_send_bytes=args.grpc_max_send_msg_size, drain=args.drain_timeout)
 

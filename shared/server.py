@@ -27,6 +27,21 @@ log = structlog.get_logger(__name__)
 EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 
 
+#: The largest single body chunk Envoy may send in FULL_DUPLEX_STREAMED: when the ext_proc
+#: stream is behind, Envoy sends what it holds at once, up to the listener's buffer limit
+#: (32 MiB in the local stack), whatever the body cap. A gRPC message limit of only "cap +
+#: 1 MiB" failed such a stream (Envoy: a bare 500 instead of the 413; issue 31). gRPC holds a
+#: message only as big as what arrives, so the larger limit costs nothing until used.
+STREAM_CHUNK_LIMIT = 64 * 1024 * 1024
+
+
+def message_limit(max_body: int) -> int:
+    """The gRPC message limit for a service whose body cap is ``max_body``: a BUFFERED body
+    is one message (and may go back as one), a streamed chunk may reach
+    :data:`STREAM_CHUNK_LIMIT`; 1 MiB on top for the rest of the message."""
+    return max(max_body, STREAM_CHUNK_LIMIT) + 1024 * 1024
+
+
 @dataclass(slots=True)
 class ServeOptions:
     """Ports and transport security for a service."""
@@ -35,6 +50,8 @@ class ServeOptions:
     health_port: int
     secure: bool = True
     cert_path: str | None = None
+    #: PEM file of the CA that signs client certificates; set: mTLS on the ext_proc port
+    client_ca: str | None = None
     host: str = "0.0.0.0"
     grace: float = 30.0
     max_message_bytes: int = 16 * 1024 * 1024
@@ -134,7 +151,7 @@ async def serve(
         health_pb2_grpc.add_HealthServicer_to_server(health.servicer, server)
     address = f"{opts.host}:{opts.grpc_port}"
     if opts.secure:
-        server.add_secure_port(address, server_credentials(opts.cert_path))
+        server.add_secure_port(address, server_credentials(opts.cert_path, opts.client_ca))
     else:
         server.add_insecure_port(address)
     health_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])

@@ -415,4 +415,7 @@ def load_config_file(path: str | Path) -> EndpointPickerConfig:
         text = p.read_text()
     except OSError as e:
         raise ConfigError(f"{p}: cannot read: {e.strerror}") from None
+    if not text.strip():  # a mount gone wrong, not a wish for the default (issue 31)
+        raise ConfigError(f"{p}: the file is empty (leave --config-file out for the default "
+                          "config)")
     return parse_config(text, source=str(p))

@@ -155,11 +155,13 @@ def test_two_active_active_epp_replicas_share_a_valkey_the_stack_runs(tmp_path: 
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "20/20 demo requests succeeded" in proc.stdout
     line = next(x for x in proc.stdout.splitlines() if x.startswith("EPP replicas per pool"))
-    assert line.startswith("EPP replicas per pool: 2 (active-active, state store valkey://")
+    # The Valkey has a password (redacted) and the replicas sign what they write.
+    assert line.startswith("EPP replicas per pool: 2 (active-active, state store valkey://:***@")
     for pool in ("llama", "qwen"):
         for log in (f"epp-{pool}.log", f"epp-{pool}-1.log"):
             text = (run_dir / "logs" / log).read_text()
             assert "state store reachable; sharing routing state" in text, log
+            assert "state store without a shared secret" not in text, log
     envoy_cfg = yaml.safe_load((run_dir / "envoy" / "envoy.yaml").read_text())
     cluster = next(c for c in envoy_cfg["static_resources"]["clusters"]
                    if c["name"] == "epp-llama")
