@@ -215,6 +215,7 @@ class Topology:
     def _not_found(self, match: dict[str, Any], code: str, message: str) -> dict[str, Any]:
         body = {"error": {"message": message, "type": "invalid_request_error", "code": code}}
         route: dict[str, Any] = {
+            "name": code,  # the model-naming local reply is for this route only
             "match": match,
             "direct_response": {"status": 404, "body": {"inline_string": json.dumps(body)}},
             "response_headers_to_add": [{
@@ -264,6 +265,13 @@ class Topology:
                 {"status_code_filter": {"comparison": {
                     "op": "EQ", "value": {"default_value": 404, "runtime_key": "_unused"}}}},
                 {"header_filter": {"header": {"name": MODEL_HEADER, "present_match": True}}},
+                # not the path_not_found 404 (a request to an admin path names a model too)
+                {"extension_filter": {
+                    "name": "envoy.access_loggers.extension_filters.cel",
+                    "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.access_loggers.filters"
+                                 ".cel.v3.ExpressionFilter",
+                        "expression": "xds.route_name == 'model_not_found'"}}},
             ]}},
             "body_format_override": {"json_format": {"error": error}},
         }]}

@@ -63,7 +63,7 @@ def test_a_bad_pd_pool_is_named(tmp_path: Path, change: dict[str, object],
     ("change", "message"),
     [
         ({"bbrr": {"grpc_port": 9004}}, "unknown key(s) bbrr (known: gateway, bbr, pools, demo)"),
-        ({"gateway": {"prot": 8080}}, "gateway: unknown key(s) prot (known: port, admin_port)"),
+        ({"gateway": {"prot": 8080}}, "gateway: unknown key(s) prot (known: port, admin_port, api_paths)"),
         ({"demo": {"request": 5}}, "demo: unknown key(s) request (known: requests, "),
         ({"bbr": {"grpc_port": 9004, "flag": ["-v"]}}, "bbr: unknown key(s) flag (known: "),
         ({"bbr": {"flags": {"v": 4}}}, "bbr.flags must be a list of arguments or a string"),
