@@ -18,8 +18,8 @@ import argparse
 import heapq
 from collections.abc import Callable
 
-from bench.loadgen import percentile as pct
 from bench.workloads import FLEET_SIZE, WORKLOADS, RequestSpec
+from devkit.stats import percentile as pct
 
 OVERHEAD, PER_TOKEN, BYTES_PER_TOKEN = 0.030, 0.000250, 4
 

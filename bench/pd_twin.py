@@ -46,8 +46,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.loadgen import percentile as pct
 from bench.pd_compare import ratio_interval, verdict, workload
+from devkit.stats import percentile as pct
 from sim.engine import Engine, SimRequest
 from sim.pd import KV_BYTES_PER_TOKEN_8B, LINKS
 from sim.profiles import H100_8B
