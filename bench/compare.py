@@ -56,7 +56,8 @@ FULL_WORKLOADS, FULL_LOAD = ("shared-prefix", "lora", "bursts", "sharegpt"), 0.7
 
 def run_one(workload: Workload, load: float, contender: Contender, *, duration: float,
             seed: int, servers: int, time_scale: float, workdir: Path, progress: bool,
-            timeout: float, fleet_cpus: float = 0.0, client_cpus: float = 0.0) -> RunResult:
+            timeout: float, fleet_cpus: float = 0.0, client_cpus: float = 0.0,
+            profile: str = PROFILE) -> RunResult:
     """One run: fresh fleet, contender in front, the seed's schedule played open-loop;
     ``fleet_cpus`` / ``client_cpus``: CPU budgets of the simulator and the client (0: none)."""
     specs = workload.schedule(load, duration, seed, servers)
@@ -72,7 +73,8 @@ def run_one(workload: Workload, load: float, contender: Contender, *, duration: 
     write_specs(specs, workdir / "requests.jsonl")
     started = time.monotonic()
     with SimFleet(workdir / "fleet", size=servers, time_scale=time_scale, seed=seed,
-                  cpus=fleet_cpus) as fleet, contender.running(fleet, workdir) as url:
+                  cpus=fleet_cpus, profile=profile) as fleet, \
+            contender.running(fleet, workdir) as url:
         cmd = [sys.executable, "-m", "bench.openloop", "--url", url,
                "--requests", str(workdir / "requests.jsonl"),
                "--out", str(workdir / "outcomes.jsonl"), "--timeout", str(timeout)]

@@ -1,0 +1,384 @@
+"""Play a scenario (:mod:`bench.scenario`) in real time or in virtual time, with one path for
+fleet, contenders and report.
+
+- **real time** (``--real``): for every load x seed, each contender gets a fresh simulated
+  fleet, is started in front of it (Envoy + our EPP, Envoy's own LB policies, a peer router)
+  and the open-loop client plays the seed's schedule through it (:func:`bench.compare.run_one`;
+  P/D fleets: ``bench.pd_compare``'s fleets with the prefill/decode roles, sidecars and
+  vllm-router's PD mode). The contenders' order alternates between seeds.
+- **virtual time** (``--virtual``, the default): the same schedules through the same
+  contenders in the twin: the real EPP scheduler and director over the simulator's engine
+  model on a virtual clock (:mod:`bench.twin`; P/D fleets: :func:`bench.pd_twin.simulate`).
+  Peers are not modelled there: their rows say so.
+
+Both summarise each run into a :class:`bench.report.RunResult` (the first 20% of requests by
+arrival reported apart as the cold start), so the tables, paired ratios, 95% intervals and
+target verdicts are the same code. A run is saved as ``results.json`` (scenario, its digest,
+the settings after overrides, the environment, every run's summary) beside a
+``results.md`` table; ``bench report`` turns saved runs into RESULTS.md sections.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench import environment
+from bench import report as rp
+from bench.report import RunResult, summarize
+from bench.scenario import Contender, Fleet, PdVariant, Scenario
+from bench.workloads import MODEL, RequestSpec, Workload, write_specs
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNS = ROOT / ".cache" / "bench-runs"
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """A scenario after the command line's overrides: what one ``bench run`` plays."""
+
+    scenario: Scenario
+    mode: str   # "real" | "virtual"
+    fleet: Fleet
+    workload: Workload
+    seeds: tuple[int, ...]
+    loads: tuple[float, ...]
+    duration: float
+    contenders: tuple[Contender, ...]
+    jobs: int = 1
+
+    def settings(self) -> dict[str, Any]:
+        """What the figures depend on besides the seed (kept with the results)."""
+        f = self.fleet
+        return {"mode": self.mode, "servers": f.servers, "roles": f.roles, "profile": f.profile,
+                "time_scale": f.time_scale if self.mode == "real" else None,
+                "workload": self.workload.name, "generator": self.workload.generator,
+                "arrivals": self.workload.arrivals, "parameters": self.workload.parameters,
+                "duration": self.duration, "seeds": list(self.seeds), "loads": list(self.loads),
+                "contenders": [c.name for c in self.contenders],
+                "budget": self.scenario.budget.statement() if self.mode == "real" else None}
+
+
+def plan(scn: Scenario, *, mode: str = "virtual", seeds: Sequence[int] | None = None,
+         servers: int | None = None, workload: Workload | None = None,
+         loads: Sequence[float] | None = None, duration: float | None = None,
+         contenders: Sequence[str] | None = None, jobs: int = 1) -> Plan:
+    """``scn`` with overrides (None: the scenario's own)."""
+    wl = workload or scn.workload
+    chosen = scn.contenders
+    if contenders:
+        known = {c.name: c for c in scn.contenders}
+        missing = [n for n in contenders if n not in known]
+        if missing:
+            raise ValueError(f"{scn.path}: no contender {', '.join(missing)} "
+                             f"(the scenario has {', '.join(known)})")
+        chosen = tuple(known[n] for n in contenders)
+    return Plan(scn, mode, scn.fleet.scaled(servers) if servers else scn.fleet, wl,
+                tuple(seeds) if seeds else scn.seeds,
+                tuple(loads) if loads else (scn.loads if workload is None else wl.loads),
+                duration or wl.duration, chosen, jobs)
+
+
+# -- virtual time -------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class _Job:
+    plan: Plan
+    load: float
+    seed: int
+
+
+def _twin_router(c: Contender, keys: list[str], seed: int) -> Any:
+    from bench.contenders import TUNED_CONFIG
+    from bench.twin.baselines import LeastRequest, Random, RoundRobin
+    from bench.twin.epp_adapter import EppRouter
+
+    if c.name == "envoy-rr":
+        return RoundRobin(c.name, keys, seed)
+    if c.name == "envoy-random":
+        return Random(c.name, keys, seed)
+    if c.name == "envoy-lr":
+        return LeastRequest(c.name, keys, seed)
+    if c.epp_config is not None:
+        return EppRouter(c.name, keys, seed, config_file=c.epp_config, model=MODEL)
+    if c.name in ("epp-default", "epp-tuned"):
+        return EppRouter(c.name, keys, seed, model=MODEL,
+                         config_text=TUNED_CONFIG if c.name == "epp-tuned" else None)
+    return None   # not modelled in virtual time (the peers)
+
+
+def _virtual(job: _Job) -> list[RunResult]:
+    """One (load, seed): the schedule, built once, through each contender in the twin."""
+    from bench.twin.loop import TwinConfig, run
+
+    p, wl = job.plan, job.plan.workload
+    specs = wl.schedule(job.load, p.duration, job.seed, p.fleet.servers)
+    tags = [s.tag for s in specs] if wl.by_class else None
+    out = []
+    for c in p.contenders:
+        res = _result(p, job.load, job.seed, c)
+        started = time.monotonic()
+        if p.fleet.pd:
+            outcomes = _pd_virtual(p.fleet, c, job.seed, specs)
+        else:
+            cfg = TwinConfig(servers=p.fleet.servers, seed=job.seed, profile=p.fleet.profile,
+                             model=MODEL)
+            router = _twin_router(c, cfg.keys(), job.seed)
+            outcomes = None if router is None else run(specs, router, cfg)
+        if outcomes is None:
+            res.skipped = "not modelled in virtual time (run with --real)"
+        else:
+            summarize(res, outcomes, tags=tags)
+            res.wall_seconds = time.monotonic() - started
+        out.append(res)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class _Served:
+    """A P/D twin request as :func:`bench.report.summarize` reads an outcome."""
+
+    start: float
+    ttft: float
+    e2e: float
+    output_tokens: int
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    status: int = 200
+    pod: str = ""
+    error: str = ""
+    itl: list[float] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return True
+
+
+def _pd_virtual(fleet: Fleet, c: Contender, seed: int,
+                specs: list[RequestSpec]) -> list[Any] | None:
+    from bench.pd_twin import parse_spill, simulate
+
+    prefill, decode = fleet.roles["prefill"], fleet.roles["decode"]
+    if c.name == "aggregated":
+        served = simulate(seed, prefill, decode, None, specs=specs)
+    elif c.pd is not None:
+        v = c.pd
+        served = simulate(seed, prefill, decode, v.threshold, specs=specs,
+                          prefill_pick=v.prefill_pick, decode_pick=v.decode_pick,
+                          spill=parse_spill(v.spill) if v.spill else None)
+    else:
+        return None
+    # The twin's requests end in completion order; tags follow the schedule's order.
+    by_arrival = sorted(served, key=lambda s: s.arrival)
+    return [_Served(s.arrival, s.ttft, s.ttft + s.tpot * max(0, s.output - 1), s.output)
+            for s in by_arrival]
+
+
+# -- real time ----------------------------------------------------------------------------
+def _real_contender(c: Contender, p: Plan) -> Any:
+    from bench.contenders import Epp, PeerRouter, all_contenders
+
+    if c.epp_config is not None:
+        obj: Any = Epp(c.name, c.epp_config.read_text())
+    elif ":" in c.name:
+        peer, _, policy = c.name.partition(":")
+        obj = PeerRouter(peer, policy)
+    else:
+        obj = all_contenders()[c.name]
+    obj.cpus, obj.gateway_cpus = p.scenario.budget.router_cpus, p.scenario.budget.gateway_cpus
+    return obj
+
+
+def _real(p: Plan, load: float, seed: int, c: Contender, workdir: Path) -> RunResult:
+    from bench import compare
+
+    if p.fleet.pd:
+        return _pd_real(p, load, seed, c, workdir)
+    b = p.scenario.budget
+    res: RunResult = compare.run_one(
+        p.workload, load, _real_contender(c, p), duration=p.duration, seed=seed,
+        servers=p.fleet.servers, time_scale=p.fleet.time_scale, workdir=workdir,
+        progress=False, timeout=p.scenario.timeout, fleet_cpus=b.fleet_cpus,
+        client_cpus=b.client_cpus, profile=p.fleet.profile)
+    res.contender, res.kind = c.name, c.kind
+    return res
+
+
+def _pd_real(p: Plan, load: float, seed: int, c: Contender, workdir: Path) -> RunResult:
+    import subprocess
+
+    import orjson
+
+    from bench import pd_compare
+    from bench.openloop import Outcome
+    from bench.peers import PEERS
+
+    res = _result(p, load, seed, c)
+    if c.name == "vllm-router-pd" and not PEERS["vllm-router"].installed():
+        res.skipped = PEERS["vllm-router"].mismatch() or "vllm-router does not import"
+        return res
+    scale = p.fleet.time_scale
+    specs = [dataclasses.replace(s, at=s.at * scale)
+             for s in p.workload.schedule(load, p.duration, seed, p.fleet.servers)]
+    workdir.mkdir(parents=True, exist_ok=True)
+    write_specs(specs, workdir / "requests.jsonl")
+    kind = "pd" if c.pd is not None else c.name
+    v = c.pd or PdVariant()
+    started = time.monotonic()
+    with pd_compare.start(kind, workdir, seed, v.threshold, scale,
+                          (p.fleet.roles["prefill"], p.fleet.roles["decode"]),
+                          v.config) as fleet:
+        subprocess.run([sys.executable, "-m", "bench.openloop", "--url", fleet.url,
+                        "--requests", str(workdir / "requests.jsonl"),
+                        "--out", str(workdir / "outcomes.jsonl"),
+                        "--timeout", str(p.scenario.timeout)], check=True)
+    outcomes = [Outcome(**orjson.loads(line))
+                for line in (workdir / "outcomes.jsonl").read_bytes().splitlines()]
+    summarize(res, outcomes, scale, tags=[s.tag for s in specs] if p.workload.by_class else None)
+    res.wall_seconds = time.monotonic() - started
+    return res
+
+
+def _result(p: Plan, load: float, seed: int, c: Contender) -> RunResult:
+    return RunResult(p.workload.name, load, load * p.workload.capacity(p.fleet.servers),
+                     c.name, c.kind, seed=seed, servers=p.fleet.servers)
+
+
+# -- the run ------------------------------------------------------------------------------
+def execute(p: Plan, run_dir: Path, *, log: Any = sys.stderr) -> dict[str, Any]:
+    """Play ``p``; write ``run_dir/results.json`` (after every real-time run, so a stopped
+    run keeps what it did) and ``run_dir/results.md``; return the saved document."""
+    from bench import cpubudget
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    env = environment.capture(peers=p.mode == "real")
+    if p.mode == "real":
+        env["budget"] = p.scenario.budget.statement()
+        env["burners"] = p.scenario.budget.burners
+    started = time.monotonic()
+    results: list[RunResult] = []
+    doc: dict[str, Any] = {}
+
+    def save() -> None:
+        env["loadavg_end"] = environment.loadavg()
+        env["wall_seconds"] = round(time.monotonic() - started, 1)
+        doc.update(scenario=_rel(p.scenario.path), digest=p.scenario.digest,
+                   title=p.scenario.title, settings=p.settings(), environment=env,
+                   results=[asdict(r) for r in results])
+        (run_dir / "results.json").write_text(json.dumps(doc, indent=1))
+
+    if p.mode == "virtual":
+        jobs = [_Job(p, load, seed) for load in p.loads for seed in p.seeds]
+        if p.jobs > 1:
+            with ProcessPoolExecutor(max_workers=p.jobs) as pool:
+                for batch in pool.map(_virtual, jobs):
+                    results.extend(batch)
+        else:
+            for job in jobs:
+                results.extend(_virtual(job))
+    else:
+        with cpubudget.burners(p.scenario.budget.burners):
+            flip = False
+            for load in p.loads:
+                for seed in p.seeds:
+                    order = list(p.contenders)[::-1 if flip else 1]
+                    flip = not flip
+                    for c in order:
+                        workdir = run_dir / f"{load:g}" / f"seed-{seed}" / c.name.replace(":", "-")
+                        try:
+                            res = _real(p, load, seed, c, workdir)
+                        except Exception as exc:  # a contender that fails to start is a result
+                            res = _result(p, load, seed, c)
+                            res.skipped = f"failed: {type(exc).__name__}: {exc}"[:300]
+                        results.append(res)
+                        save()
+                        print(f"{p.scenario.name} load {load:g} seed {seed} {c.name}: "
+                              + (res.skipped or f"ok {res.ok}/{res.requests} "
+                                 f"TTFT p90 {res.ttft_p90:.3f} s"), file=log, flush=True)
+    save()
+    (run_dir / "results.md").write_text(section(doc, str(run_dir / "results.json")))
+    return doc
+
+
+def _rel(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
+# -- the report ---------------------------------------------------------------------------
+def section(doc: dict[str, Any], source: str) -> str:
+    """The Markdown section of one saved run: heading, how it was made, targets, tables."""
+    from bench.scenario import load_scenario
+
+    results = [RunResult(**r) for r in doc["results"]]
+    s, env = doc["settings"], doc["environment"]
+    fleet = (f"{s['roles']['prefill']} prefill + {s['roles']['decode']} decode servers"
+             if s.get("roles") else f"{s['servers']} servers")
+    how = ("virtual time (the twin: the real EPP scheduler over the simulator's engine model)"
+           if s["mode"] == "virtual" else
+           f"real time through Envoy (simulator time scale {s['time_scale']})")
+    lines = [f"## {doc['title']}", "",
+             f"<!-- scenario: {doc['scenario']} digest: {doc['digest']} run: {source} -->", "",
+             f"Scenario `{doc['scenario']}`; command `{env.get('argv', '?')}`; {how}; "
+             f"fleet {fleet} of `vllm-sim` `{s['profile']}`; workload `{s['workload']}` for "
+             f"{s['duration']:g} model s; seeds {s['seeds']}; took "
+             f"{env.get('wall_seconds', 0):.0f} s wall.", "",
+             f"Environment: {environment.line(env)}", ""]
+    scenario_path = ROOT / doc["scenario"]
+    targets = []
+    if scenario_path.is_file():
+        scn = load_scenario(scenario_path)
+        if scn.description:
+            lines[2:2] = [scn.description, ""]
+        ran = set(s["contenders"])
+        targets = [rp.Target(s["workload"], load, t.ours, t.against, t.metric, t.bound,
+                             t.at_most) for t in scn.targets for load in s["loads"]
+                   if t.ours in ran and (t.against in ran or t.against == "best-peer")]
+    baseline = "aggregated" if s.get("roles") else rp.BASELINE
+    tl = rp.target_lines(results, targets) if targets else []
+    if tl:
+        lines += ["Targets:", "", *tl, ""]
+    from bench.workloads import WORKLOADS
+
+    wl: dict[str, Any] = ({s["workload"]: WORKLOADS[s["workload"]]}
+                          if s["workload"] in WORKLOADS else {})
+    if not wl:   # a workload file outside bench/workloads: a stand-in for the headings
+        wl = {s["workload"]: _Named(s["workload"])}
+    lines += rp.point_sections(results, wl, s["contenders"], baseline=baseline)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+@dataclass(frozen=True, slots=True)
+class _Named:
+    name: str
+    title: str = ""
+    description: str = ""
+    source: str = "the scenario's own workload file"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "title", self.title or self.name)
+
+
+def newest_run(scenario: str, runs: Path = RUNS) -> Path | None:
+    """The newest saved run directory of ``scenario`` (a path as saved), if any."""
+    found = []
+    for path in runs.glob("*/results.json"):
+        try:
+            if json.loads(path.read_text()).get("scenario") == scenario:
+                found.append(path.parent)
+        except (OSError, ValueError):
+            continue
+    return max(found, key=lambda d: d.name) if found else None
+
+
+def run_dir_for(scn: Scenario, mode: str) -> Path:
+    return RUNS / f"{time.strftime('%Y%m%d-%H%M%S')}-{scn.name}-{mode}-{os.getpid()}"
