@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 LINT_PATHS := shared bbr epp sim sidecar bench devkit tests examples/plugin-package
 
 .PHONY: venv run test test-vllm lint bench bench-cpu bench-quick bench-compare bench-compare-quick bench-twin \
-	bench-twin-quick bench-agreement bench-inference-perf clean
+	bench-twin-quick bench-agreement bench-inference-perf bench-list bench-run bench-report clean
 
 # pip's output (index warnings, setuptools notices) goes to $(VENV)/install.log, so the
 # first screen of `make run` shows the stack, not the install; a failure prints its tail.
@@ -63,6 +63,19 @@ bench-cpu: venv
 bench-quick: venv
 	$(PY) -m bench.bbr_overhead --quick
 	$(PY) -m bench.epp_overhead --quick
+
+## bench-list / bench-run / bench-report: the scenario toolkit (docs/benchmarks.md, top).
+## make bench-run SCENARIO=pd RUN_ARGS="--servers 32 --workload my.yaml" (virtual time;
+## RUN_ARGS="--real" through Envoy); make bench-report rewrites RESULTS.md's generated sections
+SCENARIO ?= shared-prefix
+bench-list: venv
+	$(PY) -m bench list
+
+bench-run: venv
+	$(PY) -m bench run $(SCENARIO) $(RUN_ARGS)
+
+bench-report: venv
+	$(PY) -m bench report $(REPORT_ARGS)
 
 ## bench-compare: routing quality vs Envoy and the peer routers, 5 seeds x 8 servers, medians
 ## and 95% intervals (~85 min on 2 shared CPUs; writes RESULTS.md)

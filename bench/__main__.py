@@ -115,7 +115,7 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--jobs", type=_positive, default=os.cpu_count() or 1,
                      help="worker processes in virtual time (default: the CPUs)")
     run.add_argument("--save", action="store_true",
-                     help="keep the results as bench/runs/<scenario>-<mode>.json, where "
+                     help="keep the results as bench/runs/<scenario>-<mode>-<servers>.json, where "
                           "`bench report` makes RESULTS.md sections from")
     sub.add_parser("list", help="the scenarios of bench/scenarios/")
     rep = sub.add_parser("report", help="rewrite RESULTS.md's generated sections")
@@ -143,7 +143,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"results: {run_dir / 'results.json'}", file=sys.stderr)
     if args.save:
         SAVED.mkdir(exist_ok=True)
-        dest = SAVED / f"{scn.name}-{mode}.json"
+        dest = SAVED / f"{scn.name}-{mode}-{p.fleet.servers}.json"
         shutil.copyfile(run_dir / "results.json", dest)
         print(f"saved: {dest} (python -m bench report puts it in RESULTS.md)", file=sys.stderr)
     failed = [r for r in doc["results"]
@@ -188,8 +188,9 @@ def cmd_report(args: argparse.Namespace) -> int:
                 problems.append(f"{saved.name}: its RESULTS.md section differs from the run "
                                 "(python -m bench report rewrites it)")
         else:
-            rp.write_section(f"## {doc['title']}", section, args.results)
-            print(f"{args.results.name}: regenerated \"## {doc['title']}\" from {source}")
+            rp.write_section(runner.heading(doc), section, args.results)
+            text = args.results.read_text()
+            print(f"{args.results.name}: regenerated \"{runner.heading(doc)}\" from {source}")
     for line in problems:
         print(f"FAILED: {line}", file=sys.stderr)
     return 1 if problems else 0

@@ -1,5 +1,5 @@
 """How far any dispatch order can take bursts' TTFT p90 below round-robin's: a prefill-only
-model of the fleet on the same seeded schedules as ``bench.flowcontrol_bursts``.
+model of the fleet on the same seeded schedules as ``bench/scenarios/flowcontrol-bursts.yaml``.
 
     python -m bench.flowcontrol_burst_bound             # seeds 0-4, bursts @ 0.75
 

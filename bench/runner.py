@@ -127,6 +127,8 @@ def _virtual(job: _Job) -> list[RunResult]:
         started = time.monotonic()
         if p.fleet.pd:
             outcomes = _pd_virtual(p.fleet, c, job.seed, specs)
+        elif _flow_controlled(c):
+            outcomes = _flow_virtual(c, p.fleet, job.seed, specs)
         else:
             cfg = TwinConfig(servers=p.fleet.servers, seed=job.seed, profile=p.fleet.profile,
                              model=MODEL)
@@ -143,11 +145,12 @@ def _virtual(job: _Job) -> list[RunResult]:
 
 @dataclass(frozen=True, slots=True)
 class _Served:
-    """A P/D twin request as :func:`bench.report.summarize` reads an outcome."""
+    """A request of the P/D or flow-control twins as :func:`bench.report.summarize` reads
+    an outcome."""
 
     start: float
-    ttft: float
-    e2e: float
+    ttft: float | None
+    e2e: float | None
     output_tokens: int
     prompt_tokens: int = 0
     cached_tokens: int = 0
@@ -158,7 +161,47 @@ class _Served:
 
     @property
     def ok(self) -> bool:
-        return True
+        return self.status == 200 and self.ttft is not None
+
+
+def _flow_controlled(c: Contender) -> bool:
+    """An EPP config with the ``flowControl`` feature gate: its admitter awaits, so the
+    twin runs it on an asyncio loop in virtual time."""
+    import yaml
+
+    if c.epp_config is None:
+        return False
+    gates = (yaml.safe_load(c.epp_config.read_text()) or {}).get("featureGates") or []
+    return "flowControl" in gates
+
+
+def _flow_virtual(c: Contender, fleet: Fleet, seed: int,
+                  specs: list[RequestSpec]) -> list[Any]:
+    """The real EPP runtime with its flow controller (``bench.slo_twin.Twin`` on
+    :mod:`bench.twin.vtime`'s clock); a request it refused, or that did not finish, is an
+    error outcome."""
+    from bench.flowcontrol_noisy_twin import TimedTwin
+    from bench.twin.vtime import run_in_virtual_time
+
+    assert c.epp_config is not None
+    twin = TimedTwin(c.epp_config.read_text(), seed, fleet.servers)
+    for spec in specs:
+        twin.add(spec.at, spec.body, dict(spec.headers), spec.tag)
+    run_in_virtual_time(twin.run_async())
+    served: dict[tuple[str, float], list[Any]] = {}
+    for s in twin.served:
+        served.setdefault((s.tag, s.arrival), []).append(s)
+    out: list[Any] = []
+    for spec in specs:
+        mine = served.get((spec.tag, spec.at))
+        if not mine:
+            out.append(_Served(spec.at, None, None, 0, status=429,
+                               error="refused by flow control (or not finished)"))
+            continue
+        s = mine.pop()
+        out.append(_Served(s.arrival, s.first_token - s.arrival, s.finish - s.arrival,
+                           s.tokens))
+    return out
 
 
 def _pd_virtual(fleet: Fleet, c: Contender, seed: int,
@@ -326,7 +369,7 @@ def section(doc: dict[str, Any], source: str) -> str:
     how = ("virtual time (the twin: the real EPP scheduler over the simulator's engine model)"
            if s["mode"] == "virtual" else
            f"real time through Envoy (simulator time scale {s['time_scale']})")
-    lines = [f"## {doc['title']}", "",
+    lines = [heading(doc), "",
              f"<!-- scenario: {doc['scenario']} digest: {doc['digest']} run: {source} -->", "",
              f"Scenario `{doc['scenario']}`; command `{env.get('argv', '?')}`; {how}; "
              f"fleet {fleet} of `vllm-sim` `{s['profile']}`; workload `{s['workload']}` for "
@@ -338,7 +381,7 @@ def section(doc: dict[str, Any], source: str) -> str:
     if scenario_path.is_file():
         scn = load_scenario(scenario_path)
         if scn.description:
-            lines[2:2] = [scn.description, ""]
+            lines[4:4] = [scn.description, ""]
         ran = set(s["contenders"])
         targets = [rp.Target(s["workload"], load, t.ours, t.against, t.metric, t.bound,
                              t.at_most) for t in scn.targets for load in s["loads"]
@@ -355,6 +398,12 @@ def section(doc: dict[str, Any], source: str) -> str:
         wl = {s["workload"]: _Named(s["workload"])}
     lines += rp.point_sections(results, wl, s["contenders"], baseline=baseline)
     return "\n".join(lines).rstrip() + "\n"
+
+
+def heading(doc: dict[str, Any]) -> str:
+    """A saved run's RESULTS.md heading: the scenario's title and the mode."""
+    s = doc["settings"]
+    return f"## {doc['title']} ({s['mode']} time, {s['servers']} servers)"
 
 
 @dataclass(frozen=True, slots=True)

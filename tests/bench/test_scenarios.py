@@ -200,7 +200,7 @@ def test_the_markdown_table_and_targets_come_with_the_run(tmp_path: Path) -> Non
     proc = bench("run", str(scenario), "--jobs", "1")
     doc = results_of(proc)
     md = Path(proc.stderr.split("results: ")[1].split()[0]).with_name("results.md").read_text()
-    assert md.startswith("## My fleet, my workload, my EPP\n")
+    assert md.startswith("## My fleet, my workload, my EPP (virtual time, 2 servers)\n")
     assert f"digest: {doc['digest']}" in md
     assert "| epp-mine | 1 |" in md and "| envoy-rr | 1 |" in md
     assert "epp-mine: TTFT p90 / envoy-rr = " in md
@@ -232,7 +232,8 @@ def test_report_writes_sections_from_saved_runs_and_checks_the_scenario(tmp_path
     assert done.returncode == 0, done.stderr
     text = md.read_text()
     assert "## Hand-written\n\nkept as it is\n" in text
-    assert "## My fleet, my workload, my EPP\n" in text and "| epp-mine | 1 |" in text
+    assert "## My fleet, my workload, my EPP (virtual time, 2 servers)\n" in text
+    assert "| epp-mine | 1 |" in text
     assert bench("report", "--check", *args).returncode == 0
     # The scenario changed after its run: the check names it.
     scenario.write_text(MY_SCENARIO.replace("seeds: [7]", "seeds: [8]"))
@@ -264,3 +265,37 @@ def test_a_peer_of_another_version_than_its_pin_is_not_used(tmp_path: Path) -> N
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, text=True, check=True,
                          capture_output=True, env={**os.environ, "BENCH_PEERS_DIR": str(tmp_path)})
     assert out.stdout.splitlines() == ["True", "None"]
+
+
+# -- make targets and RESULTS.md of the repository ----------------------------------------
+def test_every_bench_make_target_runs_modules_that_exist() -> None:
+    import importlib.util
+    import re
+
+    makefile = (ROOT / "Makefile").read_text()
+    targets = re.findall(r"^(bench[\w-]*):", makefile, re.M)
+    assert {"bench", "bench-run", "bench-report", "bench-compare", "bench-twin"} <= set(targets)
+    for target in targets:
+        dry = subprocess.run(["make", "-n", target], cwd=ROOT, text=True, capture_output=True,
+                             check=True).stdout
+        modules = re.findall(r" -m (bench[\w.]*)", dry)
+        assert modules, (target, dry)
+        for module in modules:
+            assert importlib.util.find_spec(module) is not None, (target, module)
+
+
+def test_make_bench_run_plays_a_scenario() -> None:
+    proc = subprocess.run(["make", "bench-run", "SCENARIO=tenants",
+                           "RUN_ARGS=--seeds 1 --duration 3 --loads 0.5 --jobs 1"],
+                          cwd=ROOT, text=True, capture_output=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "| epp-tuned | 1 |" in proc.stdout
+
+
+def test_results_are_generated_from_saved_runs() -> None:
+    """RESULTS.md's generated sections match bench/runs/ and their scenarios are unchanged
+    since those runs (python -m bench report rewrites them; the scenario needs a re-run)."""
+    saved = sorted((ROOT / "bench" / "runs").glob("*.json"))
+    assert saved
+    proc = bench("report", "--check")
+    assert proc.returncode == 0, proc.stderr
