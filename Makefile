@@ -86,14 +86,18 @@ bench-compare: venv
 bench-compare-quick: venv
 	$(PY) -m bench.compare --quick
 
-## bench-twin: the same matrix in virtual time, real EPP scheduler (4 workloads x 10 seeds x
-## {8, 32} servers; TWIN_ARGS="--config my-epc.yaml --servers 32 --workload shared-prefix
-## --load 0.9" answers "what would this config do on my fleet")
+## bench-twin: the routing scenarios in virtual time, real EPP scheduler (4 workloads x 10 seeds
+## x {8, 32} servers, saved and put in RESULTS.md); TWIN_ARGS="--contenders envoy-rr,epp-tuned"
+## narrows every run. Your own config on your fleet: a scenario of your own (docs/benchmarks.md)
+TWIN_SCENARIOS ?= shared-prefix lora sharegpt bursts
 bench-twin: venv
-	$(PY) -m bench.twin $(TWIN_ARGS)
+	for s in $(TWIN_SCENARIOS); do for n in 8 32; do \
+	  $(PY) -m bench run $$s --virtual --seeds 10 --servers $$n --save $(TWIN_ARGS) || exit 1; \
+	done; done
+	$(PY) -m bench report
 
 bench-twin-quick: venv
-	$(PY) -m bench.twin --quick
+	$(PY) -m bench run shared-prefix --virtual --seeds 2 --duration 10
 
 ## bench-agreement: twin vs the real-time stack on a short live case (< 1 min); with
 ## AGREEMENT_ARGS="--from-run .cache/bench-compare/<ts>" it replays a saved full comparison

@@ -24,6 +24,7 @@ from pathlib import Path
 from bench import report as rp
 from bench import runner
 from bench.scenario import SCENARIOS, ScenarioError, load_scenario, scenario_files
+from bench.twin.cpu import MEASURED_COST
 from bench.workloads import WORKLOADS, Workload, WorkloadError, load_workload
 
 ROOT = Path(__file__).resolve().parent
@@ -112,6 +113,12 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--loads", type=_floats, help="offered loads, comma-separated")
     run.add_argument("--duration", type=float, help="arrival window per run, model seconds")
     run.add_argument("--contenders", help="only these of the scenario's, comma-separated")
+    run.add_argument("--router-cpus", type=float,
+                     help="the router process's CPU budget (the scenario's budget.router_cpus);"
+                          " in virtual time the EPP's CPU is modelled at it from --epp-cost")
+    run.add_argument("--epp-cost", type=Path, default=MEASURED_COST,
+                     help="the EPP's measured CPU costs (bench.epp_cpu --save; default "
+                          "bench/twin/epp_cost.json)")
     run.add_argument("--jobs", type=_positive, default=os.cpu_count() or 1,
                      help="worker processes in virtual time (default: the CPUs)")
     run.add_argument("--save", action="store_true",
@@ -128,6 +135,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    if args.router_cpus is not None and args.router_cpus < 0:
+        raise ValueError(f"--router-cpus: expected a CPU budget >= 0, got {args.router_cpus:g}")
     scn = load_scenario(args.scenario)
     seeds = args.seeds
     if isinstance(seeds, int):
@@ -136,7 +145,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     p = runner.plan(scn, mode=mode, seeds=seeds, servers=args.servers, workload=args.workload,
                     loads=args.loads, duration=args.duration,
                     contenders=args.contenders.split(",") if args.contenders else None,
-                    jobs=args.jobs)
+                    jobs=args.jobs, router_cpus=args.router_cpus, epp_cost=args.epp_cost)
     run_dir = runner.run_dir_for(scn, mode)
     doc = runner.execute(p, run_dir)
     print((run_dir / "results.md").read_text())

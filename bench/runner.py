@@ -35,7 +35,8 @@ from bench import environment
 from bench import report as rp
 from bench.report import RunResult, summarize
 from bench.scenario import Contender, Fleet, PdVariant, Scenario
-from bench.workloads import MODEL, RequestSpec, Workload, write_specs
+from bench.twin.cpu import MEASURED_COST, ProcessCpu
+from bench.workloads import MODEL, WORKLOADS, RequestSpec, Workload, write_specs
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = ROOT / ".cache" / "bench-runs"
@@ -54,6 +55,11 @@ class Plan:
     duration: float
     contenders: tuple[Contender, ...]
     jobs: int = 1
+    #: CPU of the router process (``budget.router_cpus`` or ``--router-cpus``; 0: none)
+    router_cpus: float = 0.0
+    #: virtual time: the EPP's CPU modelled at ``router_cpus`` from these measured costs
+    epp_cpu: ProcessCpu | None = None
+    epp_cost: str = ""
 
     def settings(self) -> dict[str, Any]:
         """What the figures depend on besides the seed (kept with the results)."""
@@ -64,14 +70,29 @@ class Plan:
                 "arrivals": self.workload.arrivals, "parameters": self.workload.parameters,
                 "duration": self.duration, "seeds": list(self.seeds), "loads": list(self.loads),
                 "contenders": [c.name for c in self.contenders],
-                "budget": self.scenario.budget.statement() if self.mode == "real" else None}
+                "budget": (dataclasses.replace(self.scenario.budget,
+                                               router_cpus=self.router_cpus).statement()
+                           if self.mode == "real" else None),
+                "epp_cpu": self.epp_cpu_statement()}
+
+    def epp_cpu_statement(self) -> str | None:
+        """How the twin models the EPP's CPU (None: free)."""
+        c = self.epp_cpu
+        if c is None:
+            return None
+        return (f"{c.cpus:g} CPU, {c.per_request * 1e3:.2f} ms per request, "
+                f"{c.per_token * 1e6:.0f} µs per streamed token, {c.idle:.2%} of a CPU for "
+                f"scraping the {self.fleet.servers} pods (from {self.epp_cost})")
 
 
 def plan(scn: Scenario, *, mode: str = "virtual", seeds: Sequence[int] | None = None,
          servers: int | None = None, workload: Workload | None = None,
          loads: Sequence[float] | None = None, duration: float | None = None,
-         contenders: Sequence[str] | None = None, jobs: int = 1) -> Plan:
-    """``scn`` with overrides (None: the scenario's own)."""
+         contenders: Sequence[str] | None = None, jobs: int = 1,
+         router_cpus: float | None = None, epp_cost: Path = MEASURED_COST) -> Plan:
+    """``scn`` with overrides (None: the scenario's own). In virtual time a router CPU
+    budget models the EPP's CPU at that budget from ``epp_cost`` (``bench.epp_cpu --save``);
+    raises ValueError naming the file when those costs cannot be read."""
     wl = workload or scn.workload
     chosen = scn.contenders
     if contenders:
@@ -81,10 +102,33 @@ def plan(scn: Scenario, *, mode: str = "virtual", seeds: Sequence[int] | None = 
             raise ValueError(f"{scn.path}: no contender {', '.join(missing)} "
                              f"(the scenario has {', '.join(known)})")
         chosen = tuple(known[n] for n in contenders)
-    return Plan(scn, mode, scn.fleet.scaled(servers) if servers else scn.fleet, wl,
-                tuple(seeds) if seeds else scn.seeds,
+    _check_configs(scn, chosen)
+    fleet = scn.fleet.scaled(servers) if servers else scn.fleet
+    cpus = scn.budget.router_cpus if router_cpus is None else router_cpus
+    cpu = None
+    if mode == "virtual" and cpus > 0:
+        try:
+            cpu = ProcessCpu.measured(epp_cost, cpus, fleet.servers)
+        except (OSError, ValueError, KeyError) as e:
+            raise ValueError(f"{epp_cost}: cannot use the EPP's measured CPU costs: "
+                             f"{type(e).__name__}: {e}") from None
+    return Plan(scn, mode, fleet, wl, tuple(seeds) if seeds else scn.seeds,
                 tuple(loads) if loads else (scn.loads if workload is None else wl.loads),
-                duration or wl.duration, chosen, jobs)
+                duration or wl.duration, chosen, jobs, cpus, cpu, epp_cost.name)
+
+
+def _check_configs(scn: Scenario, contenders: Sequence[Contender]) -> None:
+    """Each EPP config file is read by the EPP's own loader before anything runs; a bad one
+    is a ValueError naming the scenario, the contender and the config's own error."""
+    from bench.twin.epp_adapter import ConfigError, EppRouter
+
+    for c in contenders:
+        if c.epp_config is None:
+            continue
+        try:
+            EppRouter("check", ["127.0.0.1:8000"], 0, config_file=c.epp_config)
+        except ConfigError as e:
+            raise ValueError(f"{scn.path}: contender {c.name}: epp_config: {e}") from None
 
 
 # -- virtual time -------------------------------------------------------------------------
@@ -95,7 +139,10 @@ class _Job:
     seed: int
 
 
-def _twin_router(c: Contender, keys: list[str], seed: int) -> Any:
+def _twin_router(c: Contender, keys: list[str], seed: int,
+                 cpu: ProcessCpu | None = None) -> Any:
+    """The twin's router for ``c`` (None: not modelled); ``cpu``: each EPP's own copy of
+    this process CPU model."""
     from bench.contenders import TUNED_CONFIG
     from bench.twin.baselines import LeastRequest, Random, RoundRobin
     from bench.twin.epp_adapter import EppRouter
@@ -106,10 +153,11 @@ def _twin_router(c: Contender, keys: list[str], seed: int) -> Any:
         return Random(c.name, keys, seed)
     if c.name == "envoy-lr":
         return LeastRequest(c.name, keys, seed)
+    own = dataclasses.replace(cpu) if cpu is not None else None
     if c.epp_config is not None:
-        return EppRouter(c.name, keys, seed, config_file=c.epp_config, model=MODEL)
+        return EppRouter(c.name, keys, seed, config_file=c.epp_config, model=MODEL, cpu=own)
     if c.name in ("epp-default", "epp-tuned"):
-        return EppRouter(c.name, keys, seed, model=MODEL,
+        return EppRouter(c.name, keys, seed, model=MODEL, cpu=own,
                          config_text=TUNED_CONFIG if c.name == "epp-tuned" else None)
     return None   # not modelled in virtual time (the peers)
 
@@ -132,7 +180,7 @@ def _virtual(job: _Job) -> list[RunResult]:
         else:
             cfg = TwinConfig(servers=p.fleet.servers, seed=job.seed, profile=p.fleet.profile,
                              model=MODEL)
-            router = _twin_router(c, cfg.keys(), job.seed)
+            router = _twin_router(c, cfg.keys(), job.seed, p.epp_cpu)
             outcomes = None if router is None else run(specs, router, cfg)
         if outcomes is None:
             res.skipped = "not modelled in virtual time (run with --real)"
@@ -141,6 +189,29 @@ def _virtual(job: _Job) -> list[RunResult]:
             res.wall_seconds = time.monotonic() - started
         out.append(res)
     return out
+
+
+def twin_run(workload: str | Workload, load: float, servers: int, seed: int, contender: str,
+             duration: float, *, config: Path | None = None,
+             cpu: ProcessCpu | None = None) -> RunResult:
+    """One contender's virtual-time run of ``workload`` (a name of bench/workloads/ or a
+    workload) on an aggregated fleet of ``servers`` (``config``: the EPP config of a
+    contender that is not built in), the same path ``bench run --virtual`` takes."""
+    from bench.twin.loop import TwinConfig, run
+
+    wl = WORKLOADS[workload] if isinstance(workload, str) else workload
+    c = Contender(contender, epp_config=config)
+    cfg = TwinConfig(servers=servers, seed=seed, model=MODEL)
+    router = _twin_router(c, cfg.keys(), seed, cpu)
+    if router is None:
+        raise ValueError(f"{contender!r} is not modelled in virtual time")
+    specs = wl.schedule(load, duration, seed, servers)
+    res = RunResult(wl.name, load, load * wl.capacity(servers), c.name, c.kind, seed=seed,
+                    servers=servers)
+    started = time.monotonic()
+    summarize(res, run(specs, router, cfg), tags=[s.tag for s in specs] if wl.by_class else None)
+    res.wall_seconds = time.monotonic() - started
+    return res
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,7 +306,7 @@ def _real_contender(c: Contender, p: Plan) -> Any:
         obj = PeerRouter(peer, policy)
     else:
         obj = all_contenders()[c.name]
-    obj.cpus, obj.gateway_cpus = p.scenario.budget.router_cpus, p.scenario.budget.gateway_cpus
+    obj.cpus, obj.gateway_cpus = p.router_cpus, p.scenario.budget.gateway_cpus
     return obj
 
 
@@ -303,7 +374,7 @@ def execute(p: Plan, run_dir: Path, *, log: Any = sys.stderr) -> dict[str, Any]:
     run_dir.mkdir(parents=True, exist_ok=True)
     env = environment.capture(peers=p.mode == "real")
     if p.mode == "real":
-        env["budget"] = p.scenario.budget.statement()
+        env["budget"] = p.settings()["budget"]
         env["burners"] = p.scenario.budget.burners
     started = time.monotonic()
     results: list[RunResult] = []
@@ -376,6 +447,8 @@ def section(doc: dict[str, Any], source: str) -> str:
              f"{s['duration']:g} model s; seeds {s['seeds']}; took "
              f"{env.get('wall_seconds', 0):.0f} s wall.", "",
              f"Environment: {environment.line(env)}", ""]
+    if s.get("epp_cpu"):
+        lines += [f"The EPP's CPU is modelled: {s['epp_cpu']}.", ""]
     scenario_path = ROOT / doc["scenario"]
     targets = []
     if scenario_path.is_file():
@@ -390,8 +463,6 @@ def section(doc: dict[str, Any], source: str) -> str:
     tl = rp.target_lines(results, targets) if targets else []
     if tl:
         lines += ["Targets:", "", *tl, ""]
-    from bench.workloads import WORKLOADS
-
     wl: dict[str, Any] = ({s["workload"]: WORKLOADS[s["workload"]]}
                           if s["workload"] in WORKLOADS else {})
     if not wl:   # a workload file outside bench/workloads: a stand-in for the headings

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -82,10 +83,11 @@ def newcomer(tmp_path: Path) -> Path:
     return write(tmp_path, "mine.yaml", MY_SCENARIO)
 
 
-def results_of(proc: subprocess.CompletedProcess[str]) -> dict:  # type: ignore[type-arg]
+def results_of(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(ln for ln in proc.stderr.splitlines() if ln.startswith("results: "))
-    return json.loads(Path(line.removeprefix("results: ")).read_text())  # type: ignore[no-any-return]
+    doc: dict[str, Any] = json.loads(Path(line.removeprefix("results: ")).read_text())
+    return doc
 
 
 # -- scenario files -----------------------------------------------------------------------
