@@ -77,14 +77,20 @@ bench-run: venv
 bench-report: venv
 	$(PY) -m bench report $(REPORT_ARGS)
 
-## bench-compare: routing quality vs Envoy and the peer routers, 5 seeds x 8 servers, medians
-## and 95% intervals (~85 min on 2 shared CPUs; writes RESULTS.md)
+## bench-compare: routing quality vs Envoy and the peer routers in real time: the four routing
+## scenarios, 5 seeds x 8 servers, medians and 95% intervals (~85 min on 2 shared CPUs; saved
+## and put in RESULTS.md); COMPARE_ARGS="--seeds 2 --contenders envoy-rr,epp-tuned" narrows it
+COMPARE_SCENARIOS ?= shared-prefix lora sharegpt bursts
 bench-compare: venv
 	$(PY) -m bench.peers install
-	$(PY) -m bench.compare $(COMPARE_ARGS)
+	for s in $(COMPARE_SCENARIOS); do \
+	  $(PY) -m bench run $$s --real --save $(COMPARE_ARGS) || exit 1; \
+	done
+	$(PY) -m bench report
 
+## bench-compare-quick: the CI smoke of real time (every contender, one short run each)
 bench-compare-quick: venv
-	$(PY) -m bench.compare --quick
+	$(PY) -m bench run smoke --real
 
 ## bench-twin: the routing scenarios in virtual time, real EPP scheduler (4 workloads x 10 seeds
 ## x {8, 32} servers, saved and put in RESULTS.md); TWIN_ARGS="--contenders envoy-rr,epp-tuned"

@@ -112,6 +112,8 @@ def parser() -> argparse.ArgumentParser:
                           "scenario's (its own loads then, unless --loads)")
     run.add_argument("--loads", type=_floats, help="offered loads, comma-separated")
     run.add_argument("--duration", type=float, help="arrival window per run, model seconds")
+    run.add_argument("--time-scale", type=float,
+                     help="real time: run the simulator N x slower than the model")
     run.add_argument("--contenders", help="only these of the scenario's, comma-separated")
     run.add_argument("--router-cpus", type=float,
                      help="the router process's CPU budget (the scenario's budget.router_cpus);"
@@ -145,7 +147,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     p = runner.plan(scn, mode=mode, seeds=seeds, servers=args.servers, workload=args.workload,
                     loads=args.loads, duration=args.duration,
                     contenders=args.contenders.split(",") if args.contenders else None,
-                    jobs=args.jobs, router_cpus=args.router_cpus, epp_cost=args.epp_cost)
+                    jobs=args.jobs, router_cpus=args.router_cpus, epp_cost=args.epp_cost,
+                    time_scale=args.time_scale)
     run_dir = runner.run_dir_for(scn, mode)
     doc = runner.execute(p, run_dir)
     print((run_dir / "results.md").read_text())

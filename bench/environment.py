@@ -93,5 +93,6 @@ def line(env: dict[str, Any]) -> str:
     if env.get("peers"):
         parts.append("peers: " + ", ".join(f"{k} {v}" for k, v in env["peers"].items()))
     if env.get("budget"):
-        parts.append(f"CPU budget: {env['budget']}")
+        parts.append(f"CPU budgets: {env['budget']}; background CPU burners: "
+                     f"{env.get('burners', 0)}")
     return "; ".join(parts) + "."

@@ -20,6 +20,7 @@ the settings after overrides, the environment, every run's summary) beside a
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
@@ -89,7 +90,8 @@ def plan(scn: Scenario, *, mode: str = "virtual", seeds: Sequence[int] | None = 
          servers: int | None = None, workload: Workload | None = None,
          loads: Sequence[float] | None = None, duration: float | None = None,
          contenders: Sequence[str] | None = None, jobs: int = 1,
-         router_cpus: float | None = None, epp_cost: Path = MEASURED_COST) -> Plan:
+         router_cpus: float | None = None, epp_cost: Path = MEASURED_COST,
+         time_scale: float | None = None) -> Plan:
     """``scn`` with overrides (None: the scenario's own). In virtual time a router CPU
     budget models the EPP's CPU at that budget from ``epp_cost`` (``bench.epp_cpu --save``);
     raises ValueError naming the file when those costs cannot be read."""
@@ -104,6 +106,8 @@ def plan(scn: Scenario, *, mode: str = "virtual", seeds: Sequence[int] | None = 
         chosen = tuple(known[n] for n in contenders)
     _check_configs(scn, chosen)
     fleet = scn.fleet.scaled(servers) if servers else scn.fleet
+    if time_scale:
+        fleet = dataclasses.replace(fleet, time_scale=time_scale)
     cpus = scn.budget.router_cpus if router_cpus is None else router_cpus
     cpu = None
     if mode == "virtual" and cpus > 0:
@@ -374,8 +378,12 @@ def execute(p: Plan, run_dir: Path, *, log: Any = sys.stderr) -> dict[str, Any]:
     run_dir.mkdir(parents=True, exist_ok=True)
     env = environment.capture(peers=p.mode == "real")
     if p.mode == "real":
-        env["budget"] = p.settings()["budget"]
-        env["burners"] = p.scenario.budget.burners
+        b = p.scenario.budget
+        # What each budget is on this machine (a cgroup quota, or pinning): cpubudget says.
+        env["budget"] = cpubudget.statement(argparse.Namespace(
+            router_cpus=p.router_cpus, gateway_cpus=b.gateway_cpus, fleet_cpus=b.fleet_cpus,
+            client_cpus=b.client_cpus))
+        env["burners"] = b.burners
     started = time.monotonic()
     results: list[RunResult] = []
     doc: dict[str, Any] = {}
@@ -413,12 +421,27 @@ def execute(p: Plan, run_dir: Path, *, log: Any = sys.stderr) -> dict[str, Any]:
                             res.skipped = f"failed: {type(exc).__name__}: {exc}"[:300]
                         results.append(res)
                         save()
-                        print(f"{p.scenario.name} load {load:g} seed {seed} {c.name}: "
-                              + (res.skipped or f"ok {res.ok}/{res.requests} "
-                                 f"TTFT p90 {res.ttft_p90:.3f} s"), file=log, flush=True)
+                        print(_progress(p.scenario.name, res), file=log, flush=True)
+        skipped = sorted({r.contender for r in results
+                          if r.skipped and not r.skipped.startswith("failed")})
+        if skipped:
+            print(f"WARNING: NOT RUN here: {', '.join(skipped)} (see the SKIPPED lines)",
+                  file=log)
     save()
     (run_dir / "results.md").write_text(section(doc, str(run_dir / "results.json")))
     return doc
+
+
+def _progress(name: str, r: RunResult) -> str:
+    """One real-time run's line on stderr."""
+    head = f"{name} load {r.load:g} seed {r.seed} {r.contender} "
+    if r.skipped:
+        return head + ("" if r.skipped.startswith("failed") else "SKIPPED ") + r.skipped
+    cpu = (f", router CPU {r.router_cpu:.1f} s, throttled {r.router_throttled:.1f} s"
+           if r.router_cpu else "")
+    return (head + f"ok {r.ok}/{r.requests} TTFT p50 {r.ttft_p50:.3f} p90 {r.ttft_p90:.3f} s "
+            f"(cold p90 {r.cold_ttft_p90:.3f})  {r.output_tps:.0f} tok/s  hit "
+            f"{100 * r.cache_hit:.0f}%  ({r.wall_seconds:.0f} s{cpu})")
 
 
 def _rel(path: Path) -> str:
