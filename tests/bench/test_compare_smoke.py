@@ -1,6 +1,6 @@
 """Smoke test of real time: ``python -m bench run smoke --real`` (``make bench-compare-quick``)
-completes for every contender that can run here. A peer router that is not installed is not a silent pass:
-the run prints a WARNING, this test repeats it as a pytest warning, and
+completes for every contender that can run here. A peer router that is not installed is not
+a silent pass: the run prints a WARNING, this test repeats it as a pytest warning, and
 ``test_peer_routers_are_installed`` is skipped with the reason in the summary."""
 
 from __future__ import annotations
