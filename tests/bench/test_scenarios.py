@@ -197,6 +197,20 @@ def test_a_newcomer_runs_their_scenario_in_virtual_then_real_time(tmp_path: Path
     assert real["environment"]["peers"]["vllm-router"].endswith("(pinned 0.1.17)")
 
 
+def test_the_pd_figure_on_my_workload_at_32_servers_is_one_command(tmp_path: Path) -> None:
+    """docs/benchmarks.md's promise: python -m bench run pd --servers 32 --workload FILE."""
+    mine = write(tmp_path, "my-workload.yaml", MY_WORKLOAD)
+    doc = results_of(bench("run", "pd", "--servers", "32", "--workload", str(mine),
+                           "--seeds", "1", "--duration", "4", "--jobs", "1"))
+    s = doc["settings"]
+    assert s["roles"] == {"prefill": 16, "decode": 16} and s["workload"] == "my-chat"
+    assert s["loads"] == [0.3]   # the workload's own loads
+    rows = {r["contender"]: r for r in doc["results"]}
+    for name in ("aggregated", "pd-1024", "pd-spill"):
+        assert rows[name]["ok"] > 0 and rows[name]["servers"] == 32, rows[name]
+    assert rows["vllm-router-pd"]["skipped"].startswith("not modelled in virtual time")
+
+
 def test_the_markdown_table_and_targets_come_with_the_run(tmp_path: Path) -> None:
     scenario = newcomer(tmp_path)
     proc = bench("run", str(scenario), "--jobs", "1")
