@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 LINT_PATHS := shared bbr epp sim sidecar bench devkit tests examples/plugin-package
 
 .PHONY: venv run test test-vllm lint bench bench-cpu bench-quick bench-compare bench-compare-quick bench-twin \
-	bench-twin-quick bench-agreement bench-inference-perf clean
+	bench-twin-quick bench-agreement bench-inference-perf bench-list bench-run bench-report clean
 
 # pip's output (index warnings, setuptools notices) goes to $(VENV)/install.log, so the
 # first screen of `make run` shows the stack, not the install; a failure prints its tail.
@@ -64,23 +64,46 @@ bench-quick: venv
 	$(PY) -m bench.bbr_overhead --quick
 	$(PY) -m bench.epp_overhead --quick
 
-## bench-compare: routing quality vs Envoy and the peer routers, 5 seeds x 8 servers, medians
-## and 95% intervals (~85 min on 2 shared CPUs; writes RESULTS.md)
+## bench-list / bench-run / bench-report: the scenario toolkit (docs/benchmarks.md, top).
+## make bench-run SCENARIO=pd RUN_ARGS="--servers 32 --workload my.yaml" (virtual time;
+## RUN_ARGS="--real" through Envoy); make bench-report rewrites RESULTS.md's generated sections
+SCENARIO ?= shared-prefix
+bench-list: venv
+	$(PY) -m bench list
+
+bench-run: venv
+	$(PY) -m bench run $(SCENARIO) $(RUN_ARGS)
+
+bench-report: venv
+	$(PY) -m bench report $(REPORT_ARGS)
+
+## bench-compare: routing quality vs Envoy and the peer routers in real time: the four routing
+## scenarios, 5 seeds x 8 servers, medians and 95% intervals (~85 min on 2 shared CPUs; saved
+## and put in RESULTS.md); COMPARE_ARGS="--seeds 2 --contenders envoy-rr,epp-tuned" narrows it
+COMPARE_SCENARIOS ?= shared-prefix lora sharegpt bursts
 bench-compare: venv
 	$(PY) -m bench.peers install
-	$(PY) -m bench.compare $(COMPARE_ARGS)
+	for s in $(COMPARE_SCENARIOS); do \
+	  $(PY) -m bench run $$s --real --save $(COMPARE_ARGS) || exit 1; \
+	done
+	$(PY) -m bench report
 
+## bench-compare-quick: the CI smoke of real time (every contender, one short run each)
 bench-compare-quick: venv
-	$(PY) -m bench.compare --quick
+	$(PY) -m bench run smoke --real
 
-## bench-twin: the same matrix in virtual time, real EPP scheduler (4 workloads x 10 seeds x
-## {8, 32} servers; TWIN_ARGS="--config my-epc.yaml --servers 32 --workload shared-prefix
-## --load 0.9" answers "what would this config do on my fleet")
+## bench-twin: the routing scenarios in virtual time, real EPP scheduler (4 workloads x 10 seeds
+## x {8, 32} servers, saved and put in RESULTS.md); TWIN_ARGS="--contenders envoy-rr,epp-tuned"
+## narrows every run. Your own config on your fleet: a scenario of your own (docs/benchmarks.md)
+TWIN_SCENARIOS ?= shared-prefix lora sharegpt bursts
 bench-twin: venv
-	$(PY) -m bench.twin $(TWIN_ARGS)
+	for s in $(TWIN_SCENARIOS); do for n in 8 32; do \
+	  $(PY) -m bench run $$s --virtual --seeds 10 --servers $$n --save $(TWIN_ARGS) || exit 1; \
+	done; done
+	$(PY) -m bench report
 
 bench-twin-quick: venv
-	$(PY) -m bench.twin --quick
+	$(PY) -m bench run shared-prefix --virtual --seeds 2 --duration 10
 
 ## bench-agreement: twin vs the real-time stack on a short live case (< 1 min); with
 ## AGREEMENT_ARGS="--from-run .cache/bench-compare/<ts>" it replays a saved full comparison

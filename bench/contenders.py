@@ -141,6 +141,8 @@ class SimFleet:
     proc: subprocess.Popen[str] | None = None
     #: CPU budget of the simulator process (the model servers' own machines; 0: none)
     cpus: float = 0.0
+    #: the simulator profile (``sim/profiles.py``)
+    profile: str = PROFILE
     _budget: CpuBudget | None = None
 
     @property
@@ -157,7 +159,7 @@ class SimFleet:
         self.port = e.free_port()
         self.hosts = [f"127.0.10.{i + 1}" for i in range(self.size)]
         config = {
-            "defaults": {"profile": PROFILE, "time_scale": self.time_scale, "seed": self.seed,
+            "defaults": {"profile": self.profile, "time_scale": self.time_scale, "seed": self.seed,
                          "lora_modules": list(LORA_ADAPTERS)},
             "servers": [{"host": h, "port": self.port, "name": f"sim-{i}", "seed": self.seed + i}
                         for i, h in enumerate(self.hosts)],
@@ -366,7 +368,7 @@ class PeerRouter(Contender):
 
     def unavailable(self) -> str | None:
         if not self.peer.installed():
-            return (f"{self.peer.package} not installed in {self.peer.venv} "
+            return (f"{self.peer.mismatch() or self.peer.package + ' does not import'} "
                     "(run `python -m bench.peers install`)")
         return None
 

@@ -1,5 +1,5 @@
 """How far any dispatch order can take bursts' TTFT p90 below round-robin's: a prefill-only
-model of the fleet on the same seeded schedules as ``bench.flowcontrol_bursts``.
+model of the fleet on the same seeded schedules as ``bench/scenarios/flowcontrol-bursts.yaml``.
 
     python -m bench.flowcontrol_burst_bound             # seeds 0-4, bursts @ 0.75
 
@@ -18,8 +18,8 @@ import argparse
 import heapq
 from collections.abc import Callable
 
-from bench.loadgen import percentile as pct
 from bench.workloads import FLEET_SIZE, WORKLOADS, RequestSpec
+from devkit.stats import percentile as pct
 
 OVERHEAD, PER_TOKEN, BYTES_PER_TOKEN = 0.030, 0.000250, 4
 

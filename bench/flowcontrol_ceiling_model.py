@@ -29,8 +29,8 @@ from collections.abc import Callable
 
 import orjson
 
-from bench.loadgen import percentile as pct
 from bench.workloads import WORKLOADS, RequestSpec, lengths, poisson_arrivals
+from devkit.stats import percentile as pct
 from sim.engine import Engine, SimRequest
 from sim.openai import parse_request
 from sim.profiles import get_profile

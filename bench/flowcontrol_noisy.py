@@ -41,10 +41,10 @@ from bench import cpubudget
 from bench.compare import RUNS, run_one
 from bench.contenders import TUNED_CONFIG, Contender, EnvoyLB, Epp
 from bench.flowcontrol_probe import FlowEpp
-from bench.loadgen import percentile as pct
 from bench.openloop import Outcome
 from bench.stats import bootstrap_median
 from bench.workloads import FLEET_SIZE, WORKLOADS, RequestSpec, Workload, lengths, poisson_arrivals
+from devkit.stats import percentile as pct
 
 QUIET = ("quiet-a", "quiet-b", "quiet-c")
 NOISY = "noisy"

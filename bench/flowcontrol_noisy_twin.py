@@ -45,11 +45,11 @@ from bench.flowcontrol_noisy import (
     token_concurrency_config,
     tokens_asked,
 )
-from bench.loadgen import percentile as pct
 from bench.slo_twin import Twin
 from bench.stats import bootstrap_median
 from bench.twin.vtime import run_in_virtual_time
 from bench.workloads import FLEET_SIZE
+from devkit.stats import percentile as pct
 from epp.requestcontrol import Routed
 from sim.engine import SimRequest
 

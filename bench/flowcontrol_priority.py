@@ -43,11 +43,11 @@ import orjson
 from bench.compare import RUNS, run_one
 from bench.contenders import TUNED_CONFIG, Contender, EnvoyLB, Epp, SimFleet
 from bench.flowcontrol_probe import FlowEpp
-from bench.loadgen import percentile as pct
 from bench.openloop import Outcome
 from bench.stats import bootstrap_median
 from bench.workloads import FLEET_SIZE, WORKLOADS, RequestSpec, Workload, lengths, poisson_arrivals
 from devkit.reliability.gateway import rss_kb
+from devkit.stats import percentile as pct
 
 X = "inference.networking.x-k8s.io/v1alpha2"
 #: ``critical`` (priority 1); ``sheddable`` (-1) is one of the objectives every benchmark

@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass
 
 import aiohttp
 
+from devkit.stats import percentile
+
 
 @dataclass
 class Stats:
@@ -28,14 +30,6 @@ class Stats:
     @property
     def rps(self) -> float:
         return self.requests / self.seconds if self.seconds else 0.0
-
-
-def percentile(values: list[float], q: float) -> float:
-    """The ``q`` quantile (0..1) by nearest rank; 0 for no values."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 async def closed_loop(url: str, body: bytes, concurrency: int, seconds: float,

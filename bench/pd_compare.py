@@ -66,11 +66,11 @@ import orjson
 import yaml
 
 from bench.contenders import _popen, _stop, _tail, pool_gateway_config, wait_router_ready
-from bench.loadgen import percentile as pct
 from bench.openloop import Outcome
 from bench.peers import PEERS, peer_env
 from bench.workloads import MODEL, RequestSpec, _words, poisson_arrivals, write_specs
 from devkit import envoy as e
+from devkit.stats import percentile as pct
 from shared.pd import ROLE_LABEL
 
 _PD_PLUGINS = """\

@@ -42,12 +42,13 @@ import heapq
 import itertools
 import random
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.loadgen import percentile as pct
 from bench.pd_compare import ratio_interval, verdict, workload
+from bench.workloads import RequestSpec
+from devkit.stats import percentile as pct
 from sim.engine import Engine, SimRequest
 from sim.pd import KV_BYTES_PER_TOKEN_8B, LINKS
 from sim.profiles import H100_8B
@@ -163,10 +164,13 @@ PICKS = ("least", "tokens", "random")
 def simulate(seed: int, prefill: int, decode: int, threshold: int | None, *,
              rate: float = 0.6, duration: float = 60.0, link: str = "rdma",
              prefill_pick: str = "least", decode_pick: str = "least",
-             spill: Spill | None = None) -> list[Served]:
+             spill: Spill | None = None,
+             specs: Sequence[RequestSpec] | None = None) -> list[Served]:
     """One run; ``threshold=None`` is the aggregated fleet of ``prefill + decode`` servers
     (always ``least``). With ``spill`` the decode server is picked at arrival, as the EPP
-    does, and the :class:`Spill` decider may keep a long prompt there."""
+    does, and the :class:`Spill` decider may keep a long prompt there. ``specs``: play this
+    schedule (a request tagged ``long`` is of the long class) instead of :func:`workload`'s
+    for ``seed``, ``rate`` and ``duration``."""
     fleet = _Fleet(seed, rng=random.Random(seed))
     bandwidth, latency = LINKS[link]
     if threshold is None:
@@ -200,7 +204,7 @@ def simulate(seed: int, prefill: int, decode: int, threshold: int | None, *,
 
     for s in decoders + prefillers:
         s.engine.on_event = finished(s)
-    for spec in workload(seed, rate, duration):
+    for spec in (workload(seed, rate, duration) if specs is None else specs):
         fleet.push(spec.at, "arrive", (spec.tag == "long", len(spec.body["prompt"]) // 4,
                                        spec.body["max_tokens"]))
     while fleet.events:

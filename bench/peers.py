@@ -2,7 +2,10 @@
 
 vllm-router and sglang-router ship as Rust binaries inside Python wheels. They are not
 project dependencies: each gets a venv under ``.cache/peers/<name>/`` (gitignored), created
-on first use with ``python -m venv`` + ``pip install <package>``. Everything that happens
+on first use with ``python -m venv`` + ``pip install <package>==<pin>``: every peer is pinned
+(:data:`PEERS`), so a figure names the version it measured and a re-run measures the same one
+(an unpinned install once gave a vllm-router whose ``cache_aware`` routed like round-robin
+next to one that did not). A venv holding another version is reinstalled. Everything that happens
 (commands, exit codes, errors) is kept so a peer that cannot be installed or started here is
 reported with the exact reason instead of silently dropped.
 
@@ -18,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PEERS_DIR = ROOT / ".cache" / "peers"
+#: Where the peers' venvs live; ``BENCH_PEERS_DIR`` shares one set between checkouts.
+PEERS_DIR = Path(os.environ.get("BENCH_PEERS_DIR") or ROOT / ".cache" / "peers")
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +32,8 @@ class Peer:
     name: str
     package: str
     module: str   # ``python -m <module>`` starts the router
+    #: the exact version installed and measured
+    pin: str
 
     @property
     def venv(self) -> Path:
@@ -38,12 +44,19 @@ class Peer:
         return self.venv / "bin" / "python"
 
     def installed(self) -> bool:
-        """True when the venv imports the router's launcher."""
+        """True when the venv imports the router's launcher at the pinned version."""
         if not self.python.exists():
             return False
         probe = subprocess.run([str(self.python), "-c", f"import {self.module}"],
                                capture_output=True)
-        return probe.returncode == 0
+        return probe.returncode == 0 and self.version() == self.pin
+
+    def mismatch(self) -> str | None:
+        """Why the venv does not hold the pinned version (None when it does)."""
+        if not self.python.exists():
+            return f"{self.package} not installed in {self.venv}"
+        have = self.version()
+        return None if have == self.pin else f"{self.package} {have} installed, {self.pin} pinned"
 
     def version(self) -> str:
         """The installed package version (or ``?``)."""
@@ -60,13 +73,14 @@ class Peer:
             return None
         self.venv.parent.mkdir(parents=True, exist_ok=True)
         steps = [[sys.executable, "-m", "venv", str(self.venv)],
-                 [str(self.python), "-m", "pip", "install", "-q", self.package]]
+                 [str(self.python), "-m", "pip", "install", "-q", f"{self.package}=={self.pin}"]]
         for cmd in steps:
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0:
                 tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
                 return f"`{' '.join(cmd)}` exited {proc.returncode}: " + " / ".join(tail)
-        return None if self.installed() else f"{self.package} installed but does not import"
+        return None if self.installed() else (self.mismatch()
+                                              or f"{self.package} installed but does not import")
 
     def command(self, *, policy: str, port: int, prometheus_port: int,
                 workers: list[str], extra: tuple[str, ...] = ()) -> list[str]:
@@ -83,8 +97,9 @@ class Peer:
 
 
 PEERS: dict[str, Peer] = {
-    "vllm-router": Peer("vllm-router", "vllm-router", "vllm_router.launch_router"),
-    "sglang-router": Peer("sglang-router", "sglang-router", "sglang_router.launch_router"),
+    "vllm-router": Peer("vllm-router", "vllm-router", "vllm_router.launch_router", "0.1.17"),
+    "sglang-router": Peer("sglang-router", "sglang-router", "sglang_router.launch_router",
+                          "0.3.2"),
 }
 
 

@@ -198,15 +198,18 @@ def _iv(iv: Interval | None) -> str:
     return str(iv) if iv else "n/a"
 
 
-def table(rows: Sequence[RunResult], order: Sequence[str] = ()) -> list[str]:
+def table(rows: Sequence[RunResult], order: Sequence[str] = (),
+          baseline: str = BASELINE) -> list[str]:
     """Markdown table of one (workload, load) point: medians over seeds of each contender's
-    figures, and the paired ratios (median [95% interval]) to round-robin and the best peer."""
+    figures, and the paired ratios (median [95% interval]) to ``baseline`` (round-robin
+    unless told) and the best peer."""
+    short = "RR" if baseline == BASELINE else baseline
     names = list(dict.fromkeys([*(n for n in order if any(r.contender == n for r in rows)),
                                 *(r.contender for r in rows)]))
     peer = best_peer(rows)
     out = [
         "| contender | seeds | TTFT p50 s | TTFT p90 s | cold TTFT p90 s | out tok/s | errors "
-        "| cache hit | TTFT p90 / RR | TTFT p90 / best peer | tok/s / RR |",
+        f"| cache hit | TTFT p90 / {short} | TTFT p90 / best peer | tok/s / {short} |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name in names:
@@ -222,9 +225,9 @@ def table(rows: Sequence[RunResult], order: Sequence[str] = ()) -> list[str]:
             f"| {_med(rows, name, _ttft90)} | {_med(rows, name, lambda r: r.cold_ttft_p90)} "
             f"| {_med(rows, name, _tps, '.0f')} | {100 * errors:.1f}% "
             f"| {_med(rows, name, lambda r: 100 * r.cache_hit, '.0f')}% "
-            f"| {_iv(ratio(rows, name, BASELINE, _ttft90))} "
+            f"| {_iv(ratio(rows, name, baseline, _ttft90))} "
             f"| {_iv(ratio(rows, name, peer, _ttft90)) if peer else 'n/a'} "
-            f"| {_iv(ratio(rows, name, BASELINE, _tps))} |")
+            f"| {_iv(ratio(rows, name, baseline, _tps))} |")
     if peer:
         out += ["", f"Best peer here (lowest median TTFT p90): {peer}."]
     return out
@@ -254,7 +257,9 @@ TARGETS = (
     *(Target("lora", 0.75, o, BASELINE, "TTFT p90", 0.5, True)
       for o in ("epp-default", "epp-tuned")),
 )
-_METRICS: dict[str, Callable[[RunResult], float]] = {"TTFT p90": _ttft90, "output tok/s": _tps}
+_METRICS: dict[str, Callable[[RunResult], float]] = {
+    "TTFT p90": _ttft90, "output tok/s": _tps, "TPOT p50": lambda r: r.tpot_p50,
+    "cache hit": lambda r: r.cache_hit}
 
 
 def target_lines(results: Sequence[RunResult], targets: Sequence[Target] = TARGETS) -> list[str]:
@@ -294,8 +299,8 @@ def write_section(section: str, text: str, path: Path = RESULTS) -> None:
 
 
 def point_sections(results: Sequence[RunResult], workloads: dict[str, Any],
-                   order: Sequence[str]) -> list[str]:
-    """The per-workload, per-load tables."""
+                   order: Sequence[str], baseline: str = BASELINE) -> list[str]:
+    """The per-workload, per-load tables (ratios to ``baseline``)."""
     lines: list[str] = []
     points = by_point(results)
     for wl in workloads.values():
@@ -308,7 +313,7 @@ def point_sections(results: Sequence[RunResult], workloads: dict[str, Any],
             rows = points[(wl.name, load)]
             offered = rows[0].offered_rps
             lines += [f"#### {wl.name} @ load {load:g} ({offered:.2f} req/s offered, "
-                      f"{rows[0].servers} servers)", "", *table(rows, order), ""]
+                      f"{rows[0].servers} servers)", "", *table(rows, order, baseline), ""]
             if any(r.classes for r in rows):
                 lines += [*class_table(rows, order), ""]
     return lines
@@ -319,7 +324,8 @@ def class_table(rows: Sequence[RunResult], order: Sequence[str]) -> list[str]:
     classes = sorted({c for r in rows for c in r.classes})
     names = [n for n in dict.fromkeys([*order, *(r.contender for r in rows)])
              if any(r.contender == n and r.classes for r in rows)]
-    out = ["Per class (tenant/objective): TTFT p90 s, median over seeds (errors, all seeds).",
+    out = ["Per request class (tenant/objective, or long/short prompts): TTFT p90 s, median "
+           "over seeds (errors, all seeds).",
            "", "| contender | " + " | ".join(classes) + " |",
            "|---|" + "---:|" * len(classes)]
     for name in names:

@@ -44,6 +44,7 @@ import orjson
 import yaml
 
 from devkit import envoy as e
+from devkit.stats import percentile
 from devkit.topology import INFERENCE_PATHS, Pool, Topology
 from shared.flags import Parser, die
 from shared.pd import ROLE_LABEL
@@ -672,8 +673,6 @@ def models_listing(spec: StackSpec) -> list[str]:
 def report(spec: StackSpec, results: list[DemoResult], stack: Stack) -> None:
     from rich.console import Console
     from rich.table import Table
-
-    from bench.loadgen import percentile
 
     console = Console(width=max(Console().width, 120))
     ok = [r for r in results if r.status == 200]

@@ -13,7 +13,7 @@ import random
 import socket
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import orjson
 from aiohttp import web
@@ -34,9 +34,6 @@ from sim.pd import KVTransfer
 from sim.runner import EngineLoop
 from sim.tokenizer import token_ids
 
-if TYPE_CHECKING:
-    from sim.fleet import Fleet
-
 log = logging.getLogger("sim.server")
 
 #: Prompts can be long (Envoy streams bodies of any size in FULL_DUPLEX_STREAMED mode).
@@ -52,10 +49,18 @@ def _error(exc: ApiError) -> web.Response:
     return web.Response(body=exc.body(), status=exc.status, content_type=_JSON)
 
 
+class Siblings(Protocol):
+    """The servers of the same process (:class:`sim.fleet.Fleet`), as a server sees them: a
+    protocol, so the server does not import the fleet that builds it."""
+
+    def server(self, port: int) -> SimServer | None:
+        """The server bound to ``port``, if any."""
+
+
 class SimServer:
     """A simulated vLLM (or SGLang / TRT-LLM) server on one port."""
 
-    def __init__(self, cfg: ServerConfig, fleet: Fleet | None = None) -> None:
+    def __init__(self, cfg: ServerConfig, fleet: Siblings | None = None) -> None:
         self.cfg = cfg
         self.fleet = fleet
         self.faults = cfg.faults

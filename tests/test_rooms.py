@@ -3,6 +3,9 @@
 - ``shared/`` is the protocol package the services use; it imports nothing from ``devkit/``
   (local gateway tooling), ``bench/`` or ``tests/``.
 - ``bench/`` holds benchmarks only; whatever sets up a gateway lives in ``devkit/``.
+- imports run down the floors only: nothing imports ``bench/``, the services and the
+  simulator import nothing from ``devkit/``, and no modules import each other in a circle
+  (``TYPE_CHECKING`` imports included: they tie the modules as much as the others do).
 - conftest files only register fixtures; helpers live in ``tests/support/`` and no test
   module imports a conftest.
 """
@@ -55,6 +58,90 @@ def test_bench_holds_no_gateway_setup() -> None:
     bad = [str(p.relative_to(ROOT)) for p in python_files("bench") if p.stem in GATEWAY_SETUP]
     assert not bad, f"gateway-setup modules belong in devkit/: {bad}"
     assert (ROOT / "devkit" / "envoy.py").is_file() and (ROOT / "devkit" / "stack.py").is_file()
+
+
+#: the rooms of the product and its tooling, the lower floors first
+ROOMS = ("shared", "bbr", "epp", "sim", "sidecar", "devkit", "bench")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def module_graph() -> dict[str, set[str]]:
+    """First-party module -> the first-party modules it imports (a package's ``__init__``
+    counts as the package; ``from pkg import name`` counts as ``pkg.name`` when that is a
+    module, else as ``pkg``)."""
+    files = {module_name(p): p for room in ROOMS for p in python_files(room)}
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        package = path.relative_to(ROOT).with_suffix("").parts[:-1]
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                deps.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join([*package[:len(package) - node.level + 1], base]).strip(".")
+                for alias in node.names:
+                    deps.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in files else base)
+        graph[name] = {m for m in deps if m in files and m != name}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_imports_run_down_the_floors() -> None:
+    graph = module_graph()
+    bad = [f"{a} imports {b}" for a, deps in sorted(graph.items()) for b in sorted(deps)
+           if (b.split(".")[0] == "bench" and a.split(".")[0] != "bench")
+           or (b.split(".")[0] == "devkit" and a.split(".")[0] not in {"devkit", "bench"})]
+    assert not bad, bad
+
+
+def test_no_modules_import_each_other_in_a_circle() -> None:
+    found = circles(module_graph())
+    assert not found, found
+
+
+def test_the_circle_check_sees_a_circle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert circles(graph) == [["a", "b", "c"]]
 
 
 def test_no_test_module_imports_a_conftest() -> None:

@@ -23,8 +23,8 @@ from pathlib import Path
 
 from bench import report as rp
 from bench.report import RunResult
-from bench.twin.cli import MEASURED_COST, run_one
-from bench.twin.cpu import ProcessCpu
+from bench.runner import twin_run
+from bench.twin.cpu import MEASURED_COST, ProcessCpu
 from bench.workloads import WORKLOADS
 
 TOLERANCE = 0.15
@@ -57,8 +57,8 @@ class Pair:
 
 def twin_of(real: RunResult, duration: float, cpu: ProcessCpu | None = None) -> RunResult:
     """The twin's run matching ``real`` (``cpu``: the EPP's CPU model, None: free)."""
-    return run_one(real.workload, real.load, real.servers, real.seed, real.contender, duration,
-                   cpu=cpu)
+    return twin_run(real.workload, real.load, real.servers, real.seed, real.contender, duration,
+                    cpu=cpu)
 
 
 def live(workload: str, load: float, seed: int, servers: int, duration: float,

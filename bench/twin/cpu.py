@@ -121,6 +121,11 @@ class ProcessCpu:
                    saved["scrape_per_pod"] * servers)
 
 
+#: The EPP's CPU costs measured here (``bench.epp_cpu --save``), which the twin's EPP CPU model
+#: reads for a router CPU budget in virtual time.
+MEASURED_COST = Path(__file__).with_name("epp_cost.json")
+
+
 class Cores:
     """``n`` single-core replicas behind Envoy's balancer; times in seconds."""
 

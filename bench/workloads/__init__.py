@@ -201,6 +201,28 @@ def multi_turn(rng: random.Random, p: Params, times: list[float]) -> list[Reques
     return specs[:n]
 
 
+def pd_mix(rng: random.Random, p: Params, times: list[float]) -> list[RequestSpec]:
+    """A ``long_share`` of long prompts (``long_min``-``long_max`` tokens, tagged ``long``)
+    among chat-like short ones (``short_min``-``short_max``, tagged ``short``), all unique,
+    ``output_min``-``output_max`` tokens out: the P/D comparison's mix (issue #16)."""
+    specs = []
+    for t in times:
+        long = rng.random() < float(p["long_share"])
+        tokens = (rng.randint(int(p["long_min"]), int(p["long_max"])) if long
+                  else rng.randint(int(p["short_min"]), int(p["short_max"])))
+        out = rng.randint(int(p["output_min"]), int(p["output_max"]))
+        specs.append(RequestSpec(t, "/v1/completions", _completion(_words(rng, tokens), out),
+                                 tag="long" if long else "short"))
+    return specs
+
+
+def _pd_capacity(p: Params) -> float:
+    share = float(p["long_share"])
+    mean = (share * (p["long_min"] + p["long_max"]) / 2
+            + (1 - share) * (p["short_min"] + p["short_max"]) / 2)
+    return 1 / _prefill(mean)
+
+
 def _mt_capacity(p: Params) -> float:
     # Ideal routing prefills per turn the new question, the previous answer and its share of
     # the system prompt.
@@ -221,6 +243,9 @@ GENERATORS: dict[str, tuple[Generator, Callable[[Params], float], frozenset[str]
     "tenants": (tenants, _lengths_capacity,
                 frozenset({"input_median", "input_sigma", "input_min", "input_max",
                            "output_median", "output_sigma", "output_max", "tenants"})),
+    "pd-mix": (pd_mix, _pd_capacity,
+               frozenset({"long_share", "long_min", "long_max", "short_min", "short_max",
+                          "output_min", "output_max"})),
     "multi-turn": (multi_turn, _mt_capacity,
                    frozenset({"system_tokens", "question_tokens", "output_tokens", "turns",
                               "think_seconds"})),
@@ -251,7 +276,7 @@ class Workload:
     @property
     def by_class(self) -> bool:
         """Whether the report breaks this workload down by request tag (tenant/objective)."""
-        return self.generator == "tenants"
+        return self.generator in ("tenants", "pd-mix")
 
     @property
     def per_server(self) -> float:

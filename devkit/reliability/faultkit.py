@@ -22,6 +22,7 @@ import yaml
 
 from devkit import envoy as e
 from devkit.reliability.gateway import Gateway, PoolDef, start_gateway
+from devkit.stats import percentile  # noqa: F401  (the reliability tests import it from here)
 
 MODEL = "sim-model"
 OBJECTIVES = [
@@ -181,11 +182,3 @@ def wait_until(check: Any, timeout: float, interval: float = 0.05) -> float:
             return time.monotonic() - start
         time.sleep(interval)
     raise TimeoutError(f"not true after {timeout}s")
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank quantile; 0 for no values."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]

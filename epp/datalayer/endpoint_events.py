@@ -23,13 +23,12 @@ from typing import Any
 
 import structlog
 
+from epp.datalayer.endpoint_notification import ENDPOINT_EVENTS, EndpointSetExtractor
 from epp.datalayer.plugin import DataSource, Extractor
 from epp.datastore import Datastore, Endpoint, EndpointView, Snapshot
 from epp.scheduling.plugin import Plugin
 
 log = structlog.get_logger(__name__)
-
-ENDPOINT_EVENTS = "endpoint-events"
 
 
 class EventKind(enum.Enum):
@@ -95,8 +94,6 @@ class EndpointNotificationSource(Plugin, DataSource):
                                   event=event.kind.value, endpoint=event.endpoint.key)
 
     async def run(self, datastore: Datastore) -> None:
-        from epp.datalayer.endpoint_notification import EndpointSetExtractor
-
         changed = asyncio.Event()
 
         def on_change(snapshot: Snapshot) -> None:

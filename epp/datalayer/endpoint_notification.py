@@ -8,9 +8,12 @@ from abc import abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
-from epp.datalayer.endpoint_events import ENDPOINT_EVENTS
 from epp.datalayer.plugin import Extractor
 from epp.datastore import EndpointView
+
+#: The data type ``endpoint-notification-source`` emits (here, not in
+#: :mod:`epp.datalayer.endpoint_events`, which imports this module).
+ENDPOINT_EVENTS = "endpoint-events"
 
 
 class EndpointSetExtractor(Extractor):
@@ -36,4 +39,4 @@ class EndpointSetExtractor(Extractor):
         """The source stops: release per-endpoint resources (override when there are any)."""
 
 
-__all__ = ["EndpointSetExtractor"]
+__all__ = ["ENDPOINT_EVENTS", "EndpointSetExtractor"]

@@ -48,7 +48,7 @@ import structlog
 from epp.flowcontrol.config import FlowControlConfig, PriorityBandConfig
 from epp.flowcontrol.metrics import FlowControlMetrics, GaugeKey, default_metrics
 from epp.flowcontrol.policies import FairnessPolicy, OrderingPolicy, UsageLimitPolicy, resolve
-from epp.flowcontrol.queues import Band
+from epp.flowcontrol.queues import Band, FlowQueue
 from epp.flowcontrol.types import FlowControlRequest, Outcome, QueueItem, error_for
 
 log = structlog.get_logger(__name__)
@@ -123,8 +123,8 @@ class FlowController:
             return self._decided(req, Outcome.REJECTED_CAPACITY, started)
 
         ttl = req.ttl or self.config.default_request_ttl
-        item = QueueItem(req, now, now + ttl if ttl > 0 else None, next(self._seq),
-                         loop.create_future())
+        item: QueueItem[FlowQueue] = QueueItem(req, now, now + ttl if ttl > 0 else None,
+                                               next(self._seq), loop.create_future())
         band.flow(req.fairness_id).push(item)
         self.length += 1
         self.nbytes += req.byte_size

@@ -23,38 +23,17 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from epp.flowcontrol.config import FlowControlConfigError
+
+# The policy interfaces live with the queues they order (so queues.py need not import this
+# module); they are imported here for the policies below and for callers of this module.
+from epp.flowcontrol.queues import Band, FairnessPolicy, FlowQueue, OrderingPolicy  # noqa: F401
 from epp.flowcontrol.types import QueueItem
 from shared.plugins import Plugin
 
-if TYPE_CHECKING:
-    from epp.flowcontrol.queues import Band, FlowQueue
-
 SLO_TTFT_HEADER = "x-slo-ttft-ms"
-
-
-@runtime_checkable
-class OrderingPolicy(Protocol):
-    """Orders requests inside one flow: smaller key goes first (ties: arrival order)."""
-
-    type_name: ClassVar[str]
-
-    def key(self, item: QueueItem) -> tuple[float, float]: ...
-
-
-@runtime_checkable
-class FairnessPolicy(Protocol):
-    """Chooses which flow of a band dispatches next."""
-
-    type_name: ClassVar[str]
-
-    def new_state(self) -> Any:
-        """Per-band mutable state (e.g. a round-robin cursor)."""
-        ...
-
-    def pick(self, band: Band) -> FlowQueue | None: ...
 
 
 @runtime_checkable

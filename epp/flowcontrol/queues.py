@@ -10,16 +10,37 @@ rebuild once they outnumber the live items, so memory stays proportional to what
 from __future__ import annotations
 
 import heapq
-from typing import Any
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from epp.flowcontrol.config import PriorityBandConfig
-from epp.flowcontrol.policies import FairnessPolicy, OrderingPolicy
 from epp.flowcontrol.types import QueueItem
 
 _MinEntry = tuple[float, float, int, QueueItem]
 _MaxEntry = tuple[float, float, int, QueueItem]
 #: Rebuild the heaps when tombstones exceed both this and the live count.
 _COMPACT_MIN = 64
+
+
+@runtime_checkable
+class OrderingPolicy(Protocol):
+    """Orders requests inside one flow: smaller key goes first (ties: arrival order)."""
+
+    type_name: ClassVar[str]
+
+    def key(self, item: QueueItem) -> tuple[float, float]: ...
+
+
+@runtime_checkable
+class FairnessPolicy(Protocol):
+    """Chooses which flow of a band dispatches next."""
+
+    type_name: ClassVar[str]
+
+    def new_state(self) -> Any:
+        """Per-band mutable state (e.g. a round-robin cursor)."""
+        ...
+
+    def pick(self, band: Band) -> FlowQueue | None: ...
 
 
 class FlowQueue:

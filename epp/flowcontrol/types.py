@@ -11,12 +11,13 @@ import asyncio
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Generic, TypeVar
 
 from shared.errors import GatewayError, ServiceUnavailable, TooManyRequests
 
-if TYPE_CHECKING:
-    from epp.flowcontrol.queues import FlowQueue
+#: The queue type holding a :class:`QueueItem` (:class:`epp.flowcontrol.queues.FlowQueue`): a
+#: type parameter, so this module does not import the queues that import it.
+QueueT = TypeVar("QueueT")
 
 #: Header that names a request's flow (tenant) inside its priority band (upstream's name).
 FAIRNESS_ID_HEADER = "x-gateway-inference-fairness-id"
@@ -74,7 +75,7 @@ class FlowControlRequest:
 
 
 @dataclass(slots=True, eq=False)
-class QueueItem:
+class QueueItem(Generic[QueueT]):
     """A request while flow control holds it. Finalized exactly once (see ``outcome``)."""
 
     request: FlowControlRequest
@@ -87,7 +88,7 @@ class QueueItem:
     future: asyncio.Future[Outcome]
     outcome: Outcome | None = None
     #: The queue holding it, or ``None`` once it left (dispatched, evicted) or before it entered.
-    queue: FlowQueue | None = None
+    queue: QueueT | None = None
     #: Ordering key given by the band's ordering policy when it was queued.
     key: tuple[float, float] = (0.0, 0.0)
     #: Released by the dispatcher, and its caller has not resumed yet to make its pick.

@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Generic, TypeVar
 
 from epp.datastore import EndpointView
 from epp.scheduling.request import LLMRequest
@@ -21,7 +21,6 @@ from shared.plugins import NoParameters
 from shared.plugins import Plugin as BasePlugin
 
 if TYPE_CHECKING:
-    from epp.scheduling.profile import SchedulingProfile
     from epp.scheduling.result import ProfileResult, SchedulingResult
 
 
@@ -100,16 +99,21 @@ class Picker(Plugin, ABC):
         """The picked endpoints in preference order (empty when none)."""
 
 
-class ProfileHandler(Plugin, ABC):
+#: What a profile handler chooses among: :class:`epp.scheduling.profile.SchedulingProfile`, as
+#: a type parameter so this module does not import the profiles that are made of its plugins.
+ProfileT = TypeVar("ProfileT")
+
+
+class ProfileHandler(Plugin, ABC, Generic[ProfileT]):
     """Decides which profiles run for a request and which result is primary."""
 
     @abstractmethod
     def pick_profiles(
         self,
         request: LLMRequest,
-        profiles: Mapping[str, SchedulingProfile],
+        profiles: Mapping[str, ProfileT],
         results: Mapping[str, ProfileResult],
-    ) -> list[SchedulingProfile]:
+    ) -> list[ProfileT]:
         """Profiles to run next given what already ran; empty ends the cycle."""
 
     @abstractmethod

@@ -1,6 +1,6 @@
-"""Smoke test of the routing comparison: ``python -m bench.compare --quick`` completes for
-every contender that can run here. A peer router that is not installed is not a silent pass:
-the run prints a WARNING, this test repeats it as a pytest warning, and
+"""Smoke test of real time: ``python -m bench run smoke --real`` (``make bench-compare-quick``)
+completes for every contender that can run here. A peer router that is not installed is not
+a silent pass: the run prints a WARNING, this test repeats it as a pytest warning, and
 ``test_peer_routers_are_installed`` is skipped with the reason in the summary."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def _missing_peers() -> list[str]:
 
 
 def test_every_contender_completes_a_short_run() -> None:
-    proc = subprocess.run([sys.executable, "-m", "bench.compare", "--quick", "--no-progress"],
+    proc = subprocess.run([sys.executable, "-m", "bench", "run", "smoke", "--real"],
                           cwd=ROOT, capture_output=True, text=True, timeout=150)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ran = 0
@@ -53,20 +53,22 @@ def test_peer_routers_are_installed() -> None:
         assert peer.version() != "?"
 
 
-def test_the_epp_routes_under_a_cpu_budget_on_the_seeds_asked_for() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.compare", "--workloads", "shared-prefix", "--loads", "0.3",
-         "--duration", "4", "--time-scale", "0.25", "--servers", "2", "--seeds", "1",
-         "--first-seed", "7", "--contenders", "epp-default", "--router-cpus", "0.5",
-         "--gateway-cpus", "1", "--fleet-cpus", "1", "--client-cpus", "0.5", "--burners", "1",
-         "--no-write", "--no-progress"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120)
+def test_the_epp_routes_under_a_cpu_budget_on_the_seeds_asked_for(tmp_path: Path) -> None:
+    scenario = tmp_path / "budget.yaml"
+    scenario.write_text(
+        "title: Budgeted\nfleet: {servers: 2, time_scale: 0.25}\n"
+        "workload: {use: shared-prefix, duration: 4}\ncontenders: [epp-default]\n"
+        "loads: [0.3]\nseeds: [7]\n"
+        "budget: {router_cpus: 0.5, gateway_cpus: 1, fleet_cpus: 1, client_cpus: 0.5, "
+        "burners: 1}\n")
+    proc = subprocess.run([sys.executable, "-m", "bench", "run", str(scenario), "--real"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(ln for ln in proc.stderr.splitlines() if "seed 7 epp-default" in ln)
     assert " ok " in line and ", router CPU " in line and " throttled " in line
-    assert "Seeds [7]" in proc.stdout
+    assert "seeds [7]" in proc.stdout
     assert "CPU budgets: 0.5 CPU per router process (" in proc.stdout
     assert "; 1 CPU per gateway Envoy (" in proc.stdout
     assert "; 1 CPU per simulator process (" in proc.stdout
     assert "; 0.5 CPU per client (" in proc.stdout
-    assert "background CPU burners: 1;" in proc.stdout
+    assert "background CPU burners: 1." in proc.stdout

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bench.report import RunResult, class_table
-from bench.twin.cli import run_one
+from bench.runner import twin_run as run_one
 from bench.workloads import (
     FAIRNESS_HEADER,
     HERE,

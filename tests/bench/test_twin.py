@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.runner import twin_run as run_one
 from bench.twin.baselines import LeastRequest, RoundRobin
-from bench.twin.cli import run_one
 from bench.twin.epp_adapter import ConfigError, EppRouter
 from bench.twin.loop import ServerState, TwinConfig, run
 from bench.workloads import MODEL, WORKLOADS
@@ -137,10 +137,14 @@ def test_a_bad_config_is_refused_naming_the_file(tmp_path: Path) -> None:
                    "kind: EndpointPickerConfig\nplugins:\n- type: no-such-scorer\n")
     with pytest.raises(ConfigError, match="no-such-scorer"):
         EppRouter("x", ["127.0.0.1:8000"], 0, config_file=bad)
-    proc = subprocess.run([sys.executable, "-m", "bench.twin", "--config", str(bad),
-                           "--quick"], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2
-    assert "--config" in proc.stderr and "no-such-scorer" in proc.stderr
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text("title: T\nworkload: shared-prefix\n"
+                        "contenders: [{name: mine, epp_config: bad-epc.yaml}]\n")
+    proc = subprocess.run([sys.executable, "-m", "bench", "run", str(scenario), "--seeds", "1",
+                           "--duration", "2", "--jobs", "1"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert str(bad) in proc.stderr and "no-such-scorer" in proc.stderr
 
 
 def test_cli_smoke_with_a_config_file(tmp_path: Path) -> None:
@@ -148,17 +152,18 @@ def test_cli_smoke_with_a_config_file(tmp_path: Path) -> None:
     cfg_file.write_text("apiVersion: inference.networking.x-k8s.io/v1alpha1\n"
                         "kind: EndpointPickerConfig\nplugins:\n- type: queue-scorer\n"
                         "- type: prefix-cache-scorer\n")
-    proc = subprocess.run([sys.executable, "-m", "bench.twin", "--config", str(cfg_file),
-                           "--servers", "4", "--workload", "lora", "--load", "0.9",
-                           "--seeds", "2", "--duration", "5", "--no-write", "--jobs", "1",
-                           "--routers", "envoy-rr"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text("title: T\nworkload: lora\nfleet: {servers: 4}\n"
+                        "contenders: [envoy-rr, {name: epp-mine, epp_config: my-epc.yaml}]\n")
+    proc = subprocess.run([sys.executable, "-m", "bench", "run", str(scenario), "--loads", "0.9",
+                           "--seeds", "2", "--duration", "5", "--jobs", "1"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "| epp:my-epc | 2 |" in proc.stdout and "| envoy-rr | 2 |" in proc.stdout
+    assert "| epp-mine | 2 |" in proc.stdout and "| envoy-rr | 2 |" in proc.stdout
 
 
-def test_unknown_router_and_workload_are_named() -> None:
-    for args, word in ((["--routers", "nope"], "nope"), (["--workload", "nah"], "nah")):
-        proc = subprocess.run([sys.executable, "-m", "bench.twin", *args], cwd=ROOT,
+def test_unknown_scenario_and_workload_are_named() -> None:
+    for args, word in ((["nope"], "nope"), (["shared-prefix", "--workload", "nah"], "nah")):
+        proc = subprocess.run([sys.executable, "-m", "bench", "run", *args], cwd=ROOT,
                               capture_output=True, text=True, timeout=60)
         assert proc.returncode == 2 and word in proc.stderr

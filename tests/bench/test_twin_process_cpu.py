@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.twin.cli import run_one
+from bench.runner import twin_run as run_one
 from bench.twin.cpu import ProcessCpu
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,22 +70,22 @@ def test_the_cli_models_the_budget_from_a_saved_measurement(tmp_path: Path) -> N
     cost.write_text(json.dumps({"scrape_per_pod": 0.0075, "contenders": {
         "EPP default profile": {"per_request": 1e-3, "per_token": 7e-5, "idle": 0.03}}}))
     out = subprocess.run(
-        [sys.executable, "-m", "bench.twin", "--workload", "bursts", "--servers", "4",
-         "--seeds", "1", "--duration", "4", "--routers", "envoy-rr,epp-default",
-         "--epp-cpus", "0.5", "--epp-cost", str(cost), "--no-write", "--jobs", "1"],
+        [sys.executable, "-m", "bench", "run", "bursts", "--servers", "4",
+         "--seeds", "1", "--duration", "4", "--contenders", "envoy-rr,epp-default",
+         "--router-cpus", "0.5", "--epp-cost", str(cost), "--jobs", "1"],
         capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "The EPP's CPU is modelled: 0.5 CPU, 1.00 ms per request, 70 µs per streamed " \
-        "token, 0.75% of a CPU per scraped pod (from cost.json)" in out.stdout
+        "token, 3.00% of a CPU for scraping the 4 pods (from cost.json)" in out.stdout
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--epp-cpus", "-1"], "--epp-cpus: expected a CPU budget >= 0"),
-    (["--epp-cpus", "1", "--epp-cost", "/nonexistent/cost.json"],
-     "--epp-cost: cannot use the EPP's costs in /nonexistent/cost.json"),
+    (["--router-cpus", "-1"], "--router-cpus: expected a CPU budget >= 0"),
+    (["--router-cpus", "1", "--epp-cost", "/nonexistent/cost.json"],
+     "/nonexistent/cost.json: cannot use the EPP's measured CPU costs"),
 ])
 def test_bad_cpu_flags_end_with_one_line(args: list[str], message: str) -> None:
-    out = subprocess.run([sys.executable, "-m", "bench.twin", *args, "--no-write"],
+    out = subprocess.run([sys.executable, "-m", "bench", "run", "bursts", *args],
                          capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert out.returncode == 2
-    assert message in out.stderr
+    assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1

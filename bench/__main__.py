@@ -1,0 +1,225 @@
+"""The benchmark toolkit: scenarios as data, one runner, RESULTS.md generated.
+
+    python -m bench list                                   # the scenarios and what they hold
+    python -m bench run bench/scenarios/pd.yaml            # virtual time (the twin), seconds
+    python -m bench run bench/scenarios/pd.yaml --real     # through Envoy, real processes
+    python -m bench run pd --servers 32 --workload my-workload.yaml --seeds 3
+    python -m bench run shared-prefix --real --save        # and keep it for RESULTS.md
+    python -m bench report [--check]                       # RESULTS.md sections from bench/runs/
+
+A scenario is a file of ``bench/scenarios/`` (or any path); its schema is in
+:mod:`bench.scenario`, the runner in :mod:`bench.runner`, and docs/benchmarks.md explains the
+toolkit in one page.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from bench import report as rp
+from bench import runner
+from bench.scenario import SCENARIOS, ScenarioError, load_scenario, scenario_files
+from bench.twin.cpu import MEASURED_COST
+from bench.workloads import WORKLOADS, Workload, WorkloadError, load_workload
+
+ROOT = Path(__file__).resolve().parent
+#: Saved runs that RESULTS.md's generated sections come from (committed).
+SAVED = ROOT / "runs"
+
+
+def _scenario_path(text: str) -> Path:
+    path = Path(text)
+    if path.is_file():
+        return path
+    named = SCENARIOS / f"{text}.yaml"
+    if named.is_file():
+        return named
+    raise argparse.ArgumentTypeError(
+        f"no scenario {text!r} (a file, or one of: "
+        f"{', '.join(p.stem for p in scenario_files())})")
+
+
+def _seeds(text: str) -> list[int] | int:
+    try:
+        if "," in text:
+            seeds = [int(x) for x in text.split(",")]
+            if min(seeds) < 0:
+                raise ValueError
+            return seeds
+        n = int(text)
+        if n < 1:
+            raise ValueError
+        return n
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a count (3) or a list of seeds (0,1,101), got {text!r}") from None
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        out = [float(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers, got {text!r}") from None
+    if min(out) <= 0:
+        raise argparse.ArgumentTypeError(f"expected positive numbers, got {text!r}")
+    return out
+
+
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return n
+
+
+def _workload(text: str) -> Workload:
+    if text in WORKLOADS:
+        return WORKLOADS[text]
+    try:
+        return load_workload(Path(text))
+    except WorkloadError as e:
+        raise argparse.ArgumentTypeError(
+            f"not a workload of bench/workloads/ ({', '.join(WORKLOADS)}) nor a file: {e}"
+        ) from None
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="play a scenario")
+    run.add_argument("scenario", type=_scenario_path,
+                     help="a scenario file, or the name of one in bench/scenarios/")
+    mode = run.add_mutually_exclusive_group()
+    mode.add_argument("--virtual", "--twin", dest="mode", action="store_const",
+                      const="virtual", help="virtual time, the twin (default)")
+    mode.add_argument("--real", dest="mode", action="store_const", const="real",
+                      help="real time: real processes through Envoy")
+    run.add_argument("--seeds", type=_seeds,
+                     help="a count (from the scenario's first seed) or a list: 0,1,101")
+    run.add_argument("--servers", type=_positive,
+                     help="fleet size (a P/D fleet keeps its prefill share)")
+    run.add_argument("--workload", type=_workload,
+                     help="a workload of bench/workloads/ or a workload file, instead of the "
+                          "scenario's (its own loads then, unless --loads)")
+    run.add_argument("--loads", type=_floats, help="offered loads, comma-separated")
+    run.add_argument("--duration", type=float, help="arrival window per run, model seconds")
+    run.add_argument("--time-scale", type=float,
+                     help="real time: run the simulator N x slower than the model")
+    run.add_argument("--contenders", help="only these of the scenario's, comma-separated")
+    run.add_argument("--router-cpus", type=float,
+                     help="the router process's CPU budget (the scenario's budget.router_cpus);"
+                          " in virtual time the EPP's CPU is modelled at it from --epp-cost")
+    run.add_argument("--epp-cost", type=Path, default=MEASURED_COST,
+                     help="the EPP's measured CPU costs (bench.epp_cpu --save; default "
+                          "bench/twin/epp_cost.json)")
+    run.add_argument("--jobs", type=_positive, default=os.cpu_count() or 1,
+                     help="worker processes in virtual time (default: the CPUs)")
+    run.add_argument("--save", action="store_true",
+                     help="keep the results as bench/runs/<scenario>-<mode>-<servers>.json, where "
+                          "`bench report` makes RESULTS.md sections from")
+    sub.add_parser("list", help="the scenarios of bench/scenarios/")
+    rep = sub.add_parser("report", help="rewrite RESULTS.md's generated sections")
+    rep.add_argument("--check", action="store_true",
+                     help="change nothing; fail when a saved run's scenario changed since "
+                          "the run, or a generated section differs from its run")
+    rep.add_argument("--results", type=Path, default=rp.RESULTS, help=argparse.SUPPRESS)
+    rep.add_argument("--runs", type=Path, default=SAVED, help=argparse.SUPPRESS)
+    return p
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    if args.router_cpus is not None and args.router_cpus < 0:
+        raise ValueError(f"--router-cpus: expected a CPU budget >= 0, got {args.router_cpus:g}")
+    scn = load_scenario(args.scenario)
+    seeds = args.seeds
+    if isinstance(seeds, int):
+        seeds = list(range(scn.seeds[0], scn.seeds[0] + seeds))
+    mode = args.mode or "virtual"
+    p = runner.plan(scn, mode=mode, seeds=seeds, servers=args.servers, workload=args.workload,
+                    loads=args.loads, duration=args.duration,
+                    contenders=args.contenders.split(",") if args.contenders else None,
+                    jobs=args.jobs, router_cpus=args.router_cpus, epp_cost=args.epp_cost,
+                    time_scale=args.time_scale)
+    run_dir = runner.run_dir_for(scn, mode)
+    doc = runner.execute(p, run_dir)
+    print((run_dir / "results.md").read_text())
+    print(f"results: {run_dir / 'results.json'}", file=sys.stderr)
+    if args.save:
+        SAVED.mkdir(exist_ok=True)
+        dest = SAVED / f"{scn.name}-{mode}-{p.fleet.servers}.json"
+        shutil.copyfile(run_dir / "results.json", dest)
+        print(f"saved: {dest} (python -m bench report puts it in RESULTS.md)", file=sys.stderr)
+    failed = [r for r in doc["results"]
+              if r["skipped"].startswith("failed") or (not r["skipped"] and r["ok"] == 0)]
+    for r in failed:
+        print(f"FAILED: load {r['load']:g} seed {r['seed']} {r['contender']}: "
+              f"{r['skipped'] or r['error_samples']}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def cmd_list() -> int:
+    for path in scenario_files():
+        scn = load_scenario(path)
+        f = scn.fleet
+        fleet = (f"{f.roles['prefill']}P+{f.roles['decode']}D" if f.pd else f"{f.servers}")
+        print(f"{scn.name:22s} {scn.title}\n{'':22s} fleet {fleet}, workload "
+              f"{scn.workload.name}, loads {list(scn.loads)}, {len(scn.seeds)} seeds; "
+              f"contenders {', '.join(c.name for c in scn.contenders)}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """Each saved run's section, regenerated (or checked)."""
+    problems = []
+    text = args.results.read_text() if args.results.exists() else ""
+    for saved in sorted(args.runs.glob("*.json")):
+        doc = json.loads(saved.read_text())
+        scenario = runner.ROOT / doc["scenario"]
+        try:
+            digest = load_scenario(scenario).digest
+        except ScenarioError as e:
+            problems.append(f"{saved.name}: {e}")
+            continue
+        if digest != doc["digest"]:
+            problems.append(f"{saved.name}: {doc['scenario']} changed since this run "
+                            f"(digest {doc['digest']}, now {digest}): run it again")
+        source = str(saved.relative_to(runner.ROOT)) if saved.is_relative_to(
+            runner.ROOT) else str(saved)
+        section = runner.section(doc, source)
+        if args.check:
+            if section.rstrip() not in text:
+                problems.append(f"{saved.name}: its RESULTS.md section differs from the run "
+                                "(python -m bench report rewrites it)")
+        else:
+            rp.write_section(runner.heading(doc), section, args.results)
+            text = args.results.read_text()
+            print(f"{args.results.name}: regenerated \"{runner.heading(doc)}\" from {source}")
+    for line in problems:
+        print(f"FAILED: {line}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        if args.command == "run":
+            return cmd_run(args)
+        if args.command == "list":
+            return cmd_list()
+        return cmd_report(args)
+    except (ScenarioError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,527 @@
+"""Play a scenario (:mod:`bench.scenario`) in real time or in virtual time, with one path for
+fleet, contenders and report.
+
+- **real time** (``--real``): for every load x seed, each contender gets a fresh simulated
+  fleet, is started in front of it (Envoy + our EPP, Envoy's own LB policies, a peer router)
+  and the open-loop client plays the seed's schedule through it (:func:`bench.compare.run_one`;
+  P/D fleets: ``bench.pd_compare``'s fleets with the prefill/decode roles, sidecars and
+  vllm-router's PD mode). The contenders' order alternates between seeds.
+- **virtual time** (``--virtual``, the default): the same schedules through the same
+  contenders in the twin: the real EPP scheduler and director over the simulator's engine
+  model on a virtual clock (:mod:`bench.twin`; P/D fleets: :func:`bench.pd_twin.simulate`).
+  Peers are not modelled there: their rows say so.
+
+Both summarise each run into a :class:`bench.report.RunResult` (the first 20% of requests by
+arrival reported apart as the cold start), so the tables, paired ratios, 95% intervals and
+target verdicts are the same code. A run is saved as ``results.json`` (scenario, its digest,
+the settings after overrides, the environment, every run's summary) beside a
+``results.md`` table; ``bench report`` turns saved runs into RESULTS.md sections.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench import environment
+from bench import report as rp
+from bench.report import RunResult, summarize
+from bench.scenario import Contender, Fleet, PdVariant, Scenario
+from bench.twin.cpu import MEASURED_COST, ProcessCpu
+from bench.workloads import MODEL, WORKLOADS, RequestSpec, Workload, write_specs
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNS = ROOT / ".cache" / "bench-runs"
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """A scenario after the command line's overrides: what one ``bench run`` plays."""
+
+    scenario: Scenario
+    mode: str   # "real" | "virtual"
+    fleet: Fleet
+    workload: Workload
+    seeds: tuple[int, ...]
+    loads: tuple[float, ...]
+    duration: float
+    contenders: tuple[Contender, ...]
+    jobs: int = 1
+    #: CPU of the router process (``budget.router_cpus`` or ``--router-cpus``; 0: none)
+    router_cpus: float = 0.0
+    #: virtual time: the EPP's CPU modelled at ``router_cpus`` from these measured costs
+    epp_cpu: ProcessCpu | None = None
+    epp_cost: str = ""
+
+    def settings(self) -> dict[str, Any]:
+        """What the figures depend on besides the seed (kept with the results)."""
+        f = self.fleet
+        return {"mode": self.mode, "servers": f.servers, "roles": f.roles, "profile": f.profile,
+                "time_scale": f.time_scale if self.mode == "real" else None,
+                "workload": self.workload.name, "generator": self.workload.generator,
+                "arrivals": self.workload.arrivals, "parameters": self.workload.parameters,
+                "duration": self.duration, "seeds": list(self.seeds), "loads": list(self.loads),
+                "contenders": [c.name for c in self.contenders],
+                "budget": (dataclasses.replace(self.scenario.budget,
+                                               router_cpus=self.router_cpus).statement()
+                           if self.mode == "real" else None),
+                "epp_cpu": self.epp_cpu_statement()}
+
+    def epp_cpu_statement(self) -> str | None:
+        """How the twin models the EPP's CPU (None: free)."""
+        c = self.epp_cpu
+        if c is None:
+            return None
+        return (f"{c.cpus:g} CPU, {c.per_request * 1e3:.2f} ms per request, "
+                f"{c.per_token * 1e6:.0f} µs per streamed token, {c.idle:.2%} of a CPU for "
+                f"scraping the {self.fleet.servers} pods (from {self.epp_cost})")
+
+
+def plan(scn: Scenario, *, mode: str = "virtual", seeds: Sequence[int] | None = None,
+         servers: int | None = None, workload: Workload | None = None,
+         loads: Sequence[float] | None = None, duration: float | None = None,
+         contenders: Sequence[str] | None = None, jobs: int = 1,
+         router_cpus: float | None = None, epp_cost: Path = MEASURED_COST,
+         time_scale: float | None = None) -> Plan:
+    """``scn`` with overrides (None: the scenario's own). In virtual time a router CPU
+    budget models the EPP's CPU at that budget from ``epp_cost`` (``bench.epp_cpu --save``);
+    raises ValueError naming the file when those costs cannot be read."""
+    wl = workload or scn.workload
+    chosen = scn.contenders
+    if contenders:
+        known = {c.name: c for c in scn.contenders}
+        missing = [n for n in contenders if n not in known]
+        if missing:
+            raise ValueError(f"{scn.path}: no contender {', '.join(missing)} "
+                             f"(the scenario has {', '.join(known)})")
+        chosen = tuple(known[n] for n in contenders)
+    _check_configs(scn, chosen)
+    fleet = scn.fleet.scaled(servers) if servers else scn.fleet
+    if time_scale:
+        fleet = dataclasses.replace(fleet, time_scale=time_scale)
+    cpus = scn.budget.router_cpus if router_cpus is None else router_cpus
+    cpu = None
+    if mode == "virtual" and cpus > 0:
+        try:
+            cpu = ProcessCpu.measured(epp_cost, cpus, fleet.servers)
+        except (OSError, ValueError, KeyError) as e:
+            raise ValueError(f"{epp_cost}: cannot use the EPP's measured CPU costs: "
+                             f"{type(e).__name__}: {e}") from None
+    return Plan(scn, mode, fleet, wl, tuple(seeds) if seeds else scn.seeds,
+                tuple(loads) if loads else (scn.loads if workload is None else wl.loads),
+                duration or wl.duration, chosen, jobs, cpus, cpu, epp_cost.name)
+
+
+def _check_configs(scn: Scenario, contenders: Sequence[Contender]) -> None:
+    """Each EPP config file is read by the EPP's own loader before anything runs; a bad one
+    is a ValueError naming the scenario, the contender and the config's own error."""
+    from bench.twin.epp_adapter import ConfigError, EppRouter
+
+    for c in contenders:
+        if c.epp_config is None:
+            continue
+        try:
+            EppRouter("check", ["127.0.0.1:8000"], 0, config_file=c.epp_config)
+        except ConfigError as e:
+            raise ValueError(f"{scn.path}: contender {c.name}: epp_config: {e}") from None
+
+
+# -- virtual time -------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class _Job:
+    plan: Plan
+    load: float
+    seed: int
+
+
+def _twin_router(c: Contender, keys: list[str], seed: int,
+                 cpu: ProcessCpu | None = None) -> Any:
+    """The twin's router for ``c`` (None: not modelled); ``cpu``: each EPP's own copy of
+    this process CPU model."""
+    from bench.contenders import TUNED_CONFIG
+    from bench.twin.baselines import LeastRequest, Random, RoundRobin
+    from bench.twin.epp_adapter import EppRouter
+
+    if c.name == "envoy-rr":
+        return RoundRobin(c.name, keys, seed)
+    if c.name == "envoy-random":
+        return Random(c.name, keys, seed)
+    if c.name == "envoy-lr":
+        return LeastRequest(c.name, keys, seed)
+    own = dataclasses.replace(cpu) if cpu is not None else None
+    if c.epp_config is not None:
+        return EppRouter(c.name, keys, seed, config_file=c.epp_config, model=MODEL, cpu=own)
+    if c.name in ("epp-default", "epp-tuned"):
+        return EppRouter(c.name, keys, seed, model=MODEL, cpu=own,
+                         config_text=TUNED_CONFIG if c.name == "epp-tuned" else None)
+    return None   # not modelled in virtual time (the peers)
+
+
+def _virtual(job: _Job) -> list[RunResult]:
+    """One (load, seed): the schedule, built once, through each contender in the twin."""
+    from bench.twin.loop import TwinConfig, run
+
+    p, wl = job.plan, job.plan.workload
+    specs = wl.schedule(job.load, p.duration, job.seed, p.fleet.servers)
+    tags = [s.tag for s in specs] if wl.by_class else None
+    out = []
+    for c in p.contenders:
+        res = _result(p, job.load, job.seed, c)
+        started = time.monotonic()
+        if p.fleet.pd:
+            outcomes = _pd_virtual(p.fleet, c, job.seed, specs)
+        elif _flow_controlled(c):
+            outcomes = _flow_virtual(c, p.fleet, job.seed, specs)
+        else:
+            cfg = TwinConfig(servers=p.fleet.servers, seed=job.seed, profile=p.fleet.profile,
+                             model=MODEL)
+            router = _twin_router(c, cfg.keys(), job.seed, p.epp_cpu)
+            outcomes = None if router is None else run(specs, router, cfg)
+        if outcomes is None:
+            res.skipped = "not modelled in virtual time (run with --real)"
+        else:
+            summarize(res, outcomes, tags=tags)
+            res.wall_seconds = time.monotonic() - started
+        out.append(res)
+    return out
+
+
+def twin_run(workload: str | Workload, load: float, servers: int, seed: int, contender: str,
+             duration: float, *, config: Path | None = None,
+             cpu: ProcessCpu | None = None) -> RunResult:
+    """One contender's virtual-time run of ``workload`` (a name of bench/workloads/ or a
+    workload) on an aggregated fleet of ``servers`` (``config``: the EPP config of a
+    contender that is not built in), the same path ``bench run --virtual`` takes."""
+    from bench.twin.loop import TwinConfig, run
+
+    wl = WORKLOADS[workload] if isinstance(workload, str) else workload
+    c = Contender(contender, epp_config=config)
+    cfg = TwinConfig(servers=servers, seed=seed, model=MODEL)
+    router = _twin_router(c, cfg.keys(), seed, cpu)
+    if router is None:
+        raise ValueError(f"{contender!r} is not modelled in virtual time")
+    specs = wl.schedule(load, duration, seed, servers)
+    res = RunResult(wl.name, load, load * wl.capacity(servers), c.name, c.kind, seed=seed,
+                    servers=servers)
+    started = time.monotonic()
+    summarize(res, run(specs, router, cfg), tags=[s.tag for s in specs] if wl.by_class else None)
+    res.wall_seconds = time.monotonic() - started
+    return res
+
+
+@dataclass(frozen=True, slots=True)
+class _Served:
+    """A request of the P/D or flow-control twins as :func:`bench.report.summarize` reads
+    an outcome."""
+
+    start: float
+    ttft: float | None
+    e2e: float | None
+    output_tokens: int
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    status: int = 200
+    pod: str = ""
+    error: str = ""
+    itl: list[float] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and self.ttft is not None
+
+
+def _flow_controlled(c: Contender) -> bool:
+    """An EPP config with the ``flowControl`` feature gate: its admitter awaits, so the
+    twin runs it on an asyncio loop in virtual time."""
+    import yaml
+
+    if c.epp_config is None:
+        return False
+    gates = (yaml.safe_load(c.epp_config.read_text()) or {}).get("featureGates") or []
+    return "flowControl" in gates
+
+
+def _flow_virtual(c: Contender, fleet: Fleet, seed: int,
+                  specs: list[RequestSpec]) -> list[Any]:
+    """The real EPP runtime with its flow controller (``bench.slo_twin.Twin`` on
+    :mod:`bench.twin.vtime`'s clock); a request it refused, or that did not finish, is an
+    error outcome."""
+    from bench.flowcontrol_noisy_twin import TimedTwin
+    from bench.twin.vtime import run_in_virtual_time
+
+    assert c.epp_config is not None
+    twin = TimedTwin(c.epp_config.read_text(), seed, fleet.servers)
+    for spec in specs:
+        twin.add(spec.at, spec.body, dict(spec.headers), spec.tag)
+    run_in_virtual_time(twin.run_async())
+    served: dict[tuple[str, float], list[Any]] = {}
+    for s in twin.served:
+        served.setdefault((s.tag, s.arrival), []).append(s)
+    out: list[Any] = []
+    for spec in specs:
+        mine = served.get((spec.tag, spec.at))
+        if not mine:
+            out.append(_Served(spec.at, None, None, 0, status=429,
+                               error="refused by flow control (or not finished)"))
+            continue
+        s = mine.pop()
+        out.append(_Served(s.arrival, s.first_token - s.arrival, s.finish - s.arrival,
+                           s.tokens))
+    return out
+
+
+def _pd_virtual(fleet: Fleet, c: Contender, seed: int,
+                specs: list[RequestSpec]) -> list[Any] | None:
+    from bench.pd_twin import parse_spill, simulate
+
+    prefill, decode = fleet.roles["prefill"], fleet.roles["decode"]
+    if c.name == "aggregated":
+        served = simulate(seed, prefill, decode, None, specs=specs)
+    elif c.pd is not None:
+        v = c.pd
+        served = simulate(seed, prefill, decode, v.threshold, specs=specs,
+                          prefill_pick=v.prefill_pick, decode_pick=v.decode_pick,
+                          spill=parse_spill(v.spill) if v.spill else None)
+    else:
+        return None
+    # The twin's requests end in completion order; tags follow the schedule's order.
+    by_arrival = sorted(served, key=lambda s: s.arrival)
+    return [_Served(s.arrival, s.ttft, s.ttft + s.tpot * max(0, s.output - 1), s.output)
+            for s in by_arrival]
+
+
+# -- real time ----------------------------------------------------------------------------
+def _real_contender(c: Contender, p: Plan) -> Any:
+    from bench.contenders import Epp, PeerRouter, all_contenders
+
+    if c.epp_config is not None:
+        obj: Any = Epp(c.name, c.epp_config.read_text())
+    elif ":" in c.name:
+        peer, _, policy = c.name.partition(":")
+        obj = PeerRouter(peer, policy)
+    else:
+        obj = all_contenders()[c.name]
+    obj.cpus, obj.gateway_cpus = p.router_cpus, p.scenario.budget.gateway_cpus
+    return obj
+
+
+def _real(p: Plan, load: float, seed: int, c: Contender, workdir: Path) -> RunResult:
+    from bench import compare
+
+    if p.fleet.pd:
+        return _pd_real(p, load, seed, c, workdir)
+    b = p.scenario.budget
+    res: RunResult = compare.run_one(
+        p.workload, load, _real_contender(c, p), duration=p.duration, seed=seed,
+        servers=p.fleet.servers, time_scale=p.fleet.time_scale, workdir=workdir,
+        progress=False, timeout=p.scenario.timeout, fleet_cpus=b.fleet_cpus,
+        client_cpus=b.client_cpus, profile=p.fleet.profile)
+    res.contender, res.kind = c.name, c.kind
+    return res
+
+
+def _pd_real(p: Plan, load: float, seed: int, c: Contender, workdir: Path) -> RunResult:
+    import subprocess
+
+    import orjson
+
+    from bench import pd_compare
+    from bench.openloop import Outcome
+    from bench.peers import PEERS
+
+    res = _result(p, load, seed, c)
+    if c.name == "vllm-router-pd" and not PEERS["vllm-router"].installed():
+        res.skipped = PEERS["vllm-router"].mismatch() or "vllm-router does not import"
+        return res
+    scale = p.fleet.time_scale
+    specs = [dataclasses.replace(s, at=s.at * scale)
+             for s in p.workload.schedule(load, p.duration, seed, p.fleet.servers)]
+    workdir.mkdir(parents=True, exist_ok=True)
+    write_specs(specs, workdir / "requests.jsonl")
+    kind = "pd" if c.pd is not None else c.name
+    v = c.pd or PdVariant()
+    started = time.monotonic()
+    with pd_compare.start(kind, workdir, seed, v.threshold, scale,
+                          (p.fleet.roles["prefill"], p.fleet.roles["decode"]),
+                          v.config) as fleet:
+        subprocess.run([sys.executable, "-m", "bench.openloop", "--url", fleet.url,
+                        "--requests", str(workdir / "requests.jsonl"),
+                        "--out", str(workdir / "outcomes.jsonl"),
+                        "--timeout", str(p.scenario.timeout)], check=True)
+    outcomes = [Outcome(**orjson.loads(line))
+                for line in (workdir / "outcomes.jsonl").read_bytes().splitlines()]
+    summarize(res, outcomes, scale, tags=[s.tag for s in specs] if p.workload.by_class else None)
+    res.wall_seconds = time.monotonic() - started
+    return res
+
+
+def _result(p: Plan, load: float, seed: int, c: Contender) -> RunResult:
+    return RunResult(p.workload.name, load, load * p.workload.capacity(p.fleet.servers),
+                     c.name, c.kind, seed=seed, servers=p.fleet.servers)
+
+
+# -- the run ------------------------------------------------------------------------------
+def execute(p: Plan, run_dir: Path, *, log: Any = sys.stderr) -> dict[str, Any]:
+    """Play ``p``; write ``run_dir/results.json`` (after every real-time run, so a stopped
+    run keeps what it did) and ``run_dir/results.md``; return the saved document."""
+    from bench import cpubudget
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    env = environment.capture(peers=p.mode == "real")
+    if p.mode == "real":
+        b = p.scenario.budget
+        # What each budget is on this machine (a cgroup quota, or pinning): cpubudget says.
+        env["budget"] = cpubudget.statement(argparse.Namespace(
+            router_cpus=p.router_cpus, gateway_cpus=b.gateway_cpus, fleet_cpus=b.fleet_cpus,
+            client_cpus=b.client_cpus))
+        env["burners"] = b.burners
+    started = time.monotonic()
+    results: list[RunResult] = []
+    doc: dict[str, Any] = {}
+
+    def save() -> None:
+        env["loadavg_end"] = environment.loadavg()
+        env["wall_seconds"] = round(time.monotonic() - started, 1)
+        doc.update(scenario=_rel(p.scenario.path), digest=p.scenario.digest,
+                   title=p.scenario.title, settings=p.settings(), environment=env,
+                   results=[asdict(r) for r in results])
+        (run_dir / "results.json").write_text(json.dumps(doc, indent=1))
+
+    if p.mode == "virtual":
+        jobs = [_Job(p, load, seed) for load in p.loads for seed in p.seeds]
+        if p.jobs > 1:
+            with ProcessPoolExecutor(max_workers=p.jobs) as pool:
+                for batch in pool.map(_virtual, jobs):
+                    results.extend(batch)
+        else:
+            for job in jobs:
+                results.extend(_virtual(job))
+    else:
+        with cpubudget.burners(p.scenario.budget.burners):
+            flip = False
+            for load in p.loads:
+                for seed in p.seeds:
+                    order = list(p.contenders)[::-1 if flip else 1]
+                    flip = not flip
+                    for c in order:
+                        workdir = run_dir / f"{load:g}" / f"seed-{seed}" / c.name.replace(":", "-")
+                        try:
+                            res = _real(p, load, seed, c, workdir)
+                        except Exception as exc:  # a contender that fails to start is a result
+                            res = _result(p, load, seed, c)
+                            res.skipped = f"failed: {type(exc).__name__}: {exc}"[:300]
+                        results.append(res)
+                        save()
+                        print(_progress(p.scenario.name, res), file=log, flush=True)
+        skipped = sorted({r.contender for r in results
+                          if r.skipped and not r.skipped.startswith("failed")})
+        if skipped:
+            print(f"WARNING: NOT RUN here: {', '.join(skipped)} (see the SKIPPED lines)",
+                  file=log)
+    save()
+    (run_dir / "results.md").write_text(section(doc, str(run_dir / "results.json")))
+    return doc
+
+
+def _progress(name: str, r: RunResult) -> str:
+    """One real-time run's line on stderr."""
+    head = f"{name} load {r.load:g} seed {r.seed} {r.contender} "
+    if r.skipped:
+        return head + ("" if r.skipped.startswith("failed") else "SKIPPED ") + r.skipped
+    cpu = (f", router CPU {r.router_cpu:.1f} s, throttled {r.router_throttled:.1f} s"
+           if r.router_cpu else "")
+    return (head + f"ok {r.ok}/{r.requests} TTFT p50 {r.ttft_p50:.3f} p90 {r.ttft_p90:.3f} s "
+            f"(cold p90 {r.cold_ttft_p90:.3f})  {r.output_tps:.0f} tok/s  hit "
+            f"{100 * r.cache_hit:.0f}%  ({r.wall_seconds:.0f} s{cpu})")
+
+
+def _rel(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
+# -- the report ---------------------------------------------------------------------------
+def section(doc: dict[str, Any], source: str) -> str:
+    """The Markdown section of one saved run: heading, how it was made, targets, tables."""
+    from bench.scenario import load_scenario
+
+    results = [RunResult(**r) for r in doc["results"]]
+    s, env = doc["settings"], doc["environment"]
+    fleet = (f"{s['roles']['prefill']} prefill + {s['roles']['decode']} decode servers"
+             if s.get("roles") else f"{s['servers']} servers")
+    how = ("virtual time (the twin: the real EPP scheduler over the simulator's engine model)"
+           if s["mode"] == "virtual" else
+           f"real time through Envoy (simulator time scale {s['time_scale']})")
+    lines = [heading(doc), "",
+             f"<!-- scenario: {doc['scenario']} digest: {doc['digest']} run: {source} -->", "",
+             f"Scenario `{doc['scenario']}`; command `{env.get('argv', '?')}`; {how}; "
+             f"fleet {fleet} of `vllm-sim` `{s['profile']}`; workload `{s['workload']}` for "
+             f"{s['duration']:g} model s; seeds {s['seeds']}; took "
+             f"{env.get('wall_seconds', 0):.0f} s wall.", "",
+             f"Environment: {environment.line(env)}", ""]
+    if s.get("epp_cpu"):
+        lines += [f"The EPP's CPU is modelled: {s['epp_cpu']}.", ""]
+    scenario_path = ROOT / doc["scenario"]
+    targets = []
+    if scenario_path.is_file():
+        scn = load_scenario(scenario_path)
+        if scn.description:
+            lines[4:4] = [scn.description, ""]
+        ran = set(s["contenders"])
+        targets = [rp.Target(s["workload"], load, t.ours, t.against, t.metric, t.bound,
+                             t.at_most) for t in scn.targets for load in s["loads"]
+                   if t.ours in ran and (t.against in ran or t.against == "best-peer")]
+    baseline = "aggregated" if s.get("roles") else rp.BASELINE
+    tl = rp.target_lines(results, targets) if targets else []
+    if tl:
+        lines += ["Targets:", "", *tl, ""]
+    wl: dict[str, Any] = ({s["workload"]: WORKLOADS[s["workload"]]}
+                          if s["workload"] in WORKLOADS else {})
+    if not wl:   # a workload file outside bench/workloads: a stand-in for the headings
+        wl = {s["workload"]: _Named(s["workload"])}
+    lines += rp.point_sections(results, wl, s["contenders"], baseline=baseline)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def heading(doc: dict[str, Any]) -> str:
+    """A saved run's RESULTS.md heading: the scenario's title and the mode."""
+    s = doc["settings"]
+    return f"## {doc['title']} ({s['mode']} time, {s['servers']} servers)"
+
+
+@dataclass(frozen=True, slots=True)
+class _Named:
+    name: str
+    title: str = ""
+    description: str = ""
+    source: str = "the scenario's own workload file"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "title", self.title or self.name)
+
+
+def newest_run(scenario: str, runs: Path = RUNS) -> Path | None:
+    """The newest saved run directory of ``scenario`` (a path as saved), if any."""
+    found = []
+    for path in runs.glob("*/results.json"):
+        try:
+            if json.loads(path.read_text()).get("scenario") == scenario:
+                found.append(path.parent)
+        except (OSError, ValueError):
+            continue
+    return max(found, key=lambda d: d.name) if found else None
+
+
+def run_dir_for(scn: Scenario, mode: str) -> Path:
+    return RUNS / f"{time.strftime('%Y%m%d-%H%M%S')}-{scn.name}-{mode}-{os.getpid()}"

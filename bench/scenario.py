@@ -1,0 +1,415 @@
+"""A benchmark scenario is data: one YAML file in ``bench/scenarios/`` names the fleet, the
+workload, the contenders, the seeds and loads, the CPU budget, the targets and the
+RESULTS.md section it reports. :func:`load_scenario` reads one strictly: an unknown key, a
+wrong type or an unknown name is a :class:`ScenarioError` whose one line names the file and
+the key path (``my.yaml: fleet.servers: expected a positive integer, got 'x'``).
+
+The schema (every key but ``title``, ``workload`` and ``contenders`` may be left out)::
+
+    title: Shared prefix                 # the RESULTS.md section heading
+    description: one paragraph            # printed under the heading
+    fleet:
+      servers: 8                          # aggregated fleet size
+      roles: {prefill: 2, decode: 2}      # a P/D fleet instead (servers = their sum)
+      profile: 8b-h100                    # the simulator profile (sim/profiles.py)
+      time_scale: 1.0                     # real time only: the simulator runs N x slower
+    workload: shared-prefix               # bench/workloads/<name>.yaml, or a path
+    # or, to change it for this scenario:
+    # workload: {use: tenants, arrivals: {bursts: {period: 6, width: 0.5}},
+    #            parameters: {tenants: {a: {share: 1, objective: interactive}}},
+    #            duration: 20}
+    contenders:
+    - envoy-rr                            # built in: see CONTENDERS / PD_CONTENDERS
+    - {name: epp-mine, epp_config: my-epc.yaml}   # an EndpointPickerConfig file
+    - {name: pd-1024, pd: {threshold: 1024}}      # P/D fleets: a P/D EPP variant
+    seeds: {first: 0, count: 5}           # or a list: [0, 1, 101]
+    loads: [0.75]                         # offered load / the workload's nominal capacity
+    budget: {router_cpus: 1, gateway_cpus: 1, fleet_cpus: 0, client_cpus: 0, burners: 0}
+    timeout: 90                           # real time: per-request limit, wall seconds
+    targets:
+    - {ours: epp-tuned, against: envoy-rr, metric: TTFT p90, at_most: 0.5}
+    - {ours: epp-tuned, against: best-peer, metric: output tok/s, at_least: 1.0}
+
+Paths inside a scenario are relative to the scenario file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bench.workloads import (
+    GENERATORS,
+    WORKLOADS,
+    Workload,
+    WorkloadError,
+    _arrivals,
+    _check_tenants,
+    load_workload,
+)
+
+HERE = Path(__file__).resolve().parent
+SCENARIOS = HERE / "scenarios"
+
+#: Built-in contenders of an aggregated fleet (``bench.contenders``; peers as
+#: ``vllm-router:<policy>`` / ``sglang-router:<policy>``).
+CONTENDERS = ("envoy-rr", "envoy-lr", "envoy-random", "epp-default", "epp-tuned")
+PEER_NAMES = ("vllm-router", "sglang-router")
+#: Built-in contenders of a P/D fleet: the same servers aggregated behind the EPP's default
+#: config, and vllm-router's PD mode.
+PD_CONTENDERS = ("aggregated", "vllm-router-pd")
+#: What a target may compare (``bench.report``'s metrics).
+METRICS = ("TTFT p90", "output tok/s", "TPOT p50", "cache hit")
+#: P/D variants: the EPP config family ``bench.pd_compare`` builds, and the twin's picks.
+PD_CONFIGS = ("llm-d", "gie-scorers", "token-load", "spill")
+PD_PICKS = ("least", "tokens", "random")
+
+
+class ScenarioError(ValueError):
+    """A scenario file is wrong; the message is one line naming the file and key path."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fleet:
+    """The simulated model servers."""
+
+    servers: int = 8
+    #: role -> servers, for a P/D fleet (``prefill``, ``decode``); empty: aggregated
+    roles: dict[str, int] = field(default_factory=dict)
+    profile: str = "8b-h100"
+    time_scale: float = 1.0
+
+    @property
+    def pd(self) -> bool:
+        return bool(self.roles)
+
+    def scaled(self, servers: int) -> Fleet:
+        """The same fleet at ``servers`` servers (a P/D fleet keeps its prefill share)."""
+        if not self.pd:
+            return Fleet(servers, {}, self.profile, self.time_scale)
+        prefill = max(1, round(servers * self.roles["prefill"] / self.servers))
+        prefill = min(prefill, servers - 1)
+        return Fleet(servers, {"prefill": prefill, "decode": servers - prefill}, self.profile,
+                     self.time_scale)
+
+
+@dataclass(frozen=True, slots=True)
+class PdVariant:
+    """A P/D EPP variant (``bench.pd_compare`` in real time, ``bench.pd_twin`` in virtual
+    time): the decider's ``nonCachedTokens``, the config family, the twin's picks and the
+    load-aware decider's spill (``TOKENS:REQUESTS``)."""
+
+    threshold: int = 1024
+    config: str = "llm-d"
+    prefill_pick: str = "least"
+    decode_pick: str = "least"
+    spill: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Contender:
+    """One router in front of the fleet: a built-in name, an EPP config file, or a P/D
+    variant."""
+
+    name: str
+    epp_config: Path | None = None
+    pd: PdVariant | None = None
+
+    @property
+    def kind(self) -> str:
+        """``ours`` (an EPP), ``peer`` or ``baseline``."""
+        if self.name.split(":")[0] in PEER_NAMES or self.name == "vllm-router-pd":
+            return "peer"
+        if (self.name.startswith("epp") or self.epp_config is not None or self.pd is not None):
+            return "ours"
+        return "baseline"
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """``ours / against`` on ``metric`` (paired by seed) must stay on one side of
+    ``bound``; ``against`` may be ``best-peer``."""
+
+    ours: str
+    against: str
+    metric: str
+    bound: float
+    at_most: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """CPU budgets, as ``bench.cpubudget``'s flags (0: none)."""
+
+    router_cpus: float = 0.0
+    gateway_cpus: float = 0.0
+    fleet_cpus: float = 0.0
+    client_cpus: float = 0.0
+    burners: int = 0
+
+    def statement(self) -> str:
+        """One line for a report, like ``bench.cpubudget.statement``."""
+        parts = [f"{k.removesuffix('_cpus')} {v:g} CPU" for k, v in
+                 (("router_cpus", self.router_cpus), ("gateway_cpus", self.gateway_cpus),
+                  ("fleet_cpus", self.fleet_cpus), ("client_cpus", self.client_cpus)) if v]
+        return ", ".join(parts) or "none (whole machine)"
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """One scenario file, checked."""
+
+    path: Path
+    name: str
+    title: str
+    description: str
+    fleet: Fleet
+    workload: Workload
+    contenders: tuple[Contender, ...]
+    seeds: tuple[int, ...]
+    loads: tuple[float, ...]
+    budget: Budget
+    timeout: float
+    targets: tuple[Target, ...]
+
+    @property
+    def digest(self) -> str:
+        """sha256 of the file's bytes (a saved run records it: ``bench report --check``)."""
+        return hashlib.sha256(self.path.read_bytes()).hexdigest()[:16]
+
+
+_TOP: dict[str, type | tuple[type, ...]] = {
+    "title": str, "description": str, "fleet": dict, "workload": (str, dict),
+    "contenders": list, "seeds": (dict, list), "loads": list, "budget": dict,
+    "timeout": (int, float), "targets": list}
+_REQUIRED = ("title", "workload", "contenders")
+
+
+class _Reader:
+    """Strict reading with the key path in every error."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def fail(self, where: str, msg: str) -> ScenarioError:
+        return ScenarioError(f"{self.path}: {where}: {msg}" if where else f"{self.path}: {msg}")
+
+    def keys(self, raw: Any, where: str, allowed: Collection[str],
+             required: tuple[str, ...] = ()) -> dict[str, Any]:
+        if not isinstance(raw, dict):
+            raise self.fail(where, f"expected a mapping, got {type(raw).__name__}")
+        for key in raw:
+            if key not in allowed:
+                dot = f"{where}.{key}" if where else str(key)
+                raise self.fail(dot, f"unknown key (known: {', '.join(sorted(allowed))})")
+        for key in required:
+            if key not in raw:
+                raise self.fail(where, f"missing key {key!r}")
+        return raw
+
+    def positive_int(self, raw: Any, where: str, minimum: int = 1) -> int:
+        if isinstance(raw, bool) or not isinstance(raw, int) or raw < minimum:
+            raise self.fail(where, f"expected an integer >= {minimum}, got {raw!r}")
+        return raw
+
+    def number(self, raw: Any, where: str, *, positive: bool = False) -> float:
+        if isinstance(raw, bool) or not isinstance(raw, int | float) or raw < 0 or (
+                positive and raw == 0):
+            kind = "a positive number" if positive else "a number >= 0"
+            raise self.fail(where, f"expected {kind}, got {raw!r}")
+        return float(raw)
+
+    def text(self, raw: Any, where: str) -> str:
+        if not isinstance(raw, str) or not raw.strip():
+            raise self.fail(where, f"expected a non-empty string, got {raw!r}")
+        return raw
+
+    def file(self, raw: Any, where: str) -> Path:
+        path = (self.path.parent / self.text(raw, where)).resolve()
+        if not path.is_file():
+            raise self.fail(where, f"no such file: {path}")
+        return path
+
+
+def load_scenario(path: Path | str) -> Scenario:
+    """Read and check one scenario file (see the module docstring for the schema)."""
+    path = Path(path)
+    r = _Reader(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise r.fail("", f"cannot read: {' '.join(str(e).split())}") from None
+    raw = r.keys(raw, "", _TOP, _REQUIRED)
+    for key, types in _TOP.items():
+        if key in raw and not isinstance(raw[key], types):
+            raise r.fail(key, f"wrong type {type(raw[key]).__name__}")
+    fleet = _fleet(r, raw.get("fleet", {}))
+    workload = _workload(r, raw["workload"])
+    contenders = _contenders(r, raw["contenders"], fleet)
+    names = [c.name for c in contenders]
+    return Scenario(
+        path=path, name=path.stem, title=r.text(raw["title"], "title"),
+        description=str(raw.get("description", "")).strip(), fleet=fleet, workload=workload,
+        contenders=contenders, seeds=_seeds(r, raw.get("seeds", {"first": 0, "count": 5})),
+        loads=tuple(r.number(x, f"loads[{i}]", positive=True)
+                    for i, x in enumerate(raw.get("loads", list(workload.loads)))) or
+        workload.loads,
+        budget=_budget(r, raw.get("budget", {})),
+        timeout=r.number(raw.get("timeout", 90), "timeout", positive=True),
+        targets=tuple(_target(r, t, f"targets[{i}]", names)
+                      for i, t in enumerate(raw.get("targets", []))))
+
+
+def _fleet(r: _Reader, raw: Any) -> Fleet:
+    from sim.profiles import PROFILES
+
+    f = r.keys(raw, "fleet", {"servers", "roles", "profile", "time_scale"})
+    roles: dict[str, int] = {}
+    if "roles" in f:
+        roles_raw = r.keys(f["roles"], "fleet.roles", {"prefill", "decode"}, ("prefill", "decode"))
+        roles = {k: r.positive_int(v, f"fleet.roles.{k}") for k, v in roles_raw.items()}
+    servers = r.positive_int(f.get("servers", sum(roles.values()) or 8), "fleet.servers")
+    if roles and servers != sum(roles.values()):
+        raise r.fail("fleet.servers", f"{servers} is not prefill + decode "
+                     f"({sum(roles.values())}); leave it out with roles")
+    profile = r.text(f.get("profile", "8b-h100"), "fleet.profile")
+    if profile not in PROFILES:
+        raise r.fail("fleet.profile", f"unknown profile {profile!r} "
+                     f"(known: {', '.join(sorted(PROFILES))})")
+    return Fleet(servers, roles, profile,
+                 r.number(f.get("time_scale", 1.0), "fleet.time_scale", positive=True))
+
+
+def _workload(r: _Reader, raw: Any) -> Workload:
+    spec = {"use": raw} if isinstance(raw, str) else r.keys(
+        raw, "workload", {"use", "arrivals", "parameters", "duration"}, ("use",))
+    name = r.text(spec["use"], "workload.use" if isinstance(raw, dict) else "workload")
+    if name in WORKLOADS:
+        base = WORKLOADS[name]
+    else:
+        try:
+            base = load_workload((r.path.parent / name).resolve())
+        except WorkloadError as e:
+            where = "workload.use" if isinstance(raw, dict) else "workload"
+            raise r.fail(where, f"not a workload of bench/workloads/ "
+                         f"({', '.join(WORKLOADS)}) nor a workload file: {e}") from None
+    params = dict(base.parameters)
+    if "parameters" in spec:
+        over = r.keys(spec["parameters"], "workload.parameters", GENERATORS[base.generator][2])
+        params.update(over)
+        if base.generator == "tenants":
+            try:
+                _check_tenants(r.path, params["tenants"])
+            except WorkloadError as e:
+                raise r.fail("workload.parameters.tenants", str(e).split(": ", 2)[-1]) from None
+    arrivals, period, width = base.arrivals, base.burst_period, base.burst_width
+    if "arrivals" in spec:
+        try:
+            arrivals, period, width = _arrivals(r.path, spec["arrivals"])
+        except WorkloadError as e:
+            raise r.fail("workload.arrivals", str(e).split(": ", 2)[-1]) from None
+    duration = (r.number(spec["duration"], "workload.duration", positive=True)
+                if "duration" in spec else base.duration)
+    return Workload(base.name, base.title, base.description, base.source, base.generator,
+                    arrivals, period, width, params, base.loads, duration)
+
+
+def _contenders(r: _Reader, raw: list[Any], fleet: Fleet) -> tuple[Contender, ...]:
+    if not raw:
+        raise r.fail("contenders", "expected at least one contender")
+    out: list[Contender] = []
+    for i, item in enumerate(raw):
+        where = f"contenders[{i}]"
+        if isinstance(item, str):
+            item = {"name": item}
+        c = r.keys(item, where, {"name", "epp_config", "pd"}, ("name",))
+        name = r.text(c["name"], f"{where}.name")
+        if "epp_config" in c and "pd" in c:
+            raise r.fail(where, "give epp_config or pd, not both")
+        if "epp_config" in c:
+            if fleet.pd:
+                raise r.fail(f"{where}.epp_config", "a P/D fleet takes pd variants")
+            out.append(Contender(name, epp_config=r.file(c["epp_config"], f"{where}.epp_config")))
+        elif "pd" in c:
+            if not fleet.pd:
+                raise r.fail(f"{where}.pd", "a pd variant needs a P/D fleet (fleet.roles)")
+            out.append(Contender(name, pd=_pd(r, c["pd"] or {}, f"{where}.pd")))
+        else:
+            known = PD_CONTENDERS if fleet.pd else CONTENDERS
+            peer, _, policy = name.partition(":")
+            if name not in known and not (not fleet.pd and peer in PEER_NAMES and policy):
+                extra = "" if fleet.pd else ", vllm-router:<policy>, sglang-router:<policy>"
+                raise r.fail(f"{where}.name", f"unknown contender {name!r} (built in: "
+                             f"{', '.join(known)}{extra}; or give epp_config / pd)")
+            out.append(Contender(name))
+    names = [c.name for c in out]
+    for n in names:
+        if names.count(n) > 1:
+            raise r.fail("contenders", f"{n!r} appears twice")
+    return tuple(out)
+
+
+def _pd(r: _Reader, raw: Any, where: str) -> PdVariant:
+    p = r.keys(raw, where, {"threshold", "config", "prefill_pick", "decode_pick", "spill"})
+    v = PdVariant(threshold=r.positive_int(p.get("threshold", 1024), f"{where}.threshold"),
+                  config=str(p.get("config", "llm-d")),
+                  prefill_pick=str(p.get("prefill_pick", "least")),
+                  decode_pick=str(p.get("decode_pick", "least")), spill=str(p.get("spill", "")))
+    if v.config not in PD_CONFIGS:
+        raise r.fail(f"{where}.config", f"{v.config!r} is not one of {', '.join(PD_CONFIGS)}")
+    for key in ("prefill_pick", "decode_pick"):
+        if getattr(v, key) not in PD_PICKS:
+            raise r.fail(f"{where}.{key}", f"{getattr(v, key)!r} is not one of "
+                         f"{', '.join(PD_PICKS)}")
+    if v.spill:
+        from bench.pd_twin import parse_spill
+
+        try:
+            parse_spill(v.spill)
+        except Exception as e:  # argparse's error type: the text is what matters
+            raise r.fail(f"{where}.spill", str(e)) from None
+    return v
+
+
+def _seeds(r: _Reader, raw: Any) -> tuple[int, ...]:
+    if isinstance(raw, list):
+        if not raw:
+            raise r.fail("seeds", "expected at least one seed")
+        return tuple(r.positive_int(s, f"seeds[{i}]", 0) for i, s in enumerate(raw))
+    s = r.keys(raw, "seeds", {"first", "count"})
+    first = r.positive_int(s.get("first", 0), "seeds.first", 0)
+    return tuple(range(first, first + r.positive_int(s.get("count", 5), "seeds.count")))
+
+
+def _budget(r: _Reader, raw: Any) -> Budget:
+    b = r.keys(raw, "budget", {"router_cpus", "gateway_cpus", "fleet_cpus", "client_cpus",
+                               "burners"})
+    cpus = {k: r.number(b.get(k, 0), f"budget.{k}")
+            for k in ("router_cpus", "gateway_cpus", "fleet_cpus", "client_cpus")}
+    return Budget(**cpus, burners=r.positive_int(b.get("burners", 0), "budget.burners", 0))
+
+
+def _target(r: _Reader, raw: Any, where: str, names: list[str]) -> Target:
+    t = r.keys(raw, where, {"ours", "against", "metric", "at_most", "at_least"},
+               ("ours", "against", "metric"))
+    if ("at_most" in t) == ("at_least" in t):
+        raise r.fail(where, "give exactly one of at_most, at_least")
+    for key in ("ours", "against"):
+        if t[key] not in names and not (key == "against" and t[key] == "best-peer"):
+            raise r.fail(f"{where}.{key}", f"{t[key]!r} is not a contender of this scenario")
+    if t["metric"] not in METRICS:
+        raise r.fail(f"{where}.metric", f"{t['metric']!r} is not one of {', '.join(METRICS)}")
+    at_most = "at_most" in t
+    bound = r.number(t["at_most" if at_most else "at_least"],
+                     f"{where}.{'at_most' if at_most else 'at_least'}", positive=True)
+    return Target(t["ours"], t["against"], t["metric"], bound, at_most)
+
+
+def scenario_files(directory: Path = SCENARIOS) -> list[Path]:
+    """The scenario files of ``directory``, by name."""
+    return sorted(directory.glob("*.yaml"))

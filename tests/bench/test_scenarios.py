@@ -1,0 +1,317 @@
+"""The benchmark toolkit: scenario files are checked strictly, one runner plays a scenario in
+virtual and in real time, RESULTS.md sections come from saved runs, peers are pinned.
+
+The newcomer's path is tested as docs/benchmarks.md tells it: write a workload, an
+EndpointPickerConfig and a scenario, then ``python -m bench run`` it twice (virtual, real).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.runner import plan
+from bench.scenario import ScenarioError, load_scenario, scenario_files
+
+ROOT = Path(__file__).resolve().parents[2]
+
+MY_WORKLOAD = """\
+name: my-chat
+title: My chat traffic
+source: our own logs, roughly
+generator: lengths
+arrivals: poisson
+parameters: {input_median: 300, input_sigma: 0.5, input_min: 16, input_max: 1200,
+             output_median: 20, output_sigma: 0.4, output_max: 60}
+loads: [0.3]
+duration: 3
+"""
+
+MY_EPC = """\
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: queue-scorer
+- type: prefix-cache-scorer
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: queue-scorer
+    weight: 1
+  - pluginRef: prefix-cache-scorer
+    weight: 2
+"""
+
+MY_SCENARIO = """\
+title: My fleet, my workload, my EPP
+fleet: {servers: 2}
+workload: my-workload.yaml
+contenders:
+- envoy-rr
+- {name: epp-mine, epp_config: my-epc.yaml}
+seeds: [7]
+loads: [0.3]
+timeout: 30
+targets:
+- {ours: epp-mine, against: envoy-rr, metric: TTFT p90, at_most: 5.0}
+"""
+
+
+def bench(*args: str, env: dict[str, str] | None = None,
+          timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "bench", *args], cwd=ROOT, text=True,
+                          capture_output=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def newcomer(tmp_path: Path) -> Path:
+    write(tmp_path, "my-workload.yaml", MY_WORKLOAD)
+    write(tmp_path, "my-epc.yaml", MY_EPC)
+    return write(tmp_path, "mine.yaml", MY_SCENARIO)
+
+
+def results_of(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(ln for ln in proc.stderr.splitlines() if ln.startswith("results: "))
+    doc: dict[str, Any] = json.loads(Path(line.removeprefix("results: ")).read_text())
+    return doc
+
+
+# -- scenario files -----------------------------------------------------------------------
+def test_every_scenario_of_the_repository_loads() -> None:
+    files = scenario_files()
+    assert {p.stem for p in files} >= {"shared-prefix", "lora", "bursts", "sharegpt", "pd",
+                                       "tenants"}
+    for path in files:
+        scn = load_scenario(path)
+        assert scn.contenders and scn.seeds and scn.loads
+
+
+@pytest.mark.parametrize(("edit", "where"), [
+    ("title: T\nworkload: sharegpt\ncontenders: [envoy-rr]\nsedes: [1]\n", "sedes: unknown key"),
+    ("title: T\nworkload: sharegpt\ncontenders: [envoy-rr]\nfleet: {servers: 2, gpus: 1}\n",
+     "fleet.gpus: unknown key"),
+    ("title: T\nworkload: sharegpt\ncontenders: [envoy-rr]\nfleet: {servers: x}\n",
+     "fleet.servers: expected an integer"),
+    ("title: T\nworkload: sharegpt\ncontenders: [envoy-rr, {name: e, epp_config: none.yaml}]\n",
+     "contenders[1].epp_config: no such file"),
+    ("title: T\nworkload: sharegpt\ncontenders: [envoy-fast]\n",
+     "contenders[0].name: unknown contender 'envoy-fast'"),
+    ("title: T\nworkload: sharegpt\ncontenders: [envoy-rr]\n"
+     "targets: [{ours: epp-x, against: envoy-rr, metric: TTFT p90, at_most: 1}]\n",
+     "targets[0].ours: 'epp-x' is not a contender"),
+    ("title: T\nworkload: {use: tenants, parameters: {tenants: {a: {share: 1}}}}\n"
+     "contenders: [envoy-rr]\n", "workload.parameters.tenants"),
+    ("title: T\nworkload: {use: sharegpt, parameters: {input_mean: 3}}\ncontenders: [envoy-rr]\n",
+     "workload.parameters.input_mean: unknown key"),
+    ("title: T\nworkload: nothing-like-this\ncontenders: [envoy-rr]\n", "workload: not a workload"),
+    ("title: T\nworkload: pd-mix\nfleet: {roles: {prefill: 1, decode: 1}, servers: 3}\n"
+     "contenders: [aggregated]\n", "fleet.servers: 3 is not prefill + decode"),
+    ("title: T\nworkload: pd-mix\nfleet: {roles: {prefill: 1, decode: 1}}\n"
+     "contenders: [{name: p, pd: {threshold: 1, config: mine}}]\n",
+     "contenders[0].pd.config: 'mine' is not one of"),
+    ("title: T\nworkload: sharegpt\ncontenders: [envoy-rr]\nbudget: {router_cpu: 1}\n",
+     "budget.router_cpu: unknown key"),
+])
+def test_a_bad_scenario_gets_one_line_naming_file_and_key(tmp_path: Path, edit: str,
+                                                          where: str) -> None:
+    path = write(tmp_path, "bad.yaml", edit)
+    with pytest.raises(ScenarioError) as err:
+        load_scenario(path)
+    message = str(err.value)
+    assert message.startswith(f"{path}: "), message
+    assert where in message, message
+    assert "\n" not in message
+
+
+def test_the_command_line_answers_a_bad_scenario_with_one_line(tmp_path: Path) -> None:
+    path = write(tmp_path, "bad.yaml", "title: T\nworkload: sharegpt\ncontenders: [x]\n")
+    proc = bench("run", str(path))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"error: {path}: contenders[0].name: unknown contender 'x' (built in: envoy-rr, "
+        "envoy-lr, envoy-random, epp-default, epp-tuned, vllm-router:<policy>, "
+        "sglang-router:<policy>; or give epp_config / pd)"]
+
+
+def test_workload_overrides_in_a_scenario_change_the_schedule(tmp_path: Path) -> None:
+    path = write(tmp_path, "t.yaml", textwrap.dedent("""\
+        title: T
+        workload:
+          use: tenants
+          arrivals: {bursts: {period: 4, width: 0.5}}
+          parameters: {tenants: {solo: {share: 1, objective: sheddable}}}
+          duration: 8
+        contenders: [envoy-rr]
+        """))
+    wl = load_scenario(path).workload
+    specs = wl.schedule(0.75, wl.duration, 0, 8)
+    assert wl.arrivals == "bursts" and wl.duration == 8
+    assert {s.headers["x-gateway-inference-objective"] for s in specs} == {"sheddable"}
+    assert {s.tag for s in specs} == {"solo/sheddable"}
+
+
+def test_servers_override_keeps_the_prefill_share_of_a_pd_fleet() -> None:
+    scn = load_scenario(ROOT / "bench" / "scenarios" / "pd.yaml")
+    p = plan(scn, servers=32)
+    assert p.fleet.roles == {"prefill": 16, "decode": 16} and p.fleet.servers == 32
+    assert plan(scn, servers=3).fleet.roles == {"prefill": 2, "decode": 1}
+
+
+# -- the runner ---------------------------------------------------------------------------
+def test_a_newcomer_runs_their_scenario_in_virtual_then_real_time(tmp_path: Path) -> None:
+    scenario = newcomer(tmp_path)
+    virtual = results_of(bench("run", str(scenario), "--virtual", "--jobs", "1"))
+    real = results_of(bench("run", str(scenario), "--real"))
+    for doc, mode in ((virtual, "virtual"), (real, "real")):
+        assert doc["settings"]["mode"] == mode
+        assert doc["settings"]["workload"] == "my-chat"
+        assert doc["settings"]["servers"] == 2
+        rows = {r["contender"]: r for r in doc["results"]}
+        assert set(rows) == {"envoy-rr", "epp-mine"}
+        for r in rows.values():
+            assert not r["skipped"] and r["ok"] > 0 and r["errors"] == 0, r
+            assert r["seed"] == 7 and r["servers"] == 2
+        env = doc["environment"]
+        assert env["python"] and env["envoy"].startswith("1.") and env["commit"]
+        assert env["loadavg_start"] and env["loadavg_end"]
+    # The same seed's schedule in both modes: the same number of requests.
+    assert ({r["requests"] for r in virtual["results"]}
+            == {r["requests"] for r in real["results"]})
+    # Real time serves from the fleet's pods; the EPP contender used the newcomer's config.
+    real_rows = {r["contender"]: r for r in real["results"]}
+    assert set(real_rows["epp-mine"]["pods"]) <= {"sim-0", "sim-1"}
+    assert real["environment"]["peers"]["vllm-router"].endswith("(pinned 0.1.17)")
+
+
+def test_the_pd_figure_on_my_workload_at_32_servers_is_one_command(tmp_path: Path) -> None:
+    """docs/benchmarks.md's promise: python -m bench run pd --servers 32 --workload FILE."""
+    mine = write(tmp_path, "my-workload.yaml", MY_WORKLOAD)
+    doc = results_of(bench("run", "pd", "--servers", "32", "--workload", str(mine),
+                           "--seeds", "1", "--duration", "4", "--jobs", "1"))
+    s = doc["settings"]
+    assert s["roles"] == {"prefill": 16, "decode": 16} and s["workload"] == "my-chat"
+    assert s["loads"] == [0.3]   # the workload's own loads
+    rows = {r["contender"]: r for r in doc["results"]}
+    for name in ("aggregated", "pd-1024", "pd-spill"):
+        assert rows[name]["ok"] > 0 and rows[name]["servers"] == 32, rows[name]
+    assert rows["vllm-router-pd"]["skipped"].startswith("not modelled in virtual time")
+
+
+def test_the_markdown_table_and_targets_come_with_the_run(tmp_path: Path) -> None:
+    scenario = newcomer(tmp_path)
+    proc = bench("run", str(scenario), "--jobs", "1")
+    doc = results_of(proc)
+    md = Path(proc.stderr.split("results: ")[1].split()[0]).with_name("results.md").read_text()
+    assert md.startswith("## My fleet, my workload, my EPP (virtual time, 2 servers)\n")
+    assert f"digest: {doc['digest']}" in md
+    assert "| epp-mine | 1 |" in md and "| envoy-rr | 1 |" in md
+    assert "epp-mine: TTFT p90 / envoy-rr = " in md
+    assert "Python " in md and "Envoy 1." in md
+
+
+def test_peers_are_skipped_in_virtual_time_with_the_reason() -> None:
+    scn = load_scenario(ROOT / "bench" / "scenarios" / "shared-prefix.yaml")
+    from bench.runner import _Job, _virtual
+
+    p = plan(scn, seeds=[0], duration=3, contenders=["envoy-rr", "vllm-router:cache_aware"])
+    rows = {r.contender: r for r in _virtual(_Job(p, 0.3, 0))}
+    assert rows["envoy-rr"].ok > 0
+    assert rows["vllm-router:cache_aware"].skipped.startswith("not modelled in virtual time")
+
+
+# -- RESULTS.md ---------------------------------------------------------------------------
+def test_report_writes_sections_from_saved_runs_and_checks_the_scenario(tmp_path: Path) -> None:
+    scenario = newcomer(tmp_path)
+    proc = bench("run", str(scenario), "--jobs", "1")
+    results = Path(proc.stderr.split("results: ")[1].split()[0])
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (runs / "mine-virtual.json").write_text(results.read_text())
+    md = write(tmp_path, "RESULTS.md", "# Results\n\n## Hand-written\n\nkept as it is\n")
+    args = ("--results", str(md), "--runs", str(runs))
+    assert bench("report", "--check", *args).returncode == 1   # not generated yet
+    done = bench("report", *args)
+    assert done.returncode == 0, done.stderr
+    text = md.read_text()
+    assert "## Hand-written\n\nkept as it is\n" in text
+    assert "## My fleet, my workload, my EPP (virtual time, 2 servers)\n" in text
+    assert "| epp-mine | 1 |" in text
+    assert bench("report", "--check", *args).returncode == 0
+    # The scenario changed after its run: the check names it.
+    scenario.write_text(MY_SCENARIO.replace("seeds: [7]", "seeds: [8]"))
+    check = bench("report", "--check", *args)
+    assert check.returncode == 1
+    assert f"{scenario} changed since this run" in check.stderr
+
+
+# -- peers --------------------------------------------------------------------------------
+def test_a_peer_of_another_version_than_its_pin_is_not_used(tmp_path: Path) -> None:
+    """A real venv holding vllm-router 0.1.16 (a stand-in distribution with the launcher
+    module) is refused and named; the pin is what `install` asks pip for."""
+    venv = tmp_path / "vllm-router"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    (site / "vllm_router").mkdir()
+    (site / "vllm_router" / "__init__.py").write_text("")
+    (site / "vllm_router" / "launch_router.py").write_text("")
+    meta = site / "vllm_router-0.1.16.dist-info"
+    meta.mkdir()
+    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-router\nVersion: 0.1.16\n")
+    probe = ("from bench.peers import PEERS; p = PEERS['vllm-router']; "
+             "print(p.installed()); print(p.mismatch())")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, text=True, check=True,
+                         capture_output=True, env={**os.environ, "BENCH_PEERS_DIR": str(tmp_path)})
+    assert out.stdout.splitlines() == ["False", "vllm-router 0.1.16 installed, 0.1.17 pinned"]
+    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-router\nVersion: 0.1.17\n")
+    meta.rename(site / "vllm_router-0.1.17.dist-info")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, text=True, check=True,
+                         capture_output=True, env={**os.environ, "BENCH_PEERS_DIR": str(tmp_path)})
+    assert out.stdout.splitlines() == ["True", "None"]
+
+
+# -- make targets and RESULTS.md of the repository ----------------------------------------
+def test_every_bench_make_target_runs_modules_that_exist() -> None:
+    import importlib.util
+    import re
+
+    makefile = (ROOT / "Makefile").read_text()
+    targets = re.findall(r"^(bench[\w-]*):", makefile, re.M)
+    assert {"bench", "bench-run", "bench-report", "bench-compare", "bench-twin"} <= set(targets)
+    for target in targets:
+        dry = subprocess.run(["make", "-n", target], cwd=ROOT, text=True, capture_output=True,
+                             check=True).stdout
+        modules = re.findall(r" -m (bench[\w.]*)", dry)
+        assert modules, (target, dry)
+        for module in modules:
+            assert importlib.util.find_spec(module) is not None, (target, module)
+
+
+def test_make_bench_run_plays_a_scenario() -> None:
+    proc = subprocess.run(["make", "bench-run", "SCENARIO=tenants",
+                           "RUN_ARGS=--seeds 1 --duration 3 --loads 0.5 --jobs 1"],
+                          cwd=ROOT, text=True, capture_output=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "| epp-tuned | 1 |" in proc.stdout
+
+
+def test_results_are_generated_from_saved_runs() -> None:
+    """RESULTS.md's generated sections match bench/runs/ and their scenarios are unchanged
+    since those runs (python -m bench report rewrites them; the scenario needs a re-run)."""
+    saved = sorted((ROOT / "bench" / "runs").glob("*.json"))
+    assert saved
+    proc = bench("report", "--check")
+    assert proc.returncode == 0, proc.stderr
