@@ -198,7 +198,8 @@ class Fleet:
     procs: list[subprocess.Popen[bytes]]
     url: str
     epp_metrics: int
-    sidecar_metrics: list[int]
+    #: Each sidecar's metrics ``host:port`` (it listens on its pod's own loopback address).
+    sidecar_metrics: list[str]
     #: The decode servers' own ports (for their NIXL counters).
     decoders: list[int] = dataclasses.field(default_factory=list)
     #: The prefill servers' ``host:port`` (how evenly they shared the prefill legs).
@@ -291,7 +292,7 @@ def start(kind: str, workdir: Path, seed: int, threshold: int, time_scale: float
         with e.Envoy(pool_gateway_config(grpc, admin, listen, endpoints), admin_port=admin,
                      workdir=workdir / "envoy"):
             yield Fleet(procs, f"http://127.0.0.1:{listen}", metrics_port,
-                        [m for _, _, m in sidecars],
+                        [f"{ip}:{m}" for ip, _, m in sidecars],
                         [s["port"] for s in servers[:n_decode]] if kind == "pd" else [],
                         [f"{s['host']}:{s['port']}" for s in servers[n_decode:]]
                         if kind == "pd" else [])
