@@ -177,7 +177,8 @@ def _instantiate(config: EndpointPickerConfig, registry: PluginRegistry,
     plugins reading them find them through the handle."""
     def rank(spec: Any) -> int:
         cls = _type(registry, spec.type, spec.where or config.source)
-        return 0 if issubclass(cls, DataProducer | DataSource | Extractor) else 1
+        first = DataProducer | DataSource | Extractor | InflightLoadProducer
+        return 0 if issubclass(cls, first) else 1
 
     for spec in sorted(config.plugins, key=rank):
         try:

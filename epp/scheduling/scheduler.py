@@ -85,6 +85,8 @@ class Scheduler:
             for profile in todo:
                 results[profile.name] = profile.run(request, candidates, self.rng, self.hooks)
         primary = self.handler.primary_profile(request, results)
+        if primary not in results:  # the handler ran no profile (header-profile-handler)
+            raise NoEndpointPicked("no scheduling profile could be run for the request")
         result = SchedulingResult(results, primary)
         if self.hooks.e2e_duration is not None:
             self.hooks.e2e_duration(perf_counter() - t0)

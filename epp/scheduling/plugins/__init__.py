@@ -13,7 +13,9 @@ from epp.scheduling.plugins.filter.lora_affinity_filter import LoraAffinityFilte
 from epp.scheduling.plugins.filter.low_queue_filter import LowQueueFilter
 from epp.scheduling.plugins.filter.prefix_cache_affinity_filter import PrefixCacheAffinityFilter
 from epp.scheduling.plugins.filter.role_filter import DecodeFilter, PrefillFilter
+from epp.scheduling.plugins.filter.session_affinity_filter import SessionAffinityFilter
 from epp.scheduling.plugins.filter.slo_headroom_tier_filter import SloHeadroomTierFilter
+from epp.scheduling.plugins.filter.utilization_filter import UtilizationFilter
 from epp.scheduling.plugins.picker.max_score_picker import MaxScorePicker
 from epp.scheduling.plugins.picker.random_picker import RandomPicker
 from epp.scheduling.plugins.picker.weighted_random_picker import WeightedRandomPicker
@@ -26,6 +28,7 @@ from epp.scheduling.plugins.profile.disagg_profile_handler import (
     PdProfileHandler,
     PrefillHeaderHandler,
 )
+from epp.scheduling.plugins.profile.header_profile_handler import HeaderProfileHandler
 from epp.scheduling.plugins.profile.pd_deciders import (
     AlwaysDisaggPDDecider,
     LoadAwarePDDecider,
@@ -35,6 +38,7 @@ from epp.scheduling.plugins.profile.pd_deciders import (
 from epp.scheduling.plugins.profile.single_profile_handler import SingleProfileHandler
 from epp.scheduling.plugins.scorer.active_request_scorer import ActiveRequestScorer
 from epp.scheduling.plugins.scorer.context_length_aware import ContextLengthAware
+from epp.scheduling.plugins.scorer.header_label_affinity_scorer import HeaderLabelAffinityScorer
 from epp.scheduling.plugins.scorer.kv_cache_scorer import KVCacheUtilizationScorer
 from epp.scheduling.plugins.scorer.latency_scorer import LatencyScorer
 from epp.scheduling.plugins.scorer.load_aware_scorer import LoadAwareScorer
@@ -82,6 +86,10 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     PrefixBasedPDDecider,
     LoadAwarePDDecider,
     AlwaysDisaggPDDecider,
+    UtilizationFilter,
+    SessionAffinityFilter,
+    HeaderLabelAffinityScorer,
+    HeaderProfileHandler,
 )
 
 __all__ = [
@@ -95,6 +103,8 @@ __all__ = [
     "DecodeFilter",
     "DisaggProfileHandler",
     "HeaderBasedTestingFilter",
+    "HeaderLabelAffinityScorer",
+    "HeaderProfileHandler",
     "KVCacheUtilizationScorer",
     "LabelSelectorFilter",
     "LatencyScorer",
@@ -118,9 +128,11 @@ __all__ = [
     "QueueScorer",
     "RandomPicker",
     "RunningRequestsSizeScorer",
+    "SessionAffinityFilter",
     "SessionAffinityScorer",
     "SingleProfileHandler",
     "SloHeadroomTierFilter",
     "TokenLoadScorer",
+    "UtilizationFilter",
     "WeightedRandomPicker",
 ]

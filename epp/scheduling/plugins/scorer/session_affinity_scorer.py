@@ -36,6 +36,24 @@ KV_CACHE_UTIL_THRESHOLD = 0.8
 _PROCESS_KEY = secrets.token_bytes(32)
 
 
+def endpoint_identity(view: EndpointView) -> str:
+    """What a session token names: ``namespace/name@ip:port``."""
+    ep = view.endpoint
+    return f"{ep.namespace}/{ep.name}@{view.key}"
+
+
+def session_token(key: bytes, identity: str) -> str:
+    """The 32-character token of ``identity`` under ``key`` (base64url of 24 HMAC bytes)."""
+    mac = hmac.new(key, identity.encode(), hashlib.sha256).digest()[:24]
+    return base64.urlsafe_b64encode(mac).decode()
+
+
+def process_key(handle: Handle) -> bytes:
+    """The token key of this EPP: ``--session-token-key-file``'s, else the process's."""
+    settings = getattr(handle, "settings", None)
+    return getattr(settings, "session_token_key", None) or _PROCESS_KEY
+
+
 class SessionAffinityScorer(Scorer, ResponseReceived, EndpointsRemoved):
     """score = 1 for the candidate the request's ``x-session-token`` names when its queue
     is below 5 and its KV-cache use below 0.8; 0 otherwise (no token: 0 everywhere)."""
@@ -51,18 +69,15 @@ class SessionAffinityScorer(Scorer, ResponseReceived, EndpointsRemoved):
 
     @classmethod
     def create(cls, name: str, params: Any, handle: Handle) -> SessionAffinityScorer:
-        settings = getattr(handle, "settings", None)
-        return cls(name, params, key=getattr(settings, "session_token_key", None))
+        return cls(name, params, key=process_key(handle))
 
     def token(self, view: EndpointView) -> str:
         """The session token of ``view`` (cached per endpoint)."""
-        ep = view.endpoint
-        identity = f"{ep.namespace}/{ep.name}@{view.key}"
+        identity = endpoint_identity(view)
         cached = self._tokens.get(view.key)
         if cached is not None and cached[0] == identity:
             return cached[1]
-        mac = hmac.new(self._key, identity.encode(), hashlib.sha256).digest()[:24]
-        token = base64.urlsafe_b64encode(mac).decode()
+        token = session_token(self._key, identity)
         self._tokens[view.key] = (identity, token)
         return token
 
