@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from epp.scheduling.plugin import Plugin
 from epp.scheduling.plugins.filter.by_label_filter import ByLabelFilter, ByLabelSelectorFilter
+from epp.scheduling.plugins.filter.endpoint_attribute_filter import EndpointAttributeFilter
 from epp.scheduling.plugins.filter.header_based_testing_filter import HeaderBasedTestingFilter
 from epp.scheduling.plugins.filter.label_selector_filter import LabelSelectorFilter
 from epp.scheduling.plugins.filter.least_kv_cache_filter import LeastKVCacheFilter
@@ -38,6 +39,7 @@ from epp.scheduling.plugins.profile.pd_deciders import (
 from epp.scheduling.plugins.profile.single_profile_handler import SingleProfileHandler
 from epp.scheduling.plugins.scorer.active_request_scorer import ActiveRequestScorer
 from epp.scheduling.plugins.scorer.context_length_aware import ContextLengthAware
+from epp.scheduling.plugins.scorer.endpoint_attribute_scorer import EndpointAttributeScorer
 from epp.scheduling.plugins.scorer.header_label_affinity_scorer import HeaderLabelAffinityScorer
 from epp.scheduling.plugins.scorer.kv_cache_scorer import KVCacheUtilizationScorer
 from epp.scheduling.plugins.scorer.latency_scorer import LatencyScorer
@@ -90,6 +92,8 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     SessionAffinityFilter,
     HeaderLabelAffinityScorer,
     HeaderProfileHandler,
+    EndpointAttributeFilter,
+    EndpointAttributeScorer,
 )
 
 __all__ = [
@@ -102,6 +106,8 @@ __all__ = [
     "DataParallelProfileHandler",
     "DecodeFilter",
     "DisaggProfileHandler",
+    "EndpointAttributeFilter",
+    "EndpointAttributeScorer",
     "HeaderBasedTestingFilter",
     "HeaderLabelAffinityScorer",
     "HeaderProfileHandler",
