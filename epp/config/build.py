@@ -35,7 +35,7 @@ from epp.datalayer import (
     Extractor,
     MetricsDataSource,
 )
-from epp.datalayer.endpoint_notification import EndpointSetExtractor
+from epp.datalayer.endpoint_events import ENDPOINT_EVENTS
 from epp.datastore import Datastore
 from epp.flowcontrol import FEATURE_GATE as FLOW_CONTROL_GATE
 from epp.flowcontrol import FlowControlConfig, FlowControlConfigError, FlowController
@@ -323,7 +323,8 @@ def _endpoint_notifications(registry: PluginRegistry, handle: EppHandle,
     """An ``endpoint-notification-source`` for endpoint extractors no source feeds (llm-d
     configs without a ``dataLayer`` wiring for ``precise-prefix-cache-scorer``)."""
     wired = {id(e) for s in sources for e in s.extractors}
-    orphans = [e for e in handle.find(EndpointSetExtractor) if id(e) not in wired]
+    orphans = [e for e in handle.find(Extractor)
+               if e.input_type == ENDPOINT_EVENTS and id(e) not in wired]
     if not orphans:
         return ()
     source = next((s for s in handle.find(EndpointNotificationSource) if s not in sources),

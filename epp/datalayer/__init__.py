@@ -17,9 +17,11 @@ from epp.datalayer.k8s_events import (
 from epp.datalayer.metrics_source import MetricsDataSource, MetricsSourceParameters
 from epp.datalayer.models_source import ModelsDataExtractor, ModelsDataSource, ServedModels
 from epp.datalayer.plugin import DataSource, Extractor
+from epp.datalayer.topology import Topology, TopologyExtractor
 
 BUILTIN_PLUGINS = (MetricsDataSource, CoreMetricsExtractor, ModelsDataSource,
-                   ModelsDataExtractor, EndpointNotificationSource, K8sNotificationSource)
+                   ModelsDataExtractor, EndpointNotificationSource, K8sNotificationSource,
+                   TopologyExtractor)
 
 __all__ = [
     "BUILTIN_PLUGINS",
@@ -39,4 +41,6 @@ __all__ = [
     "NotificationEvent",
     "NotificationExtractor",
     "ServedModels",
+    "Topology",
+    "TopologyExtractor",
 ]

@@ -16,6 +16,7 @@ from epp.scheduling.plugins.filter.prefix_cache_affinity_filter import PrefixCac
 from epp.scheduling.plugins.filter.role_filter import DecodeFilter, PrefillFilter
 from epp.scheduling.plugins.filter.session_affinity_filter import SessionAffinityFilter
 from epp.scheduling.plugins.filter.slo_headroom_tier_filter import SloHeadroomTierFilter
+from epp.scheduling.plugins.filter.topology_affinity_filter import TopologyAffinityFilter
 from epp.scheduling.plugins.filter.utilization_filter import UtilizationFilter
 from epp.scheduling.plugins.picker.max_score_picker import MaxScorePicker
 from epp.scheduling.plugins.picker.random_picker import RandomPicker
@@ -50,6 +51,7 @@ from epp.scheduling.plugins.scorer.queue_scorer import QueueScorer
 from epp.scheduling.plugins.scorer.running_requests_scorer import RunningRequestsSizeScorer
 from epp.scheduling.plugins.scorer.session_affinity_scorer import SessionAffinityScorer
 from epp.scheduling.plugins.scorer.token_load_scorer import TokenLoadScorer
+from epp.scheduling.plugins.scorer.topology_affinity_scorer import TopologyAffinityScorer
 
 BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     QueueScorer,
@@ -94,6 +96,8 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     HeaderProfileHandler,
     EndpointAttributeFilter,
     EndpointAttributeScorer,
+    TopologyAffinityFilter,
+    TopologyAffinityScorer,
 )
 
 __all__ = [
@@ -139,6 +143,8 @@ __all__ = [
     "SingleProfileHandler",
     "SloHeadroomTierFilter",
     "TokenLoadScorer",
+    "TopologyAffinityFilter",
+    "TopologyAffinityScorer",
     "UtilizationFilter",
     "WeightedRandomPicker",
 ]
