@@ -28,6 +28,7 @@ from epp.datastore import EndpointView, Snapshot
 from epp.datastore.snapshot import ModelResolution as Resolution
 from epp.requestcontrol.plugin import Response
 from epp.scheduling import LLMRequest, estimate_tokens, prefix_input
+from epp.scheduling.request import max_output_tokens
 from epp.scheduling.result import SchedulingResult
 from epp.scheduling.scheduler import NoCandidates
 from shared.errors import BadRequest, GatewayError, NotFound, TooManyRequests
@@ -275,6 +276,7 @@ class Director:
             objective=res.objective,
             request_size=size,
             stream=req.stream,
+            max_output_tokens=max_output_tokens(req.body),
         )
         return request, new_body
 
