@@ -254,3 +254,22 @@ plugins:
 - type: utilization-filter
   parameters: {conditions: [{metric: waiting-queue, maxValue: -2}]}
 """))
+
+
+def test_session_scorer_session_id_strategy_prefers_the_bound_endpoint(make_view) -> None:
+    s = plugin("session-affinity-scorer", strategy="session_id",
+               sessionIdConfig={"sources": [{"attribute": "agent-identity"}]})
+    a, b = make_view(1), make_view(2)
+    first = req(**{"agent-identity": "agent-1"})
+    assert list(s.score(first, [a, b])) == [0, 0]
+    s.pre_request(first, picked(a))
+    assert list(s.score(req(**{"agent-identity": "agent-1"}), [a, b])) == [1, 0]
+    assert list(s.score(req(**{"agent-identity": "agent-2"}), [a, b])) == [0, 0]
+
+
+def test_session_scorer_custom_header_round_trip(make_view) -> None:
+    s = plugin("session-affinity-scorer", encodedEndpointHeaderConfig={"header": "x-sticky"})
+    a, b = make_view(1), make_view(2)
+    response = Response("r")
+    s.response_received(req(), response, b)
+    assert list(s.score(req({"x-sticky": response.set_headers["x-sticky"]}), [a, b])) == [0, 1]

@@ -15,7 +15,10 @@ one to pick an endpoint), so the two plugins understand each other's tokens.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import hmac
+import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -24,17 +27,32 @@ from typing import Any, Literal
 from epp.datastore import EndpointView
 from epp.requestcontrol.plugin import PreRequest, Response, ResponseReceived
 from epp.scheduling.plugin import Filter
-from epp.scheduling.plugins.scorer.session_affinity_scorer import (
-    endpoint_identity,
-    process_key,
-    session_token,
-)
 from epp.scheduling.request import LLMRequest
 from epp.scheduling.result import SchedulingResult
 from shared.plugins import Handle
 
 DEFAULT_TOKEN_HEADER = "x-session-token"
 DEFAULT_SESSION_ID_HEADER = "x-session-id"
+#: One random key per process, shared by every session plugin in it.
+_PROCESS_KEY = secrets.token_bytes(32)
+
+
+def endpoint_identity(view: EndpointView) -> str:
+    """What a session token names: ``namespace/name@ip:port``."""
+    ep = view.endpoint
+    return f"{ep.namespace}/{ep.name}@{view.key}"
+
+
+def session_token(key: bytes, identity: str) -> str:
+    """The 32-character token of ``identity`` under ``key`` (base64url of 24 HMAC bytes)."""
+    mac = hmac.new(key, identity.encode(), hashlib.sha256).digest()[:24]
+    return base64.urlsafe_b64encode(mac).decode()
+
+
+def process_key(handle: Handle | None) -> bytes:
+    """The token key of this EPP: ``--session-token-key-file``'s, else the process's."""
+    settings = getattr(handle, "settings", None)
+    return getattr(settings, "session_token_key", None) or _PROCESS_KEY
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +139,7 @@ class SessionAffinityFilter(Filter, PreRequest, ResponseReceived):
     def __init__(self, name: str = "", params: Any = None, key: bytes = b"",
                  clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(name, params)
-        self._key = key or process_key(Handle())
+        self._key = key or process_key(None)
         self._clock = clock
         self.header = (self.params.encoded_endpoint_header_config.header.strip().lower()
                        or DEFAULT_TOKEN_HEADER)
@@ -134,32 +152,44 @@ class SessionAffinityFilter(Filter, PreRequest, ResponseReceived):
         return cls(name, params, key=process_key(handle))
 
     @property
-    def _by_id(self) -> bool:
+    def by_id(self) -> bool:
+        """True with the ``session_id`` strategy."""
         return self.params.strategy == "session_id"
 
     def filter(
         self, request: LLMRequest, endpoints: Sequence[EndpointView]
     ) -> Sequence[EndpointView]:
-        if self._by_id:
-            return self._filter_by_id(request, endpoints)
+        target = self.target(request, endpoints)
+        return [target] if target is not None else endpoints
+
+    def target(self, request: LLMRequest,
+               endpoints: Sequence[EndpointView]) -> EndpointView | None:
+        """The candidate the request's session names (None: no session, or its endpoint is
+        not a candidate)."""
+        if self.by_id:
+            return self._target_by_id(request, endpoints)
         sent = request.headers.get(self.header)
         if not sent:
-            return endpoints
+            return None
         for view in endpoints:
-            if hmac.compare_digest(session_token(self._key, endpoint_identity(view)), sent):
-                return [view]
-        return endpoints
+            if hmac.compare_digest(self.token(view), sent):
+                return view
+        return None
 
-    def _filter_by_id(self, request: LLMRequest,
-                      endpoints: Sequence[EndpointView]) -> Sequence[EndpointView]:
+    def token(self, view: EndpointView) -> str:
+        """The session token of ``view``."""
+        return session_token(self._key, endpoint_identity(view))
+
+    def _target_by_id(self, request: LLMRequest,
+                      endpoints: Sequence[EndpointView]) -> EndpointView | None:
         sid = session_id(request, self.params.session_id_config.sources)
         bound = self.bindings.get(sid) if sid else None
         if bound is None:
-            return endpoints
+            return None
         target = next((v for v in endpoints if v.key == bound[0]), None)
         # remembered for pre_request: a binding moves only when its endpoint was not there
         request.plugin_state[self.name] = target is not None
-        return [target] if target is not None else endpoints
+        return target
 
     def _pick(self, result: SchedulingResult) -> EndpointView | None:
         profile = self.params.profile_name or result.primary_profile
@@ -168,7 +198,7 @@ class SessionAffinityFilter(Filter, PreRequest, ResponseReceived):
 
     def pre_request(self, request: LLMRequest, result: SchedulingResult) -> None:
         picked = self._pick(result)
-        if not self._by_id:
+        if not self.by_id:
             if picked is not None:
                 request.plugin_state[self.name] = picked
             return
@@ -183,12 +213,11 @@ class SessionAffinityFilter(Filter, PreRequest, ResponseReceived):
 
     def response_received(self, request: LLMRequest, response: Response,
                           endpoint: EndpointView) -> None:
-        if self._by_id:
+        if self.by_id:
             return
         target = request.plugin_state.get(self.name) if self.params.profile_name else endpoint
         if isinstance(target, EndpointView):
-            response.set_headers[self.header] = session_token(self._key,
-                                                              endpoint_identity(target))
+            response.set_headers[self.header] = self.token(target)
 
     def _sweep(self) -> None:
         """Drop bindings unused for longer than the TTL (at most once per sweep period)."""
