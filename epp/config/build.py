@@ -46,6 +46,7 @@ from epp.requestcontrol.plugin import (
     DataProducer,
     Parser,
     PreRequest,
+    RequestHeaderProcessor,
     ResponseComplete,
     ResponseMetadata,
     ResponseReceived,
@@ -146,7 +147,8 @@ def build(
             plugin.attach(scheduler.hooks)
     return Runtime(
         config=config, handle=handle, scheduler=scheduler, parser=parser,
-        producers=tuple(handle.find(DataProducer)), saturation=saturation,
+        producers=_header_processors_first(handle.find(DataProducer)),
+        saturation=saturation,
         admitters=tuple(handle.find(Admitter)), pre_request=_last(handle, PreRequest),
         response_received=tuple(handle.find(ResponseReceived)),
         response_streaming=tuple(handle.find(ResponseStreaming)),
@@ -201,6 +203,13 @@ def _default(registry: PluginRegistry, handle: EppHandle, type_name: str, src: s
         return registry.create(type_name, name, parameters, handle)
     except PluginError as e:
         raise ConfigError(f"{src}: {e}") from None
+
+
+def _header_processors_first(found: list[DataProducer]) -> tuple[DataProducer, ...]:
+    """Data producers in config order, request-header processors (``agent-identity``) first:
+    the others may read the attributes they publish."""
+    return (*[p for p in found if isinstance(p, RequestHeaderProcessor)],
+            *[p for p in found if not isinstance(p, RequestHeaderProcessor)])
 
 
 def _last(handle: EppHandle, kind: type[K]) -> tuple[K, ...]:

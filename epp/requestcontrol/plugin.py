@@ -40,6 +40,19 @@ class DataProducer(ABC):
         """Write what scorers/filters will read into ``request.plugin_state``."""
 
 
+class RequestHeaderProcessor(DataProducer):
+    """Reads the request's headers into request attributes (``request.plugin_state``) right
+    after the request is assembled: these run before every other data producer and before
+    admission, as upstream's ``RequestHeaderProcessor`` plugins do."""
+
+    @abstractmethod
+    def process_request_header(self, request: LLMRequest) -> None:
+        """Publish what the headers say (e.g. an agent's session identity)."""
+
+    def produce(self, request: LLMRequest, endpoints: Sequence[EndpointView]) -> None:
+        self.process_request_header(request)
+
+
 class SaturationDetector(ABC):
     """Says whether the pool is too busy for sheddable (negative-priority) requests."""
 

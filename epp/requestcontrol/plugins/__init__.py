@@ -1,6 +1,7 @@
 """Built-in request-control plugins, one per file. Register a new one in
 :data:`BUILTIN_PLUGINS`."""
 
+from epp.requestcontrol.plugins.agent_identity import AgentIdentity
 from epp.requestcontrol.plugins.attribute_reporter import RequestAttributeReporter
 from epp.requestcontrol.plugins.concurrency_detector import (
     ConcurrencyDetector,
@@ -14,6 +15,7 @@ from epp.requestcontrol.plugins.passthrough_parser import PassthroughParser
 from epp.requestcontrol.plugins.predicted_latency_producer import PredictedLatencyProducer
 from epp.requestcontrol.plugins.probabilistic_admitter import ProbabilisticAdmitter
 from epp.requestcontrol.plugins.served_verifier import DestinationEndpointServedVerifier
+from epp.requestcontrol.plugins.session_id_producer import SessionIdProducer
 from epp.requestcontrol.plugins.utilization_detector import (
     SaturationDetectorConfig,
     UtilizationDetector,
@@ -25,11 +27,25 @@ BUILTIN_PLUGINS = (OpenAIParser, InflightLoadProducer, RequestMetricsRecorder,
                    UtilizationDetector, ConcurrencyDetector, PredictedLatencyProducer,
                    LatencySloAdmitter, PassthroughParser, ProbabilisticAdmitter,
                    DestinationEndpointServedVerifier, RequestAttributeReporter,
-                   VllmGrpcParser, VertexAIParser)
+                   VllmGrpcParser, VertexAIParser, AgentIdentity, SessionIdProducer)
 
-__all__ = ["BUILTIN_PLUGINS", "ConcurrencyDetector", "ConcurrencyParameters",
-           "DestinationEndpointServedVerifier", "InflightLoadProducer", "LatencySloAdmitter",
-           "OpenAIParser", "PassthroughParser", "PredictedLatencyProducer",
-           "ProbabilisticAdmitter", "RequestAttributeReporter", "RequestMetricsRecorder",
-           "SaturationDetectorConfig", "UtilizationDetector", "VertexAIParser",
-           "VllmGrpcParser"]
+__all__ = [
+    "BUILTIN_PLUGINS",
+    "AgentIdentity",
+    "ConcurrencyDetector",
+    "ConcurrencyParameters",
+    "DestinationEndpointServedVerifier",
+    "InflightLoadProducer",
+    "LatencySloAdmitter",
+    "OpenAIParser",
+    "PassthroughParser",
+    "PredictedLatencyProducer",
+    "ProbabilisticAdmitter",
+    "RequestAttributeReporter",
+    "RequestMetricsRecorder",
+    "SaturationDetectorConfig",
+    "SessionIdProducer",
+    "UtilizationDetector",
+    "VertexAIParser",
+    "VllmGrpcParser",
+]
