@@ -159,3 +159,88 @@ schedulingProfiles:
     finally:
         gw.stop()
     assert pinned == {first.headers["x-inference-pod"]: 8}
+
+
+def test_session_id_producer_cookie_pins_a_session_through_the_gateway(
+        bg: BackgroundLoop, tmp_path: Path, servers: list[FakeModelServer]) -> None:
+    gw = Gateway(bg, tmp_path, servers, """\
+plugins:
+- type: session-id-producer
+  parameters: {cookieName: llm-d-session}
+- type: agent-identity
+- type: session-affinity-filter
+  parameters:
+    strategy: session_id
+    sessionIdConfig:
+      sources: [{attribute: SessionIDDataKey/session-id-producer}, {attribute: agent-identity}]
+- type: random-picker
+schedulingProfiles:
+- name: default
+  plugins: [{pluginRef: session-affinity-filter}, {pluginRef: random-picker}]
+""")
+    try:
+        by_cookie = gw.served(8, {"cookie": "theme=dark; llm-d-session=abc"})
+        by_agent = gw.served(8, {"x-claude-code-session-id": "agent-1"})
+    finally:
+        gw.stop()
+    assert len(by_cookie) == 1 and len(by_agent) == 1
+
+
+class CustomGaugeServer(FakeModelServer):
+    """A model server whose page also has ``custom_queue_depth{tier="gold"}``."""
+
+    depth = 0.0
+
+    def metrics_text(self) -> str:
+        return (super().metrics_text()
+                + f'custom_queue_depth{{tier="gold"}} {self.depth}\n')
+
+
+def test_custom_metrics_feed_the_endpoint_attribute_plugins_through_the_gateway(
+        bg: BackgroundLoop, tmp_path: Path) -> None:
+    port = e.free_port()
+    servers = [bg.run(CustomGaugeServer(f"pod-{i}", f"127.0.1.{i + 1}", port).start())
+               for i in range(3)]
+    servers[0].depth, servers[1].depth, servers[2].depth = 50.0, 2.0, 9.0
+    engine = "inference.networking.k8s.io/engine-type"
+    gw = Gateway(bg, tmp_path, servers, """\
+plugins:
+- type: metrics-data-source
+- type: core-metrics-extractor
+  parameters:
+    engineConfigs:
+    - name: custom-vllm
+      queuedRequestsSpec: vllm:num_requests_waiting
+      runningRequestsSpec: vllm:num_requests_running
+      kvUsageSpec: vllm:kv_cache_usage_perc
+      customMetrics: [{attributeKey: custom.queue_depth, metricSpec: "custom_queue_depth{tier=gold}"}]
+- type: endpoint-attribute-filter
+  parameters:
+    attribute: custom.queue_depth
+    algorithm: {type: threshold, threshold: {operator: LessThan, value: 10}}
+- type: endpoint-attribute-scorer
+  parameters: {attributeKey: custom.queue_depth, algorithm: {type: linear_lower_is_better}}
+- type: max-score-picker
+dataLayer:
+  sources:
+  - pluginRef: metrics-data-source
+    extractors: [{pluginRef: core-metrics-extractor}]
+schedulingProfiles:
+- name: default
+  plugins: [{pluginRef: endpoint-attribute-filter}, {pluginRef: endpoint-attribute-scorer},
+            {pluginRef: max-score-picker}]
+""", labels=[{engine: "custom-vllm"}] * 3)
+    try:
+        deadline = time.monotonic() + 10
+        while True:  # the attributes arrive with the first scrapes
+            served = gw.served(1)
+            if served == {"pod-1": 1} or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        steady = gw.served(6)
+    finally:
+        gw.stop()
+        for s in servers:
+            bg.run(s.stop())
+    # the filter drops pod-0 (50 ≥ 10), the scorer prefers pod-1 (2) over pod-2 (9)
+    assert steady == {"pod-1": 6}
