@@ -16,7 +16,7 @@ import pytest
 
 from devkit import envoy as e
 from devkit.manifests import pool_manifests, write_yaml
-from tests.support.picker import start_servers
+from tests.support.picker import OBJECTIVES, start_servers
 from tests.support.processes import BackgroundLoop, EppProcess, FakeModelServer, pool_gateway_config
 
 pytestmark = pytest.mark.envoy
@@ -28,8 +28,10 @@ class Gateway:
     """Envoy in front of one EPP started with ``config``; pod ``i`` gets ``labels[i]``."""
 
     def __init__(self, bg: BackgroundLoop, tmp: Path, servers: list[FakeModelServer],
-                 config: str, labels: list[dict[str, str]] | None = None) -> None:
-        docs = pool_manifests("pool", [(s.name, s.host) for s in servers], servers[0].port)
+                 config: str, labels: list[dict[str, str]] | None = None,
+                 extra: list[dict[str, Any]] | None = None) -> None:
+        docs = pool_manifests("pool", [(s.name, s.host) for s in servers], servers[0].port,
+                              extra)
         for doc, extra in zip(docs[1:], labels or [], strict=False):
             doc["metadata"]["labels"].update(extra)
         manifests = tmp / "pool.yaml"
@@ -213,7 +215,8 @@ plugins:
       queuedRequestsSpec: vllm:num_requests_waiting
       runningRequestsSpec: vllm:num_requests_running
       kvUsageSpec: vllm:kv_cache_usage_perc
-      customMetrics: [{attributeKey: custom.queue_depth, metricSpec: "custom_queue_depth{tier=gold}"}]
+      customMetrics:
+      - {attributeKey: custom.queue_depth, metricSpec: "custom_queue_depth{tier=gold}"}
 - type: endpoint-attribute-filter
   parameters:
     attribute: custom.queue_depth
@@ -244,3 +247,28 @@ schedulingProfiles:
             bg.run(s.stop())
     # the filter drops pod-0 (50 ≥ 10), the scorer prefers pod-1 (2) over pod-2 (9)
     assert steady == {"pod-1": 6}
+
+
+def test_probabilistic_admitter_sheds_sheddable_requests_from_a_saturated_pool(
+        bg: BackgroundLoop, tmp_path: Path, servers: list[FakeModelServer]) -> None:
+    for s in servers:
+        s.kv = 0.9  # past kvCacheUtilThreshold 0.8: saturation 1, shed probability 1
+    gw = Gateway(bg, tmp_path, servers, """\
+plugins:
+- type: probabilistic-admitter
+- type: random-picker
+schedulingProfiles:
+- name: default
+  plugins: [{pluginRef: random-picker}]
+""", extra=OBJECTIVES)
+    try:
+        for s in servers:
+            gw.wait_scraped(s.key, "kv_usage", 0.9)
+        batch = [gw.complete(f"b{i}", {"x-gateway-inference-objective": "batch"})
+                 for i in range(5)]
+        chat = [gw.complete(f"c{i}", {"x-gateway-inference-objective": "chat"})
+                for i in range(5)]
+    finally:
+        gw.stop()
+    assert [r.status_code for r in batch] == [429] * 5, batch[0].text
+    assert [r.status_code for r in chat] == [200] * 5
