@@ -203,6 +203,8 @@ class SimServer:
         r.add_get("/version", self._version)
         r.add_post("/reset_prefix_cache", self._reset_prefix_cache)
         r.add_post("/tokenize", self._tokenize)
+        r.add_post("/v1/completions/render", self._render_completions)
+        r.add_post("/v1/chat/completions/render", self._render_chat)
         r.add_get("/sim/faults", self._get_faults)
         r.add_post("/sim/faults", self._set_faults)
         r.add_get("/sim/state", self._state)
@@ -461,6 +463,43 @@ class SimServer:
         ids = token_ids(prompt)
         return _json({"count": len(ids), "max_model_len": self.cfg.profile.max_model_len,
                       "tokens": ids, "token_strs": None})
+
+    async def _render_input(self, request: web.Request, chat: bool) -> list[bytes]:
+        """The prompts of a vLLM ``/render`` body (completions may batch several strings)."""
+        body = await self._read_json(request)
+        model = body.get("model")
+        if model is not None:
+            if not isinstance(model, str):
+                raise ApiError(400, "'model' must be a string")
+            self._resolve_model(model)  # 404 for an unknown model
+        if chat:
+            if "messages" not in body:
+                raise ApiError(400, "'messages' is required")
+            return [tokenize_input({"messages": body["messages"]})]
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) > 1 and all(
+                isinstance(p, str) for p in prompt):
+            return [p.encode() for p in prompt]
+        if prompt is None:
+            raise ApiError(400, "'prompt' is required")
+        return [tokenize_input({"prompt": prompt})]
+
+    async def _render_completions(self, request: web.Request) -> web.Response:
+        # vLLM's /v1/completions/render (what llm-d-router v0.10's token-producer calls): one
+        # entry per prompt, the token ids the engine would run (the ones KV events carry).
+        try:
+            prompts = await self._render_input(request, chat=False)
+        except ApiError as exc:
+            return _error(exc)
+        return _json([{"token_ids": token_ids(p)} for p in prompts])
+
+    async def _render_chat(self, request: web.Request) -> web.Response:
+        # vLLM's /v1/chat/completions/render: the chat template applied, then tokenized.
+        try:
+            (prompt,) = await self._render_input(request, chat=True)
+        except ApiError as exc:
+            return _error(exc)
+        return _json({"token_ids": token_ids(prompt)})
 
     async def _reset_prefix_cache(self, request: web.Request) -> web.Response:
         # vLLM answers 200 either way and logs a refusal; a test needs to know, so we say it.
