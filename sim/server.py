@@ -193,6 +193,7 @@ class SimServer:
         r.add_get("/health", self._health)
         r.add_get("/ping", self._health)
         r.add_get("/metrics", self._metrics)
+        r.add_get("/dcgm/metrics", self._dcgm_metrics)
         r.add_post("/v1/load_lora_adapter", self._load_lora)
         r.add_post("/v1/unload_lora_adapter", self._unload_lora)
         r.add_get("/get_load", self._get_load)
@@ -364,6 +365,25 @@ class SimServer:
             await asyncio.sleep(self.faults.metrics_delay)
         return web.Response(body=self.metrics.render(),
                             headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+    def gpu_util_percent(self) -> float:
+        """What DCGM would report as GPU utilization: the share of the batch slots
+        (``max_num_seqs``) running, in percent (pinned by the ``gpu_util_percent`` fault)."""
+        if self.faults.gpu_util_percent is not None:
+            return float(self.faults.gpu_util_percent)
+        slots = max(1, self.cfg.profile.max_num_seqs)
+        return min(100.0, 100.0 * self.engine.num_running / slots)
+
+    async def _dcgm_metrics(self, request: web.Request) -> web.Response:
+        # The page NVIDIA's DCGM exporter serves on :9400/metrics (one GPU, sidecar mode with
+        # the Kubernetes labels DCGM_EXPORTER_KUBERNETES adds), for dcgm-data-source.
+        labels = (f'gpu="0",UUID="GPU-sim-{self.port}",device="nvidia0",'
+                  f'modelName="vllm-sim",Hostname="{self.cfg.host}",pod="{self.name}",'
+                  f'namespace="default",container="vllm"')
+        page = ("# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).\n"
+                "# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n"
+                f"DCGM_FI_DEV_GPU_UTIL{{{labels}}} {self.gpu_util_percent():g}\n")
+        return web.Response(text=page, content_type="text/plain")
 
     async def _read_json(self, request: web.Request) -> dict[str, Any]:
         try:

@@ -3,6 +3,7 @@ into typed attributes in the datastore. Built in: ``metrics-data-source`` (HTTP(
 of ``/metrics``) with ``core-metrics-extractor`` (engine dialects)."""
 
 from epp.datalayer.core_metrics import CoreMetricsExtractor, CoreMetricsParameters
+from epp.datalayer.dcgm import DcgmDataSource, DcgmExtractor
 from epp.datalayer.endpoint_events import (
     EndpointEvent,
     EndpointExtractor,
@@ -21,13 +22,15 @@ from epp.datalayer.topology import Topology, TopologyExtractor
 
 BUILTIN_PLUGINS = (MetricsDataSource, CoreMetricsExtractor, ModelsDataSource,
                    ModelsDataExtractor, EndpointNotificationSource, K8sNotificationSource,
-                   TopologyExtractor)
+                   TopologyExtractor, DcgmDataSource, DcgmExtractor)
 
 __all__ = [
     "BUILTIN_PLUGINS",
     "CoreMetricsExtractor",
     "CoreMetricsParameters",
     "DataSource",
+    "DcgmDataSource",
+    "DcgmExtractor",
     "EndpointEvent",
     "EndpointExtractor",
     "EndpointNotificationSource",

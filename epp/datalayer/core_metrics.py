@@ -15,7 +15,7 @@ from typing import Any
 
 import structlog
 
-from epp.datalayer.custom_metrics import CustomMetric, CustomMetricsReader, ScalarAttributes
+from epp.datalayer.custom_metrics import CustomMetric, CustomMetricsReader, publish_scalars
 from epp.datalayer.metrics_source import PROMETHEUS_TEXT
 from epp.datalayer.plugin import Extractor
 from epp.datastore import EndpointView, EngineType
@@ -157,7 +157,7 @@ class CoreMetricsExtractor(Plugin, Extractor, EndpointsRemoved):
         reader = self.custom.get(dialect.name)
         if reader is not None:
             # each scrape replaces the endpoint's custom attributes with what the page has
-            view.attributes[ScalarAttributes] = reader.read(text)
+            publish_scalars(view, self.name, reader.read(text))
         try:
             return parse_metrics(text, dialect, now)
         except MetricsError:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from epp.metrics.dialects import parse_spec
 from epp.metrics.parser import scan
@@ -34,14 +35,30 @@ class CustomMetric:
 
 @dataclass(frozen=True, slots=True)
 class ScalarAttributes:
-    """The custom metrics of one endpoint's latest scrape: attribute key → value (a key whose
-    metric was not on the page is absent)."""
+    """An endpoint's numeric attributes, by the extractor that made them (each replaces only
+    its own on every reading): attribute key → value."""
 
-    values: Mapping[str, float]
+    by_owner: Mapping[str, Mapping[str, float]]
 
     def get(self, key: str) -> float | None:
         """The value under ``key``, None when the endpoint does not have it."""
-        return self.values.get(key)
+        for values in self.by_owner.values():
+            if key in values:
+                return values[key]
+        return None
+
+    @property
+    def values(self) -> dict[str, float]:
+        """Every attribute, whoever made it."""
+        return {k: v for values in self.by_owner.values() for k, v in values.items()}
+
+
+def publish_scalars(view: Any, owner: str, values: Mapping[str, float]) -> None:
+    """Replace ``owner``'s numeric attributes of ``view`` with ``values``."""
+    current = view.attribute(ScalarAttributes)
+    mine = dict(current.by_owner) if current is not None else {}
+    mine[owner] = dict(values)
+    view.attributes[ScalarAttributes] = ScalarAttributes(mine)
 
 
 class CustomMetricsReader:
@@ -51,7 +68,7 @@ class CustomMetricsReader:
         self._specs = [(m.attribute_key, *parse_spec(m.metric_spec)) for m in metrics]
         self._families = tuple({family for _, family, _ in self._specs})
 
-    def read(self, text: str) -> ScalarAttributes:
+    def read(self, text: str) -> dict[str, float]:
         """The attributes found on the page ``text``."""
         families = scan(text, self._families).families
         out: dict[str, float] = {}
@@ -59,4 +76,4 @@ class CustomMetricsReader:
             for sample in families.get(family, ()):
                 if all(sample.labels.get(k) == v for k, v in labels.items()):
                     out[key] = sample.value
-        return ScalarAttributes(out)
+        return out

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from epp.config.builtins import builtin_registry
-from epp.datalayer.custom_metrics import ScalarAttributes
+from epp.datalayer.custom_metrics import ScalarAttributes, publish_scalars
 from epp.datastore import EndpointView
 from epp.scheduling import LLMRequest
 from shared.plugins import PluginError
@@ -35,8 +35,7 @@ def plugin(type_name: str, **params: Any) -> Any:
 
 
 def with_attr(view: EndpointView, **values: float) -> EndpointView:
-    view.attributes[ScalarAttributes] = ScalarAttributes(
-        {k.replace("_", "."): v for k, v in values.items()})
+    publish_scalars(view, "test", {k.replace("_", "."): v for k, v in values.items()})
     return view
 
 
