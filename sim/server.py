@@ -213,6 +213,8 @@ class SimServer:
         r.add_post("/sim/revive", self._revive)
         if self.kv_transfer is not None and self.kv_transfer.cfg.produces:
             r.add_post("/sim/kv/pull", self.kv_transfer.serve_pull)
+        if self.kv_transfer is not None:  # a P2P KV source: any server with a connector
+            r.add_post("/sim/kv/prefix", self.kv_transfer.serve_prefix)
         return app
 
     async def _stamp(self, request: web.Request, response: web.StreamResponse) -> None:
@@ -271,6 +273,12 @@ class SimServer:
             req.hold_kv = True
             # Held KV is found by request id: make it unique, as vLLM suffixes request ids.
             req.id = f"{req.id}-{os.urandom(4).hex()}"
+        source = (parsed.kv_transfer_params or {}).get("remote_kv_source")
+        if source is not None and self.kv_transfer is not None and kv_out != "decode":
+            # llm-d-router v0.10's P2P pull: the prompt's cached prefix is read from the pod
+            # the EPP named instead of being computed here (before queueing, as the pull).
+            req.remote_tokens = max(req.remote_tokens,
+                                    await self.kv_transfer.pull_source(source, req))
         try:
             engine.add(req)
         except QueueFull as exc:

@@ -57,6 +57,7 @@ from epp.requestcontrol.plugins import (
     ConcurrencyDetector,
     InflightLoadProducer,
     OpenAIParser,
+    P2PSourceProducer,
     RequestMetricsRecorder,
     UtilizationDetector,
 )
@@ -142,6 +143,11 @@ def build(
     for cls in (InflightLoadProducer, RequestMetricsRecorder):
         if not handle.find(cls):
             _default(registry, handle, cls.type_name, src)
+    for p2p in handle.find(P2PSourceProducer):  # its producer exists once all plugins do
+        try:
+            p2p.check()
+        except PluginError as e:
+            raise ConfigError(f"{src}: plugin {p2p.name!r} ({p2p.type_name}): {e}") from None
     for plugin in handle:  # plugins added by defaults get the scheduler's hooks too
         if plugin not in scheduler.plugins and hasattr(plugin, "attach"):
             plugin.attach(scheduler.hooks)

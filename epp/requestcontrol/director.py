@@ -34,7 +34,7 @@ from epp.scheduling.scheduler import NoCandidates
 from shared.errors import BadRequest, GatewayError, NotFound, TooManyRequests
 from shared.extproc import RequestDecision
 from shared.openai import OpenAIRequest
-from shared.pd import PREFILLER_HEADER
+from shared.pd import KV_SOURCE_HEADER, PREFILLER_HEADER
 
 if TYPE_CHECKING:
     from epp.config import Runtime
@@ -289,7 +289,8 @@ class Director:
             # A client's own copies of our control headers never reach the proxy's LB, and a
             # client never names a prefiller (only a P/D handler's pick, set above, does).
             remove_headers=[h for h in headers if (h.startswith(DESTINATION) and h != DESTINATION)
-                            or (h == PREFILLER_HEADER and h not in result.extra_headers)],
+                            or (h in (PREFILLER_HEADER, KV_SOURCE_HEADER)
+                                and h not in result.extra_headers)],
             body=pending.new_body,
             metadata={LB_NAMESPACE: {DESTINATION: destination}},
         )

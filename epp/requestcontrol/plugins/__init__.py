@@ -11,6 +11,7 @@ from epp.requestcontrol.plugins.inflight_load import InflightLoadProducer
 from epp.requestcontrol.plugins.latency_slo_admitter import LatencySloAdmitter
 from epp.requestcontrol.plugins.metrics_recorder import RequestMetricsRecorder
 from epp.requestcontrol.plugins.openai_parser import OpenAIParser
+from epp.requestcontrol.plugins.p2p_source_producer import P2PSourceProducer
 from epp.requestcontrol.plugins.passthrough_parser import PassthroughParser
 from epp.requestcontrol.plugins.predicted_latency_producer import PredictedLatencyProducer
 from epp.requestcontrol.plugins.probabilistic_admitter import ProbabilisticAdmitter
@@ -27,7 +28,8 @@ BUILTIN_PLUGINS = (OpenAIParser, InflightLoadProducer, RequestMetricsRecorder,
                    UtilizationDetector, ConcurrencyDetector, PredictedLatencyProducer,
                    LatencySloAdmitter, PassthroughParser, ProbabilisticAdmitter,
                    DestinationEndpointServedVerifier, RequestAttributeReporter,
-                   VllmGrpcParser, VertexAIParser, AgentIdentity, SessionIdProducer)
+                   VllmGrpcParser, VertexAIParser, AgentIdentity, SessionIdProducer,
+                   P2PSourceProducer)
 
 __all__ = [
     "BUILTIN_PLUGINS",

@@ -110,3 +110,60 @@ def test_a_session_attribute_pins_requests_through_the_director(
         d.finish(routed, completed=True, status=200, response_size=1, prompt_tokens=1,
                  completion_tokens=1)
     assert len(served) == 1  # random-picker alone spreads 12 requests over the pool
+
+
+P2P = """\
+apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: approx-prefix-cache-producer
+  parameters: {blockSizeTokens: 16}
+- type: p2p-source-producer
+  parameters: {minCachedTokenDelta: %d}
+- type: header-based-testing-filter
+schedulingProfiles:
+- name: default
+  plugins: [{pluginRef: header-based-testing-filter}]
+"""
+
+
+def routed_to(d: Director, key: str, rid: str, **extra: str) -> Any:
+    decision, routed = d.route({**HEADERS, "x-request-id": rid,
+                                "test-epp-endpoint-selection": key, **extra},
+                               body("shared system prompt " * 40), {})
+    d.finish(routed, completed=True, status=200, response_size=1, prompt_tokens=1,
+             completion_tokens=1)
+    return decision
+
+
+def test_p2p_source_names_the_pod_holding_the_prefix_when_another_computes_it() -> None:
+    ds = store()
+    a, b = (v.key for v in ds.views()[:2])
+    d = Director.of(build(parse_config(P2P % 1), ds))
+    first = routed_to(d, a, "r1")
+    assert "x-kv-cache-source-host-port" not in first.set_headers  # nothing cached anywhere
+    second = routed_to(d, b, "r2")
+    assert second.set_headers["x-kv-cache-source-host-port"] == a
+    third = routed_to(d, a, "r3")  # the computing pod holds it itself: no pull
+    assert "x-kv-cache-source-host-port" not in third.set_headers
+
+
+def test_p2p_source_needs_the_minimum_delta_and_strips_a_clients_header() -> None:
+    ds = store()
+    a, b = (v.key for v in ds.views()[:2])
+    d = Director.of(build(parse_config(P2P % 100000), ds))
+    routed_to(d, a, "r1")
+    forged = routed_to(d, b, "r2", **{"x-kv-cache-source-host-port": "10.0.0.99:1"})
+    assert "x-kv-cache-source-host-port" not in forged.set_headers
+    assert "x-kv-cache-source-host-port" in forged.remove_headers
+
+
+def test_p2p_source_refuses_a_producer_that_is_not_one() -> None:
+    from epp.config.loader import ConfigError
+
+    text = P2P.replace("{minCachedTokenDelta: %d}", "{prefixMatchInfoProducerName: "
+                       "header-based-testing-filter}")
+    with pytest.raises(ConfigError, match="not a prefix-cache producer"):
+        build(parse_config(text), store())
+    with pytest.raises(PluginError, match="minCachedTokenDelta"):
+        plugin("p2p-source-producer", minCachedTokenDelta=0)
