@@ -52,6 +52,7 @@ from epp.requestcontrol.plugin import (
     ResponseReceived,
     ResponseStreaming,
     SaturationDetector,
+    Screener,
 )
 from epp.requestcontrol.plugins import (
     ConcurrencyDetector,
@@ -98,6 +99,8 @@ class Runtime:
     #: The flow controller when ``featureGates`` has ``flowControl`` (None: off, the default).
     flow_control: FlowController | None = None
     response_metadata: tuple[ResponseMetadata, ...] = ()
+    #: Request-level candidate screens run before scheduling (llm-d-router v0.10).
+    screeners: tuple[Screener, ...] = ()
 
     @property
     def datastore(self) -> Datastore:
@@ -161,6 +164,7 @@ def build(
         response_complete=_last(handle, ResponseComplete), data_sources=sources, rng=rng,
         flow_control=flow,
         response_metadata=tuple(handle.find(ResponseMetadata)),
+        screeners=tuple(handle.find(Screener)),
     )
 
 

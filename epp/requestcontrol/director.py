@@ -160,6 +160,8 @@ class Director:
     def dispatch(self, pending: Pending) -> tuple[RequestDecision, Routed]:
         """Schedule, run the pre-request plugins (the commit), answer Envoy."""
         request = pending.request
+        for screener in self.runtime.screeners:
+            pending.candidates = screener.screen(request, pending.candidates)
         try:
             result = self.scheduler.schedule(request, pending.candidates)
         except GatewayError:

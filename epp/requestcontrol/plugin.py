@@ -53,6 +53,16 @@ class RequestHeaderProcessor(DataProducer):
         self.process_request_header(request)
 
 
+class Screener(ABC):
+    """Narrows the candidates once per request, before every scheduling profile (upstream's
+    ``Screener``): a constraint no filter, scorer or picker can undo."""
+
+    @abstractmethod
+    def screen(self, request: LLMRequest,
+               endpoints: Sequence[EndpointView]) -> Sequence[EndpointView]:
+        """The candidates ``request`` may use; raise a GatewayError to refuse it."""
+
+
 class SaturationDetector(ABC):
     """Says whether the pool is too busy for sheddable (negative-priority) requests."""
 

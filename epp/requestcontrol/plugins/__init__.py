@@ -7,6 +7,9 @@ from epp.requestcontrol.plugins.concurrency_detector import (
     ConcurrencyDetector,
     ConcurrencyParameters,
 )
+from epp.requestcontrol.plugins.disaggregatedset_rollout_screener import (
+    DisaggregatedSetRolloutScreener,
+)
 from epp.requestcontrol.plugins.inflight_load import InflightLoadProducer
 from epp.requestcontrol.plugins.latency_slo_admitter import LatencySloAdmitter
 from epp.requestcontrol.plugins.metrics_recorder import RequestMetricsRecorder
@@ -29,7 +32,7 @@ BUILTIN_PLUGINS = (OpenAIParser, InflightLoadProducer, RequestMetricsRecorder,
                    LatencySloAdmitter, PassthroughParser, ProbabilisticAdmitter,
                    DestinationEndpointServedVerifier, RequestAttributeReporter,
                    VllmGrpcParser, VertexAIParser, AgentIdentity, SessionIdProducer,
-                   P2PSourceProducer)
+                   P2PSourceProducer, DisaggregatedSetRolloutScreener)
 
 __all__ = [
     "BUILTIN_PLUGINS",
