@@ -65,7 +65,7 @@ def director(ds: Datastore, mode: str = "max-role", seed: int = 0) -> Director:
 
 
 def route(d: Director, **headers: str) -> Any:
-    decision, routed = d.route({**HEADERS, **headers}, body(), {})
+    _, routed = d.route({**HEADERS, **headers}, body(), {})
     d.response_received(routed, 200, {})
     d.finish(routed, completed=True, status=200, response_size=1, prompt_tokens=1,
              completion_tokens=1)
