@@ -3,6 +3,7 @@
 
 from epp.requestcontrol.plugins.agent_identity import AgentIdentity
 from epp.requestcontrol.plugins.attribute_reporter import RequestAttributeReporter
+from epp.requestcontrol.plugins.burst_prefix_cache_producer import BurstPrefixCacheProducer
 from epp.requestcontrol.plugins.concurrency_detector import (
     ConcurrencyDetector,
     ConcurrencyParameters,
@@ -32,7 +33,8 @@ BUILTIN_PLUGINS = (OpenAIParser, InflightLoadProducer, RequestMetricsRecorder,
                    LatencySloAdmitter, PassthroughParser, ProbabilisticAdmitter,
                    DestinationEndpointServedVerifier, RequestAttributeReporter,
                    VllmGrpcParser, VertexAIParser, AgentIdentity, SessionIdProducer,
-                   P2PSourceProducer, DisaggregatedSetRolloutScreener)
+                   P2PSourceProducer, DisaggregatedSetRolloutScreener,
+                   BurstPrefixCacheProducer)
 
 __all__ = [
     "BUILTIN_PLUGINS",

@@ -272,3 +272,30 @@ schedulingProfiles:
         gw.stop()
     assert [r.status_code for r in batch] == [429] * 5, batch[0].text
     assert [r.status_code for r in chat] == [200] * 5
+
+
+def test_burst_prefix_cache_producer_colocates_a_burst_through_the_gateway(
+        bg: BackgroundLoop, tmp_path: Path, servers: list[FakeModelServer]) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    gw = Gateway(bg, tmp_path, servers, """\
+plugins:
+- type: burst-prefix-cache-producer
+  parameters: {windowDurationMs: 300}
+- type: prefix-cache-scorer
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins: [{pluginRef: prefix-cache-scorer}, {pluginRef: max-score-picker}]
+""")
+    prompt = "the same rollout prompt, sampled n times. " * 40
+    try:
+        for rnd in range(2):  # two bursts of 6 samples of one prompt each
+            with ThreadPoolExecutor(6) as pool:
+                answers = list(pool.map(lambda _: gw.complete(prompt + str(rnd)), range(6)))
+            assert all(a.status_code == 200 for a in answers), answers[0].text
+            served = {a.headers["x-inference-pod"] for a in answers}
+            # without the producer every score ties at 0 and max-score-picker spreads them
+            assert len(served) == 1, served
+    finally:
+        gw.stop()
