@@ -291,8 +291,9 @@ schedulingProfiles:
     prompt = "the same rollout prompt, sampled n times. " * 40
     try:
         for rnd in range(2):  # two bursts of 6 samples of one prompt each
+            text = prompt + str(rnd)
             with ThreadPoolExecutor(6) as pool:
-                answers = list(pool.map(lambda _: gw.complete(prompt + str(rnd)), range(6)))
+                answers = list(pool.map(gw.complete, [text] * 6))
             assert all(a.status_code == 200 for a in answers), answers[0].text
             served = {a.headers["x-inference-pod"] for a in answers}
             # without the producer every score ties at 0 and max-score-picker spreads them
