@@ -194,7 +194,7 @@ class BurstPrefixCacheProducer(ApproxPrefixCacheProducer, Admitter):
     params: BurstParameters  # type: ignore[assignment]
 
     def __init__(self, name: str = "", params: Any = None, store: Any = None) -> None:
-        super().__init__(name, params or BurstParameters(), store)
+        super().__init__(name, params or BurstParameters(), store)  # type: ignore[arg-type]
         p = self.params
         self._hasher = ApproxPrefixCacheProducer(f"{self.name}/hash", PrefixCacheParameters(
             auto_tune=False, block_size_tokens=p.block_size_tokens,
