@@ -300,3 +300,75 @@ schedulingProfiles:
             assert len(served) == 1, served
     finally:
         gw.stop()
+
+
+class DcgmExporter:
+    """A small real DCGM-exporter page (``DCGM_FI_DEV_GPU_UTIL`` with the pod's label) on the
+    pod's IP, as the exporter sidecar serves it on :9400."""
+
+    def __init__(self, host: str, port: int, pod: str, util: float) -> None:
+        self.host, self.port, self.pod, self.util = host, port, pod, util
+        self._runner: Any = None
+
+    async def start(self) -> DcgmExporter:
+        from aiohttp import web
+
+        async def page(_: web.Request) -> web.Response:
+            return web.Response(text=f'DCGM_FI_DEV_GPU_UTIL{{gpu="0",pod="{self.pod}"}} '
+                                     f"{self.util}\n")
+
+        app = web.Application()
+        app.router.add_get("/metrics", page)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, self.host, self.port).start()
+        return self
+
+    async def stop(self) -> None:
+        await self._runner.cleanup()
+
+
+def test_dcgm_data_source_feeds_gpu_utilization_routing_through_the_gateway(
+        bg: BackgroundLoop, tmp_path: Path, servers: list[FakeModelServer]) -> None:
+    dport = e.free_port()
+    exporters = [bg.run(DcgmExporter(s.host, dport, s.name, util).start())
+                 for s, util in zip(servers, (95.0, 20.0, 60.0), strict=True)]
+    gw = Gateway(bg, tmp_path, servers, f"""\
+plugins:
+- type: metrics-data-source
+- type: core-metrics-extractor
+- type: dcgm-data-source
+  parameters: {{port: {dport}, interval: 50ms}}
+- type: dcgm-extractor
+- type: endpoint-attribute-filter
+  parameters:
+    attribute: GPUUtilization/dcgm-extractor
+    algorithm: {{type: threshold, threshold: {{operator: LessThanOrEqual, value: 0.9}}}}
+- type: endpoint-attribute-scorer
+  parameters:
+    attributeKey: GPUUtilization/dcgm-extractor
+    algorithm: {{type: linear_lower_is_better, normalization: {{fixedRange: {{min: 0, max: 1}}}}}}
+- type: max-score-picker
+dataLayer:
+  sources:
+  - pluginRef: metrics-data-source
+    extractors: [{{pluginRef: core-metrics-extractor}}]
+  - pluginRef: dcgm-data-source
+    extractors: [{{pluginRef: dcgm-extractor}}]
+schedulingProfiles:
+- name: default
+  plugins: [{{pluginRef: endpoint-attribute-filter}}, {{pluginRef: endpoint-attribute-scorer}},
+            {{pluginRef: max-score-picker}}]
+""")
+    try:
+        deadline = time.monotonic() + 10
+        while gw.served(1) != {"pod-1": 1}:  # the attribute arrives with the first scrapes
+            assert time.monotonic() < deadline, "GPU utilization never reached the scorer"
+            time.sleep(0.1)
+        steady = gw.served(6)
+    finally:
+        gw.stop()
+        for x in exporters:
+            bg.run(x.stop())
+    # pod-0 (95%) is filtered out, pod-1 (20%) outscores pod-2 (60%)
+    assert steady == {"pod-1": 6}
