@@ -57,7 +57,7 @@ def _manifests(keys: list[str], labels: Mapping[str, Mapping[str, str]] | None =
     docs = pool_manifests(POOL, pods, port, objective_manifests(POOL))
     for key, extra in (labels or {}).items():
         doc = docs[1 + keys.index(key)]
-        doc["metadata"]["labels"].update(extra)  # type: ignore[index]
+        doc["metadata"]["labels"].update(extra)
     return docs
 
 
