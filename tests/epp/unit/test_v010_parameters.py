@@ -80,3 +80,13 @@ def test_the_director_reads_the_clients_output_cap() -> None:
     assert max_output_tokens({"max_output_tokens": 3}) == 3
     assert max_output_tokens({"max_tokens": True}) is None
     assert max_output_tokens({}) is None
+
+
+def test_upstream_spellings_of_latency_parameters_load() -> None:
+    assert plugin("latency-scorer", compositeKVWeight=2).params.composite_kv_weight == 2.0
+    p = plugin("predicted-latency-producer", predictInProduce=False, contextTTL="5m").params
+    assert p.predict_in_prepare_data is False and p.context_ttl == 300.0
+    for params, why in (({"endpointRoleLabel": "llm-d.ai/role"}, "endpointRoleLabel"),
+                        ({"useEncoderCacheFeatures": True}, "multimodal")):
+        with pytest.raises(PluginError, match=why):
+            plugin("predicted-latency-producer", **params)
