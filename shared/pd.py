@@ -22,6 +22,11 @@ from typing import Any, Final
 
 #: Request header set by the EPP: the prefill endpoint(s) the decode side should use.
 PREFILLER_HEADER: Final = "x-prefiller-host-port"
+#: llm-d-router v0.10: a pod holding more of the prompt's prefix in cache than the pod that
+#: computes it; the sidecar has the computing pod pull it over the P2P tier.
+KV_SOURCE_HEADER: Final = "x-kv-cache-source-host-port"
+#: The ``kv_transfer_params`` key naming that pod (llm-d's sidecar protocol).
+REMOTE_KV_SOURCE: Final = "remote_kv_source"
 
 #: The body field both legs carry (vLLM's name).
 KV_TRANSFER_PARAMS: Final = "kv_transfer_params"

@@ -20,10 +20,14 @@ from shared.pd import can_prefill
 
 
 class PrefillerPolicy(Protocol):
-    """Decides whether a ``host:port`` may serve a prefill leg."""
+    """Decides whether a ``host:port`` may serve a prefill leg, or be a KV-cache source."""
 
     def allows(self, host_port: str) -> bool:
         """True when the sidecar may send a prefill leg to ``host_port``."""
+        ...
+
+    def allows_source(self, host_port: str) -> bool:
+        """True when ``host_port`` may be named as a KV-cache source (any pool endpoint)."""
         ...
 
 
@@ -34,18 +38,24 @@ class AllowAny:
         """Always true."""
         return True
 
+    def allows_source(self, host_port: str) -> bool:
+        """Always true."""
+        return True
+
 
 class PoolPrefillers:
     """Ready, prefill-capable endpoints of the pool, kept current from a :class:`Datastore`."""
 
     def __init__(self, datastore: Datastore) -> None:
         self._allowed: frozenset[str] = frozenset()
+        self._members: frozenset[str] = frozenset()
         datastore.subscribe(self._update)
         self._update(datastore.snapshot)
 
     def _update(self, snapshot: Snapshot) -> None:
         self._allowed = frozenset(
             e.key for e in snapshot.endpoints if can_prefill(e.labels))
+        self._members = frozenset(e.key for e in snapshot.endpoints)
 
     @property
     def allowed(self) -> frozenset[str]:
@@ -55,3 +65,7 @@ class PoolPrefillers:
     def allows(self, host_port: str) -> bool:
         """Exact ``ip:port`` match against the pool's prefill endpoints."""
         return host_port.strip().lower() in self._allowed
+
+    def allows_source(self, host_port: str) -> bool:
+        """Exact ``ip:port`` match against any endpoint of the pool."""
+        return host_port.strip().lower() in self._members

@@ -58,6 +58,12 @@ def parser() -> Parser:
     p.add_bool("--enable-prefiller-sampling",
                default=boolean(os.environ.get("ENABLE_PREFILLER_SAMPLING", "false")),
                help="pick a random allowed prefiller among the header's entries, not the first")
+    p.add_bool("--enable-p2p-pull", default=False,
+               help="honour x-kv-cache-source-host-port: the pod computing the prompt pulls "
+               "the cached prefix from that pool endpoint (llm-d-router v0.10; nixlv2 only)")
+    p.add_argument("--p2p-connector-port", type=int, default=7777,
+                   help="port of the servers' P2P KV tier (0: the port the header names, as "
+                   "the simulator serves pulls on its HTTP port)")
     p.add_argument("--prefill-timeout", type=duration, default=60.0,
                    help="give up on a prefill leg after this long and decode locally")
     p.add_argument("--metrics-port", type=int, default=9090,
@@ -121,7 +127,9 @@ async def run(args: Any) -> None:
     sidecar = Sidecar(SidecarConfig(decoder_url=f"http://{args.vllm_host}:{args.vllm_port}",
                                     prefiller_sampling=args.enable_prefiller_sampling,
                                     prefill_timeout=args.prefill_timeout,
-                                    kv_connector=args.kv_connector),
+                                    kv_connector=args.kv_connector,
+                                    enable_p2p_pull=args.enable_p2p_pull,
+                                    p2p_connector_port=args.p2p_connector_port),
                       policy, metrics)
     runner = web.AppRunner(sidecar.app(), access_log=None)
     await runner.setup()
@@ -164,6 +172,10 @@ def main(argv: list[str] | None = None) -> None:
         die(PROG, "--metrics-port must be a port number (0: off)")
     if args.prefill_timeout <= 0:
         die(PROG, "--prefill-timeout must be positive")
+    if not 0 <= args.p2p_connector_port < 65536:
+        die(PROG, "--p2p-connector-port must be a port number (0: the header's)")
+    if args.enable_p2p_pull and args.kv_connector != "nixlv2":
+        die(PROG, "--enable-p2p-pull needs --kv-connector nixlv2")
     logs.configure(args.verbosity)
     install_uvloop()
     try:

@@ -22,6 +22,13 @@ Request life (``POST /v1/completions`` and ``/v1/chat/completions``):
      request is decoded locally as if no prefiller had been named (counted by reason; the
      client sees no error, only a slower first token).
 
+   With ``--enable-p2p-pull`` (llm-d-router v0.10), an ``x-kv-cache-source-host-port`` the
+   policy accepts (an endpoint of the pool) adds ``remote_kv_source: {kv_request_id,
+   remote_host, remote_port}`` to the ``kv_transfer_params`` of the leg that computes the
+   prompt (the prefill leg, else the local decode request), so that server pulls the cached
+   prefix from that pod instead of recomputing it. The header never reaches a model server;
+   a malformed, refused or (without the flag) unwanted one is ignored and counted.
+
 4. Errors of the decode leg go back with the decoder's status; a decoder that cannot be
    reached is a 503. Every error the sidecar makes itself is an OpenAI-style JSON body.
 
@@ -47,8 +54,10 @@ from prometheus_client import CollectorRegistry, Counter
 
 from shared.errors import BadRequest, GatewayError, ServiceUnavailable
 from shared.pd import (
+    KV_SOURCE_HEADER,
     KV_TRANSFER_PARAMS,
     PREFILLER_HEADER,
+    REMOTE_KV_SOURCE,
     ParamsError,
     RemotePrefill,
     prefill_leg_body,
@@ -67,7 +76,7 @@ MAX_BODY: Final = 256 * 1024 * 1024
 #: Request headers not forwarded: hop-by-hop ones, the ones aiohttp recomputes, ours.
 _DROP_REQUEST: Final = frozenset({
     "host", "content-length", "transfer-encoding", "connection", "keep-alive", "upgrade",
-    "te", "trailer", "proxy-connection", "expect", PREFILLER_HEADER})
+    "te", "trailer", "proxy-connection", "expect", PREFILLER_HEADER, KV_SOURCE_HEADER})
 _DROP_RESPONSE: Final = frozenset({
     "content-length", "transfer-encoding", "connection", "keep-alive"})
 
@@ -86,10 +95,18 @@ class SidecarConfig:
     prefiller_scheme: str = "http"
     #: llm-d's connector protocol: ``nixlv2`` or ``shared-storage`` (:data:`KV_CONNECTORS`).
     kv_connector: str = "nixlv2"
+    #: Honour ``x-kv-cache-source-host-port`` (llm-d's ``--enable-p2p-pull``).
+    enable_p2p_pull: bool = False
+    #: Port of the servers' P2P tier (llm-d's ``--p2p-connector-port``); 0 = the port the
+    #: header names (the simulator serves pulls on its HTTP port).
+    p2p_connector_port: int = 7777
 
     def __post_init__(self) -> None:
         if self.kv_connector not in KV_CONNECTORS:
             raise ValueError(f"kv_connector must be one of {', '.join(KV_CONNECTORS)}")
+        if self.enable_p2p_pull and self.kv_connector != "nixlv2":
+            raise ValueError("enable_p2p_pull needs the nixlv2 connector (llm-d: NIXLv2 with "
+                             "--enable-p2p-pull, or its offloading connector)")
 
 
 class SidecarMetrics:
@@ -109,6 +126,10 @@ class SidecarMetrics:
             "pd_sidecar_prefiller_rejected",
             "Requests whose x-prefiller-host-port named no allowed prefiller (ignored).",
             registry=self.registry)
+        self.kv_sources = Counter(
+            "pd_sidecar_kv_source",
+            "x-kv-cache-source-host-port headers by outcome (used; ignored: pulls off, "
+            "malformed, not a pool endpoint).", ["outcome"], registry=self.registry)
 
 
 class _Fallback(Exception):
@@ -229,11 +250,14 @@ class Sidecar:
             del body[KV_TRANSFER_PARAMS]
             raw = orjson.dumps(body)
         target = self._choose(wanted, request) if body is not None else None
+        source = self._kv_source(request, request_id) if body is not None else None
         if target is None:
             self.metrics.requests.labels("local").inc()
+            if source is not None and body is not None:  # the decoder computes the prompt
+                raw = orjson.dumps({**body, KV_TRANSFER_PARAMS: {REMOTE_KV_SOURCE: source}})
             return await self._to_decoder(request, raw, headers)
         try:
-            params = await self._prefill(target, body, request.path, headers)
+            params = await self._prefill(target, body, request.path, headers, source)
         except _Fallback as fb:
             self.metrics.fallbacks.labels(fb.reason).inc()
             self.metrics.requests.labels("local").inc()
@@ -262,10 +286,35 @@ class Sidecar:
             return self._rng.choice(allowed)
         return allowed[0]
 
+    def _kv_source(self, request: web.Request, request_id: str) -> dict[str, Any] | None:
+        """The ``remote_kv_source`` params of an acceptable ``x-kv-cache-source-host-port``
+        (None: no header, pulls off, malformed, or not an endpoint of the pool)."""
+        raw = ",".join(request.headers.getall(KV_SOURCE_HEADER, [])).strip()
+        if not raw:
+            return None
+        outcome = "used"
+        host, sep, port = raw.rpartition(":")
+        host = host.strip("[]")
+        if not self.cfg.enable_p2p_pull:
+            outcome = "ignored_p2p_off"
+        elif not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            outcome = "ignored_malformed"
+        elif not self.policy.allows_source(raw):
+            outcome = "ignored_not_allowed"
+        self.metrics.kv_sources.labels(outcome).inc()
+        if outcome != "used":
+            log.info("x-kv-cache-source-host-port ignored", value=raw, outcome=outcome,
+                     client=request.remote)
+            return None
+        return {"kv_request_id": request_id, "remote_host": host,
+                "remote_port": self.cfg.p2p_connector_port or int(port)}
+
     async def _prefill(self, target: str, body: dict[str, Any], path: str,
-                       headers: CIMultiDict[str]) -> dict[str, Any] | None:
-        """The prefill leg; returns the decode leg's ``kv_transfer_params`` (None with shared
-        storage, where none are needed)."""
+                       headers: CIMultiDict[str], source: dict[str, Any] | None = None,
+                       ) -> dict[str, Any] | None:
+        """The prefill leg (with the KV source, when there is one, for the prefiller to pull
+        from); returns the decode leg's ``kv_transfer_params`` (None with shared storage,
+        where none are needed)."""
         url = f"{self.cfg.prefiller_scheme}://{target}{path}"
         leg_headers = CIMultiDict(headers)
         leg_headers["content-type"] = "application/json"
@@ -273,6 +322,8 @@ class Sidecar:
         shared_storage = self.cfg.kv_connector == "shared-storage"
         if shared_storage:
             del leg[KV_TRANSFER_PARAMS]
+        elif source is not None:
+            leg[KV_TRANSFER_PARAMS] = {**leg[KV_TRANSFER_PARAMS], REMOTE_KV_SOURCE: source}
         try:
             async with self.session.post(
                     url, data=orjson.dumps(leg), headers=leg_headers,

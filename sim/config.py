@@ -37,6 +37,8 @@ class Faults:
     kill_after: float | None = None
     #: Bring a killed server back after this many seconds (``None``: stay down).
     revive_after: float | None = None
+    #: Pin the GPU utilization ``/dcgm/metrics`` reports, in percent (``None``: from load).
+    gpu_util_percent: float | None = None
 
     def update(self, changes: dict[str, Any]) -> None:
         """Apply a JSON object of changes; raises ``ValueError`` on unknown fields or types."""
@@ -50,12 +52,14 @@ class Faults:
             elif key == "error_status":
                 if not isinstance(value, int) or not 400 <= value <= 599:
                     raise ValueError("fault 'error_status' must be an HTTP error status")
-            elif value is None and key in ("kill_after", "revive_after"):
+            elif value is None and key in ("kill_after", "revive_after", "gpu_util_percent"):
                 pass
             elif not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"fault {key!r} must be a non-negative number")
             elif key == "error_rate" and value > 1:
                 raise ValueError("fault 'error_rate' must be between 0 and 1")
+            elif key == "gpu_util_percent" and value > 100:
+                raise ValueError("fault 'gpu_util_percent' must be between 0 and 100")
             setattr(self, key, value)
 
     def to_json(self) -> dict[str, Any]:

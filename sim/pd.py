@@ -166,6 +166,8 @@ class KVTransfer:
         self.transfers_total = 0
         self.bytes_total = 0
         self.failed_transfers_total = 0
+        #: Requests that read (part of) their prompt from a KV source (remote_kv_source).
+        self.source_pulls_total = 0
         self.expired_total = 0
         #: Called with (seconds, bytes) of each successful pull on this (decode) side.
         self.observer: Callable[[float, int], None] | None = None
@@ -257,6 +259,50 @@ class KVTransfer:
                 break
             same += 1
         return same * self.engine.kv.block_size
+
+    async def serve_prefix(self, request: web.Request) -> web.Response:
+        """``POST /sim/kv/prefix {"block_hashes"}``: how many leading blocks of that prompt
+        this server holds in its prefix cache (what a P2P pull of the prefix could read)."""
+        try:
+            body = await request.json()
+        except ValueError:
+            return _pull_error(400, "body must be JSON")
+        hashes = body.get("block_hashes") if isinstance(body, dict) else None
+        if not isinstance(hashes, list) or not all(isinstance(h, int) for h in hashes):
+            return _pull_error(400, "'block_hashes' must be a list of integers")
+        return web.json_response({"blocks": self.engine.kv.match_prefix(hashes)})
+
+    async def pull_source(self, source: Any, req: SimRequest) -> int:
+        """Read the cached prefix of ``req``'s prompt from the KV source ``source``
+        (``remote_kv_source``: ``remote_host``, ``remote_port``); returns the prompt tokens
+        that need not be computed here (0 when the source holds none or cannot be reached;
+        counted)."""
+        try:
+            if not isinstance(source, dict):
+                raise PullError("remote_kv_source must be an object")
+            host, port = source.get("remote_host"), source.get("remote_port")
+            if not isinstance(host, str) or not host or not isinstance(port, int):
+                raise PullError("remote_kv_source needs remote_host and remote_port")
+            if self._session is None or self._session.closed:
+                self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60))
+            where = f"[{host}]" if ":" in host else host
+            async with self._session.post(f"http://{where}:{port}/sim/kv/prefix",
+                                          json={"block_hashes": req.block_hashes}) as resp:
+                if resp.status != 200:
+                    raise PullError(f"KV source answered {resp.status}")
+                data = await resp.json()
+            blocks = data.get("blocks") if isinstance(data, dict) else None
+            if not isinstance(blocks, int) or blocks < 0:
+                raise PullError("KV source sent a malformed answer")
+        except (TimeoutError, PullError, aiohttp.ClientError, OSError, ValueError):
+            self.failed_transfers_total += 1
+            return 0
+        tokens = min(blocks * self.engine.kv.block_size, req.prompt_tokens)
+        if tokens:
+            self.source_pulls_total += 1
+            self.transfers_total += 1
+            self.bytes_total += tokens * self.cfg.kv_bytes_per_token
+        return tokens
 
     async def _fetch(self, remote: RemotePrefill) -> tuple[int, list[int]]:
         if self._session is None or self._session.closed:

@@ -198,6 +198,7 @@ class SimServer:
         r.add_get("/health", self._health)
         r.add_get("/ping", self._health)
         r.add_get("/metrics", self._metrics)
+        r.add_get("/dcgm/metrics", self._dcgm_metrics)
         r.add_post("/v1/load_lora_adapter", self._load_lora)
         r.add_post("/v1/unload_lora_adapter", self._unload_lora)
         r.add_get("/get_load", self._get_load)
@@ -208,6 +209,8 @@ class SimServer:
         r.add_get("/version", self._version)
         r.add_post("/reset_prefix_cache", self._reset_prefix_cache)
         r.add_post("/tokenize", self._tokenize)
+        r.add_post("/v1/completions/render", self._render_completions)
+        r.add_post("/v1/chat/completions/render", self._render_chat)
         r.add_get("/sim/faults", self._get_faults)
         r.add_post("/sim/faults", self._set_faults)
         r.add_get("/sim/state", self._state)
@@ -215,6 +218,8 @@ class SimServer:
         r.add_post("/sim/revive", self._revive)
         if self.kv_transfer is not None and self.kv_transfer.cfg.produces:
             r.add_post("/sim/kv/pull", self.kv_transfer.serve_pull)
+        if self.kv_transfer is not None:  # a P2P KV source: any server with a connector
+            r.add_post("/sim/kv/prefix", self.kv_transfer.serve_prefix)
         return app
 
     async def _stamp(self, request: web.Request, response: web.StreamResponse) -> None:
@@ -273,6 +278,12 @@ class SimServer:
             req.hold_kv = True
             # Held KV is found by request id: make it unique, as vLLM suffixes request ids.
             req.id = f"{req.id}-{os.urandom(4).hex()}"
+        source = (parsed.kv_transfer_params or {}).get("remote_kv_source")
+        if source is not None and self.kv_transfer is not None and kv_out != "decode":
+            # llm-d-router v0.10's P2P pull: the prompt's cached prefix is read from the pod
+            # the EPP named instead of being computed here (before queueing, as the pull).
+            req.remote_tokens = max(req.remote_tokens,
+                                    await self.kv_transfer.pull_source(source, req))
         try:
             engine.add(req)
         except QueueFull as exc:
@@ -367,6 +378,25 @@ class SimServer:
             await asyncio.sleep(self.faults.metrics_delay)
         return web.Response(body=self.metrics.render(),
                             headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+    def gpu_util_percent(self) -> float:
+        """What DCGM would report as GPU utilization: the share of the batch slots
+        (``max_num_seqs``) running, in percent (pinned by the ``gpu_util_percent`` fault)."""
+        if self.faults.gpu_util_percent is not None:
+            return float(self.faults.gpu_util_percent)
+        slots = max(1, self.cfg.profile.max_num_seqs)
+        return min(100.0, 100.0 * self.engine.num_running / slots)
+
+    async def _dcgm_metrics(self, request: web.Request) -> web.Response:
+        # The page NVIDIA's DCGM exporter serves on :9400/metrics (one GPU, sidecar mode with
+        # the Kubernetes labels DCGM_EXPORTER_KUBERNETES adds), for dcgm-data-source.
+        labels = (f'gpu="0",UUID="GPU-sim-{self.port}",device="nvidia0",'
+                  f'modelName="vllm-sim",Hostname="{self.cfg.host}",pod="{self.name}",'
+                  f'namespace="default",container="vllm"')
+        page = ("# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).\n"
+                "# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n"
+                f"DCGM_FI_DEV_GPU_UTIL{{{labels}}} {self.gpu_util_percent():g}\n")
+        return web.Response(text=page, content_type="text/plain")
 
     async def _read_json(self, request: web.Request) -> dict[str, Any]:
         try:
@@ -466,6 +496,43 @@ class SimServer:
         ids = token_ids(prompt)
         return _json({"count": len(ids), "max_model_len": self.cfg.profile.max_model_len,
                       "tokens": ids, "token_strs": None})
+
+    async def _render_input(self, request: web.Request, chat: bool) -> list[bytes]:
+        """The prompts of a vLLM ``/render`` body (completions may batch several strings)."""
+        body = await self._read_json(request)
+        model = body.get("model")
+        if model is not None:
+            if not isinstance(model, str):
+                raise ApiError(400, "'model' must be a string")
+            self._resolve_model(model)  # 404 for an unknown model
+        if chat:
+            if "messages" not in body:
+                raise ApiError(400, "'messages' is required")
+            return [tokenize_input({"messages": body["messages"]})]
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) > 1 and all(
+                isinstance(p, str) for p in prompt):
+            return [p.encode() for p in prompt]
+        if prompt is None:
+            raise ApiError(400, "'prompt' is required")
+        return [tokenize_input({"prompt": prompt})]
+
+    async def _render_completions(self, request: web.Request) -> web.Response:
+        # vLLM's /v1/completions/render (what llm-d-router v0.10's token-producer calls): one
+        # entry per prompt, the token ids the engine would run (the ones KV events carry).
+        try:
+            prompts = await self._render_input(request, chat=False)
+        except ApiError as exc:
+            return _error(exc)
+        return _json([{"token_ids": token_ids(p)} for p in prompts])
+
+    async def _render_chat(self, request: web.Request) -> web.Response:
+        # vLLM's /v1/chat/completions/render: the chat template applied, then tokenized.
+        try:
+            (prompt,) = await self._render_input(request, chat=True)
+        except ApiError as exc:
+            return _error(exc)
+        return _json({"token_ids": token_ids(prompt)})
 
     async def _reset_prefix_cache(self, request: web.Request) -> web.Response:
         # vLLM answers 200 either way and logs a refusal; a test needs to know, so we say it.

@@ -48,12 +48,17 @@ STALENESS = 2.0
 POOL = "twin"
 
 
-def _manifests(keys: list[str]) -> list[dict[str, object]]:
+def _manifests(keys: list[str], labels: Mapping[str, Mapping[str, str]] | None = None,
+               ) -> list[dict[str, object]]:
     """An InferencePool, one ready Pod per server and the benchmark's InferenceObjectives
-    (as ``bench.contenders`` writes them)."""
+    (as ``bench.contenders`` writes them); ``labels``: more pod labels by endpoint key."""
     port = int(keys[0].rsplit(":", 1)[1])
     pods = [(f"sim-{i}", key.rsplit(":", 1)[0]) for i, key in enumerate(keys)]
-    return pool_manifests(POOL, pods, port, objective_manifests(POOL))
+    docs = pool_manifests(POOL, pods, port, objective_manifests(POOL))
+    for key, extra in (labels or {}).items():
+        doc = docs[1 + keys.index(key)]
+        doc["metadata"]["labels"].update(extra)
+    return docs
 
 
 class EppRouter:
@@ -64,11 +69,13 @@ class EppRouter:
     def __init__(self, name: str, keys: list[str], seed: int, *, config_text: str | None = None,
                  config_file: Path | None = None, model: str = "",
                  scrape_interval: float = SCRAPE_INTERVAL,
-                 state_store: StateStore | None = None, cpu: ProcessCpu | None = None) -> None:
+                 state_store: StateStore | None = None, cpu: ProcessCpu | None = None,
+                 labels: Mapping[str, Mapping[str, str]] | None = None) -> None:
         """``config_file`` or ``config_text`` (neither: the EPP's default config); raises
         :class:`ConfigError` for a bad config, naming the file. ``state_store``: what the
         handle shares (:mod:`bench.twin.replicas`; a private in-memory store when None).
-        ``cpu``: the process's CPU model (None: picks and chunks cost no time)."""
+        ``cpu``: the process's CPU model (None: picks and chunks cost no time).
+        ``labels``: more pod labels by endpoint key (e.g. context-length ranges)."""
         self.name = name
         self.cpu = cpu
         self.scrape_interval = scrape_interval
@@ -83,7 +90,7 @@ class EppRouter:
             frozenset(e.key for e in s.endpoints)))
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "pool.yaml"
-            path.write_text(yaml.safe_dump_all(_manifests(keys), sort_keys=False))
+            path.write_text(yaml.safe_dump_all(_manifests(keys, labels), sort_keys=False))
             self.datastore.replace(load_snapshot(path, pool_name=POOL, pool_namespace="default"))
         self.director = Director.of(runtime)
         self.views: dict[str, EndpointView] = {v.key: v for v in self.datastore.views()}

@@ -38,7 +38,7 @@ from epp.datalayer import (
     Extractor,
     MetricsDataSource,
 )
-from epp.datalayer.endpoint_notification import EndpointSetExtractor
+from epp.datalayer.endpoint_events import ENDPOINT_EVENTS
 from epp.datastore import Datastore
 from epp.flowcontrol import FEATURE_GATE as FLOW_CONTROL_GATE
 from epp.flowcontrol import FlowControlConfig, FlowControlConfigError, FlowController
@@ -50,16 +50,19 @@ from epp.requestcontrol.plugin import (
     DataProducer,
     Parser,
     PreRequest,
+    RequestHeaderProcessor,
     ResponseComplete,
     ResponseMetadata,
     ResponseReceived,
     ResponseStreaming,
     SaturationDetector,
+    Screener,
 )
 from epp.requestcontrol.plugins import (
     ConcurrencyDetector,
     InflightLoadProducer,
     OpenAIParser,
+    P2PSourceProducer,
     RequestMetricsRecorder,
     UtilizationDetector,
 )
@@ -101,6 +104,8 @@ class Runtime:
     #: The flow controller when ``featureGates`` has ``flowControl`` (None: off, the default).
     flow_control: FlowController | None = None
     response_metadata: tuple[ResponseMetadata, ...] = ()
+    #: Request-level candidate screens run before scheduling (llm-d-router v0.10).
+    screeners: tuple[Screener, ...] = ()
 
     @property
     def datastore(self) -> Datastore:
@@ -147,18 +152,25 @@ def build(
     for cls in (InflightLoadProducer, RequestMetricsRecorder):
         if not handle.find(cls):
             _default(registry, handle, cls.type_name, src)
+    for p2p in handle.find(P2PSourceProducer):  # its producer exists once all plugins do
+        try:
+            p2p.check()
+        except PluginError as e:
+            raise ConfigError(f"{src}: plugin {p2p.name!r} ({p2p.type_name}): {e}") from None
     for plugin in handle:  # plugins added by defaults get the scheduler's hooks too
         if plugin not in scheduler.plugins and hasattr(plugin, "attach"):
             plugin.attach(scheduler.hooks.for_plugin(plugin.type_name, plugin.name))
     return Runtime(
         config=config, handle=handle, scheduler=scheduler, parser=parser,
-        producers=tuple(handle.find(DataProducer)), saturation=saturation,
+        producers=_header_processors_first(handle.find(DataProducer)),
+        saturation=saturation,
         admitters=tuple(handle.find(Admitter)), pre_request=_last(handle, PreRequest),
         response_received=tuple(handle.find(ResponseReceived)),
         response_streaming=tuple(handle.find(ResponseStreaming)),
         response_complete=_last(handle, ResponseComplete), data_sources=sources, rng=rng,
         flow_control=flow,
         response_metadata=tuple(handle.find(ResponseMetadata)),
+        screeners=tuple(handle.find(Screener)),
     )
 
 
@@ -183,7 +195,8 @@ def _instantiate(config: EndpointPickerConfig, registry: PluginRegistry,
     plugins reading them find them through the handle."""
     def rank(spec: Any) -> int:
         cls = _type(registry, spec.type, spec.where or config.source)
-        return 0 if issubclass(cls, DataProducer | DataSource | Extractor) else 1
+        first = DataProducer | DataSource | Extractor | InflightLoadProducer
+        return 0 if issubclass(cls, first) else 1
 
     for spec in sorted(config.plugins, key=rank):
         try:
@@ -207,6 +220,13 @@ def _default(registry: PluginRegistry, handle: EppHandle, type_name: str, src: s
         return registry.create(type_name, name, parameters, handle)
     except PluginError as e:
         raise ConfigError(f"{src}: {e}") from None
+
+
+def _header_processors_first(found: list[DataProducer]) -> tuple[DataProducer, ...]:
+    """Data producers in config order, request-header processors (``agent-identity``) first:
+    the others may read the attributes they publish."""
+    return (*[p for p in found if isinstance(p, RequestHeaderProcessor)],
+            *[p for p in found if not isinstance(p, RequestHeaderProcessor)])
 
 
 def _last(handle: EppHandle, kind: type[K]) -> tuple[K, ...]:
@@ -363,7 +383,8 @@ def _endpoint_notifications(registry: PluginRegistry, handle: EppHandle,
     """An ``endpoint-notification-source`` for endpoint extractors no source feeds (llm-d
     configs without a ``dataLayer`` wiring for ``precise-prefix-cache-scorer``)."""
     wired = {id(e) for s in sources for e in s.extractors}
-    orphans = [e for e in handle.find(EndpointSetExtractor) if id(e) not in wired]
+    orphans = [e for e in handle.find(Extractor)
+               if e.input_type == ENDPOINT_EVENTS and id(e) not in wired]
     if not orphans:
         return ()
     source = next((s for s in handle.find(EndpointNotificationSource) if s not in sources),

@@ -3,6 +3,7 @@ into typed attributes in the datastore. Built in: ``metrics-data-source`` (HTTP(
 of ``/metrics``) with ``core-metrics-extractor`` (engine dialects)."""
 
 from epp.datalayer.core_metrics import CoreMetricsExtractor, CoreMetricsParameters
+from epp.datalayer.dcgm import DcgmDataSource, DcgmExtractor
 from epp.datalayer.endpoint_events import (
     EndpointEvent,
     EndpointExtractor,
@@ -17,15 +18,19 @@ from epp.datalayer.k8s_events import (
 from epp.datalayer.metrics_source import MetricsDataSource, MetricsSourceParameters
 from epp.datalayer.models_source import ModelsDataExtractor, ModelsDataSource, ServedModels
 from epp.datalayer.plugin import DataSource, Extractor
+from epp.datalayer.topology import Topology, TopologyExtractor
 
 BUILTIN_PLUGINS = (MetricsDataSource, CoreMetricsExtractor, ModelsDataSource,
-                   ModelsDataExtractor, EndpointNotificationSource, K8sNotificationSource)
+                   ModelsDataExtractor, EndpointNotificationSource, K8sNotificationSource,
+                   TopologyExtractor, DcgmDataSource, DcgmExtractor)
 
 __all__ = [
     "BUILTIN_PLUGINS",
     "CoreMetricsExtractor",
     "CoreMetricsParameters",
     "DataSource",
+    "DcgmDataSource",
+    "DcgmExtractor",
     "EndpointEvent",
     "EndpointExtractor",
     "EndpointNotificationSource",
@@ -39,4 +44,6 @@ __all__ = [
     "NotificationEvent",
     "NotificationExtractor",
     "ServedModels",
+    "Topology",
+    "TopologyExtractor",
 ]

@@ -15,6 +15,7 @@ from typing import Any
 
 import structlog
 
+from epp.datalayer.custom_metrics import CustomMetric, CustomMetricsReader, publish_scalars
 from epp.datalayer.metrics_source import PROMETHEUS_TEXT
 from epp.datalayer.plugin import Extractor
 from epp.datastore import EndpointView, EngineType
@@ -54,8 +55,15 @@ class EngineConfig:
     cache_num_blocks_label_name: str = ""
     cache_block_size_spec: str = ""
     cache_num_blocks_spec: str = ""
+    #: llm-d-router v0.10: more gauges stored as numeric endpoint attributes.
+    custom_metrics: list[CustomMetric] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        keys = [m.attribute_key for m in self.custom_metrics]
+        dup = {k for k in keys if keys.count(k) > 1}
+        if dup:
+            raise ValueError(f"engineConfigs {self.name!r}: customMetrics attributeKey "
+                             f"{sorted(dup)[0]!r} is given twice")
         if not self.name:
             raise ValueError("engineConfigs: name must not be empty")
         if self.name == DEFAULT_ENGINE:
@@ -116,6 +124,10 @@ class CoreMetricsExtractor(Plugin, Extractor, EndpointsRemoved):
         for config in self.params.engine_configs:
             self.dialects[config.name] = config.dialect()
         self.default = default_override or self.dialects[self.params.default_engine]
+        #: engine name → its ``customMetrics`` reader (engines that declare some).
+        self.custom: dict[str, CustomMetricsReader] = {
+            c.name: CustomMetricsReader(c.custom_metrics)
+            for c in self.params.engine_configs if c.custom_metrics}
         #: Unlabelled endpoints whose page turned out to be in another engine's dialect.
         self.detected: dict[str, Dialect] = {}
 
@@ -142,6 +154,10 @@ class CoreMetricsExtractor(Plugin, Extractor, EndpointsRemoved):
 
     def extract(self, text: str, view: EndpointView, now: float) -> ParsedMetrics:
         dialect = self.dialect(view)
+        reader = self.custom.get(dialect.name)
+        if reader is not None:
+            # each scrape replaces the endpoint's custom attributes with what the page has
+            publish_scalars(view, self.name, reader.read(text))
         try:
             return parse_metrics(text, dialect, now)
         except MetricsError:

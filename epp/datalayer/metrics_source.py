@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Literal
 
 from epp.datalayer.plugin import DataSource
+from epp.datalayer.tls import check_tls_files
 from epp.datastore import Datastore, EndpointView
 from epp.handle import EppHandle
 from epp.metrics.dialects import MetricsError, ParsedMetrics
@@ -19,8 +20,9 @@ PROMETHEUS_TEXT = "prometheus-text"
 
 @dataclass(frozen=True, slots=True)
 class MetricsSourceParameters:
-    """Upstream's ``scheme``, ``path``, ``insecureSkipVerify``; ``refreshInterval`` and
-    ``port`` are ours. Unset ones come from the flags (``--model-server-metrics-scheme``,
+    """Upstream's ``scheme``, ``path``, ``insecureSkipVerify``, v0.10's ``interval`` (=
+    ``refreshInterval``, ours before), ``caCertPath``, ``clientCertPath``/``clientKeyPath``;
+    ``port`` is ours. Unset ones come from the flags (``--model-server-metrics-scheme``,
     ``--model-server-metrics-path``, ``--model-server-metrics-https-insecure-skip-verify``,
     ``--refresh-metrics-interval``, ``--model-server-metrics-port``; defaults http,
     /metrics, true, 50ms, the target port); set ones win. ``interval`` is llm-d v0.10's name
@@ -28,13 +30,19 @@ class MetricsSourceParameters:
 
     ALIASES: ClassVar[dict[str, str]] = {"interval": "refresh_interval"}
 
+    ALIASES = {"interval": "refresh_interval"}
+
     scheme: Literal["http", "https"] | None = None
     path: str | None = None
     insecure_skip_verify: bool | None = None
     refresh_interval: Duration | None = None
     port: int | None = None
+    ca_cert_path: str | None = None
+    client_cert_path: str | None = None
+    client_key_path: str | None = None
 
     def __post_init__(self) -> None:
+        check_tls_files(self.ca_cert_path, self.client_cert_path, self.client_key_path)
         if self.path is not None and not self.path.startswith("/"):
             raise ValueError(f"path: must start with '/', got {self.path!r}")
         if self.refresh_interval is not None and self.refresh_interval <= 0:
@@ -61,7 +69,10 @@ class MetricsDataSource(Plugin, DataSource):
                                   else d.insecure_skip_verify),
             path=p.path if p.path is not None else d.path,
             interval=p.refresh_interval if p.refresh_interval is not None else d.interval,
-            port=p.port if p.port is not None else d.port)
+            port=p.port if p.port is not None else d.port,
+            ca_cert_path=p.ca_cert_path or d.ca_cert_path,
+            client_cert_path=p.client_cert_path or d.client_cert_path,
+            client_key_path=p.client_key_path or d.client_key_path)
 
     @classmethod
     def create(cls, name: str, params: Any, handle: Handle) -> MetricsDataSource:

@@ -20,6 +20,7 @@ import orjson
 import structlog
 
 from epp.datalayer.plugin import DataSource, Extractor
+from epp.datalayer.tls import check_tls_files, client_ssl
 from epp.datastore import Datastore, EndpointView
 from epp.scheduling.plugin import Plugin
 from shared.plugins import Duration
@@ -76,9 +77,10 @@ def parse_listing(body: bytes) -> tuple[ModelEntry, ...]:
 
 @dataclass(frozen=True, slots=True)
 class ModelsSourceParameters:
-    """llm-d's ``scheme``, ``path``, ``insecureSkipVerify``; ``refreshInterval`` (ours) is
-    how often each endpoint is asked (listings change only when adapters load); llm-d v0.10
-    calls it ``interval``."""
+    """llm-d's ``scheme``, ``path``, ``insecureSkipVerify``, v0.10's ``caCertPath``,
+    ``clientCertPath``/``clientKeyPath`` and ``interval`` (= ``refreshInterval``): how often
+    each endpoint is asked (default 2s, ours: listings change only when adapters load;
+    upstream asks every refresh tick)."""
 
     ALIASES: ClassVar[dict[str, str]] = {"interval": "refresh_interval"}
 
@@ -86,8 +88,12 @@ class ModelsSourceParameters:
     path: str = "/v1/models"
     insecure_skip_verify: bool = True
     refresh_interval: Duration = Duration(2.0)  # noqa: RUF009 (immutable)
+    ca_cert_path: str | None = None
+    client_cert_path: str | None = None
+    client_key_path: str | None = None
 
     def __post_init__(self) -> None:
+        check_tls_files(self.ca_cert_path, self.client_cert_path, self.client_key_path)
         if not self.path.startswith("/"):
             raise ValueError(f"path: must start with '/', got {self.path!r}")
         if self.refresh_interval <= 0:
@@ -115,12 +121,9 @@ class ModelsDataSource(Plugin, DataSource):
         return f"{self.params.scheme}://{host}:{ep.port}{self.params.path}"
 
     def _ssl(self) -> ssl.SSLContext | bool:
-        if self.params.scheme != "https" or not self.params.insecure_skip_verify:
-            return True
-        ctx = ssl.create_default_context()
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE
-        return ctx
+        p = self.params
+        return client_ssl(p.scheme, p.insecure_skip_verify, p.ca_cert_path, p.client_cert_path,
+                          p.client_key_path)
 
     async def poll_once(self, datastore: Datastore, session: aiohttp.ClientSession) -> None:
         """Ask every endpoint once."""

@@ -47,8 +47,11 @@ def pool_saturation(detector: SaturationDetector, datastore: Datastore) -> Calla
 
 
 def fairness_id(request: LLMRequest) -> str:
-    """The request's flow within its band: its fairness id header, or the default flow."""
-    return request.headers.get(FAIRNESS_ID_HEADER) or DEFAULT_FAIRNESS_ID
+    """The request's flow within its band: its fairness id header, else the agent session
+    ``agent-identity`` published (llm-d-router v0.10), else the default flow."""
+    agent = request.plugin_state.get("agent-identity")
+    return (request.headers.get(FAIRNESS_ID_HEADER)
+            or (agent if isinstance(agent, str) else "") or DEFAULT_FAIRNESS_ID)
 
 
 class FlowControlAdmitter(Plugin, Admitter, PreRequest, ResponseComplete):

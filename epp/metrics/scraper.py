@@ -50,6 +50,10 @@ class ScraperConfig:
     scheme: str = "http"
     #: With https: accept any server certificate (model servers mostly self-sign).
     insecure_skip_verify: bool = True
+    #: llm-d-router v0.10: verify against this CA bundle; present this client certificate.
+    ca_cert_path: str | None = None
+    client_cert_path: str | None = None
+    client_key_path: str | None = None
     #: Scrape this port instead of the endpoint's target port (metrics on a side port).
     port: int | None = None
 
@@ -160,12 +164,11 @@ class Scraper:
         self._reconcile()
 
     def _ssl(self) -> ssl.SSLContext | bool:
-        if self.config.scheme != "https" or not self.config.insecure_skip_verify:
-            return True  # aiohttp's default verification (unused for http)
-        ctx = ssl.create_default_context()
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE
-        return ctx
+        from epp.datalayer.tls import client_ssl
+
+        c = self.config
+        return client_ssl(c.scheme, c.insecure_skip_verify, c.ca_cert_path, c.client_cert_path,
+                          c.client_key_path)
 
     async def stop(self) -> None:
         """Stop every loop and close the session."""

@@ -28,12 +28,13 @@ from epp.datastore import EndpointView, Snapshot
 from epp.datastore.snapshot import ModelResolution as Resolution
 from epp.requestcontrol.plugin import Response
 from epp.scheduling import LLMRequest, estimate_tokens, prefix_input
+from epp.scheduling.request import max_output_tokens
 from epp.scheduling.result import SchedulingResult
 from epp.scheduling.scheduler import NoCandidates
 from shared.errors import BadRequest, GatewayError, NotFound, TooManyRequests
 from shared.extproc import RequestDecision
 from shared.openai import OpenAIRequest
-from shared.pd import PREFILLER_HEADER
+from shared.pd import KV_SOURCE_HEADER, PREFILLER_HEADER
 
 if TYPE_CHECKING:
     from epp.config import Runtime
@@ -179,6 +180,8 @@ class Director:
     def dispatch(self, pending: Pending) -> tuple[RequestDecision, Routed]:
         """Schedule, run the pre-request plugins (the commit), answer Envoy."""
         request = pending.request
+        for screener in self.runtime.screeners:
+            pending.candidates = screener.screen(request, pending.candidates)
         try:
             result = self.scheduler.schedule(request, pending.candidates)
         except GatewayError:
@@ -344,6 +347,7 @@ class Director:
             objective=res.objective,
             request_size=size,
             stream=req.stream,
+            max_output_tokens=max_output_tokens(req.body),
         )
         return request, new_body
 
@@ -360,7 +364,8 @@ class Director:
             # A client's own copies of our control headers never reach the proxy's LB, and a
             # client never names a prefiller (only a P/D handler's pick, set above, does).
             remove_headers=[h for h in headers if (h.startswith(DESTINATION) and h != DESTINATION)
-                            or (h == PREFILLER_HEADER and h not in result.extra_headers)],
+                            or (h in (PREFILLER_HEADER, KV_SOURCE_HEADER)
+                                and h not in result.extra_headers)],
             body=pending.new_body,
             metadata={LB_NAMESPACE: lb},
         )

@@ -45,6 +45,29 @@ class DataProducer(ABC):
         """Write what scorers/filters will read into ``request.plugin_state``."""
 
 
+class RequestHeaderProcessor(DataProducer):
+    """Reads the request's headers into request attributes (``request.plugin_state``) right
+    after the request is assembled: these run before every other data producer and before
+    admission, as upstream's ``RequestHeaderProcessor`` plugins do."""
+
+    @abstractmethod
+    def process_request_header(self, request: LLMRequest) -> None:
+        """Publish what the headers say (e.g. an agent's session identity)."""
+
+    def produce(self, request: LLMRequest, endpoints: Sequence[EndpointView]) -> None:
+        self.process_request_header(request)
+
+
+class Screener(ABC):
+    """Narrows the candidates once per request, before every scheduling profile (upstream's
+    ``Screener``): a constraint no filter, scorer or picker can undo."""
+
+    @abstractmethod
+    def screen(self, request: LLMRequest,
+               endpoints: Sequence[EndpointView]) -> Sequence[EndpointView]:
+        """The candidates ``request`` may use; raise a GatewayError to refuse it."""
+
+
 class SaturationDetector(ABC):
     """Says whether the pool is too busy for sheddable (negative-priority) requests."""
 

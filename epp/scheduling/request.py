@@ -43,6 +43,9 @@ class LLMRequest:
     request_size: int = 0
     #: The client asked for a streamed response (``"stream": true``).
     stream: bool = False
+    #: The client's output cap (``max_tokens``, ``max_completion_tokens`` or
+    #: ``max_output_tokens``), None when it set none.
+    max_output_tokens: int | None = None
     #: Typed data plugins pass to each other within one scheduling cycle, keyed by plugin name.
     plugin_state: dict[str, Any] = field(default_factory=dict)
     #: The request's trace when it is sampled (:mod:`shared.tracing`); None otherwise, and
@@ -70,6 +73,15 @@ def prefix_input(prompt: Any = None, messages: Sequence[Any] | None = None) -> b
     if prompt is None:
         return b""
     return orjson.dumps(prompt)
+
+
+def max_output_tokens(body: Mapping[str, Any]) -> int | None:
+    """The output cap a request body sets, whichever API's spelling it uses (None if none)."""
+    for key in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
+        value = body.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+    return None
 
 
 def estimate_tokens(prompt: bytes) -> int:

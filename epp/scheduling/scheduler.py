@@ -101,6 +101,8 @@ class Scheduler:
                 finally:
                     span.end()
         primary = self.handler.primary_profile(request, results)
+        if primary not in results:  # the handler ran no profile (header-profile-handler)
+            raise NoEndpointPicked("no scheduling profile could be run for the request")
         result = SchedulingResult(results, primary)
         if self.hooks.e2e_duration is not None:
             self.hooks.e2e_duration(perf_counter() - t0)

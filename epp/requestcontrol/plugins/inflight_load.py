@@ -20,6 +20,7 @@ brings them, so every replica sees the pool's whole in-flight load.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from epp.datastore import Datastore, EndpointView
@@ -32,13 +33,35 @@ from epp.statestore import NO_INFLIGHT, InFlight, MemoryStateStore, StateStore
 from shared.plugins import Handle
 
 
+@dataclass(frozen=True, slots=True)
+class InflightLoadParameters:
+    """llm-d-router v0.10: ``addEstimatedOutputTokens`` (false) adds an output estimate to the
+    primary pick's in-flight tokens: ``min(round(prompt tokens * outputRatio), the client's
+    max_tokens / max_completion_tokens / max_output_tokens when given,
+    maxEstimatedOutputTokens when set)``; ``outputRatio`` 1.5."""
+
+    add_estimated_output_tokens: bool = False
+    output_ratio: float = 1.5
+    max_estimated_output_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.output_ratio < 0:
+            raise ValueError(f"outputRatio must be non-negative, got {self.output_ratio}")
+        if self.max_estimated_output_tokens is not None and self.max_estimated_output_tokens < 0:
+            raise ValueError(f"maxEstimatedOutputTokens must be non-negative, got "
+                             f"{self.max_estimated_output_tokens}")
+
+
 class InflightLoadProducer(PreRequest, ResponseReceived, ResponseComplete, Plugin):
-    """At the pick: +1 request and +``prompt_tokens`` on the picked endpoint and on each
-    other profile's first pick; at the response headers: the other profiles' picks back; at
-    the end of the exchange (success, error or broken stream): the primary pick back (and
-    the others if no headers came), never below 0."""
+    """At the pick: +1 request and +``prompt_tokens`` on the picked endpoint (+ the output
+    estimate with ``addEstimatedOutputTokens``) and on each other profile's first pick; at
+    the response headers: the other profiles' picks back; at the end of the exchange
+    (success, error or broken stream): the primary pick back (and the others if no headers
+    came), never below 0."""
 
     type_name = "inflight-load-producer"
+    parameters_type = InflightLoadParameters
+    params: InflightLoadParameters
 
     def __init__(self, name: str = "", params: Any = None,
                  store: StateStore | None = None, datastore: Datastore | None = None) -> None:
@@ -54,8 +77,19 @@ class InflightLoadProducer(PreRequest, ResponseReceived, ResponseComplete, Plugi
             return cls(name, params, handle.state_store, handle.datastore)
         return cls(name, params)
 
+    def estimated_output(self, request: LLMRequest) -> int:
+        """Output tokens counted in flight on the primary pick (0 unless configured)."""
+        p = self.params
+        if not p.add_estimated_output_tokens:
+            return 0
+        estimate = round(request.prompt_tokens * p.output_ratio)
+        for cap in (request.max_output_tokens, p.max_estimated_output_tokens):
+            if cap is not None:
+                estimate = min(estimate, cap)
+        return max(0, estimate)
+
     def pre_request(self, request: LLMRequest, result: SchedulingResult) -> None:
-        self._start(result.endpoints[0], request)
+        self._start(result.endpoints[0], request, self.estimated_output(request))
         others = [r.picked[0] for name, r in result.results.items()
                   if name != result.primary_profile and r.picked]
         if others:
@@ -70,15 +104,17 @@ class InflightLoadProducer(PreRequest, ResponseReceived, ResponseComplete, Plugi
     def response_complete(self, request: LLMRequest, response: Response,
                           endpoint: EndpointView) -> None:
         self._release_others(request)
-        self._end(endpoint, request)
+        self._end(endpoint, request, self.estimated_output(request))
 
-    def _start(self, view: EndpointView, request: LLMRequest) -> None:
-        view.start_request(request.prompt_tokens)
-        self.store.add_inflight(view.key, 1, request.prompt_tokens)
+    def _start(self, view: EndpointView, request: LLMRequest, extra: int = 0) -> None:
+        tokens = request.prompt_tokens + extra
+        view.start_request(tokens)
+        self.store.add_inflight(view.key, 1, tokens)
 
-    def _end(self, view: EndpointView, request: LLMRequest) -> None:
-        view.end_request(request.prompt_tokens)
-        self.store.add_inflight(view.key, -1, -request.prompt_tokens)
+    def _end(self, view: EndpointView, request: LLMRequest, extra: int = 0) -> None:
+        tokens = request.prompt_tokens + extra
+        view.end_request(tokens)
+        self.store.add_inflight(view.key, -1, -tokens)
 
     def _release_others(self, request: LLMRequest) -> None:
         """The non-primary picks (the prefill pick) back, once."""

@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from epp import telemetry as m
 from epp.datastore import EndpointView
@@ -45,7 +45,14 @@ class PredictedLatencyParameters:
     also predict again, from the endpoint's state then, at up to N streamed tokens spaced
     by a Poisson draw of mean ``samplingMean``, and report the mean of all; streaming mode
     only). Ours, for the in-process model: ``retrainInterval``, ``maxTrainingSamples``,
-    ``minTrainingSamples``."""
+    ``minTrainingSamples``. llm-d-router v0.10: ``predictInProduce`` is the new name of
+    ``predictInPrepareData``; ``contextTTL`` is accepted and has nothing to bound here (the
+    per-request context lives on the request and ends with it, upstream keeps it in a
+    cache); ``endpointRoleLabel`` and the multimodal ``useEncoderCacheFeatures`` /
+    ``encoderCacheMatchInfoProducerName`` are refused when set (not built)."""
+
+    ALIASES: ClassVar[dict[str, str]] = {"predictInProduce": "predict_in_prepare_data",
+                                         "contextTTL": "context_ttl"}
 
     slo_buffer_factor: float = 1.0
     streaming_mode: bool = False
@@ -55,8 +62,19 @@ class PredictedLatencyParameters:
     retrain_interval: Duration = Duration(1.0)  # noqa: RUF009 (immutable)
     max_training_samples: int = 5000
     min_training_samples: int = 20
+    context_ttl: Duration = Duration(300.0)  # noqa: RUF009 (immutable)
+    endpoint_role_label: str = ""
+    use_encoder_cache_features: bool = False
+    encoder_cache_match_info_producer_name: str = ""
 
     def __post_init__(self) -> None:
+        if self.endpoint_role_label:
+            raise ValueError("endpointRoleLabel: role-aware latency features are not built "
+                             "yet; remove it")
+        if self.use_encoder_cache_features or self.encoder_cache_match_info_producer_name:
+            raise ValueError("useEncoderCacheFeatures / encoderCacheMatchInfoProducerName: "
+                             "multimodal encoder-cache features are not built (multimodal is "
+                             "its own issue)")
         if not self.slo_buffer_factor > 0:
             raise ValueError(f"sloBufferFactor: must be > 0, got {self.slo_buffer_factor!r}")
         if not self.sampling_mean > 0:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from epp.scheduling.plugin import Plugin
 from epp.scheduling.plugins.filter.by_label_filter import ByLabelFilter, ByLabelSelectorFilter
+from epp.scheduling.plugins.filter.endpoint_attribute_filter import EndpointAttributeFilter
 from epp.scheduling.plugins.filter.header_based_testing_filter import HeaderBasedTestingFilter
 from epp.scheduling.plugins.filter.label_selector_filter import LabelSelectorFilter
 from epp.scheduling.plugins.filter.least_kv_cache_filter import LeastKVCacheFilter
@@ -13,7 +14,10 @@ from epp.scheduling.plugins.filter.lora_affinity_filter import LoraAffinityFilte
 from epp.scheduling.plugins.filter.low_queue_filter import LowQueueFilter
 from epp.scheduling.plugins.filter.prefix_cache_affinity_filter import PrefixCacheAffinityFilter
 from epp.scheduling.plugins.filter.role_filter import DecodeFilter, PrefillFilter
+from epp.scheduling.plugins.filter.session_affinity_filter import SessionAffinityFilter
 from epp.scheduling.plugins.filter.slo_headroom_tier_filter import SloHeadroomTierFilter
+from epp.scheduling.plugins.filter.topology_affinity_filter import TopologyAffinityFilter
+from epp.scheduling.plugins.filter.utilization_filter import UtilizationFilter
 from epp.scheduling.plugins.picker.max_score_picker import MaxScorePicker
 from epp.scheduling.plugins.picker.random_picker import RandomPicker
 from epp.scheduling.plugins.picker.weighted_random_picker import WeightedRandomPicker
@@ -26,6 +30,7 @@ from epp.scheduling.plugins.profile.disagg_profile_handler import (
     PdProfileHandler,
     PrefillHeaderHandler,
 )
+from epp.scheduling.plugins.profile.header_profile_handler import HeaderProfileHandler
 from epp.scheduling.plugins.profile.pd_deciders import (
     AlwaysDisaggPDDecider,
     LoadAwarePDDecider,
@@ -35,6 +40,8 @@ from epp.scheduling.plugins.profile.pd_deciders import (
 from epp.scheduling.plugins.profile.single_profile_handler import SingleProfileHandler
 from epp.scheduling.plugins.scorer.active_request_scorer import ActiveRequestScorer
 from epp.scheduling.plugins.scorer.context_length_aware import ContextLengthAware
+from epp.scheduling.plugins.scorer.endpoint_attribute_scorer import EndpointAttributeScorer
+from epp.scheduling.plugins.scorer.header_label_affinity_scorer import HeaderLabelAffinityScorer
 from epp.scheduling.plugins.scorer.kv_cache_scorer import KVCacheUtilizationScorer
 from epp.scheduling.plugins.scorer.latency_scorer import LatencyScorer
 from epp.scheduling.plugins.scorer.load_aware_scorer import LoadAwareScorer
@@ -44,6 +51,7 @@ from epp.scheduling.plugins.scorer.queue_scorer import QueueScorer
 from epp.scheduling.plugins.scorer.running_requests_scorer import RunningRequestsSizeScorer
 from epp.scheduling.plugins.scorer.session_affinity_scorer import SessionAffinityScorer
 from epp.scheduling.plugins.scorer.token_load_scorer import TokenLoadScorer
+from epp.scheduling.plugins.scorer.topology_affinity_scorer import TopologyAffinityScorer
 
 BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     QueueScorer,
@@ -82,6 +90,14 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     PrefixBasedPDDecider,
     LoadAwarePDDecider,
     AlwaysDisaggPDDecider,
+    UtilizationFilter,
+    SessionAffinityFilter,
+    HeaderLabelAffinityScorer,
+    HeaderProfileHandler,
+    EndpointAttributeFilter,
+    EndpointAttributeScorer,
+    TopologyAffinityFilter,
+    TopologyAffinityScorer,
 )
 
 __all__ = [
@@ -94,7 +110,11 @@ __all__ = [
     "DataParallelProfileHandler",
     "DecodeFilter",
     "DisaggProfileHandler",
+    "EndpointAttributeFilter",
+    "EndpointAttributeScorer",
     "HeaderBasedTestingFilter",
+    "HeaderLabelAffinityScorer",
+    "HeaderProfileHandler",
     "KVCacheUtilizationScorer",
     "LabelSelectorFilter",
     "LatencyScorer",
@@ -118,9 +138,13 @@ __all__ = [
     "QueueScorer",
     "RandomPicker",
     "RunningRequestsSizeScorer",
+    "SessionAffinityFilter",
     "SessionAffinityScorer",
     "SingleProfileHandler",
     "SloHeadroomTierFilter",
     "TokenLoadScorer",
+    "TopologyAffinityFilter",
+    "TopologyAffinityScorer",
+    "UtilizationFilter",
     "WeightedRandomPicker",
 ]

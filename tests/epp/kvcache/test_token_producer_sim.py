@@ -1,6 +1,6 @@
-"""``token-producer`` against a simulated vLLM's ``/tokenize``: completions and chat (the
-server's chat template applied) get the ids the server's KV events carry; a server that is
-down or answers badly leaves the request without ids and says so."""
+"""``token-producer`` against a simulated vLLM's ``/render`` endpoints: completions and chat
+(the server's chat template applied) get the ids the server's KV events carry; a server that
+is down or answers badly leaves the request without ids and says so."""
 
 from __future__ import annotations
 
@@ -60,10 +60,10 @@ async def test_unreachable_or_bad_server_leaves_no_ids() -> None:
     await tp.aclose()
 
     async def bad(_: web.Request) -> web.Response:
-        return web.Response(body=orjson.dumps({"tokens": ["not", "ids"]}))
+        return web.Response(body=orjson.dumps([{"token_ids": ["not", "ids"]}]))
 
     app = web.Application()
-    app.router.add_post("/tokenize", bad)
+    app.router.add_post("/v1/completions/render", bad)
     runner = web.AppRunner(app)
     await runner.setup()
     port = e.free_port()
@@ -76,3 +76,40 @@ async def test_unreachable_or_bad_server_leaves_no_ids() -> None:
         await tp2.aclose()
     finally:
         await runner.cleanup()
+
+
+async def test_render_endpoints_of_the_simulator_answer_as_vllm() -> None:
+    import aiohttp
+
+    async with start_fleet([tiny(model=MODEL)]) as fleet, aiohttp.ClientSession() as c:
+        url = fleet.urls[0]
+        async with c.post(f"{url}/v1/completions/render",
+                          json={"model": MODEL, "prompt": ["abcd", "efgh1234"]}) as r:
+            assert await r.json() == [{"token_ids": token_ids(b"abcd")},
+                                      {"token_ids": token_ids(b"efgh1234")}]
+        messages = [{"role": "user", "content": "hi"}]
+        async with c.post(f"{url}/v1/chat/completions/render",
+                          json={"model": MODEL, "messages": messages}) as r:
+            want = token_ids(apply_chat_template(messages).encode())
+            assert (await r.json())["token_ids"] == want
+        async with c.post(f"{url}/v1/chat/completions/render", json={"model": MODEL}) as r:
+            assert r.status == 400
+        async with c.post(f"{url}/v1/completions/render",
+                          json={"model": "nope", "prompt": "x"}) as r:
+            assert r.status == 404
+
+
+def test_estimate_backend_packs_prompt_bytes_without_a_server() -> None:
+    from epp.config.builtins import builtin_registry
+    from epp.requestcontrol.plugins.token_producer import pack_bytes
+
+    tp = builtin_registry().create("token-producer", "", {})
+    assert tp.params.backend == "estimate"
+    req = request("/v1/completions", b"abcdefgh12")
+    assert tp.admit(req, []) is None  # no awaiting: nothing is asked
+    assert req.prompt_token_ids == pack_bytes(b"abcdefgh12") == [
+        int.from_bytes(b"abcd", "little"), int.from_bytes(b"efgh", "little"),
+        int.from_bytes(b"12\0\0", "little")]
+    assert req.prompt_tokens == 3
+    assert builtin_registry().create("token-producer", "", {"modelName": MODEL}).params.backend \
+        == "vllm"

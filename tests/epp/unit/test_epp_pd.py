@@ -513,3 +513,13 @@ def test_load_aware_decider_unknown_parameter_is_an_error() -> None:
         PluginHarness.of("load-aware-pd-decider", {"nonCachedTokens": 1,
                                                    "prefillBacklogTokens": 1,
                                                    "maxDecodeRequests": 0, "spill": 3})
+
+
+def test_prompt_tokens_gate_keeps_short_prompts_local_whatever_the_cache() -> None:
+    gated = LLMD_PD.replace("parameters: {nonCachedTokens: %d}",
+                            "parameters: {nonCachedTokens: %d, promptTokens: 2000}")
+    rt = runtime(gated % 256)
+    short = route(rt, request("x" * 4000), pool())  # 1,000 uncached tokens < promptTokens
+    assert short.prefiller is None
+    long = route(rt, request("y" * 12000), pool())  # 3,000 tokens
+    assert long.prefiller == "10.0.0.3:8000"

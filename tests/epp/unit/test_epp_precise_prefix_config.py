@@ -35,7 +35,7 @@ def test_llm_d_sample_config_loads_with_its_data_layer_wiring() -> None:
     assert source in rt.data_sources and source.extractors == [scorer]
     producer = rt.handle.plugin("token-producer", TokenProducer)
     assert producer in rt.admitters
-    assert producer.url == "http://localhost:8000/tokenize"
+    assert producer.url == "http://localhost:8000"
     assert scorer in rt.pre_request  # the approximate fallback learns from every pick
 
 
@@ -152,8 +152,11 @@ def test_unsupported_or_wrong_parameters_are_refused_by_name(parameters: str,
 
 
 @pytest.mark.parametrize(("parameters", "message"), [
-    ("{}", "modelName"),
+    ("{vllm: {url: 'http://x:8000'}}", "modelName"),
     ("{modelName: m, vllm: {http: 'localhost:8000'}}", "vllm.http"),
+    ("{modelName: m, vllm: {url: 'localhost:8000'}}", "vllm.url"),
+    ("{modelName: m, vllm: {url: 'http://a', http: 'http://b'}}", "not both"),
+    ("{estimate: {image: {mode: static}}}", "multimodal"),
     ("{modelName: m, vllm: {grpc: 'x'}}", "grpc"),
     ("{modelName: m, vllm: {timeout: 0}}", "vllm.timeout"),
 ])

@@ -310,7 +310,7 @@ def test_the_affinity_filter_keeps_endpoints_holding_the_prompt() -> None:
 
 def test_the_affinity_filter_breaks_stickiness_when_it_costs_too_much_ttft() -> None:
     f = PrefixCacheAffinityFilter("f", AffinityFilterParameters(
-        exploration_probability=0, max_ttft_penalty_ms=100))
+        exploration_probability=0, max_ttft_penalty_ms=100, ttft_source="latencyPredictor"))
     vs = views(2)
     r = LLMRequest(request_id="r", target_model="m", client_model="m", prompt=b"x" * 640)
     f.producer.record(r, vs[0])

@@ -1,12 +1,13 @@
-"""``prefix-cache-affinity-filter`` (upstream v1.5): narrow the candidates to those that
-probably hold most of the prompt, unless that costs too much predicted TTFT."""
+"""``prefix-cache-affinity-filter`` (upstream v1.5, parameters and defaults of llm-d-router
+v0.10): narrow the candidates to those that probably hold most of the prompt, unless that
+costs too much TTFT."""
 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from epp.datastore import EndpointView
 from epp.latency.predictions import predictions_of
@@ -18,11 +19,16 @@ from shared.plugins import Handle
 
 @dataclass(frozen=True, slots=True)
 class AffinityFilterParameters:
-    """Upstream names and defaults."""
+    """llm-d-router v0.10's names and defaults (v1.5 had ``explorationProbability`` 0.01,
+    ``maxTTFTPenaltyMs`` 5000 and only the predictor as TTFT source)."""
+
+    ALIASES = {"maxTTFTPenaltyMs": "max_ttft_penalty_ms"}
 
     affinity_threshold: float = 0.80
-    exploration_probability: float = 0.01
-    max_ttft_penalty_ms: float = 5000.0
+    exploration_probability: float = 0.0
+    max_ttft_penalty_ms: float = 18000.0
+    ttft_source: Literal["prefillThroughput", "latencyPredictor"] = "prefillThroughput"
+    peak_prefill_throughput: float = 15928.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.affinity_threshold <= 1:
@@ -31,15 +37,19 @@ class AffinityFilterParameters:
             raise ValueError("explorationProbability: must be in [0, 1]")
         if self.max_ttft_penalty_ms < 0:
             raise ValueError("maxTTFTPenaltyMs: must be >= 0")
+        if self.peak_prefill_throughput <= 0:
+            raise ValueError("peakPrefillThroughput: must be > 0")
 
 
 class PrefixCacheAffinityFilter(Filter):
     """Sticky candidates: prefix score (matched / total prompt blocks, from the
     ``approx-prefix-cache-producer``; one is added when the config has none) ≥
     ``affinityThreshold``. Keep only those, unless: none is sticky; the gate is skipped for
-    exploration (probability ``explorationProbability``); or, with predictions, the best
-    sticky predicted TTFT exceeds the best non-sticky one by more than ``maxTTFTPenaltyMs``
-    (0: always stick)."""
+    exploration (probability ``explorationProbability``); or the best sticky TTFT exceeds the
+    best non-sticky one by more than ``maxTTFTPenaltyMs`` (0: always stick). TTFT(e) =
+    in-flight tokens(e) / ``peakPrefillThroughput`` * 1000 ms (``ttftSource:
+    prefillThroughput``) or the predicted TTFT (``latencyPredictor``; skipped without
+    predictions)."""
 
     type_name = "prefix-cache-affinity-filter"
     parameters_type = AffinityFilterParameters
@@ -74,16 +84,33 @@ class PrefixCacheAffinityFilter(Filter):
         sticky = [v for v in endpoints if match.matched.get(v.key, 0) >= threshold]
         if not sticky or len(sticky) == len(endpoints):
             return endpoints
-        preds = predictions_of(request)
-        if p.max_ttft_penalty_ms and preds is not None and preds.predicted:
-            def best(views: Sequence[EndpointView]) -> float | None:
-                ttfts = [t for v in views if (q := preds.by_endpoint.get(v.key)) is not None
-                         and (t := q.ttft) is not None]
-                return min(ttfts) if ttfts else None
+        if p.max_ttft_penalty_ms:
+            ttft = self._ttft_ms(request)
+            if ttft is not None:
+                keys = {v.key for v in sticky}
 
-            keys = {v.key for v in sticky}
-            b_sticky, b_other = best(sticky), best([v for v in endpoints if v.key not in keys])
-            if (b_sticky is not None and b_other is not None
-                    and (b_sticky - b_other) * 1000.0 > p.max_ttft_penalty_ms):
-                return endpoints
+                def best(views: Sequence[EndpointView]) -> float | None:
+                    found = [t for v in views if (t := ttft(v)) is not None]
+                    return min(found) if found else None
+
+                b_sticky = best(sticky)
+                b_other = best([v for v in endpoints if v.key not in keys])
+                if (b_sticky is not None and b_other is not None
+                        and b_sticky - b_other > p.max_ttft_penalty_ms):
+                    return endpoints
         return sticky
+
+    def _ttft_ms(self, request: LLMRequest) -> Callable[[EndpointView], float | None] | None:
+        """The per-endpoint TTFT estimate in ms of ``ttftSource`` (None: no such source)."""
+        p = self.params
+        if p.ttft_source == "prefillThroughput":
+            return lambda v: v.inflight_tokens / p.peak_prefill_throughput * 1000.0
+        preds = predictions_of(request)
+        if preds is None or not preds.predicted:
+            return None
+
+        def predicted(v: EndpointView) -> float | None:
+            q = preds.by_endpoint.get(v.key)
+            return q.ttft * 1000.0 if q is not None and q.ttft is not None else None
+
+        return predicted

@@ -1,9 +1,13 @@
 """P/D profile handlers (llm-d's ``disagg-profile-handler`` and its older name
 ``pd-profile-handler``) and ``prefill-header-handler``.
 
-Per request: the decode profile runs first and its pick is where the request goes (primary).
-Then the prefill decider looks at that decode endpoint; when it says so, the prefill profile
-runs too. As a pre-request step the handler names the prefill profile's pick in
+Per request (``stageOrder: decode-first``, the default): the decode profile runs first and its
+pick is where the request goes (primary). Then the prefill decider looks at that decode
+endpoint; when it says so, the prefill profile runs too. With ``stageOrder: prefill-first``
+(llm-d-router v0.10, ``disagg-profile-handler`` only) the prefill profile, when configured,
+always runs first and then decode. Before the second stage runs, the first stage's pick is
+published as the request attribute ``peer-endpoint`` (topology affinity reads it).
+As a pre-request step the handler names the prefill profile's pick in
 ``x-prefiller-host-port``, which the decode pod's ``pd-sidecar`` reads (docs/pd.md). No
 header when the decider said no or no prefill endpoint was found: the decode pod computes
 the prompt itself.
@@ -13,9 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from epp import telemetry as m
+from epp.datalayer.topology import PEER_ENDPOINT
 from epp.requestcontrol.plugin import PreRequest
 from epp.scheduling.plugin import Plugin, ProfileHandler
 from epp.scheduling.plugins.profile.pd_deciders import PDDecider
@@ -41,9 +46,11 @@ class PDProfileHandlerBase(ProfileHandler, PreRequest):
     """decode first (primary); prefill when the decider approves the decode pick."""
 
     def __init__(self, name: str, params: Any, *, decode: str, prefill: str,
-                 decider: str | None, handle: Handle | None) -> None:
+                 decider: str | None, handle: Handle | None,
+                 prefill_first: bool = False) -> None:
         super().__init__(name, params)
         self.decode_profile, self.prefill_profile = decode, prefill
+        self.prefill_first = prefill_first
         self.decider_name = decider
         self.decider: PDDecider | None = None
         self._handle = handle
@@ -53,7 +60,7 @@ class PDProfileHandlerBase(ProfileHandler, PreRequest):
         if self.decode_profile not in profiles:
             raise ValueError(f"{where}: no scheduling profile named {self.decode_profile!r} "
                              f"(the decode profile)")
-        if self.decider_name:
+        if self.decider_name and not self.prefill_first:
             if self.prefill_profile not in profiles:
                 raise ValueError(f"{where}: no scheduling profile named "
                                  f"{self.prefill_profile!r} (the prefill profile)")
@@ -77,6 +84,8 @@ class PDProfileHandlerBase(ProfileHandler, PreRequest):
         profiles: Mapping[str, SchedulingProfile],
         results: Mapping[str, ProfileResult],
     ) -> list[SchedulingProfile]:
+        if self.prefill_first:
+            return self._prefill_first(request, profiles, results)
         decode = results.get(self.decode_profile)
         if decode is None:
             return [profiles[self.decode_profile]]
@@ -85,11 +94,30 @@ class PDProfileHandlerBase(ProfileHandler, PreRequest):
         prefill = results.get(self.prefill_profile)
         if prefill is None and self.decider is not None and self.decider.disaggregate(
                 request, decode.picked[0]):
+            request.plugin_state[PEER_ENDPOINT] = decode.picked[0]
             return [profiles[self.prefill_profile]]
+        self._count(request, results)
+        return []
+
+    def _prefill_first(self, request: LLMRequest, profiles: Mapping[str, SchedulingProfile],
+                       results: Mapping[str, ProfileResult]) -> list[SchedulingProfile]:
+        """prefill (when configured) always, then decode with the prefill pick as peer."""
+        if self.decode_profile in results:
+            if results[self.decode_profile].picked:
+                self._count(request, results)
+            return []
+        if self.prefill_profile in profiles and self.prefill_profile not in results:
+            return [profiles[self.prefill_profile]]
+        prefill = results.get(self.prefill_profile)
+        if prefill is not None and prefill.picked:
+            request.plugin_state[PEER_ENDPOINT] = prefill.picked[0]
+        return [profiles[self.decode_profile]]
+
+    def _count(self, request: LLMRequest, results: Mapping[str, ProfileResult]) -> None:
+        prefill = results.get(self.prefill_profile)
         # Counted as it turned out: a prefill profile that found no endpoint is decode-only.
         decision = "prefill-decode" if prefill is not None and prefill.picked else "decode-only"
         m.disagg_decision(self.type_name, self.name, request.target_model, decision)
-        return []
 
     def primary_profile(self, request: LLMRequest, results: Mapping[str, ProfileResult]) -> str:
         return self.decode_profile
@@ -123,6 +151,8 @@ class DisaggProfileHandlerParameters:
 
     profiles: DisaggProfiles | None = None
     deciders: DisaggDeciders | None = None
+    #: llm-d-router v0.10: ``decode-first`` (default) or ``prefill-first``.
+    stage_order: Literal["decode-first", "prefill-first"] = "decode-first"
     decode_profile: str = ""
     prefill_profile: str = ""
     decider_plugin_name: str = ""
@@ -154,7 +184,7 @@ class DisaggProfileHandler(PDProfileHandlerBase):
             p.prefill_decider_plugin_name or p.decider_plugin_name
         return cls(name, params, decode=p.decode_profile or profiles.decode,
                    prefill=p.prefill_profile or profiles.prefill, decider=decider or None,
-                   handle=handle)
+                   handle=handle, prefill_first=p.stage_order == "prefill-first")
 
 
 @dataclass(frozen=True, slots=True)

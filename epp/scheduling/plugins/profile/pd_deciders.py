@@ -46,8 +46,8 @@ class AlwaysDisaggPDDecider(PDDecider):
 class PrefixBasedPDDeciderParameters:
     """``nonCachedTokens``: disaggregate when at least this many prompt tokens are not cached
     on the decode endpoint; 0 (the default, as llm-d) never disaggregates. ``promptTokens``
-    (llm-d v0.10) is validated (>= 0) and has no effect, as there: v0.10 declares it and
-    never reads it; a non-zero value logs so."""
+    (llm-d-router v0.10): prompts shorter than this never disaggregate; 0 (default): no
+    such gate."""
 
     non_cached_tokens: int = 0
     prompt_tokens: int = 0
@@ -61,7 +61,7 @@ class PrefixBasedPDDeciderParameters:
 
 class PrefixBasedPDDecider(PDDecider):
     """uncached = prompt tokens - matched blocks on the decode endpoint * block tokens;
-    disaggregate when uncached ≥ ``nonCachedTokens``.
+    disaggregate when prompt tokens ≥ ``promptTokens`` and uncached ≥ ``nonCachedTokens``.
 
     Prompt tokens are the request's token ids when it carries them, else prompt bytes ÷ 4
     (llm-d divides the characters by 4). The match is the one ``approx-prefix-cache-producer``
@@ -85,9 +85,6 @@ class PrefixBasedPDDecider(PDDecider):
         if params.non_cached_tokens == 0:
             log.warning("prefix-based P/D disaggregation is off (nonCachedTokens: 0)",
                         plugin=name)
-        if params.prompt_tokens:
-            log.warning("promptTokens has no effect (llm-d v0.10 declares it but never "
-                        "reads it)", plugin=name)
         return cls(name, params, handle)
 
     def bind(self, producer: ApproxPrefixCacheProducer | None = None) -> None:
@@ -98,8 +95,7 @@ class PrefixBasedPDDecider(PDDecider):
                                  f"prefix-cache-scorer or approx-prefix-cache-producer")
             producer = found[0]
         self._producer = producer
-        p = producer.params
-        self._block_tokens = p.block_size_tokens or max(1, p.block_size // CHARS_PER_TOKEN)
+        self._block_tokens = producer.tokens_per_block
 
     def disaggregate(self, request: LLMRequest, decode: EndpointView) -> bool:
         threshold = self.params.non_cached_tokens
@@ -110,7 +106,8 @@ class PrefixBasedPDDecider(PDDecider):
         assert self._producer is not None
         ids = request.prompt_token_ids
         tokens = len(ids) if ids is not None else len(request.prompt) // CHARS_PER_TOKEN
-        if tokens < threshold:
+        # load-aware-pd-decider (ours, a subclass) has no promptTokens gate
+        if tokens < threshold or tokens < getattr(self.params, "prompt_tokens", 0):
             return False
         hit = self._producer.match(request).matched.get(decode.endpoint.key, 0)
         return tokens - hit * self._block_tokens >= threshold

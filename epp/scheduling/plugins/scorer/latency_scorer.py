@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 from epp.datastore import EndpointView
 from epp.latency.predictions import Prediction, predictions_of
@@ -14,7 +15,9 @@ from epp.scheduling.request import LLMRequest
 
 @dataclass(frozen=True, slots=True)
 class LatencyScorerParameters:
-    """Upstream names and defaults."""
+    """Upstream names and defaults (upstream spells ``compositeKVWeight``)."""
+
+    ALIASES: ClassVar[dict[str, str]] = {"compositeKVWeight": "composite_kv_weight"}
 
     ttft_weight: float = 0.8
     tpot_weight: float = 0.2
