@@ -3,10 +3,11 @@ utilization from NVIDIA's DCGM exporter, as the numeric endpoint attribute
 ``GPUUtilization/<extractor name>`` that ``endpoint-attribute-filter`` and
 ``endpoint-attribute-scorer`` read.
 
-The exporter runs beside the model server (sidecar: the pod's IP, ``port`` 9400). Upstream's
-DaemonSet mode (``useNodeAddress``: the node's IP) needs the pod's host IP, which this EPP's
-endpoints do not carry, so it is refused rather than scraping the wrong address. The
-project's simulator serves the exporter's page at ``/dcgm/metrics`` on its own port.
+The exporter runs beside the model server (sidecar: the pod's IP, ``port`` 9400) or, with
+``useNodeAddress``, as a DaemonSet on the node's IP (the pod's ``status.hostIP``); an endpoint
+whose node address is unknown (a pod without ``status.hostIP``, a file-discovery endpoint) is
+not scraped, with one warning, rather than scraping the wrong address. The project's simulator
+serves the exporter's page at ``/dcgm/metrics`` on its own port.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ class DcgmSourceParameters:
     """Upstream's ``scheme`` (http), ``path`` (/metrics), ``port`` (9400),
     ``insecureSkipVerify`` (true), ``caCertPath``, ``clientCertPath``/``clientKeyPath``,
     ``interval`` (default the EPP's ``--refresh-metrics-interval``), ``useNodeAddress``
-    (false; true is refused, see the module docstring)."""
+    (false: the pod's IP; true: the node's, see the module docstring)."""
 
     scheme: Literal["http", "https"] = "http"
     path: str = "/metrics"
@@ -59,10 +60,6 @@ class DcgmSourceParameters:
             raise ValueError(f"port: must be 1-65535, got {self.port}")
         if self.interval is not None and self.interval <= 0:
             raise ValueError("interval: must be > 0")
-        if self.use_node_address:
-            raise ValueError("useNodeAddress: true (a DaemonSet exporter on the node's IP) is "
-                             "not supported: endpoints here carry no host IP; run the exporter "
-                             "as a sidecar")
         check_tls_files(self.ca_cert_path, self.client_cert_path, self.client_key_path)
 
 
@@ -90,8 +87,10 @@ class DcgmDataSource(Plugin, DataSource):
         return cls(name, params)
 
     def url(self, view: EndpointView) -> str:
-        """Where ``view``'s exporter answers."""
-        address = view.endpoint.address
+        """Where ``view``'s exporter answers ("" when on a node whose address is unknown)."""
+        address = view.endpoint.host_ip if self.params.use_node_address else view.endpoint.address
+        if not address:
+            return ""
         host = f"[{address}]" if ":" in address else address
         return f"{self.params.scheme}://{host}:{self.params.port}{self.params.path}"
 
@@ -100,8 +99,12 @@ class DcgmDataSource(Plugin, DataSource):
         await asyncio.gather(*(self._poll(view, session) for view in datastore.views()))
 
     async def _poll(self, view: EndpointView, session: aiohttp.ClientSession) -> None:
+        url = self.url(view)
         try:
-            async with session.get(self.url(view)) as resp:
+            if not url:
+                raise ValueError("useNodeAddress: the endpoint's node address (status.hostIP) "
+                                 "is unknown")
+            async with session.get(url) as resp:
                 if resp.status != 200:
                     raise ValueError(f"HTTP {resp.status}")
                 body = await resp.content.read(MAX_PAGE_BYTES + 1)
@@ -112,7 +115,7 @@ class DcgmDataSource(Plugin, DataSource):
             if view.key not in self._failing:
                 self._failing.add(view.key)
                 log.warning("cannot scrape the DCGM exporter", endpoint=view.key,
-                            url=self.url(view), error=str(e) or type(e).__name__)
+                            url=url, error=str(e) or type(e).__name__)
             return
         self._failing.discard(view.key)
         now = asyncio.get_running_loop().time()

@@ -93,6 +93,8 @@ class Pod:
     #: None when ``status.conditions`` is absent (a manifests-file pod: counts as Ready).
     conditions: tuple[PodCondition, ...] | None
     deleting: bool = False
+    #: ``status.hostIP``: the node's address ("" when not reported)
+    host_ip: str = ""
 
     @property
     def name(self) -> str:
@@ -119,6 +121,9 @@ class Endpoint:
     rank: int
     labels: dict[str, str]
     engine: EngineType = EngineType.VLLM
+    #: the node's address (the pod's ``status.hostIP``; "" when unknown): where node-level
+    #: exporters (DCGM as a DaemonSet) answer
+    host_ip: str = ""
     #: ``ip:port``; identifies the endpoint everywhere (headers, metrics, in-flight counters).
     key: str = field(default="")
 

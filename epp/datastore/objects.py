@@ -284,6 +284,7 @@ def _pod(doc: Mapping[str, Any], ref: ObjectRef, r: _Reader) -> Pod:
         pod_ip=r.string(status.get("podIP"), "status.podIP"),
         conditions=conditions,
         deleting=meta.get("deletionTimestamp") is not None,
+        host_ip=str(status.get("hostIP") or ""),
     )
 
 

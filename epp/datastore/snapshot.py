@@ -166,6 +166,7 @@ def endpoints_for(pool: Pool, pods: Iterable[Pod]) -> tuple[Endpoint, ...]:
                     rank=rank,
                     labels=pod.labels,
                     engine=engine,
+                    host_ip=pod.host_ip,
                 )
             )
     return tuple(out)

@@ -167,6 +167,44 @@ def test_no_hit_lru_is_neutral_for_warm_requests(make_view) -> None:
              completion_tokens=1)
 
 
+LRU_PRODUCER_CONFIG = """
+plugins:
+- type: approx-prefix-cache-producer
+  name: prefixes
+- type: prefix-cache-scorer
+  parameters: {prefixMatchInfoProducerName: prefixes}
+- type: no-hit-lru-scorer
+  parameters: {lruSize: 8, prefixMatchInfoProducerName: prefixes}
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: prefix-cache-scorer
+  - pluginRef: no-hit-lru-scorer
+"""
+
+
+def test_no_hit_lru_reads_the_producer_named_by_prefix_match_info_producer_name() -> None:
+    runtime = build(parse_config(LRU_PRODUCER_CONFIG), store(), rng=random.Random(0))
+    d = Director.of(runtime)
+    prompt = "shared prefix " * 40
+    lru = runtime.handle.plugin("no-hit-lru-scorer", NoHitLRUScorer)
+    cold = d.prepare(HEADERS, body(prompt), {})
+    assert lru.is_cold(cold.request, cold.candidates)
+    _, first = d.route(HEADERS, body(prompt), {})
+    warm = d.prepare(HEADERS, body(prompt), {})
+    assert not lru.is_cold(warm.request, warm.candidates)
+    d.finish(first, completed=True, status=200, response_size=1, prompt_tokens=1,
+             completion_tokens=1)
+
+
+def test_no_hit_lru_refuses_a_producer_name_that_is_no_prefix_producer() -> None:
+    cfg = LRU_PRODUCER_CONFIG.replace("lruSize: 8, prefixMatchInfoProducerName: prefixes",
+                                      "lruSize: 8, prefixMatchInfoProducerName: "
+                                      "prefix-cache-scorer")
+    with pytest.raises((ConfigError, PluginError), match="not a prefix-cache producer"):
+        build(parse_config(cfg), store(), rng=random.Random(0))
+
+
 def test_no_hit_lru_ranks_least_recently_served_first(make_view) -> None:
     s = NoHitLRUScorer()
     views = [make_view(i) for i in range(3)]

@@ -54,11 +54,33 @@ def _fields(obj: Any) -> dict[str, Any]:
     return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
 
 
-def test_dcgm_source_refuses_node_address_and_bad_values(tmp_path: Path) -> None:
+def test_dcgm_source_on_the_node_address_scrapes_the_pods_host_ip(make_view) -> None:
+    view = make_view(1)
+    on_node = type(view.endpoint)(**{**_fields(view.endpoint), "host_ip": "10.9.8.7"})
+    view.endpoint = on_node
+    assert plugin("dcgm-data-source", useNodeAddress=True).url(view) == \
+        "http://10.9.8.7:9400/metrics"
+    assert plugin("dcgm-data-source").url(view).startswith(f"http://{on_node.address}:9400")
+    view.endpoint = type(view.endpoint)(**{**_fields(view.endpoint), "host_ip": ""})
+    assert plugin("dcgm-data-source", useNodeAddress=True).url(view) == ""  # never scraped
+
+
+def test_pods_host_ip_reaches_their_endpoints() -> None:
+    from epp.datastore import parse_object
+    from epp.datastore.snapshot import endpoints_for
+    from tests.support.views import pod, pool_v1
+
+    raw = pod("p", "10.0.0.5")
+    raw["status"]["hostIP"] = "192.168.1.2"
+    pool = parse_object(pool_v1())
+    (endpoint,) = endpoints_for(pool, [parse_object(raw)])  # type: ignore[arg-type,list-item]
+    assert (endpoint.address, endpoint.host_ip) == ("10.0.0.5", "192.168.1.2")
+
+
+def test_dcgm_source_refuses_bad_values(tmp_path: Path) -> None:
     from shared.plugins import PluginError
 
-    for params, why in (({"useNodeAddress": True}, "useNodeAddress"),
-                        ({"port": 0}, "port"), ({"path": "metrics"}, "path"),
+    for params, why in (({"port": 0}, "port"), ({"path": "metrics"}, "path"),
                         ({"clientCertPath": str(tmp_path / "c.pem")}, "set both"),
                         ({"caCertPath": str(tmp_path / "ca.pem")}, "no such file")):
         with pytest.raises(PluginError, match=why):

@@ -11,6 +11,8 @@ from typing import Any, ClassVar
 from epp.datastore import EndpointView
 from epp.requestcontrol.plugin import PreRequest
 from epp.scheduling.plugin import EndpointsRemoved, SchedulerHooks, Scorer
+from epp.scheduling.plugins.prefix.precise_prefix_cache_producer import PrecisePrefixCacheProducer
+from epp.scheduling.plugins.prefix.producer import ApproxPrefixCacheProducer
 from epp.scheduling.request import LLMRequest
 from epp.scheduling.result import SchedulingResult
 from shared.plugins import Handle, Plugin, PluginError
@@ -22,11 +24,14 @@ PREFILL_PROFILE = "prefill"
 @dataclass(frozen=True, slots=True)
 class NoHitLRUParameters:
     """``prefixPluginName`` / ``prefixPluginType``: the prefix-cache scorer whose match says
-    whether a request is cold; ``lruSize``: endpoints remembered."""
+    whether a request is cold; ``prefixMatchInfoProducerName`` (llm-d v0.10): read that
+    prefix-cache producer's match instead (approximate or precise); ``lruSize``: endpoints
+    remembered."""
 
     prefix_plugin_name: str = "prefix-cache-scorer"
     prefix_plugin_type: str = "prefix-cache-scorer"
     lru_size: int = 1024
+    prefix_match_info_producer_name: str = ""
 
     def __post_init__(self) -> None:
         if self.lru_size <= 0:
@@ -58,16 +63,26 @@ class NoHitLRUScorer(Scorer, PreRequest, EndpointsRemoved):
         return cls(name, params, handle)
 
     def _prefix_plugin(self) -> Any:
-        """The prefix plugin, looked up once (it may be created after this one)."""
+        """The producer whose match says cold or warm (an approximate producer, or a precise
+        one), looked up once (it may be created after this one)."""
         if not self._resolved:
             self._resolved = True
             p = self.params
-            if self._handle is not None and p.prefix_plugin_name in self._handle:
+            if self._handle is None:
+                return None
+            if p.prefix_match_info_producer_name:
+                found = self._handle.plugin(p.prefix_match_info_producer_name, Plugin)
+                if not isinstance(found, ApproxPrefixCacheProducer | PrecisePrefixCacheProducer):
+                    raise PluginError(f"{self.name}: prefixMatchInfoProducerName: plugin "
+                                      f"{p.prefix_match_info_producer_name!r} "
+                                      f"({found.type_name}) is not a prefix-cache producer")
+                self._prefix = found
+            elif p.prefix_plugin_name in self._handle:
                 found = self._handle.plugin(p.prefix_plugin_name, Plugin)
                 if found.type_name != p.prefix_plugin_type:
                     raise PluginError(f"{self.name}: plugin {p.prefix_plugin_name!r} is a "
                                       f"{found.type_name}, not a {p.prefix_plugin_type}")
-                self._prefix = getattr(found, "producer", None)
+                self._prefix = getattr(found, "precise", None) or getattr(found, "producer", None)
         return self._prefix
 
     def attach(self, hooks: SchedulerHooks) -> None:
@@ -75,15 +90,18 @@ class NoHitLRUScorer(Scorer, PreRequest, EndpointsRemoved):
         ``prefixPluginType`` stops the config instead of a request."""
         self._prefix_plugin()
 
-    def is_cold(self, request: LLMRequest) -> bool:
-        """No candidate holds a block of the request (as far as the prefix plugin knows)."""
+    def is_cold(self, request: LLMRequest, endpoints: Sequence[EndpointView] = ()) -> bool:
+        """No candidate holds a block of the request (as far as the prefix producer knows)."""
         producer = self._prefix_plugin()
         if producer is None:
             return True
+        if isinstance(producer, PrecisePrefixCacheProducer):
+            return not any(f > 0 for f in producer.precise_match(request, endpoints)
+                           .fractions.values())
         return not any(n > 0 for n in producer.match(request).matched.values())
 
     def score(self, request: LLMRequest, endpoints: Sequence[EndpointView]) -> Sequence[float]:
-        cold = self.is_cold(request)
+        cold = self.is_cold(request, endpoints)
         request.plugin_state[self.name] = cold
         if not cold:
             return [0.5] * len(endpoints)
