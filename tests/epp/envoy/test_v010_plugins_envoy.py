@@ -38,7 +38,8 @@ class Gateway:
         write_yaml(manifests, docs)
         # Most of these types are Alpha upstream: allowed, as upstream requires, by the flag.
         self.epp = EppProcess(manifests, "--config-text", HEAD + config,
-                              "--allow-experimental-plugins", log_path=tmp / "epp.log").wait_serving()
+                              "--allow-experimental-plugins",
+                              log_path=tmp / "epp.log").wait_serving()
         admin, self.port = e.free_port(), e.free_port()
         self.envoy = e.Envoy(pool_gateway_config(self.epp.port, admin, self.port,
                                                  endpoints=[s.key for s in servers]),
