@@ -259,7 +259,8 @@ def _flow_control(config: EndpointPickerConfig, handle: EppHandle,
         controller = FlowController(
             config.flow_control or FlowControlConfig(),
             pool_saturation(saturation, handle.datastore),
-            plugins={p.name: p for p in handle})
+            plugins={p.name: p for p in handle},
+            pool_endpoints=lambda: len(handle.datastore.candidates()))
     except FlowControlConfigError as e:
         raise ConfigError(f"{config.source}: {e}") from None
     handle.add(FlowControlAdmitter(controller))

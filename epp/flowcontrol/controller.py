@@ -73,12 +73,16 @@ class FlowController:
         plugins: Mapping[str, object] | None = None,
         metrics: FlowControlMetrics | None = None,
         poll_interval: float = 0.005,
+        pool_endpoints: Callable[[], int] | None = None,
     ) -> None:
         """``plugins`` are configured plugin instances by name, for the policy refs; refs to
         built-in types not among them get a default instance (upstream's loader does the same).
         Raises :class:`~epp.flowcontrol.config.FlowControlConfigError` for a bad ref."""
         self.config = config
         self.saturation = saturation
+        #: How many endpoints the pool has (its emptiness turns 429s into 503s, upstream
+        #: v0.10); None: never empty.
+        self.pool_endpoints = pool_endpoints
         self.pool_name = pool_name
         self.poll_interval = poll_interval
         self.metrics = metrics or default_metrics()
@@ -119,8 +123,15 @@ class FlowController:
         if self._may_bypass(band):
             self._dispatched.append(now)
             return self._decided(req, Outcome.DISPATCHED, started)
+        empty = self.pool_empty()
         if not self._make_room(band, req.byte_size):
-            return self._decided(req, Outcome.REJECTED_CAPACITY, started)
+            # With no endpoints the queue is a waiting room for scale-from-zero; a full one
+            # means no capacity exists at all (503), not contention (429) - upstream v0.10.
+            return self._decided(req, Outcome.REJECTED_NO_ENDPOINTS if empty
+                                 else Outcome.REJECTED_CAPACITY, started)
+        no_ep_ttl = self.config.no_endpoint_request_ttl
+        if empty and no_ep_ttl == 0:
+            return self._decided(req, Outcome.REJECTED_NO_ENDPOINTS, started)
 
         ttl = req.ttl or self.config.default_request_ttl
         item = QueueItem(req, now, now + ttl if ttl > 0 else None, next(self._seq),
@@ -154,9 +165,22 @@ class FlowController:
     async def admit(self, req: FlowControlRequest) -> None:
         """:meth:`enqueue_and_wait`, raising the client's error unless dispatched."""
         outcome = await self.enqueue_and_wait(req)
-        err = error_for(outcome, self.retry_after())
+        if outcome is Outcome.DISPATCHED:
+            return
+        empty = outcome in (Outcome.EVICTED_TTL, Outcome.REJECTED_CAPACITY) and self.pool_empty()
+        err = error_for(outcome, self.retry_after(), pool_empty=empty)
         if err is not None:
             raise err
+
+    def pool_empty(self) -> bool:
+        """True when the pool has no endpoints (what a refusal's status depends on)."""
+        if self.pool_endpoints is None:
+            return False
+        try:
+            return self.pool_endpoints() == 0
+        except Exception:
+            log.warning("counting the pool's endpoints failed", exc_info=True)
+            return False
 
     def notify(self) -> None:
         """Capacity may have freed (a response ended, metrics refreshed): try to dispatch."""
@@ -215,7 +239,7 @@ class FlowController:
                     "queued": b.length,
                     "bytes": b.nbytes,
                     "maxBytes": b.config.effective_max_bytes,
-                    "maxRequests": b.config.max_requests,
+                    "maxRequests": b.config.effective_max_requests,
                     "fairnessPolicy": b.fairness.type_name,
                     "orderingPolicy": b.ordering.type_name,
                     "flows": {f.fairness_id: {"queued": f.length, "bytes": f.nbytes}
@@ -232,6 +256,9 @@ class FlowController:
         """Release at most one request; True if one was released."""
         started = time.perf_counter()
         try:
+            if self.pool_empty():
+                self._expire_without_endpoints()
+                return False  # nothing can be served until the pool has endpoints
             sat = self._read_saturation()
             ceilings = self.usage_limit.ceilings(sat, [b.priority for b in self._order])
             for band, ceiling in zip(self._order, ceilings, strict=True):
@@ -249,6 +276,21 @@ class FlowController:
             return False
         finally:
             self.metrics.dispatch_cycle.observe(time.perf_counter() - started)
+
+    def _expire_without_endpoints(self) -> None:
+        """``noEndpointRequestTTL``: while the pool has no endpoints, a request that has
+        waited that long leaves (``EvictedTTL``; its caller answers 503 no-endpoints)."""
+        limit = self.config.no_endpoint_request_ttl
+        if limit is None or self.length == 0:
+            return
+        if self._loop is None:
+            return
+        now = self._loop.time()
+        for band in self._order:
+            for flow in list(band.flows.values()):
+                expired = [i for i in flow.items() if now - i.enqueued_at >= limit]
+                for item in expired:
+                    self._finalize(item, Outcome.EVICTED_TTL)
 
     async def _run(self) -> None:
         while True:
@@ -301,8 +343,8 @@ class FlowController:
     def _may_bypass(self, band: Band) -> bool:
         """Fast path: nothing waits at this priority or above, no released request is still
         on its way to its pick, and the pool has room for it."""
-        if self.in_transit:
-            return False
+        if self.in_transit or self.pool_empty():
+            return False  # an empty pool: the queue is a waiting room for scale-from-zero
         for b in self._order:
             if b.priority < band.priority:
                 break

@@ -1,8 +1,9 @@
 """What goes into the flow controller and what comes out of it.
 
 A request enters as a :class:`FlowControlRequest` and leaves with exactly one :class:`Outcome`.
-Outcomes carry upstream v1.5's names (they are the ``outcome`` label of the flow-control
-metrics); :func:`error_for` turns a non-dispatched outcome into the error the client sees.
+Outcomes carry upstream's names (they are the ``outcome`` label of the flow-control
+metrics); :func:`error_for` turns a non-dispatched outcome into the error the client sees,
+with llm-d-router v0.10's status codes and its ``x-llm-d-request-dropped-reason`` header.
 """
 
 from __future__ import annotations
@@ -22,6 +23,20 @@ if TYPE_CHECKING:
 FAIRNESS_ID_HEADER = "x-gateway-inference-fairness-id"
 #: The flow of requests without that header (upstream's value).
 DEFAULT_FAIRNESS_ID = "default-flow"
+#: Response header naming why a request was refused or evicted (llm-d-router v0.10).
+DROPPED_REASON_HEADER = "x-llm-d-request-dropped-reason"
+
+
+class DroppedReason(enum.StrEnum):
+    """The values of :data:`DROPPED_REASON_HEADER` (upstream v0.10's)."""
+
+    SATURATED = "rejected-saturated"
+    NO_ENDPOINTS = "rejected-no-endpoints"
+    TTL_EXPIRED = "rejected-ttl-expired"
+    CONTEXT_CANCELLED = "rejected-context-cancelled"
+    SHUTTING_DOWN = "rejected-shutting-down"
+    EVICTED = "evicted"
+    EVICTED_QUEUE_PRESSURE = "evicted-queue-pressure"
 
 
 class Outcome(enum.Enum):
@@ -32,7 +47,9 @@ class Outcome(enum.Enum):
     REJECTED_CAPACITY = "RejectedCapacity"
     #: Refused before queueing for another reason, e.g. the controller is shutting down (503).
     REJECTED_OTHER = "RejectedOther"
-    #: Waited longer than its TTL (503, as upstream).
+    #: Refused at a capacity limit while the pool has no endpoints (503, upstream v0.10).
+    REJECTED_NO_ENDPOINTS = "RejectedNoEndpoints"
+    #: Waited longer than its TTL (429; 503 when the pool has no endpoints — upstream v0.10).
     EVICTED_TTL = "EvictedTTL"
     #: The client went away while it waited (no one is left to answer).
     EVICTED_CONTEXT_CANCELLED = "EvictedContextCancelled"
@@ -100,52 +117,77 @@ class QueueItem:
 
 
 class FlowControlQueueFull(TooManyRequests):
-    """429: the queue for this priority is full (or the request was displaced from it)."""
+    """429: the pool has endpoints but no room for this request now (backpressure)."""
 
     code = "flow_control_queue_full"
 
-    def __init__(self, message: str, *, retry_after: int, code: str | None = None) -> None:
+    def __init__(self, message: str, *, retry_after: int, code: str | None = None,
+                 reason: DroppedReason = DroppedReason.SATURATED) -> None:
         super().__init__(message, code=code)
         #: Seconds; sent as the ``retry-after`` header.
         self.retry_after = retry_after
+        #: Headers sent with the error (the dropped reason).
+        self.extra_headers = {DROPPED_REASON_HEADER: reason.value}
 
 
 class FlowControlUnavailable(ServiceUnavailable):
-    """503: the request waited too long, or flow control is shutting down."""
+    """503: no serving capacity exists (no endpoints), the client went away, or flow control
+    is shutting down."""
 
     code = "flow_control_unavailable"
 
-    def __init__(self, message: str, *, retry_after: int, code: str | None = None) -> None:
+    def __init__(self, message: str, *, retry_after: int, code: str | None = None,
+                 reason: DroppedReason = DroppedReason.SHUTTING_DOWN) -> None:
         super().__init__(message, code=code)
         self.retry_after = retry_after
+        self.extra_headers = {DROPPED_REASON_HEADER: reason.value}
 
 
-def error_for(outcome: Outcome, retry_after: int) -> GatewayError | None:
+def error_for(outcome: Outcome, retry_after: int, *,
+              pool_empty: bool = False) -> GatewayError | None:
     """The error a non-dispatched ``outcome`` ends the request with (``None`` when dispatched).
 
-    Status codes follow upstream's admission controller: capacity → 429, TTL and client
-    cancellation → 503; shutdown and other evictions → 503 (upstream answers 500 there; a 503
-    tells the client to retry, which is what a restarting EPP wants).
+    llm-d-router v0.10's rule: 429 means capacity exists but is contended (backpressure), 503
+    that no serving capacity exists. So a full queue and an expired TTL answer 429 while the
+    pool has endpoints and 503 (``rejected-no-endpoints``) while it has none
+    (``pool_empty``); client cancellation and shutdown answer 503 (upstream answers 500 for
+    other internal failures; a 503 tells the client to retry, which a restarting EPP wants).
     """
     match outcome:
         case Outcome.DISPATCHED:
             return None
+        case Outcome.REJECTED_NO_ENDPOINTS:
+            return _no_endpoints("the pool has no endpoints and the queue is full",
+                                 retry_after)
         case Outcome.REJECTED_CAPACITY:
+            if pool_empty:
+                return _no_endpoints("the pool has no endpoints and the queue is full",
+                                     retry_after)
             return FlowControlQueueFull(
                 "flow control queue is full for this priority; retry later",
                 retry_after=retry_after)
         case Outcome.EVICTED_DISPLACED:
             return FlowControlQueueFull(
                 "displaced from the flow control queue by higher-priority requests; retry later",
-                retry_after=retry_after, code="flow_control_displaced")
+                retry_after=retry_after, code="flow_control_displaced",
+                reason=DroppedReason.EVICTED_QUEUE_PRESSURE)
         case Outcome.EVICTED_TTL:
-            return FlowControlUnavailable(
-                "request timed out in the flow control queue", retry_after=retry_after,
-                code="flow_control_ttl_expired")
+            if pool_empty:
+                return _no_endpoints("request timed out in the flow control queue and the "
+                                     "pool has no endpoints", retry_after)
+            return FlowControlQueueFull(
+                "request timed out in the flow control queue; retry later",
+                retry_after=retry_after, code="flow_control_ttl_expired",
+                reason=DroppedReason.TTL_EXPIRED)
         case Outcome.EVICTED_CONTEXT_CANCELLED:
             return FlowControlUnavailable(
                 "client disconnected while queued", retry_after=retry_after,
-                code="client_disconnected")
+                code="client_disconnected", reason=DroppedReason.CONTEXT_CANCELLED)
         case _:
             return FlowControlUnavailable(
                 "flow control is not running (shutting down)", retry_after=retry_after)
+
+
+def _no_endpoints(message: str, retry_after: int) -> FlowControlUnavailable:
+    return FlowControlUnavailable(message, retry_after=retry_after, code="no_endpoints",
+                                  reason=DroppedReason.NO_ENDPOINTS)

@@ -170,16 +170,19 @@ def test_full_band_answers_429_with_retry_after(gw: Gateway, server: FakeModelSe
     assert r.status_code == 429
     assert int(r.headers["retry-after"]) >= 1
     assert r.json()["error"]["code"] == "flow_control_queue_full"
+    assert r.headers["x-llm-d-request-dropped-reason"] == "rejected-saturated"
     server.waiting = 0
     assert [f.result().status_code for f in waiting] == [200, 200]
 
 
 @pytest.mark.parametrize("gw", [{"ttl": "300ms"}], indirect=True)
-def test_ttl_expiry_answers_503_with_retry_after(gw: Gateway, server: FakeModelServer) -> None:
+def test_ttl_expiry_answers_429_with_retry_after(gw: Gateway, server: FakeModelServer) -> None:
+    """v0.10: the pool has endpoints, so an expired wait is backpressure (429), not 503."""
     gw.saturate(server)
     r = gw.send("standard", "too patient")
-    assert r.status_code == 503
+    assert r.status_code == 429
     assert r.json()["error"]["code"] == "flow_control_ttl_expired"
+    assert r.headers["x-llm-d-request-dropped-reason"] == "rejected-ttl-expired"
     assert int(r.headers["retry-after"]) >= 1
     assert gw.debug()["queued"] == 0
     assert server.requests == []
@@ -224,5 +227,41 @@ def test_epp_shutdown_answers_queued_requests_with_503(gw: Gateway,
     r = queued.result()
     assert r.status_code == 503
     assert r.json()["error"]["code"] == "flow_control_unavailable"
+    assert r.headers["x-llm-d-request-dropped-reason"] == "rejected-shutting-down"
     assert int(r.headers["retry-after"]) >= 1
     assert server.requests == []
+
+
+EMPTY_POOL = """\
+featureGates: [flowControl]
+flowControl:
+  defaultRequestTTL: 30s
+  noEndpointRequestTTL: %s
+"""
+
+
+@pytest.mark.parametrize("no_endpoint_ttl", ["0s", "300ms"])
+def test_pool_without_endpoints_answers_503_no_endpoints(bg: BackgroundLoop, tmp_path: Path,
+                                                         no_endpoint_ttl: str) -> None:
+    """v0.10: no serving capacity at all is 503 ``rejected-no-endpoints`` (at once with
+    ``noEndpointRequestTTL: 0s``, after that wait otherwise - not the 30 s TTL)."""
+    manifests = tmp_path / "pool.yaml"
+    write_yaml(manifests, pool_manifests("pool", [], 8000, OBJECTIVES))
+    epp = EppProcess(manifests, "--config-text", EMPTY_POOL % no_endpoint_ttl,
+                     log_path=tmp_path / "epp.log").wait_serving()
+    admin, port = e.free_port(), e.free_port()
+    envoy = e.Envoy(pool_gateway_config(epp.port, admin, port), admin_port=admin,
+                    workdir=tmp_path / "envoy").start()
+    try:
+        started = time.monotonic()
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=20,
+                       content=orjson.dumps({"model": "m", "prompt": "x", "max_tokens": 1}))
+        assert time.monotonic() - started < 10
+        assert r.status_code == 503, r.text
+        assert r.headers.get("x-llm-d-request-dropped-reason") == "rejected-no-endpoints", \
+            (r.headers, r.text)
+        assert r.headers["content-type"] == "application/json"
+        assert r.json()["error"]["code"] == "no_endpoints"
+    finally:
+        envoy.stop()
+        epp.stop()
