@@ -40,12 +40,20 @@ import itertools
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import structlog
 
 from epp.flowcontrol.config import FlowControlConfig, PriorityBandConfig
+from epp.flowcontrol.eviction import (
+    LEADING_SENSOR_GRACE,
+    InFlightRequest,
+    Reclamation,
+    RequestEvicted,
+    RequestEvictor,
+    eviction_policies,
+)
 from epp.flowcontrol.metrics import FlowControlMetrics, GaugeKey, default_metrics
 from epp.flowcontrol.policies import FairnessPolicy, OrderingPolicy, UsageLimitPolicy, resolve
 from epp.flowcontrol.queues import Band
@@ -74,16 +82,17 @@ class FlowController:
         metrics: FlowControlMetrics | None = None,
         poll_interval: float = 0.005,
         pool_endpoints: Callable[[], int] | None = None,
+        eviction_grace: float = LEADING_SENSOR_GRACE,
     ) -> None:
         """``plugins`` are configured plugin instances by name, for the policy refs; refs to
         built-in types not among them get a default instance (upstream's loader does the same).
         Raises :class:`~epp.flowcontrol.config.FlowControlConfigError` for a bad ref."""
         self.config = config
         self.saturation = saturation
+        self._pool_name = pool_name
         #: How many endpoints the pool has (its emptiness turns 429s into 503s, upstream
         #: v0.10); None: never empty.
         self.pool_endpoints = pool_endpoints
-        self.pool_name = pool_name
         self.poll_interval = poll_interval
         self.metrics = metrics or default_metrics()
         self._plugins: Mapping[str, object] = plugins or {}
@@ -109,6 +118,23 @@ class FlowController:
         #: Released requests whose callers have not resumed yet (see the module docstring).
         self.in_transit = 0
         self._settled = asyncio.Event()
+        #: In-flight eviction (``enableEviction``), else None.
+        self.reclamation: Reclamation | None = None
+        if config.enable_eviction:
+            self.reclamation = Reclamation(RequestEvictor(*eviction_policies(self._plugins)),
+                                           grace=eviction_grace, pool_name=pool_name)
+
+    @property
+    def pool_name(self) -> str:
+        """The ``inference_pool`` label of the flow-control series (set once the pool is
+        known)."""
+        return self._pool_name
+
+    @pool_name.setter
+    def pool_name(self, name: str) -> None:
+        self._pool_name = name
+        if self.reclamation is not None:
+            self.reclamation.pool_name = name
 
     # --- the caller's side -------------------------------------------------------------
 
@@ -200,6 +226,27 @@ class FlowController:
             band.ended(fairness_id)
         self.notify()
 
+    def track_inflight(self, request_id: str, priority: int,
+                       evict: Callable[[RequestEvicted], None]) -> bool:
+        """With eviction on: a dispatched request of ``priority`` that the eviction filter
+        accepts may be ended through ``evict``; True when it is tracked (call
+        :meth:`untrack_inflight` when its stream ends)."""
+        rec = self.reclamation
+        if rec is None or not rec.evictor.evictable(priority):
+            return False
+        rec.evictor.track(InFlightRequest(request_id, priority, time.monotonic(), evict))
+        return True
+
+    def untrack_inflight(self, request_id: str) -> None:
+        """A tracked request's stream ended; an evicted one confirms its eviction."""
+        rec = self.reclamation
+        if rec is None:
+            return
+        entry = rec.evictor.forget(request_id)
+        if entry is not None and entry.evicted:
+            rec.confirm(request_id, time.monotonic())
+        self.notify()
+
     def retry_after(self, now: float | None = None) -> int:
         """Seconds a refused client should wait: the queue's length over the recent dispatch
         rate, within [1, 60]; 10 when nothing was dispatched in the last 10 s."""
@@ -261,8 +308,10 @@ class FlowController:
                 return False  # nothing can be served until the pool has endpoints
             sat = self._read_saturation()
             ceilings = self.usage_limit.ceilings(sat, [b.priority for b in self._order])
-            for band, ceiling in zip(self._order, ceilings, strict=True):
+            for i, (band, ceiling) in enumerate(zip(self._order, ceilings, strict=True)):
                 if sat >= ceiling:
+                    if self.reclamation is not None:
+                        self._maybe_reclaim(sat, ceilings, i)
                     return False  # head-of-line blocking: lower bands wait too
                 if band.length == 0:
                     continue
@@ -276,6 +325,18 @@ class FlowController:
             return False
         finally:
             self.metrics.dispatch_cycle.observe(time.perf_counter() - started)
+
+    def _maybe_reclaim(self, sat: float, ceilings: Sequence[float], blocked: int) -> None:
+        """Dispatch stopped at band ``blocked``: evict in-flight requests of lower priority
+        for the highest band from there that has requests waiting."""
+        rec = self.reclamation
+        assert rec is not None
+        waiting = [(b.priority, c) for b, c in zip(self._order[blocked:], ceilings[blocked:],
+                                                    strict=True) if b.length]
+        if not waiting:
+            return
+        rec.evictor.inflight_total = sum(sum(b.inflight.values()) for b in self._order)
+        rec.maybe_reclaim(time.monotonic(), sat, waiting)
 
     def _expire_without_endpoints(self) -> None:
         """``noEndpointRequestTTL``: while the pool has no endpoints, a request that has

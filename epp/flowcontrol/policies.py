@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from epp.flowcontrol.config import FlowControlConfigError
+from epp.flowcontrol.eviction import EVICTION_PLUGINS
 from epp.flowcontrol.types import QueueItem
 from shared.plugins import Plugin
 
@@ -274,7 +275,7 @@ class PriorityUsageLimit(Plugin):
 #: The built-in policy plugin types (the EPP's registry includes them).
 POLICY_PLUGINS: tuple[type[Plugin], ...] = (
     FCFSOrdering, EDFOrdering, SLODeadlineOrdering, GlobalStrictFairness, RoundRobinFairness,
-    LeastInflightFairness, StaticUsageLimit, PriorityUsageLimit)
+    LeastInflightFairness, StaticUsageLimit, PriorityUsageLimit, *EVICTION_PLUGINS)
 _BY_TYPE = {cls.type_name: cls for cls in POLICY_PLUGINS}
 
 

@@ -3,8 +3,10 @@ rewritten back to the client's model and its usage is recorded when the stream e
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
+from epp.flowcontrol.controller import FlowController
 from epp.requestcontrol import Director, Routed
 from epp.requestcontrol.grpcbody import FrameReader, GrpcResponseReader
 from epp.requestcontrol.response import ResponseRewriter, Usage
@@ -22,6 +24,8 @@ class PickerExchange(Exchange):
         self.status = 0
         self.response_size = 0
         self.grpc: _GrpcUsage | None = None
+        #: The flow controller tracking this exchange for eviction, if any.
+        self._tracked: FlowController | None = None
 
     async def on_request(self, headers: dict[str, str], body: bytes) -> RequestDecision:
         director = self.director
@@ -34,7 +38,24 @@ class PickerExchange(Exchange):
             self.director.count_error(headers, e)
             raise
         self.rewriter = ResponseRewriter(self.routed.client_model, self.routed.target_model)
+        fc = director.runtime.flow_control
+        if fc is not None and fc.reclamation is not None:
+            self._evictable(fc)
         return decision
+
+    def _evictable(self, fc: FlowController) -> None:
+        """With in-flight eviction: let flow control end this exchange with a 429."""
+        assert self.routed is not None
+        request = self.routed.request
+        interrupt: asyncio.Future[GatewayError] = asyncio.get_running_loop().create_future()
+
+        def evict(err: GatewayError) -> None:
+            if not interrupt.done():
+                interrupt.set_result(err)
+
+        if fc.track_inflight(request.request_id, request.priority, evict):
+            self.interrupt = interrupt
+            self._tracked = fc
 
     async def on_response_headers(self, headers: dict[str, str]) -> ResponseHeadersDecision:
         try:
@@ -87,6 +108,9 @@ class PickerExchange(Exchange):
         return self.director.response_metadata(self.routed, usage)
 
     def on_close(self, completed: bool) -> None:
+        if self._tracked is not None and self.routed is not None:
+            self._tracked.untrack_inflight(self.routed.request.request_id)
+            self._tracked = None
         if self.routed is None:
             return
         usage = self.rewriter.usage if self.rewriter is not None else None

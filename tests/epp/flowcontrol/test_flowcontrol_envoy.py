@@ -265,3 +265,48 @@ def test_pool_without_endpoints_answers_503_no_endpoints(bg: BackgroundLoop, tmp
     finally:
         envoy.stop()
         epp.stop()
+
+
+EVICTION = """\
+featureGates: [flowControl]
+plugins:
+- {type: concurrency-detector, name: detector, parameters: {maxConcurrency: 1}}
+flowControl:
+  saturationDetector: {pluginRef: detector}
+  enableEviction: %s
+"""
+
+
+@pytest.mark.parametrize("gw", [{"config": EVICTION % "true"}], indirect=True)
+def test_eviction_ends_an_in_flight_sheddable_request_for_a_blocked_critical_one(
+        gw: Gateway, server: FakeModelServer) -> None:
+    """v0.10 ``enableEviction``: the pool is full with a sheddable request in flight; a
+    critical one waits, so the sheddable one is ended (429 ``evicted``) and the critical one
+    takes its place."""
+    server.hold = True
+    sheddable = gw.send_async("batch", "sheddable")
+    until(lambda: len(server.requests) == 1, "the sheddable request to reach the server")
+    critical = gw.send_async("critical", "critical")
+    r = sheddable.result(timeout=20)
+    assert r.status_code == 429
+    assert r.headers["x-llm-d-request-dropped-reason"] == "evicted"
+    assert r.json()["error"]["code"] == "flow_control_evicted"
+    until(lambda: len(server.requests) == 2, "the critical request to reach the server")
+    server.released = 1 << 30
+    assert critical.result(timeout=20).status_code == 200
+    assert gw.metric("llm_d_epp_flow_control_revocations_issued_total", priority="10") == 1
+
+
+@pytest.mark.parametrize("gw", [{"config": EVICTION % "false"}], indirect=True)
+def test_without_eviction_the_critical_request_waits_for_the_sheddable_one(
+        gw: Gateway, server: FakeModelServer) -> None:
+    server.hold = True
+    sheddable = gw.send_async("batch", "sheddable")
+    until(lambda: len(server.requests) == 1, "the sheddable request to reach the server")
+    critical = gw.send_async("critical", "critical")
+    until(lambda: gw.debug()["queued"] == 1, "the critical request to queue")
+    time.sleep(0.5)
+    assert not sheddable.done() and len(server.requests) == 1
+    server.released = 1 << 30
+    assert sheddable.result(timeout=20).status_code == 200
+    assert critical.result(timeout=20).status_code == 200

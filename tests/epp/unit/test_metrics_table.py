@@ -22,6 +22,7 @@ from devkit.valkey import ValkeyServer
 from epp import telemetry as m
 from epp.config import build, parse_config
 from epp.datastore import parse_object
+from epp.flowcontrol.eviction import default_eviction_metrics
 from epp.flowcontrol.metrics import default_metrics as default_flow_control_metrics
 from epp.main import metrics_hooks
 from epp.requestcontrol import Director
@@ -97,6 +98,10 @@ def exercise_both_services() -> list[object]:
     fc.enqueued("t", "0", "Dispatched", 0.0001)
     fc.saturation("pool", 0.5)
     fc.dispatch_cycle.observe(0.0001)
+    ev = default_eviction_metrics()  # in-flight eviction's series (v0.10 names)
+    ev.issued.labels("pool", "10").inc()
+    ev.outcomes.labels("pool", "confirmed").inc()
+    ev.pending.labels("pool").set(0.1)
     asyncio.run(exercise_state_store())
     pool = m.PoolCollector("pool", runtime.datastore,
                            prefix_stats=lambda: runtime.scheduler.prefix_indexer_size)
@@ -125,7 +130,7 @@ def exported() -> dict[str, tuple[str, set[frozenset[str]]]]:
     out: dict[str, tuple[str, set[frozenset[str]]]] = {}
     for fam in families:
         name = fam.name + "_total" if fam.type == "counter" else fam.name  # type: ignore[attr-defined]
-        if not name.startswith(("inference_", "bbr_")) or name.endswith("_created"):
+        if not name.startswith(("inference_", "bbr_", "llm_d_epp_")) or name.endswith("_created"):
             continue  # _created: the client library's creation time of each series
         label_sets = {frozenset(k for k in s.labels if k != "le")
                       for s in fam.samples}  # type: ignore[attr-defined]
