@@ -28,22 +28,40 @@ from epp.requestcontrol.plugin import (
 )
 from epp.scheduling.request import LLMRequest
 from epp.scheduling.result import SchedulingResult
+from shared.pd import ROLE_LABEL, can_decode, can_prefill
 from shared.plugins import Plugin
 
 
 def pool_saturation(detector: SaturationDetector, datastore: Datastore) -> Callable[[], float]:
     """The dispatch signal: ``detector``'s saturation of the pool's ready endpoints (its
     ``saturation()`` when it has one; else 1 when it says saturated, 0 otherwise). The
-    utilization detector counts picks the servers' metrics do not show yet."""
+    utilization detector counts picks the servers' metrics do not show yet.
+
+    Per stage for a P/D pool (one with prefill-only endpoints, ``llm-d.ai/role: prefill``
+    or ``encode-prefill``): max(saturation of the endpoints that may prefill, saturation of
+    those that may decode). A disaggregated request needs both stages, and one mean over
+    every endpoint would let a full prefill stage hide behind idle decoders (or the other
+    way round)."""
     measure = getattr(detector, "saturation", None)
 
-    def read() -> float:
-        views = datastore.candidates()
+    def of(views: Sequence[EndpointView]) -> float:
         if measure is not None:
             return float(measure(views))
         return 1.0 if detector.is_saturated(views) else 0.0
 
+    def read() -> float:
+        views = datastore.candidates()
+        if not any(v.endpoint.labels.get(ROLE_LABEL) in PREFILL_ONLY for v in views):
+            return of(views)
+        prefill = [v for v in views if can_prefill(v.endpoint.labels)]
+        decode = [v for v in views if can_decode(v.endpoint.labels)]
+        return max(of(prefill), of(decode))
+
     return read
+
+
+#: Roles that serve only the prefill leg: their presence makes a pool disaggregated.
+PREFILL_ONLY = frozenset({"prefill", "encode-prefill"})
 
 
 def fairness_id(request: LLMRequest) -> str:
