@@ -18,7 +18,15 @@ from typing import Any
 
 from epp.datastore import Datastore, EndpointView
 from epp.flowcontrol.controller import FlowController
-from epp.flowcontrol.types import DEFAULT_FAIRNESS_ID, FAIRNESS_ID_HEADER, FlowControlRequest
+from epp.flowcontrol.program_aware import ProgramAwareFairness
+from epp.flowcontrol.types import (
+    AGENT_SESSION_HEADERS,
+    DEFAULT_FAIRNESS_ID,
+    FAIRNESS_ID_HEADER,
+    LLMD_FAIRNESS_ID_HEADER,
+    FlowControlRequest,
+    TokenUsage,
+)
 from epp.requestcontrol.plugin import (
     Admitter,
     PreRequest,
@@ -64,9 +72,15 @@ def pool_saturation(detector: SaturationDetector, datastore: Datastore) -> Calla
 PREFILL_ONLY = frozenset({"prefill", "encode-prefill"})
 
 
-def fairness_id(request: LLMRequest) -> str:
-    """The request's flow within its band: its fairness id header, or the default flow."""
-    return request.headers.get(FAIRNESS_ID_HEADER) or DEFAULT_FAIRNESS_ID
+def fairness_id(request: LLMRequest, agents: bool = False) -> str:
+    """The request's flow within its band: ``x-llm-d-inference-fairness-id`` (v0.10), else
+    ``x-gateway-inference-fairness-id``, else (``agents``) the first agent session header,
+    else the default flow."""
+    h = request.headers
+    found = h.get(LLMD_FAIRNESS_ID_HEADER) or h.get(FAIRNESS_ID_HEADER)
+    if not found and agents:
+        found = next((v for name in AGENT_SESSION_HEADERS if (v := h.get(name))), None)
+    return found or DEFAULT_FAIRNESS_ID
 
 
 class FlowControlAdmitter(Plugin, Admitter, PreRequest, ResponseComplete):
@@ -77,12 +91,24 @@ class FlowControlAdmitter(Plugin, Admitter, PreRequest, ResponseComplete):
     def __init__(self, controller: FlowController, name: str = "") -> None:
         super().__init__(name)
         self.controller = controller
+        #: Agent sessions are programs when some band uses ``program-aware-fairness``:
+        #: v0.10's ``agent-identity`` plugin feeds the fairness id from them; this EPP has
+        #: no such plugin yet, so the admitter reads its headers itself.
+        self.agents = controller.uses(ProgramAwareFairness)
+        self._fid_key = f"{self.name}.fairness_id"
+
+    def _fairness_id(self, request: LLMRequest) -> str:
+        """Resolved once per request (the admitter, pick and end must agree)."""
+        fid = request.plugin_state.get(self._fid_key)
+        if fid is None:
+            fid = request.plugin_state[self._fid_key] = fairness_id(request, self.agents)
+        return str(fid)
 
     def admit(self, request: LLMRequest, endpoints: Sequence[EndpointView]) -> Any:
         headers = request.headers
         return self.controller.admit(FlowControlRequest(
             request_id=request.request_id,
-            fairness_id=fairness_id(request),
+            fairness_id=self._fairness_id(request),
             priority=request.priority,
             byte_size=request.request_size,
             model_name=request.client_model,
@@ -91,8 +117,11 @@ class FlowControlAdmitter(Plugin, Admitter, PreRequest, ResponseComplete):
         ))
 
     def pre_request(self, request: LLMRequest, result: SchedulingResult) -> None:
-        self.controller.started(request.priority, fairness_id(request))
+        self.controller.started(request.priority, self._fairness_id(request),
+                                request.prompt_tokens)
 
     def response_complete(self, request: LLMRequest, response: Response,
                           endpoint: EndpointView) -> None:
-        self.controller.ended(request.priority, fairness_id(request))
+        self.controller.ended(request.priority, self._fairness_id(request), TokenUsage(
+            response.prompt_tokens, response.completion_tokens, response.cached_tokens,
+            request.prompt_tokens))

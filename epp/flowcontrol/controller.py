@@ -55,9 +55,15 @@ from epp.flowcontrol.eviction import (
     eviction_policies,
 )
 from epp.flowcontrol.metrics import FlowControlMetrics, GaugeKey, default_metrics
-from epp.flowcontrol.policies import FairnessPolicy, OrderingPolicy, UsageLimitPolicy, resolve
+from epp.flowcontrol.policies import (
+    FairnessPolicy,
+    OrderingPolicy,
+    ServiceAccounting,
+    UsageLimitPolicy,
+    resolve,
+)
 from epp.flowcontrol.queues import Band
-from epp.flowcontrol.types import FlowControlRequest, Outcome, QueueItem, error_for
+from epp.flowcontrol.types import FlowControlRequest, Outcome, QueueItem, TokenUsage, error_for
 
 log = structlog.get_logger(__name__)
 
@@ -198,6 +204,15 @@ class FlowController:
         if err is not None:
             raise err
 
+    def uses(self, policy_type: type) -> bool:
+        """Does a configured band (or a band template) use a fairness policy of this type?"""
+        c = self.config
+        templates = [c.default_priority_band, *c.priority_bands]
+        if c.default_negative_priority_band is not None:
+            templates.append(c.default_negative_priority_band)
+        return any(isinstance(self._policies(bc, "flowControl")[1], policy_type)
+                   for bc in templates)
+
     def pool_empty(self) -> bool:
         """True when the pool has no endpoints (what a refusal's status depends on)."""
         if self.pool_endpoints is None:
@@ -212,18 +227,25 @@ class FlowController:
         """Capacity may have freed (a response ended, metrics refreshed): try to dispatch."""
         self._wake.set()
 
-    def started(self, priority: int, fairness_id: str) -> None:
+    def started(self, priority: int, fairness_id: str, prompt_tokens: int = 0) -> None:
         """A request of this flow picked its endpoint (fast path or released): it counts in
         flight for its flow until :meth:`ended` (what ``least-inflight-fairness-policy``
-        reads)."""
-        self._band(priority).started(fairness_id)
+        reads); a token-counting fairness policy is charged its estimated prompt."""
+        band = self._band(priority)
+        band.started(fairness_id)
+        if isinstance(band.fairness, ServiceAccounting):
+            band.fairness.started(fairness_id, prompt_tokens)
 
-    def ended(self, priority: int, fairness_id: str) -> None:
+    def ended(self, priority: int, fairness_id: str, usage: TokenUsage | None = None) -> None:
         """A request counted by :meth:`started` ended (response done, error or broken
-        stream); capacity may have freed, so the dispatcher wakes."""
+        stream); capacity may have freed, so the dispatcher wakes. ``usage``: the response's
+        exact token counts, for token-counting fairness policies."""
         band = self._bands.get(priority)
         if band is not None:
             band.ended(fairness_id)
+            if usage is not None and isinstance(band.fairness, ServiceAccounting):
+                band.fairness.served(fairness_id, usage.prompt_tokens, usage.completion_tokens,
+                                     usage.cached_tokens, usage.estimated_prompt_tokens)
         self.notify()
 
     def track_inflight(self, request_id: str, priority: int,

@@ -19,8 +19,15 @@ from shared.errors import GatewayError, ServiceUnavailable, TooManyRequests
 if TYPE_CHECKING:
     from epp.flowcontrol.queues import FlowQueue
 
-#: Header that names a request's flow (tenant) inside its priority band (upstream's name).
+#: Header that names a request's flow (tenant) inside its priority band (GIE v1.5's name,
+#: the deprecated alias in llm-d-router v0.10).
 FAIRNESS_ID_HEADER = "x-gateway-inference-fairness-id"
+#: llm-d-router v0.10's name for it; it wins over the alias.
+LLMD_FAIRNESS_ID_HEADER = "x-llm-d-inference-fairness-id"
+#: Agent session headers (v0.10's ``agent-identity`` reads these, first match wins: Claude
+#: Code, OpenCode, Codex, Codex legacy).
+AGENT_SESSION_HEADERS = ("x-claude-code-session-id", "x-session-affinity", "session-id",
+                         "session_id")
 #: The flow of requests without that header (upstream's value).
 DEFAULT_FAIRNESS_ID = "default-flow"
 #: Response header naming why a request was refused or evicted (llm-d-router v0.10).
@@ -88,6 +95,17 @@ class FlowControlRequest:
     @property
     def flow_key(self) -> FlowKey:
         return FlowKey(self.fairness_id, self.priority)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenUsage:
+    """A finished response's token counts (its ``usage``), with the prompt estimate that
+    was charged when it was dispatched."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    estimated_prompt_tokens: int = 0
 
 
 @dataclass(slots=True, eq=False)
