@@ -19,14 +19,7 @@ from typing import Any
 from epp.datastore import Datastore, EndpointView
 from epp.flowcontrol.controller import FlowController
 from epp.flowcontrol.program_aware import ProgramAwareFairness
-from epp.flowcontrol.types import (
-    AGENT_SESSION_HEADERS,
-    DEFAULT_FAIRNESS_ID,
-    FAIRNESS_ID_HEADER,
-    LLMD_FAIRNESS_ID_HEADER,
-    FlowControlRequest,
-    TokenUsage,
-)
+from epp.flowcontrol.types import FlowControlRequest, TokenUsage, fairness_id
 from epp.requestcontrol.plugin import (
     Admitter,
     PreRequest,
@@ -72,15 +65,6 @@ def pool_saturation(detector: SaturationDetector, datastore: Datastore) -> Calla
 PREFILL_ONLY = frozenset({"prefill", "encode-prefill"})
 
 
-def fairness_id(request: LLMRequest, agents: bool = False) -> str:
-    """The request's flow within its band: ``x-llm-d-inference-fairness-id`` (v0.10), else
-    ``x-gateway-inference-fairness-id``, else (``agents``) the first agent session header,
-    else the default flow."""
-    h = request.headers
-    found = h.get(LLMD_FAIRNESS_ID_HEADER) or h.get(FAIRNESS_ID_HEADER)
-    if not found and agents:
-        found = next((v for name in AGENT_SESSION_HEADERS if (v := h.get(name))), None)
-    return found or DEFAULT_FAIRNESS_ID
 
 
 class FlowControlAdmitter(Plugin, Admitter, PreRequest, ResponseComplete):

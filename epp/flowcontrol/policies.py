@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
+from epp.flowcontrol.budgets import BUDGET_PLUGINS
 from epp.flowcontrol.config import FlowControlConfigError
 from epp.flowcontrol.eviction import EVICTION_PLUGINS
 from epp.flowcontrol.program_aware import ProgramAwareFairness
@@ -293,7 +294,7 @@ class PriorityUsageLimit(Plugin):
 POLICY_PLUGINS: tuple[type[Plugin], ...] = (
     FCFSOrdering, EDFOrdering, SLODeadlineOrdering, GlobalStrictFairness, RoundRobinFairness,
     LeastInflightFairness, StaticUsageLimit, PriorityUsageLimit, ProgramAwareFairness,
-    TokenFairness, *USAGE_LIMIT_PLUGINS, *EVICTION_PLUGINS)
+    TokenFairness, *USAGE_LIMIT_PLUGINS, *EVICTION_PLUGINS, *BUDGET_PLUGINS)
 _BY_TYPE = {cls.type_name: cls for cls in POLICY_PLUGINS}
 
 

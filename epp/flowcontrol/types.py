@@ -12,7 +12,7 @@ import asyncio
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from shared.errors import GatewayError, ServiceUnavailable, TooManyRequests
 
@@ -32,6 +32,24 @@ AGENT_SESSION_HEADERS = ("x-claude-code-session-id", "x-session-affinity", "sess
 DEFAULT_FAIRNESS_ID = "default-flow"
 #: Response header naming why a request was refused or evicted (llm-d-router v0.10).
 DROPPED_REASON_HEADER = "x-llm-d-request-dropped-reason"
+
+
+def fairness_id(request: HasHeaders, agents: bool = False) -> str:
+    """The request's flow within its band: ``x-llm-d-inference-fairness-id`` (v0.10), else
+    ``x-gateway-inference-fairness-id``, else (``agents``) the first agent session header,
+    else the default flow."""
+    h = request.headers
+    found = h.get(LLMD_FAIRNESS_ID_HEADER) or h.get(FAIRNESS_ID_HEADER)
+    if not found and agents:
+        found = next((v for name in AGENT_SESSION_HEADERS if (v := h.get(name))), None)
+    return found or DEFAULT_FAIRNESS_ID
+
+
+class HasHeaders(Protocol):
+    """Anything with request headers (an LLMRequest)."""
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
 
 
 class DroppedReason(enum.StrEnum):

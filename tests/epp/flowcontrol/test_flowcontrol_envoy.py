@@ -310,3 +310,25 @@ def test_without_eviction_the_critical_request_waits_for_the_sheddable_one(
     server.released = 1 << 30
     assert sheddable.result(timeout=20).status_code == 200
     assert critical.result(timeout=20).status_code == 200
+
+
+BUDGET = """\
+plugins:
+- type: token-budget-admitter
+  parameters: {tokensPerMinute: 1000000, tenants: {noisy: 10}}
+"""
+
+
+@pytest.mark.parametrize("gw", [{"config": BUDGET}], indirect=True)
+def test_a_tenant_over_its_token_budget_gets_429_with_retry_after(
+        gw: Gateway, server: FakeModelServer) -> None:
+    """The server answers ``usage`` 7 + 3 = 10 tokens: the noisy tenant's one request uses
+    its 10-token budget, its next is refused; another tenant goes on."""
+    assert gw.send("standard", "first", tenant="noisy").status_code == 200
+    r = gw.send("standard", "second", tenant="noisy")
+    assert r.status_code == 429
+    assert r.json()["error"]["code"] == "token_budget_exceeded"
+    assert r.headers["x-llm-d-request-dropped-reason"] == "rejected-token-budget"
+    assert 1 <= int(r.headers["retry-after"]) <= 61
+    assert gw.send("standard", "other", tenant="quiet").status_code == 200
+    assert [q["body"]["prompt"] for q in server.requests] == ["first", "other"]

@@ -10,12 +10,12 @@ import pytest
 
 from epp.config import ConfigError, build, parse_config
 from epp.flowcontrol import FlowControlConfig, FlowControlRequest, PriorityBandConfig
-from epp.flowcontrol.admitter import FlowControlAdmitter, fairness_id
+from epp.flowcontrol.admitter import FlowControlAdmitter
 from epp.flowcontrol.policies import FCFSOrdering, SLODeadlineOrdering
 from epp.flowcontrol.program_aware import ProgramAwareFairness, ProgramAwareParameters
 from epp.flowcontrol.queues import Band
 from epp.flowcontrol.token_fairness import TokenFairness
-from epp.flowcontrol.types import QueueItem, TokenUsage
+from epp.flowcontrol.types import QueueItem, TokenUsage, fairness_id
 from epp.flowcontrol.usage_limits import (
     PriorityHoldback,
     PriorityHoldbackParameters,
