@@ -264,7 +264,9 @@ class TokenBudgetAdmitter(Plugin, Admitter, ResponseComplete):
         self.sharing: SharedBudgets | None = None
         if isinstance(store, ValkeyStateStore):
             self.sharing = SharedBudgets(self.ledger, store, float(self.params.sync_interval))
+        #: Per tenant with requests queued (``onExceed: queue``): its lock and how many wait.
         self._locks: dict[str, asyncio.Lock] = {}
+        self._waiting: dict[str, int] = {}
         self._key = f"{self.name}.reserved"
 
     @classmethod
@@ -292,6 +294,7 @@ class TokenBudgetAdmitter(Plugin, Admitter, ResponseComplete):
 
     async def _wait(self, request: LLMRequest, tenant: str, budget: int) -> None:
         lock = self._locks.setdefault(tenant, asyncio.Lock())
+        self._waiting[tenant] = self._waiting.get(tenant, 0) + 1
         deadline = time.monotonic() + float(self.params.max_wait)
         try:
             async with lock:  # one waiter per tenant: budget freed goes to one at a time
@@ -303,7 +306,11 @@ class TokenBudgetAdmitter(Plugin, Admitter, ResponseComplete):
                     await asyncio.sleep(min(max(wait, 0.01), 0.25, left))
                 self._reserve(request, tenant)
         finally:
-            if not lock.locked() and not getattr(lock, "_waiters", None):
+            n = self._waiting[tenant] - 1
+            if n:
+                self._waiting[tenant] = n
+            else:  # the last waiter: new requests of this tenant may pass directly again
+                del self._waiting[tenant]
                 self._locks.pop(tenant, None)
 
     def _refusal(self, tenant: str, budget: int) -> BudgetExceeded:

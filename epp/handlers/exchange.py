@@ -39,7 +39,8 @@ class PickerExchange(Exchange):
             raise
         self.rewriter = ResponseRewriter(self.routed.client_model, self.routed.target_model)
         fc = director.runtime.flow_control
-        if fc is not None and fc.reclamation is not None:
+        if fc is not None and fc.reclamation is not None \
+                and fc.reclamation.evictor.evictable(self.routed.request.priority):
             self._evictable(fc)
         return decision
 
