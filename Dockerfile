@@ -15,7 +15,7 @@ RUN python -m venv /opt/venv
 # Only what the services import: no extras (the Envoy binary and the terminal UI are the
 # `local` extra), and the simulator and benchmarks stay out of the image. The sidecar is
 # small and reads the pool with the EPP's own datastore and sources.
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY shared shared
 COPY bbr bbr
 COPY epp epp
@@ -25,7 +25,10 @@ RUN /opt/venv/bin/pip install . \
 
 FROM ${PYTHON_IMAGE} AS runtime
 COPY --from=build /opt/venv /opt/venv
-ENV PATH=/opt/venv/bin:$PATH \
+# The commit the info gauges report (`--build-arg BUILD_COMMIT=$(git rev-parse HEAD)`).
+ARG BUILD_COMMIT=""
+ENV BUILD_COMMIT=${BUILD_COMMIT} \
+    PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1
 USER 65532:65532

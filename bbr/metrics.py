@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
-INFO = Gauge("bbr_info", "BBR build information.", ["version"])
+#: upstream's labels: the commit (``unknown`` when not known) and the version as build_ref
+INFO = Gauge("bbr_info", "BBR build information.", ["commit", "build_ref"])
 SUCCESS = Counter("bbr_success_total", "Requests the router processed successfully.")
 ERRORS = Counter("bbr_errors_total", "Requests the router ended with an error.", ["code"])
 PLUGIN_DURATION = Histogram(

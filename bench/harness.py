@@ -28,10 +28,11 @@ def overhead_args(doc: str | None) -> argparse.Namespace:
     return args
 
 
-def start(cmd: list[str], log: Path, cwd: Path | None = None) -> subprocess.Popen[bytes]:
+def start(cmd: list[str], log: Path, cwd: Path | None = None,
+          env_extra: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     """A helper process with its output in ``log``; ``cwd``: run it from another checkout
-    (its packages come first on the path)."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    (its packages come first on the path); ``env_extra``: variables for it alone."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env_extra or {})}
     if cwd is not None:
         env["PYTHONPATH"] = str(cwd)
     with log.open("w") as out:
@@ -56,13 +57,21 @@ def load(url: str, body: Path, concurrency: int, seconds: float) -> dict[str, An
 
 
 def run_rounds(contenders: dict[str, str], body: Path, concurrency: int, seconds: float,
-               rounds: int) -> Results:
-    """Each contender URL under the same load, rounds alternating in order (noisy machine)."""
+               rounds: int, pids: dict[str, int] | None = None) -> Results:
+    """Each contender URL under the same load, rounds alternating in order (noisy machine).
+    ``pids``: contenders whose process CPU time per request is read around each run too
+    (``cpu_ms``: user + system, every thread)."""
+    from bench.cpubudget import cpu_seconds
+
     results: Results = {name: [] for name in contenders}
     for rnd in range(rounds):
         order = list(contenders) if rnd % 2 == 0 else list(reversed(contenders))
         for name in order:
+            pid = (pids or {}).get(name)
+            cpu0 = cpu_seconds(pid) if pid else 0.0
             stats = load(contenders[name], body, concurrency, seconds)
+            if pid:
+                stats["cpu_ms"] = (cpu_seconds(pid) - cpu0) * 1e3 / max(stats["requests"], 1)
             stats["rps"] = stats["requests"] / stats["seconds"]
             results[name].append(stats)
             print(f"round {rnd + 1} {name:28s} {stats['rps']:8.0f} req/s "

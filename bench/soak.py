@@ -58,12 +58,33 @@ class SoakReport:
                 "threads": end.threads - base.threads, "rss_start_kb": base.rss_kb,
                 "rss_end_kb": end.rss_kb}
 
-    def problems(self, *, max_rss_growth: float = 0.05) -> list[str]:
+    def bytes_per_request(self, service: str) -> float:
+        """RSS growth per request after warm-up (25%): the least-squares slope of RSS over
+        time divided by the request rate. A short run's percentage cannot see a per-request
+        leak (1,240 requests x 130 B is 0.16% of BBR), its slope can."""
+        s = self.samples[service][len(self.samples[service]) // 4:]
+        if len(s) < 3 or self.seconds <= 0:
+            return 0.0
+        n = len(s)
+        mt = sum(x.t for x in s) / n
+        mr = sum(x.rss_kb for x in s) / n
+        var = sum((x.t - mt) ** 2 for x in s)
+        if var == 0:
+            return 0.0
+        slope_kb_s = sum((x.t - mt) * (x.rss_kb - mr) for x in s) / var
+        rate = self.requests / self.seconds
+        return slope_kb_s * 1024 / rate if rate else 0.0
+
+    def problems(self, *, max_rss_growth: float = 0.05,
+                 max_bytes_per_request: float | None = None) -> list[str]:
         out = []
         for service in self.samples:
             g = self.growth(service)
             if g["rss"] > max_rss_growth:
                 out.append(f"{service}: RSS grew {g['rss']:.1%}")
+            per = self.bytes_per_request(service)
+            if max_bytes_per_request is not None and per > max_bytes_per_request:
+                out.append(f"{service}: RSS grows {per:.0f} B per request")
             if g["fds"] > 2:
                 out.append(f"{service}: {g['fds']:+.0f} file descriptors")
             if g["threads"] > 1:

@@ -323,6 +323,25 @@ def listener(
     }
 
 
+#: Name of the cluster Envoy's OpenTelemetry tracer exports to (:func:`otel_tracing`).
+OTLP_CLUSTER = "otlp"
+
+
+def otel_tracing(service_name: str = "envoy-gateway", *, cluster: str = OTLP_CLUSTER,
+                 sampling: float = 100.0) -> dict[str, Any]:
+    """HCM ``tracing``: Envoy's OpenTelemetry tracer, OTLP/gRPC to ``cluster``. Envoy starts
+    or continues the client's W3C ``traceparent``, and its router adds a span for the call to
+    the model server (``spawn_upstream_span``)."""
+    return {
+        "provider": {"name": "envoy.tracers.opentelemetry", "typed_config": {
+            "@type": "type.googleapis.com/envoy.config.trace.v3.OpenTelemetryConfig",
+            "grpc_service": {"envoy_grpc": {"cluster_name": cluster}, "timeout": "1s"},
+            "service_name": service_name}},
+        "random_sampling": {"value": sampling},
+        "spawn_upstream_span": True,
+    }
+
+
 #: Envoy runtime that makes ext_proc end each stream with a half-close and wait for the
 #: service's status, instead of resetting it (off by default in Envoy 1.40); a reset that finds
 #: a gRPC batch in flight leaks memory in grpc.aio (docs/kubernetes.md §5).

@@ -26,6 +26,8 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import secrets
+import shlex
 import signal
 import socket
 import subprocess
@@ -33,6 +35,7 @@ import sys
 import time
 import urllib.request
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,12 +44,15 @@ import orjson
 import yaml
 
 from devkit import envoy as e
-from devkit.topology import Pool, Topology
+from devkit.topology import INFERENCE_PATHS, Pool, Topology
 from shared.flags import Parser, die
 from shared.pd import ROLE_LABEL
 from sim.pd import LINKS
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "examples" / "stack.yaml"
+#: Where BBR's and the EPPs' ports listen (their ``--bind-address``): nothing of the local
+#: stack, ``/debug/pool`` included, is reachable from another machine.
+LOOPBACK = "127.0.0.1"
 
 
 class StackError(Exception):
@@ -96,6 +102,8 @@ class PoolSpec:
     pd: PDSpec | None = None
     #: the EPP's EndpointPickerConfig file (relative paths: to the stack file); None: defaults
     epp_config: Path | None = None
+    #: extra ``epp`` flags (the file's ``epp.flags``), after the stack's own
+    epp_flags: list[str] = field(default_factory=list, init=False)
     #: ``--metrics-port`` of each decode pod's sidecar (free ports, set at load)
     sidecar_metrics: list[int] = field(default_factory=list, init=False)
     #: Ports of every EPP replica, ``epp`` first (set from ``--epp-replicas``, not the file).
@@ -136,6 +144,10 @@ class StackSpec:
     epp_replicas: int = 1
     #: ``--state-store`` of the replicas; None = a Valkey the stack starts.
     state_store: str | None = None
+    #: extra ``bbr`` flags (the file's ``bbr.flags``), after the stack's own
+    bbr_flags: list[str] = field(default_factory=list)
+    #: paths the pool routes pass (``gateway.api_paths``); others get a JSON 404
+    api_paths: tuple[str, ...] = INFERENCE_PATHS
 
     def set_replicas(self, n: int, state_store: str | None) -> None:
         """``n`` EPP replicas per pool: the first on the file's ports, the others on free
@@ -168,17 +180,58 @@ def load_spec(path: Path) -> StackSpec:
         raise StackError(f"{path} is not valid YAML: {err}") from None
     if not isinstance(raw, dict) or not isinstance(raw.get("pools"), list) or not raw["pools"]:
         raise StackError(f"{path}: needs a non-empty 'pools' list")
+    try:
+        _check_mapping(raw, TOP_KEYS)
+        for key in ("gateway", "bbr", "demo"):
+            if raw.get(key) is not None:
+                if not isinstance(raw[key], dict):
+                    raise ValueError(f"{key} must be a mapping")
+                _check_mapping(raw[key], SECTION_KEYS[key], f"{key}: ")
+        bbr = dict(raw.get("bbr") or {"grpc_port": 9004, "health_port": 9005,
+                                      "metrics_port": 9190})
+        bbr_flags = _flags(bbr.pop("flags", None), "bbr.flags")
+    except ValueError as err:
+        raise StackError(f"{path}: {err}") from None
     pools = []
     for i, p in enumerate(raw["pools"]):
         try:
             pools.append(_pool_spec(i, p, path.parent))
         except (TypeError, ValueError) as err:
             raise StackError(f"{path}: pools[{i}]: {err}") from None
-    gw = raw.get("gateway", {})
+    gw = raw.get("gateway") or {}
+    paths = gw.get("api_paths", INFERENCE_PATHS)
+    if (not isinstance(paths, list | tuple) or not paths
+            or not all(isinstance(x, str) and x.startswith("/") for x in paths)):
+        raise StackError(f"{path}: gateway.api_paths: a non-empty list of paths starting "
+                         "with '/' (exact; ending in '/': a prefix)")
     return StackSpec(port=gw.get("port", 8080), admin_port=gw.get("admin_port", 9901),
-                     bbr=raw.get("bbr", {"grpc_port": 9004, "health_port": 9005,
-                                         "metrics_port": 9190}),
-                     pools=pools, demo=raw.get("demo", {}))
+                     bbr=bbr, pools=pools, demo=raw.get("demo") or {}, bbr_flags=bbr_flags,
+                     api_paths=tuple(paths))
+
+
+#: The stack file's top-level keys; anything else is a mistake, named in one line.
+TOP_KEYS = ("gateway", "bbr", "pools", "demo")
+PORT_KEYS = ("grpc_port", "health_port", "metrics_port")
+SECTION_KEYS = {"gateway": ("port", "admin_port", "api_paths"), "bbr": (*PORT_KEYS, "flags"),
+                "epp": (*PORT_KEYS, "flags"), "demo": ("requests", "concurrency", "max_tokens")}
+
+
+def _check_mapping(raw: dict[str, Any], known: Sequence[str], where: str = "") -> None:
+    """ValueError naming the keys of ``raw`` not in ``known``."""
+    if unknown := sorted(set(raw) - set(known), key=str):
+        raise ValueError(f"{where}unknown key(s) {', '.join(map(str, unknown))} (known: "
+                         f"{', '.join(known)})")
+
+
+def _flags(raw: Any, where: str) -> list[str]:
+    """A ``flags`` entry: a list of arguments or one string (split as a shell would)."""
+    if raw is None:
+        return []
+    if isinstance(raw, str):
+        return shlex.split(raw)
+    if isinstance(raw, list) and all(isinstance(a, str | int | float) for a in raw):
+        return [str(a) for a in raw]
+    raise ValueError(f"{where} must be a list of arguments or a string, got {raw!r}")
 
 
 def _check_keys(raw: dict[str, Any], cls: type, where: str = "") -> None:
@@ -195,6 +248,11 @@ def _pool_spec(i: int, raw: Any, base: Path) -> PoolSpec:
         raise ValueError("must be a mapping")
     raw = dict(raw)
     _check_keys(raw, PoolSpec)
+    if not isinstance(raw.get("epp"), dict):
+        raise ValueError("epp must be a mapping {grpc_port, health_port, metrics_port}")
+    raw["epp"] = dict(raw["epp"])
+    _check_mapping(raw["epp"], SECTION_KEYS["epp"], "epp: ")
+    epp_flags = _flags(raw["epp"].pop("flags", None), "epp.flags")
     if raw.get("pd") is not None:
         if "servers" in raw:
             raise ValueError("give 'servers' or 'pd', not both (a P/D pool has "
@@ -212,6 +270,7 @@ def _pool_spec(i: int, raw: Any, base: Path) -> PoolSpec:
         if not raw["epp_config"].is_file():
             raise ValueError(f"epp_config: no file {raw['epp_config']}")
     spec = PoolSpec(index=i, **raw)
+    spec.epp_flags = epp_flags
     spec.sidecar_metrics = [e.free_port() for _ in spec.decoders]
     return spec
 
@@ -222,16 +281,16 @@ def check_ports(spec: StackSpec) -> None:
         ("127.0.0.1", spec.port, "gateway listener (--port)"),
         ("127.0.0.1", spec.admin_port, "Envoy admin"),
     ]
-    wanted += [("0.0.0.0", port, f"bbr {what}") for what, port in spec.bbr.items()]
+    wanted += [(LOOPBACK, port, f"bbr {what}") for what, port in spec.bbr.items()]
     for p in spec.pools:
-        wanted += [("0.0.0.0", port, f"epp of pool {p.name} {what}")
+        wanted += [(LOOPBACK, port, f"epp of pool {p.name} {what}")
                    for ports in p.replicas or [p.epp] for what, port in ports.items()]
         wanted += [(ip, p.server_port, f"simulated pod of pool {p.name}") for ip in p.pod_ips]
         if p.pd is not None:
             wanted += [(ip, p.pd.vllm_port, f"decode server of pool {p.name} (pd.vllm_port)")
                        for ip in p.decoders]
-        wanted += [("0.0.0.0", port, f"sidecar metrics of pool {p.name}")
-                   for port in p.sidecar_metrics]
+        wanted += [(ip, port, f"sidecar metrics of pool {p.name}")
+                   for ip, port in zip(p.decoders, p.sidecar_metrics, strict=True)]
     for host, port, what in wanted:
         with socket.socket() as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -306,17 +365,25 @@ def base_models(spec: StackSpec) -> list[dict[str, Any]]:
             for p in spec.pools]
 
 
-def envoy_config(spec: StackSpec) -> dict[str, Any]:
+def envoy_config(spec: StackSpec, otlp_port: int | None = None) -> dict[str, Any]:
     """Envoy: BBR for every request, then the matched pool's EPP, then the pool's
-    ``override_host`` cluster, retrying down the EPP's fallback endpoints."""
+    ``override_host`` cluster, retrying down the EPP's fallback endpoints. With ``otlp_port``
+    Envoy's own tracer sends its spans there (every request sampled; BBR and the EPPs follow
+    Envoy's decision)."""
     return Topology(
         listen=spec.port, admin=spec.admin_port, bbr_port=spec.bbr["grpc_port"], tls=True,
         pools=[Pool(p.name, models=p.model_names, epp_port=p.epp["grpc_port"],
                     epp_replicas=[(r["grpc_port"], r["health_port"]) for r in p.replicas],
                     endpoints=[(ip, p.server_port) for ip in p.pod_ips])
                for p in spec.pools],
-        not_found="no pool serves this model", runtime=e.GRACEFUL_CLOSE,
+        not_found="no pool serves this model", otlp_port=otlp_port,
+        runtime={**e.GRACEFUL_CLOSE, **({TRACE_FLUSH: 1000} if otlp_port else {})},
+        api_paths=spec.api_paths,
     ).bootstrap()
+
+
+#: Envoy's OpenTelemetry tracer flushes every 5 s by default; 1 s shows a request sooner.
+TRACE_FLUSH = "tracing.opentelemetry.flush_interval_ms"
 
 
 # --- processes -------------------------------------------------------------------------
@@ -339,13 +406,16 @@ class Stack:
         self.envoy: e.Envoy | None = None
         self.valkey: Any = None  # devkit.valkey.ValkeyServer when the stack runs one
         self.store_url: str | None = None
+        #: The OTLP receiver every process sends its spans to (``run_dir/traces.jsonl``).
+        self.traces: Any = None  # devkit.otlp.OtlpReceiver once started
+        self.env: dict[str, str] = {}
 
     def _spawn(self, name: str, args: list[str]) -> None:
         log = self.logs / f"{name}.log"
         with log.open("wb") as out:
             proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True,
-                                    env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                    env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env})
         self.children.append(Child(name, proc, log))
 
     def start_store(self) -> list[str]:
@@ -357,7 +427,9 @@ class Stack:
         if url is None:
             from devkit.valkey import ValkeyServer
 
-            self.valkey = ValkeyServer()
+            # A password and a signing secret even on loopback: the stack shows the setup
+            # the chart requires (anyone who can write to the store could steer picks).
+            self.valkey = ValkeyServer(password=secrets.token_urlsafe(18))
             try:
                 self.valkey.start()
             except (OSError, RuntimeError) as err:
@@ -366,12 +438,35 @@ class Stack:
                                  "URL") from None
             url = self.valkey.url
         self.store_url = url
-        return ["--ha-mode", "active-active", "--state-store", url]
+        secret_file = self.run_dir / "state-store.secret"
+        secret_file.touch(mode=0o600)
+        secret_file.write_text(secrets.token_urlsafe(32))
+        return ["--ha-mode", "active-active", "--state-store", url,
+                "--state-store-secret-file", str(secret_file)]
+
+    def fresh_logs(self) -> None:
+        """Empty ``logs/`` and Envoy's log: what is there is this stack's, not an earlier
+        stack's (a pool it no longer has, an Envoy log appended to across runs)."""
+        self.logs.mkdir(parents=True, exist_ok=True)
+        for old in [*self.logs.glob("*.log"), self.run_dir / "envoy" / "envoy.log"]:
+            old.unlink(missing_ok=True)
+
+    def start_traces(self) -> list[str]:
+        """The OTLP receiver, and the flag and variables that send BBR's and the EPPs' spans
+        to it (docs/tracing.md)."""
+        from devkit.otlp import OtlpReceiver
+
+        self.traces = OtlpReceiver(path=self.run_dir / "traces.jsonl").start()
+        self.env = {"OTEL_TRACES_EXPORTER": "otlp",
+                    "OTEL_EXPORTER_OTLP_ENDPOINT": self.traces.endpoint,
+                    "OTEL_BSP_SCHEDULE_DELAY": "500"}
+        return ["--tracing=true"]
 
     def start(self) -> None:
-        self.logs.mkdir(parents=True, exist_ok=True)
+        self.fresh_logs()
         py = sys.executable
         ha = self.start_store()
+        traced = self.start_traces()
         for p in self.spec.pools:
             pool_dir = self.run_dir / p.name
             pool_dir.mkdir(exist_ok=True)
@@ -388,7 +483,7 @@ class Stack:
                     "--pool-name", p.name, "--grpc-port", str(ports["grpc_port"]),
                     "--grpc-health-port", str(ports["health_port"]),
                     "--metrics-port", str(ports["metrics_port"]), "--grace-period", "3",
-                    *config, *ha])
+                    "--bind-address", LOOPBACK, *config, *ha, *traced, *p.epp_flags])
             self._start_sidecars(p, manifests)
         b = self.spec.bbr
         (self.run_dir / "base-models.yaml").write_text(
@@ -397,9 +492,12 @@ class Stack:
                             "--base-models", str(self.run_dir / "base-models.yaml"),
                             "--grpc-port", str(b["grpc_port"]),
                             "--grpc-health-port", str(b["health_port"]),
-                            "--metrics-port", str(b["metrics_port"]), "--grace-period", "3"])
+                            "--metrics-port", str(b["metrics_port"]), "--grace-period", "3",
+                            "--bind-address", LOOPBACK, *traced,
+                            *self.spec.bbr_flags])
         self.wait_ready()
-        self.envoy = e.Envoy(envoy_config(self.spec), admin_port=self.spec.admin_port,
+        self.envoy = e.Envoy(envoy_config(self.spec, self.traces.port),
+                             admin_port=self.spec.admin_port,
                              workdir=self.run_dir / "envoy").start()
 
     def _start_sidecars(self, p: PoolSpec, manifests: str) -> None:
@@ -470,6 +568,9 @@ class Stack:
         if self.valkey is not None:
             self.valkey.close()
             self.valkey = None
+        if self.traces is not None:  # last: the services flush their spans as they stop
+            self.traces.stop()
+            self.traces = None
 
 
 # --- demo ----------------------------------------------------------------------------------
@@ -550,8 +651,8 @@ def sidecar_modes(p: PoolSpec) -> Counter[str]:
     from prometheus_client.parser import text_string_to_metric_families
 
     out: Counter[str] = Counter()
-    for port in p.sidecar_metrics:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+    for ip, port in zip(p.decoders, p.sidecar_metrics, strict=True):
+        with urllib.request.urlopen(f"http://{ip}:{port}/metrics", timeout=5) as r:
             text = r.read().decode()
         for fam in text_string_to_metric_families(text):
             if fam.name == "pd_sidecar_requests":
@@ -611,7 +712,9 @@ def report(spec: StackSpec, results: list[DemoResult], stack: Stack) -> None:
 Models: {', '.join(m for p in spec.pools for m in p.model_names)}
 Pool state: {', '.join(f"http://127.0.0.1:{r['metrics_port']}/debug/pool"
                        for p in spec.pools for r in p.replicas or [p.epp])}
-Logs: {stack.logs}/ (envoy: {stack.run_dir / 'envoy' / 'envoy.log'})""", flush=True)
+Logs: {stack.logs}/ (envoy: {stack.run_dir / 'envoy' / 'envoy.log'})
+Traces: {stack.run_dir / 'traces.jsonl'} (as trees: python -m devkit.otlp \
+{stack.run_dir / 'traces.jsonl'})""", flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:

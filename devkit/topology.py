@@ -23,13 +23,30 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from devkit import envoy as e
+from devkit import overload
+from shared.extproc import DEFAULT_MAX_BODY
 
 EPP_FILTER = "epp-ext-proc"
 BBR_FILTER = "bbr-ext-proc"
 MODEL_HEADER = "x-gateway-model-name"
 #: Envoy's per-connection buffer is 1 MiB by default; above it Envoy itself answers 413 in
-#: BUFFERED mode before the services see the body.
-BUFFER_LIMIT = 32 * 1024 * 1024
+#: BUFFERED mode before the services see the body. BUFFERED needs room for a body at the
+#: services' cap; FULL_DUPLEX_STREAMED keeps Envoy's 1 MiB. It also bounds the largest chunk
+#: Envoy sends an ext_proc service at once and Envoy's own memory per connection: at 32 MiB
+#: for every mode, 100 concurrent 100 MB streamed uploads took Envoy to 2.5 GB and BBR to
+#: 900 MiB (issue 31; docs/reliability.md).
+BUFFER_LIMIT = DEFAULT_MAX_BODY + 1024 * 1024
+STREAMED_BUFFER_LIMIT = 1024 * 1024
+#: The inference APIs a pool route passes when a layout restricts paths (``gateway-stack``
+#: and the reliability kit do; charts: ``experimentalHttpRoute.paths``). Model servers also
+#: serve admin paths (``/v1/load_lora_adapter``, ``/reset_prefix_cache``, ``/metrics``,
+#: ``/sim/*``, ...) that no client of the gateway should reach. An entry is an exact path;
+#: one ending in ``/`` is a prefix. docs/local-stack.md lists the choice.
+INFERENCE_PATHS: tuple[str, ...] = (
+    "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses",
+    "/v1/messages", "/v1/models", "/v1/score", "/v1/rerank", "/v1/audio/transcriptions",
+    "/v1/audio/translations", "/inference/v1/generate",
+)
 
 
 @dataclass(frozen=True)
@@ -105,7 +122,9 @@ class Topology:
     #: message of the 404 for a model no pool serves; None: no catch-all 404 route
     not_found: str | None = None
     runtime: dict[str, Any] | None = None
-    buffer_limit: int | None = BUFFER_LIMIT
+    #: the listener's per-connection buffer; None: by mode (:data:`BUFFER_LIMIT` for
+    #: BUFFERED, :data:`STREAMED_BUFFER_LIMIT` otherwise); 0: Envoy's default
+    buffer_limit: int | None = None
     #: dynamic-metadata namespaces Envoy forwards to the EPP
     epp_forwarding: Sequence[str] = ()
     bbr_filter: str = BBR_FILTER
@@ -113,6 +132,23 @@ class Topology:
     extra_clusters: list[dict[str, Any]] = field(default_factory=list)
     #: the listener's name (also its stats prefix); distinct per layout in :func:`bootstrap`
     name: str = "gateway"
+    #: OTLP/gRPC port on loopback for Envoy's own OpenTelemetry tracer; None: Envoy traces
+    #: nothing (:func:`devkit.envoy.otel_tracing`)
+    otlp_port: int | None = None
+    #: paths a pool route passes (exact; ending in ``/``: a prefix); others get a JSON 404
+    #: ``path_not_found``. None: every path (layouts whose servers are the tests' own)
+    api_paths: Sequence[str] | None = None
+    #: circuit breakers, slow-client timeouts and JSON refusals (:mod:`devkit.overload`);
+    #: None: Envoy's defaults (1,024 requests per cluster, bare 500s)
+    limits: overload.Limits | None = overload.DEFAULT
+
+    def _path_matches(self) -> list[dict[str, Any]]:
+        """One route match per allowed path (exact, on the path without its query string:
+        dot segments or encoded slashes never turn an allowed path into another one on the
+        server). One regex would do, but Envoy refuses an RE2 program of this size."""
+        if self.api_paths is None:
+            return [{"prefix": "/"}]
+        return [{"prefix": p} if p.endswith("/") else {"path": p} for p in self.api_paths]
 
     def filters(self) -> list[dict[str, Any]]:
         """The ext_proc filters in order: BBR, then the EPP (default: the first EPP pool)."""
@@ -161,21 +197,34 @@ class Topology:
 
     def routes(self) -> list[dict[str, Any]]:
         """One route per (pool, model), catch-all pools next, then the optional 404."""
-        routes = [self._route(p, m) for p in self.pools for m in p.models]
-        routes += [self._route(p, None) for p in self.pools if not p.models]
+        pairs: list[tuple[Pool, str | None]] = [(p, m) for p in self.pools for m in p.models]
+        pairs += [(p, None) for p in self.pools if not p.models]
+        paths = self._path_matches()
+        routes = [_with_path(self._route(p, m), path) for p, m in pairs for path in paths]
         if self.not_found is not None:
             known = ", ".join(m for p in self.pools for m in p.models)
-            body = {"error": {"message": f"{self.not_found}; known models: {known}",
-                              "type": "invalid_request_error", "code": "model_not_found"}}
-            route: dict[str, Any] = {
-                "match": {"prefix": "/"},
-                "direct_response": {"status": 404, "body": {"inline_string": json.dumps(body)}},
-            }
-            per_route = self._per_route(None)
-            if per_route:
-                route["typed_per_filter_config"] = per_route
-            routes.append(route)
+            routes += [self._not_found(path, "model_not_found",
+                                       f"{self.not_found}; known models: {known}")
+                       for path in paths]
+        if self.api_paths is not None:
+            routes.append(self._not_found({"prefix": "/"}, "path_not_found",
+                                          "this path is not an inference API served by the "
+                                          "gateway"))
         return routes
+
+    def _not_found(self, match: dict[str, Any], code: str, message: str) -> dict[str, Any]:
+        body = {"error": {"message": message, "type": "invalid_request_error", "code": code}}
+        route: dict[str, Any] = {
+            "match": match,
+            "direct_response": {"status": 404, "body": {"inline_string": json.dumps(body)}},
+            "response_headers_to_add": [{
+                "header": {"key": "content-type", "value": "application/json"},
+                "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}],
+        }
+        per_route = self._per_route(None)
+        if per_route:
+            route["typed_per_filter_config"] = per_route
+        return route
 
     def clusters(self) -> list[dict[str, Any]]:
         """BBR's, then per pool its EPP's and its upstream."""
@@ -194,18 +243,59 @@ class Topology:
                 out.append(e.static_cluster(p.upstream, p.endpoints))
             else:
                 out.append(e.original_dst_cluster(p.upstream, timeout=p.connect_timeout))
-        return out + self.extra_clusters
+        if self.otlp_port is not None:
+            out.append(e.grpc_cluster(e.OTLP_CLUSTER, self.otlp_port, tls=False))
+        out += self.extra_clusters
+        if self.limits is None:
+            return out
+        breakers = overload.circuit_breakers(self.limits)
+        return [{**cluster, "circuit_breakers": breakers} for cluster in out]
+
+    def local_reply(self) -> dict[str, Any] | None:
+        """The catch-all 404 names the model asked for (BBR's header; Envoy fills it in per
+        request and escapes it as JSON), as an OpenAI error; None without a catch-all."""
+        if self.not_found is None:
+            return None
+        known = ", ".join(m for p in self.pools for m in p.models)
+        error = {"message": f"{self.not_found}: %REQ({MODEL_HEADER})%; known models: {known}",
+                 "type": "invalid_request_error", "code": "model_not_found"}
+        return {"mappers": [{
+            "filter": {"and_filter": {"filters": [
+                {"status_code_filter": {"comparison": {
+                    "op": "EQ", "value": {"default_value": 404, "runtime_key": "_unused"}}}},
+                {"header_filter": {"header": {"name": MODEL_HEADER, "present_match": True}}},
+            ]}},
+            "body_format_override": {"json_format": {"error": error}},
+        }]}
 
     def listener(self) -> dict[str, Any]:
         """This layout's Envoy listener."""
         lst = e.listener(self.listen, self.routes(), self.filters(), name=self.name)
-        if self.buffer_limit:
-            lst["per_connection_buffer_limit_bytes"] = self.buffer_limit
+        limit = self.buffer_limit
+        if limit is None:
+            limit = BUFFER_LIMIT if self.mode == "BUFFERED" else STREAMED_BUFFER_LIMIT
+        if limit:
+            lst["per_connection_buffer_limit_bytes"] = limit
+        if self.limits is not None:
+            overload.apply(lst, [], self.limits)
+        hcm = lst["filter_chains"][0]["filters"][0]["typed_config"]
+        if (reply := self.local_reply()) is not None:
+            # The model-naming 404 first: Envoy uses the first mapper that matches.
+            hcm["local_reply_config"] = {"mappers": [
+                *reply["mappers"], *hcm.get("local_reply_config", {}).get("mappers", [])]}
+        if self.otlp_port is not None:
+            hcm["tracing"] = e.otel_tracing()
         return lst
 
     def bootstrap(self) -> dict[str, Any]:
         """The Envoy bootstrap for this layout."""
         return e.bootstrap(self.admin, [self.listener()], self.clusters(), runtime=self.runtime)
+
+
+def _with_path(route: dict[str, Any], path: dict[str, Any]) -> dict[str, Any]:
+    """``route`` matching ``path`` instead of every path."""
+    match = {k: v for k, v in route["match"].items() if k != "prefix"}
+    return {**route, "match": {**path, **match}}
 
 
 def bootstrap(layouts: Sequence[Topology]) -> dict[str, Any]:

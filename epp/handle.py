@@ -33,6 +33,9 @@ class Settings:
     #: replacing families of the default engine's dialect (keys ``queued``, ``running``,
     #: ``kv_usage``, ``lora``, ``cache_info``).
     metric_overrides: Mapping[str, str] = field(default_factory=dict)
+    #: ``--emit-endpoint-scores``: the primary profile's per-endpoint total scores go to
+    #: the proxy in ``envoy.lb`` → ``x-gateway-destination-endpoint-scores``.
+    emit_endpoint_scores: bool = False
 
 
 class EppHandle(Handle):

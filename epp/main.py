@@ -8,7 +8,6 @@ import random
 import sys
 import time
 from collections.abc import Awaitable
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from aiohttp import web
 from epp import telemetry as m
 from epp.config import ConfigError, EndpointPickerConfig, Runtime, build, load_config_file
 from epp.config import parse_config as parse_config_text
+from epp.config.stability import ExperimentalPluginError, check_stability
 from epp.datastore import Datastore, FailureMode
 from epp.flowcontrol import FlowController
 from epp.handle import Settings
@@ -30,17 +30,19 @@ from epp.scheduling import SchedulerHooks
 from epp.sources import ManifestError, ManifestSource, Source
 from epp.sources.standalone import standalone_pool
 from epp.statestore import StoreURL, StoreURLError, open_store, parse_store_url
-from shared import logs
-from shared.extproc import DEFAULT_MAX_BODY, BodyMode, ExtProcServicer
-from shared.flags import Parser, die, duration
+from shared import buildinfo, logs, tracing
+from shared.extproc import DEFAULT_MAX_BODY, DEFAULT_MAX_BUFFERED, BodyMode, ExtProcServicer
+from shared.flags import Parser, byte_size, die, duration
 from shared.metrics_server import read_token, run_metrics_server
-from shared.server import Health, ServeOptions, install_uvloop, serve
+from shared.pd import ROLE_LABEL
+from shared.server import Health, ServeOptions, install_uvloop, message_limit, serve
 from shared.upstream_flags import (
     IGNORED,
     add_diagnostics_flags,
     add_logging_flags,
     log_settings,
     report,
+    start_tracing,
 )
 
 log = structlog.get_logger("epp")
@@ -52,7 +54,10 @@ def parser() -> Parser:
     p.add_argument("--grpc-port", type=int, default=9002, help="ext_proc gRPC port")
     p.add_argument("--grpc-health-port", type=int, default=9003, help="gRPC health port")
     p.add_argument("--metrics-port", type=int, default=9090,
-                   help="Prometheus metrics (and /debug/pool) port")
+                   help="Prometheus metrics (and /debug) port")
+    p.add_argument("--bind-address", default="0.0.0.0", metavar="HOST",
+                   help="address the ext_proc, health and metrics ports listen on (ours; "
+                        "default every interface, as in a pod; gateway-stack: 127.0.0.1)")
     p.add_argument("--pool-name", default=None, help="the InferencePool this EPP serves")
     p.add_argument("--pool-namespace", default=os.environ.get("NAMESPACE") or "default",
                    help="its namespace (default: $NAMESPACE, else default)")
@@ -68,6 +73,9 @@ def parser() -> Parser:
     p.add_argument("--cert-path", default=None,
                    help="directory with tls.crt and tls.key (reloaded on change); "
                         "default: a self-signed certificate")
+    p.add_argument("--client-ca-file", default=None, metavar="FILE",
+                   help="PEM CA bundle: the ext_proc port then requires a client certificate "
+                        "it signed (mTLS; the gateway's Envoy presents one)")
     p.add_argument("--refresh-metrics-interval", type=duration, default=0.05,
                    help="how often each endpoint's metrics are scraped (default 50ms)")
     p.add_argument("--metrics-staleness-threshold", type=duration, default=2.0,
@@ -111,6 +119,10 @@ def parser() -> Parser:
                    help="where replicas share the prefix index and in-flight counts: "
                         "memory:// (default, nothing shared), valkey://[user:pw@]host:port/db, "
                         "valkeys:// (TLS); redis:// and rediss:// are aliases")
+    p.add_argument("--state-store-secret-file", default=None, metavar="FILE",
+                   help="shared secret (>= 16 bytes) that signs what replicas write to the "
+                        "state store, so a writer without it cannot steer picks (a mounted "
+                        f"Secret; env {STORE_SECRET_ENV} also works)")
     p.add_argument("--endpoint-selector", default=None,
                    help="pods by label (k=v,...) instead of an InferencePool")
     p.add_argument("--endpoint-target-ports", default=None,
@@ -122,8 +134,26 @@ def parser() -> Parser:
                help="404 for models no rewrite, legacy model or server names")
     p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY,
                    help="largest request body accepted; bigger gets 413")
+    p.add_argument("--max-buffered-body-bytes", type=int, default=DEFAULT_MAX_BUFFERED,
+                   help="request-body bytes all streams may hold at once (bounds memory under "
+                        "many concurrent uploads); a chunk over it gets a JSON 503; 0: no bound")
     p.add_argument("--grace-period", type=float, default=30.0,
                    help="seconds in-flight streams get to finish on SIGTERM")
+    p.add_argument("--drain-timeout", type=duration, default=0.0,
+                   help="after SIGTERM: health NOT_SERVING and the Lease released at once, "
+                        "but new ext_proc streams are still served this long (upstream "
+                        "default 30s; here 0s, see docs/epp.md); then --grace-period applies")
+    p.add_argument("--grpc-max-recv-msg-size", type=byte_size, default=None, metavar="SIZE",
+                   help="largest gRPC message received, e.g. 10MiB or 25MB (default: "
+                        "--max-body-bytes + 1MiB)")
+    p.add_argument("--grpc-max-send-msg-size", type=byte_size, default=None, metavar="SIZE",
+                   help="largest gRPC message sent (default: --max-body-bytes + 1MiB)")
+    p.add_bool("--emit-endpoint-scores", default=False,
+               help="send the primary profile's per-endpoint scores to the proxy in "
+                    "envoy.lb metadata x-gateway-destination-endpoint-scores")
+    p.add_bool("--allow-experimental-plugins", default=False,
+               help="allow plugin types upstream marks Alpha (experimental); without it "
+                    "a config naming one is refused")
     p.add_argument("--metrics-bearer-token-file", default=None,
                    help="require 'Authorization: Bearer <token>' on the metrics port")
     p.add_argument("--session-token-key-file", default=None, metavar="FILE",
@@ -219,7 +249,12 @@ def debug_pool_route(datastore: Datastore, flow_control: FlowController | None =
             "synced": datastore.is_synced,
             "endpoints": [
                 {
-                    "name": v.endpoint.name, "address": v.key, "healthy": v.healthy,
+                    # One endpoint, its names: ``name`` (the EPP's, <pod>-rank-<i>, as in the
+                    # metrics' model_server_pod), its ``pod`` (pod_name label, what the pod
+                    # itself reports, e.g. the simulator's x-inference-pod) and ``address``
+                    # (x-gateway-destination-endpoint).
+                    "name": v.endpoint.name, "pod": v.endpoint.pod_name, "address": v.key,
+                    "role": v.endpoint.labels.get(ROLE_LABEL), "healthy": v.healthy,
                     "age_seconds": None if v.age(now) == float("inf") else round(v.age(now), 3),
                     "waiting": v.metrics.waiting, "running": v.metrics.running,
                     "kv_usage": v.metrics.kv_usage, "queue": v.queue,
@@ -244,6 +279,19 @@ def debug_pool_route(datastore: Datastore, flow_control: FlowController | None =
     return handler
 
 
+#: The pages of the metrics port, as ``GET /debug`` lists them.
+DEBUG_PAGES = {
+    "/debug/pool": "the pool: every endpoint (names, P/D role, health, latest metrics and "
+                   "their age, in-flight counts, KV blocks held) and flow control's queues",
+    "/metrics": "Prometheus metrics (docs/metrics.md)",
+}
+
+
+async def debug_index(_: web.Request) -> web.Response:
+    """``/debug``: what the other pages are."""
+    return web.json_response({"pages": DEBUG_PAGES})
+
+
 def settings(args: Any) -> Settings:
     """The flag-given settings plugins see through the handle."""
     return Settings(
@@ -257,7 +305,32 @@ def settings(args: Any) -> Settings:
         metric_overrides={key: getattr(args, dest) for dest, key in _OVERRIDE_KEYS.items()
                           if getattr(args, dest) is not None},
         session_token_key=read_session_key(args.session_token_key_file),
+        emit_endpoint_scores=args.emit_endpoint_scores,
     )
+
+
+#: Environment variable holding the state store's shared secret (the chart sets it from a
+#: Secret) when ``--state-store-secret-file`` is not given.
+STORE_SECRET_ENV = "EPP_STATE_STORE_SECRET"
+
+
+def state_store_secret(args: Any, url: StoreURL) -> bytes | None:
+    """The state store's signing secret (flag file, else env); warns when a shared store
+    runs without one, and exits on one that is too short."""
+    path = args.state_store_secret_file
+    where = f"--state-store-secret-file {path}" if path else STORE_SECRET_ENV
+    try:
+        secret = (Path(path).read_bytes() if path
+                  else os.environ.get(STORE_SECRET_ENV, "").encode()).strip()
+    except OSError as e:
+        die("epp", f"cannot read --state-store-secret-file {path}: {e.strerror or e}")
+    if secret and len(secret) < 16:
+        die("epp", f"{where}: the secret must be at least 16 bytes")
+    if url.kind != "memory" and not secret:
+        log.warning("state store without a shared secret: anyone who can write to it can "
+                    "steer picks (set --state-store-secret-file; docs/active-active.md)",
+                    store=url.redacted())
+    return secret or None
 
 
 def read_session_key(path: str | None) -> bytes | None:
@@ -281,12 +354,22 @@ def load_config(args: Any, path: str | None = None) -> EndpointPickerConfig:
     return parse_config_text(args.config_text, source="--config-text")
 
 
+def check_plugin_stability(args: Any, runtime: Runtime) -> None:
+    """Refuse Alpha plugin types without ``--allow-experimental-plugins`` (as upstream)."""
+    try:
+        check_stability(((p.name, p.type_name) for p in runtime.handle),
+                        allow_experimental=args.allow_experimental_plugins)
+    except ExperimentalPluginError as e:
+        die("epp", f"bad EndpointPickerConfig: {runtime.config.source}: {e}")
+
+
 def check_config(args: Any) -> None:
     """``--check-config``: build everything a config names (no serving) and exit 0 or 1."""
     try:
-        build(load_config(args, args.check_config), settings=settings(args))
+        runtime = build(load_config(args, args.check_config), settings=settings(args))
     except ConfigError as e:
         die("epp", f"bad EndpointPickerConfig: {e}")
+    check_plugin_stability(args, runtime)
     print("epp: EndpointPickerConfig is valid")
     sys.exit(0)
 
@@ -294,11 +377,10 @@ def check_config(args: Any) -> None:
 def metrics_hooks() -> SchedulerHooks:
     """The scheduler's timings and prefix hits, into the exported metrics."""
     return SchedulerHooks(
-        e2e_duration=m.SCHEDULER_E2E.observe,
-        prefix_hit_ratio=m.PREFIX_HIT_RATIO.observe,
-        prefix_hit_bytes=m.PREFIX_HIT_BYTES.observe,
-        plugin_duration=lambda point, kind, name, s: m.PLUGIN_DURATION.labels(
-            point, kind, name).observe(s),
+        e2e_duration=m.scheduler_e2e,
+        plugin_prefix_hit_ratio=m.prefix_hit_ratio,
+        plugin_prefix_hit_bytes=m.prefix_hit_bytes,
+        plugin_duration=m.plugin_duration,
     )
 
 
@@ -306,13 +388,22 @@ async def run(args: Any, store_url: StoreURL) -> None:
     """Build everything, serve until SIGTERM."""
     datastore = Datastore()
     flag_settings = settings(args)  # flag files (e.g. the session key) fail before the pool
-    source, elector = start_source(args, datastore)
-    store = open_store(store_url, pool=store_pool(args, datastore))
     try:
-        runtime = build(load_config(args), datastore, flag_settings,
+        config = load_config(args)
+    except ConfigError as e:
+        die("epp", f"bad EndpointPickerConfig: {e}")
+    discovery = config.discovery is not None
+    source, elector = (None, None) if discovery else start_source(args, datastore)
+    store = open_store(store_url, pool=store_pool(args, datastore),
+                       secret=state_store_secret(args, store_url))
+    try:
+        runtime = build(config, datastore, flag_settings,
                         rng=random.Random(), hooks=metrics_hooks(), state_store=store)
     except ConfigError as e:
         die("epp", f"bad EndpointPickerConfig: {e}")
+    check_plugin_stability(args, runtime)
+    if source is None:
+        source = start_discovery(args, runtime)
     stop = asyncio.Event()
     connect_notification_sources(args, runtime)
     open_extractors(runtime)
@@ -327,11 +418,15 @@ async def run(args: Any, store_url: StoreURL) -> None:
     servicer = ExtProcServicer(lambda: PickerExchange(director),
                                request_mode=BodyMode.FULL_DUPLEX_STREAMED,
                                response_mode=BodyMode.FULL_DUPLEX_STREAMED,
-                               max_body=args.max_body_bytes)
+                               max_body=args.max_body_bytes,
+                               max_buffered=args.max_buffered_body_bytes)
     opts = ServeOptions(grpc_port=args.grpc_port, health_port=args.grpc_health_port,
-                        secure=args.secure_serving, cert_path=args.cert_path,
+                        host=args.bind_address, secure=args.secure_serving,
+                        cert_path=args.cert_path, client_ca=args.client_ca_file,
                         grace=args.grace_period, health_on_grpc_port=args.health_checking,
-                        max_message_bytes=args.max_body_bytes + 1024 * 1024)
+                        max_message_bytes=message_limit(args.max_body_bytes),
+                        max_receive_bytes=args.grpc_max_recv_msg_size,
+                        max_send_bytes=args.grpc_max_send_msg_size, drain=args.drain_timeout)
 
     async def ready(health: Health) -> None:
         await report_readiness(health.set_serving, datastore.synced, elector)
@@ -339,8 +434,9 @@ async def run(args: Any, store_url: StoreURL) -> None:
     background: list[Awaitable[None]] = [
         *(s.run(datastore) for s in runtime.data_sources),
         source.run(),
-        run_metrics_server(args.metrics_port, token=token,
-                           routes={"/debug/pool": debug_pool_route(datastore,
+        run_metrics_server(args.metrics_port, host=args.bind_address, token=token,
+                           routes={"/debug": debug_index,
+                                   "/debug/pool": debug_pool_route(datastore,
                                                                    runtime.flow_control)}),
     ]
     if elector is not None:
@@ -420,7 +516,29 @@ def register_pool_metrics(args: Any, runtime: Runtime) -> None:
     scheduler = runtime.scheduler
     m.register_pool(m.PoolCollector(
         pool_name, runtime.datastore, staleness=args.metrics_staleness_threshold,
-        prefix_stats=lambda: scheduler.prefix_indexer_size))
+        prefix_stats=lambda: scheduler.prefix_indexer_size,
+        prefix_sizes=scheduler.prefix_indexer_sizes))
+
+
+def start_discovery(args: Any, runtime: Runtime) -> Source:
+    """``dataLayer.discovery``: the named plugin lists the endpoints (no Kubernetes API, no
+    --manifests); exits with one line when it cannot load them."""
+    from epp.sources.file_discovery import DiscoveryError, FileDiscovery
+
+    ref = runtime.config.discovery
+    assert ref is not None
+    if args.manifests is not None or args.endpoint_selector:
+        die("epp", "dataLayer.discovery lists the endpoints: drop --manifests / "
+                   "--endpoint-selector")
+    if args.ha_enable_leader_election or args.ha_mode == "active-passive":
+        die("epp", "leader election needs the Kubernetes API, not dataLayer.discovery")
+    plugin = runtime.handle.plugin(ref, FileDiscovery)
+    plugin.bind(runtime.datastore, pool_name=args.pool_name, namespace=args.pool_namespace)
+    try:
+        plugin.load()
+    except DiscoveryError as e:
+        die("epp", f"{ref} (file-discovery): {e}")
+    return plugin
 
 
 def start_source(args: Any, datastore: Datastore) -> tuple[Source, LeaderElector | None]:
@@ -466,23 +584,24 @@ def start_source(args: Any, datastore: Datastore) -> tuple[Source, LeaderElector
 
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
+    # Logs first (to stderr): --check-config's warnings must not mix with its verdict on stdout.
+    ls = log_settings(args)
+    logs.configure(args.verbosity, json=ls.json, level=ls.level, time_format=ls.time_format)
     if args.check_config is not None:
         check_config(args)
     if args.endpoint_selector and not args.endpoint_target_ports:
         die("epp", "--endpoint-selector needs --endpoint-target-ports")
-    ls = log_settings(args)
-    logs.configure(args.verbosity, json=ls.json, level=ls.level, time_format=ls.time_format)
     report(args, log, EPP_IGNORED, DEPRECATED)
-    try:
-        m.INFO.labels(commit=version("inference-gateway-py"), build_ref="").set(1)
-    except PackageNotFoundError:
-        m.INFO.labels(commit="dev", build_ref="").set(1)
+    start_tracing(args, "epp", log)
+    m.build_info(buildinfo.commit(), buildinfo.version())
     store_url = state_store_url(args)
     install_uvloop()
     try:
         asyncio.run(run(args, store_url))
     except OSError as e:
         die("epp", f"cannot serve: {e}")
+    finally:
+        tracing.shutdown()  # the spans still queued go out
     sys.exit(0)
 
 

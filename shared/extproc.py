@@ -38,7 +38,8 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from google.protobuf.json_format import MessageToDict
 
 from shared import responses as r
-from shared.errors import GatewayError, PayloadTooLarge
+from shared import tracing
+from shared.errors import GatewayError, PayloadTooLarge, ServiceUnavailable
 from shared.headers import header_dict
 
 log = structlog.get_logger(__name__)
@@ -47,6 +48,10 @@ _NO_METADATA: Mapping[str, Any] = MappingProxyType({})
 
 #: Default cap on a buffered request body (10 MiB).
 DEFAULT_MAX_BODY = 10 * 1024 * 1024
+#: Request-body bytes all streams of one service may hold at once (``BodyBudget``): 256 MiB
+#: keeps BBR (1 GiB limit in the chart) with room for the copies a body costs on the way
+#: (chunks, the joined body, the parsed JSON); docs/reliability.md has the measurement.
+DEFAULT_MAX_BUFFERED = 256 * 1024 * 1024
 
 #: How long a stream whose response is over waits for Envoy's reset before ending itself.
 RESET_WAIT = 0.1
@@ -103,6 +108,9 @@ class Exchange:
     #: now, whatever Envoy sends meanwhile (e.g. flow control evicting an in-flight request):
     #: the stream answers it with an ImmediateResponse as soon as it resolves.
     interrupt: asyncio.Future[GatewayError] | None = None
+    #: The ``traceparent`` on the ext_proc gRPC call itself (Envoy's span for the call, when
+    #: Envoy traces); read only while tracing is on (:mod:`shared.tracing`).
+    grpc_traceparent: str | None = None
 
     wants_response: bool = True
     """False for a service with nothing to do on the response path (BBR): its streams end
@@ -133,13 +141,45 @@ class Exchange:
         return None
 
 
+class BodyBudget:
+    """Request-body bytes all streams of one service may hold at once.
+
+    Each stream's body is capped, but many capped bodies at once are not: 120 uploads of
+    10 MB pushed BBR past its 1 GiB memory limit (issue 31). A chunk that would take the
+    total over ``limit`` ends its stream with a JSON 503 (retry later) instead; the bytes
+    are given back when the stream ends.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+
+    def take(self, n: int) -> bool:
+        """Reserve ``n`` bytes; False when that would pass the limit."""
+        if self.held + n > self.limit:
+            return False
+        self.held += n
+        return True
+
+    def give(self, n: int) -> None:
+        self.held -= n
+
+
+class BodyMemoryBusy(ServiceUnavailable):
+    """503: the service holds as many request-body bytes as it may; retry."""
+
+    code = "body_memory_busy"
+
+
 @dataclass(slots=True)
 class _Body:
-    """A body being collected, capped at ``limit`` bytes."""
+    """A body being collected, capped at ``limit`` bytes (and by the shared ``budget``)."""
 
     limit: int
     chunks: list[bytes] = field(default_factory=list)
     size: int = 0
+    budget: BodyBudget | None = None
+    reserved: int = 0
 
     def add(self, chunk: bytes) -> None:
         self.size += len(chunk)
@@ -148,8 +188,19 @@ class _Body:
                 f"request body is larger than the {self.limit}-byte limit",
                 code="request_too_large",
             )
+        if self.budget is not None and chunk:
+            if not self.budget.take(len(chunk)):
+                raise BodyMemoryBusy("too many large request bodies in flight on this "
+                                     "service; retry shortly")
+            self.reserved += len(chunk)
         if chunk:
             self.chunks.append(chunk)
+
+    def release(self) -> None:
+        """Give the reserved bytes back to the budget (the stream ended)."""
+        if self.budget is not None and self.reserved:
+            self.budget.give(self.reserved)
+            self.reserved = 0
 
     def take(self) -> bytes:
         data = b"".join(self.chunks)
@@ -171,17 +222,24 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
         request_mode: BodyMode = BodyMode.BUFFERED,
         response_mode: BodyMode = BodyMode.NONE,
         max_body: int = DEFAULT_MAX_BODY,
+        max_buffered: int | None = None,
     ) -> None:
         self._factory = exchange_factory
         self.request_mode = request_mode
         self.response_mode = response_mode
         self.max_body = max_body
+        #: request-body bytes all streams may hold at once (None: unbounded)
+        self.budget = BodyBudget(max_buffered) if max_buffered else None
 
     async def Process(
         self, requests: AsyncIterator[pb.ProcessingRequest], context: Any
     ) -> AsyncIterator[pb.ProcessingResponse]:
         """Run one stream; see the module docstring for the protocol."""
-        stream = _Stream(self._factory(), self.request_mode, self.response_mode, self.max_body)
+        ex = self._factory()
+        if tracing.TRACER is not None:
+            ex.grpc_traceparent = _traceparent(context)
+        stream = _Stream(ex, self.request_mode, self.response_mode, self.max_body)
+        stream.body.budget = self.budget
         messages = aiter(requests)
         try:
             while True:
@@ -231,6 +289,18 @@ async def _next_or_interrupt(messages: AsyncIterator[pb.ProcessingRequest],
     if nxt.done():
         return nxt.result()  # raises StopAsyncIteration at the end of the stream
     nxt.cancel()
+    return None
+
+
+def _traceparent(context: Any) -> str | None:
+    """The ``traceparent`` gRPC metadata of the call, if any."""
+    try:
+        metadata = context.invocation_metadata() or ()
+    except Exception:  # a test's fake context may have none
+        return None
+    for key, value in metadata:
+        if key == tracing.TRACEPARENT:
+            return value if isinstance(value, str) else None
     return None
 
 
@@ -307,6 +377,7 @@ class _Stream:
         if self.closed:
             return
         self.closed = True
+        self.body.release()
         try:
             self.ex.on_close(self.response_done)
         except Exception:

@@ -30,6 +30,25 @@ def duration(text: str) -> float:
     return total
 
 
+_SIZE_UNITS = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "K": 10**3, "k": 10**3,
+               "M": 10**6, "G": 10**9, "": 1}
+_SIZE = re.compile(r"^(\d+)(Ki|Mi|Gi|K|k|M|G|)$")
+
+
+def byte_size(text: str) -> int:
+    """A size in bytes written as upstream's gRPC size flags take it: a Kubernetes quantity
+    with an optional trailing ``B`` (``4194304``, ``10MiB`` = 10 x 2^20, ``25MB`` = 25 x
+    10^6)."""
+    s = text.strip()
+    if len(s) > 1 and s[-1] in "Bb":
+        s = s[:-1]
+    m = _SIZE.match(s)
+    if m is None:
+        raise argparse.ArgumentTypeError(
+            f"invalid size {text!r} (use e.g. 4194304, 10MiB, 25MB)")
+    return int(m.group(1)) * _SIZE_UNITS[m.group(2)]
+
+
 def boolean(text: str) -> bool:
     """Go's accepted spellings of a boolean flag value."""
     t = text.strip().lower()

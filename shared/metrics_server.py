@@ -9,9 +9,20 @@ from collections.abc import Awaitable, Callable, Mapping
 
 import structlog
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    disable_created_metrics,
+    generate_latest,
+)
 
 log = structlog.get_logger(__name__)
+
+# No ``*_created`` series: upstream's Go client exports none, no dashboard reads them, and they
+# double every counter's and histogram's series. prometheus_client checks this at scrape time,
+# so metrics declared before this import are covered too.
+disable_created_metrics()
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

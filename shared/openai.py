@@ -73,6 +73,9 @@ class OpenAIRequest:
     model: str
     #: The prompt as token ids, when the API sends it tokenized (vLLM's gRPC API).
     token_ids: list[int] | None = None
+    #: The JSON body names no model (absent or ""), parsed with ``require_model=False``:
+    #: whoever routes it must name one in the body (the EPP: a match-all rewrite).
+    model_absent: bool = False
 
     @property
     def stream(self) -> bool:
@@ -109,14 +112,17 @@ def model_field(data: dict[str, Any]) -> str:
     return model
 
 
-def parse_request(body: bytes, path: str) -> OpenAIRequest:
-    """Parse and check a request for ``path``; :class:`BadRequest` when it can't be routed."""
+def parse_request(body: bytes, path: str, *, require_model: bool = True) -> OpenAIRequest:
+    """Parse and check a request for ``path``; :class:`BadRequest` when it can't be routed.
+    ``require_model=False``: an absent or empty ``model`` is not an error here (the request
+    comes back with ``model_absent``); a ``model`` that is not a string still is."""
     data = parse_json_object(body)
     kind = api_kind(path)
-    model = model_field(data)
+    absent = not require_model and data.get("model") in (None, "")
+    model = "" if absent else model_field(data)
     required = _REQUIRED.get(kind)
     if required is not None and required not in data:
         raise BadRequest(f"'{required}' is required for {kind.value} requests", code="invalid_body")
     if kind is ApiKind.CHAT and not isinstance(data["messages"], list):
         raise BadRequest("'messages' must be a list", code="invalid_body")
-    return OpenAIRequest(kind=kind, body=data, model=model)
+    return OpenAIRequest(kind=kind, body=data, model=model, model_absent=absent)

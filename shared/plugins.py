@@ -23,6 +23,7 @@ configs that do not use it.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
 import types
 import typing
@@ -156,10 +157,22 @@ class PluginRegistry:
         if cls is None and type_name in self.pending:
             raise PluginError(f"unknown plugin type {type_name!r}: {self.pending[type_name]}")
         if cls is None:
-            raise PluginError(
-                f"unknown plugin type {type_name!r} (known: {', '.join(self.types)})"
-            )
+            raise PluginError(f"unknown plugin type {type_name!r}{self._hint(type_name)}")
         return cls
+
+    def _hint(self, type_name: str) -> str:
+        """``; did you mean 'x'?`` for an old or misspelt name: first the types whose name
+        holds every word of it (``kv-cache-scorer`` → ``kv-cache-utilization-scorer``,
+        upstream's old name), shortest first; else the closest spellings; never the whole
+        list of types."""
+        known = sorted(self.types)
+        words = set(type_name.lower().split("-"))
+        close = sorted((t for t in known if words <= set(t.split("-"))), key=len)[:3]
+        if not close:
+            close = difflib.get_close_matches(type_name.lower(), known, n=3, cutoff=0.75)
+        if not close:
+            return f" ({len(known)} types are known: docs/plugins.md lists them)"
+        return "; did you mean " + " or ".join(repr(c) for c in close) + "?"
 
     def create(self, type_name: str, name: str, parameters: Mapping[str, Any] | None,
                handle: Handle | None = None) -> Plugin:

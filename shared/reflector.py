@@ -129,9 +129,13 @@ class Reflector:
         *,
         label_selector: str | None = None,
         optional: bool = False,
+        forbidden_is_absent: bool = False,
         timing: WatchTiming | None = None,
     ) -> None:
         self.name = name
+        #: An optional resource whose 403 counts as a 404 (logged): for a group that an
+        #: older RBAC has no rule for, so that such a deployment keeps working without it.
+        self.forbidden_is_absent = forbidden_is_absent and optional
         self.list_func = list_func
         self.handler = handler
         self.label_selector = label_selector
@@ -139,6 +143,9 @@ class Reflector:
         self.timing = timing or WatchTiming()
         #: Set after the first successful list (or a 404 of an optional resource).
         self.synced = threading.Event()
+        #: Whether the API server serves the resource: True after a list, False after a 404
+        #: of an optional resource (its CRD is not installed), None before either.
+        self.served: bool | None = None
         #: The resume point: the newest resourceVersion seen (list, event or bookmark).
         self.resource_version: str | None = None
         self._stop = threading.Event()
@@ -202,8 +209,13 @@ class Reflector:
 
     def _api_error(self, e: ApiException) -> None:
         message = _status_message(e)
-        if e.status == 404 and self.optional:
+        if e.status == 403 and self.forbidden_is_absent and self.served is not False:
+            log.error("forbidden by RBAC: treating the resource as not installed; grant the "
+                      "service account get, list and watch on it", resource=self.name,
+                      status=e.status, message=message)
+        if (e.status == 404 and self.optional) or (e.status == 403 and self.forbidden_is_absent):
             # The CRD is not installed (e.g. legacy InferenceModel): nothing to serve from it.
+            self.served = False
             if not self.synced.is_set():
                 log.info("resource not served by the API server; treating it as empty",
                          resource=self.name)
@@ -241,6 +253,7 @@ class Reflector:
             # List items carry no kind/apiVersion; parsers need them, as in watch events.
             items.append({"kind": kind, "apiVersion": api_version, **item})
         self.resource_version = str((body.get("metadata") or {}).get("resourceVersion") or "0")
+        self.served = True
         self.handler(Replace(tuple(items)))
         if not self.synced.is_set():
             log.info("listed", resource=self.name, items=len(items))

@@ -27,6 +27,21 @@ log = structlog.get_logger(__name__)
 EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 
 
+#: The largest single body chunk Envoy may send in FULL_DUPLEX_STREAMED: when the ext_proc
+#: stream is behind, Envoy sends what it holds at once, up to the listener's buffer limit
+#: (32 MiB in the local stack), whatever the body cap. A gRPC message limit of only "cap +
+#: 1 MiB" failed such a stream (Envoy: a bare 500 instead of the 413; issue 31). gRPC holds a
+#: message only as big as what arrives, so the larger limit costs nothing until used.
+STREAM_CHUNK_LIMIT = 64 * 1024 * 1024
+
+
+def message_limit(max_body: int) -> int:
+    """The gRPC message limit for a service whose body cap is ``max_body``: a BUFFERED body
+    is one message (and may go back as one), a streamed chunk may reach
+    :data:`STREAM_CHUNK_LIMIT`; 1 MiB on top for the rest of the message."""
+    return max(max_body, STREAM_CHUNK_LIMIT) + 1024 * 1024
+
+
 @dataclass(slots=True)
 class ServeOptions:
     """Ports and transport security for a service."""
@@ -35,11 +50,21 @@ class ServeOptions:
     health_port: int
     secure: bool = True
     cert_path: str | None = None
+    #: PEM file of the CA that signs client certificates; set: mTLS on the ext_proc port
+    client_ca: str | None = None
     host: str = "0.0.0.0"
     grace: float = 30.0
     max_message_bytes: int = 16 * 1024 * 1024
     """gRPC message cap; a BUFFERED body arrives (and may go back) as one message, so this
     must exceed the body cap."""
+    max_receive_bytes: int | None = None
+    """``--grpc-max-recv-msg-size``: overrides ``max_message_bytes`` for received messages."""
+    max_send_bytes: int | None = None
+    """``--grpc-max-send-msg-size``: overrides ``max_message_bytes`` for sent messages."""
+    drain: float = 0.0
+    """``--drain-timeout``: after SIGTERM, health says NOT_SERVING (and the Lease goes) at
+    once but ext_proc keeps taking new streams this long, for proxies that still route here
+    until they notice; then new streams are refused and in-flight ones get ``grace``."""
     health_on_grpc_port: bool = False
     """Also serve the health service on the ext_proc port (upstream's ``--health-checking``)."""
 
@@ -116,8 +141,8 @@ async def serve(
     health = health or Health()
     server = grpc.aio.server(options=[
         ("grpc.so_reuseport", 0),
-        ("grpc.max_receive_message_length", opts.max_message_bytes),
-        ("grpc.max_send_message_length", opts.max_message_bytes),
+        ("grpc.max_receive_message_length", opts.max_receive_bytes or opts.max_message_bytes),
+        ("grpc.max_send_message_length", opts.max_send_bytes or opts.max_message_bytes),
         ("grpc.server.max_pending_requests", PENDING_STREAMS_SOFT),
         ("grpc.server.max_pending_requests_hard_limit", PENDING_STREAMS_HARD),
     ])
@@ -126,7 +151,7 @@ async def serve(
         health_pb2_grpc.add_HealthServicer_to_server(health.servicer, server)
     address = f"{opts.host}:{opts.grpc_port}"
     if opts.secure:
-        server.add_secure_port(address, server_credentials(opts.cert_path))
+        server.add_secure_port(address, server_credentials(opts.cert_path, opts.client_ca))
     else:
         server.add_insecure_port(address)
     health_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
@@ -152,8 +177,12 @@ async def serve(
     try:
         await stop.wait()
     finally:
-        log.info("draining", grace_seconds=opts.grace)
+        log.info("draining", grace_seconds=opts.grace, drain_timeout_seconds=opts.drain)
         await health.set_serving(False)
+        if opts.drain > 0:
+            # Still serving ext_proc: a proxy that has not yet seen NOT_SERVING (or a DNS
+            # refresh) keeps sending streams here, and they are answered, not refused.
+            await asyncio.sleep(opts.drain)
         await server.stop(opts.grace)
         await health_server.stop(0)
         for t in tasks:

@@ -1,5 +1,8 @@
 """Upstream (GIE v1.5.0) flags both services take so that upstream Deployments run unchanged.
 
+(``--tracing`` is declared here and implemented by :mod:`shared.tracing`: see
+:func:`start_tracing`.)
+
 Each flag here is one of three kinds, and docs/compatibility.md lists which:
 
 - **implemented**: the ``--zap-*`` logging flags (controller-runtime's names and values);
@@ -63,8 +66,9 @@ def add_logging_flags(p: Parser) -> None:
 def add_diagnostics_flags(p: Parser) -> None:
     """Upstream's diagnostics flags that are Go- or Kubernetes-specific."""
     p.add_bool("--tracing", default=True,
-               help="upstream: emit OpenTelemetry traces; not implemented here, "
-                    "accepted so upstream Deployments start")
+               help="emit OpenTelemetry traces (OTEL_TRACES_EXPORTER otlp|console|none, "
+                    "OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_TRACES_SAMPLER[_ARG]); with no "
+                    "exporter named, console when this flag is given, else off")
     p.add_bool("--enable-pprof", default=True,
                help="upstream: Go pprof handlers; accepted and ignored (no Go runtime)")
     p.add_bool("--metrics-endpoint-auth", default=True,
@@ -104,11 +108,39 @@ IGNORED: Mapping[str, str] = {
     "metrics_endpoint_auth": "--metrics-endpoint-auth: Kubernetes TokenReview is not "
                              "done here; protect the metrics port with "
                              "--metrics-bearer-token-file",
-    "tracing": "--tracing: OpenTelemetry tracing is not implemented here (no issue "
-               "plans it); no spans are emitted",
     "zap_stacktrace_level": "--zap-stacktrace-level: every logged exception carries its "
                             "traceback",
 }
+
+
+#: Upstream's default ``OTEL_SERVICE_NAME`` per command (llm-d-router v0.10's EPP, GIE
+#: v1.5's BBR).
+SERVICE_NAMES: Mapping[str, str] = {"epp": "llm-d-epp",
+                                    "bbr": "gateway-api-inference-extension/bbr"}
+
+
+def start_tracing(args: Any, prog: str, log: structlog.typing.FilteringBoundLogger) -> None:
+    """Set up OpenTelemetry as ``--tracing`` and the ``OTEL_*`` variables ask (one line and
+    exit for a bad variable); logs the exporter when tracing is on."""
+    import os
+
+    from shared import tracing
+    from shared.flags import die
+
+    given = "tracing" in getattr(args, "given_flags", set())
+    try:
+        exporter = tracing.configure(args.tracing, SERVICE_NAMES.get(prog, prog),
+                                     flag_given=given)
+    except tracing.TracingConfigError as e:
+        die(prog, str(e))
+    if exporter != "none":
+        log.info("tracing on", exporter=exporter,
+                 sampler=os.environ.get("OTEL_TRACES_SAMPLER", tracing.DEFAULT_SAMPLER),
+                 sampler_arg=os.environ.get("OTEL_TRACES_SAMPLER_ARG",
+                                            str(tracing.DEFAULT_RATIO)),
+                 endpoint=(os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+                           or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+                           or tracing.DEFAULT_ENDPOINT) if exporter == "otlp" else None)
 
 
 def report(args: Any, log: structlog.typing.FilteringBoundLogger,
@@ -117,8 +149,7 @@ def report(args: Any, log: structlog.typing.FilteringBoundLogger,
     """Log, for each flag given on the command line, why it is ignored or what replaces it.
 
     Only flags written on the command line are reported (``args.given_flags``), so a default
-    never warns; ``--tracing=false`` and ``--enable-pprof=false`` ask for what already
-    happens and stay quiet too.
+    never warns; ``--enable-pprof=false`` asks for what already happens and stays quiet too.
     """
     given: set[str] = getattr(args, "given_flags", set())
     for dest, why in ignored.items():
@@ -130,4 +161,4 @@ def report(args: Any, log: structlog.typing.FilteringBoundLogger,
 
 
 __all__ = ["IGNORED", "LogSettings", "add_diagnostics_flags", "add_logging_flags",
-           "log_settings", "report", "zap_level"]
+           "log_settings", "report", "start_tracing", "zap_level"]

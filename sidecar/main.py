@@ -61,7 +61,7 @@ def parser() -> Parser:
     p.add_argument("--prefill-timeout", type=duration, default=60.0,
                    help="give up on a prefill leg after this long and decode locally")
     p.add_argument("--metrics-port", type=int, default=9090,
-                   help="port of the sidecar's own Prometheus metrics (0: off)")
+                   help="port of the sidecar's own Prometheus metrics, on --host (0: off)")
     p.add_argument("--host", default="0.0.0.0", help="address to listen on")
     p.add_argument("-v", "--verbosity", type=int, default=0, help="log verbosity (4+: debug)")
     return p
@@ -128,7 +128,7 @@ async def run(args: Any) -> None:
     await web.TCPSite(runner, args.host, args.port).start()
     tasks = [asyncio.create_task(c) for c in (
         source,
-        run_metrics_server(args.metrics_port, registry=metrics.registry)
+        run_metrics_server(args.metrics_port, host=args.host, registry=metrics.registry)
         if args.metrics_port else None) if c is not None]
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -31,6 +31,7 @@ without ``kv_transfer_params`` too; ``GET /health`` is answered by the sidecar.
 
 from __future__ import annotations
 
+import json
 import random
 import uuid
 from collections.abc import Mapping
@@ -123,14 +124,35 @@ def _error(exc: GatewayError) -> web.Response:
                         content_type="application/json")
 
 
+#: A body orjson refuses but Python's json (what the model server may use) reads: NaN,
+#: Infinity, a lone surrogate escape. The sidecar cannot strip ``kv_transfer_params`` from
+#: what it cannot parse, so such a body is refused rather than forwarded unchecked.
+UNCHECKABLE = ("request body holds JSON this proxy cannot check (NaN, Infinity or an unpaired "
+               "surrogate escape); send standard JSON")
+
+
+def _lenient_json(raw: bytes) -> bool:
+    """True when Python's json reads ``raw`` (although orjson did not)."""
+    try:
+        json.loads(raw)
+    except (ValueError, RecursionError):
+        return False
+    return True
+
+
 def _without_kv_params(raw: bytes) -> bytes:
     """``raw`` without a top-level ``kv_transfer_params`` (other APIs, e.g. ``/v1/responses``,
-    reach vLLM's connector too); bodies that are not JSON objects pass unchanged."""
-    if not raw or b"kv_transfer_params" not in raw:
+    reach vLLM's connector too); bodies that are not JSON pass unchanged; JSON that only a
+    lenient parser reads is :class:`BadRequest` (it could carry the key unseen)."""
+    if not raw:
         return raw
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError:
+        if _lenient_json(raw):
+            raise BadRequest(UNCHECKABLE) from None
+        return raw
+    if b"kv_transfer" not in raw and b"\\u" not in raw:
         return raw
     if not isinstance(body, dict) or KV_TRANSFER_PARAMS not in body:
         return raw
@@ -193,6 +215,8 @@ class Sidecar:
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError as e:
+            if _lenient_json(raw):
+                return _error(BadRequest(UNCHECKABLE))
             if wanted:
                 return _error(BadRequest(f"request body is not valid JSON: {e}"))
             body = None  # not ours to judge: the decode server answers it
@@ -281,8 +305,11 @@ class Sidecar:
 
     async def _passthrough(self, request: web.Request) -> web.StreamResponse:
         request_id = request.headers.get("x-request-id") or str(uuid.uuid4())
-        return await self._relay(request, request.method, request.path_qs,
-                                 _without_kv_params(await request.read()),
+        try:
+            raw = _without_kv_params(await request.read())
+        except BadRequest as e:
+            return _error(e)
+        return await self._relay(request, request.method, request.path_qs, raw,
                                  _forward_headers(request.headers, request_id))
 
     async def _relay(self, request: web.Request, method: str, path_qs: str, raw: bytes,

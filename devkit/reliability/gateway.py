@@ -22,7 +22,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from devkit import envoy as e
 from devkit.manifests import pool_manifests, write_yaml
-from devkit.topology import Pool, Topology
+from devkit.overload import DEFAULT, Limits
+from devkit.topology import INFERENCE_PATHS, Pool, Topology
 
 
 class ServiceProcess:
@@ -107,12 +108,16 @@ class PoolDef:
     pods: list[tuple[str, str]]
     port: int
     extra: list[dict[str, Any]] = field(default_factory=list)
+    #: hosts in Envoy's pool cluster that are NOT in the EPP's pool: Envoy could reach them,
+    #: so a canary there proves no request was steered to it (issue 31, item 12)
+    decoys: list[str] = field(default_factory=list)
 
 
 def gateway_config(pools: list[tuple[PoolDef, int]], bbr_port: int, admin: int, listen: int,
                    *, mode: str, tls: bool = True, failure_mode_allow: bool = False,
-                   timeout: str = "10s", runtime: dict[str, Any] | None = None
-                   ) -> dict[str, Any]:
+                   timeout: str = "10s", runtime: dict[str, Any] | None = None,
+                   limits: Limits | None = DEFAULT,
+                   buffer_limit: int | None = None) -> dict[str, Any]:
     """Envoy: BBR for every request, then the matched pool's EPP (per route), then the pool's
     ``override_host`` cluster (retrying down the EPP's fallbacks); unknown models get a 404
     from the catch-all route."""
@@ -120,8 +125,10 @@ def gateway_config(pools: list[tuple[PoolDef, int]], bbr_port: int, admin: int, 
         listen=listen, admin=admin, bbr_port=bbr_port, mode=mode, tls=tls,
         failure_mode_allow=failure_mode_allow, timeout=timeout, runtime=runtime,
         pools=[Pool(p.name, models=p.models, epp_port=port,
-                    endpoints=[(ip, p.port) for _, ip in p.pods]) for p, port in pools],
+                    endpoints=[(ip, p.port) for _, ip in p.pods] + [(h, p.port) for h in p.decoys])
+               for p, port in pools],
         not_found="no pool serves this model",
+        api_paths=INFERENCE_PATHS, limits=limits, buffer_limit=buffer_limit,
     ).bootstrap()
 
 
@@ -149,9 +156,12 @@ class Gateway:
 def start_gateway(workdir: Path, pools: list[PoolDef], *, mode: str,
                   epp_args: tuple[str, ...] = (), bbr_args: tuple[str, ...] = (),
                   failure_mode_allow: bool = False, timeout: str = "10s",
-                  runtime: dict[str, Any] | None = None) -> Gateway:
+                  runtime: dict[str, Any] | None = None,
+                  limits: Limits | None = DEFAULT,
+                  buffer_limit: int | None = None) -> Gateway:
     """Start one EPP per pool, BBR and Envoy (everything TLS, as deployed by default);
-    ``runtime`` is Envoy's static runtime layer (none: Envoy's defaults)."""
+    ``runtime`` is Envoy's static runtime layer (none: Envoy's defaults); ``limits`` the
+    overload limits (:mod:`devkit.overload`; None: Envoy's defaults)."""
     workdir.mkdir(parents=True, exist_ok=True)
     epps: dict[str, ServiceProcess] = {}
     for p in pools:
@@ -168,7 +178,7 @@ def start_gateway(workdir: Path, pools: list[PoolDef], *, mode: str,
     admin, listen = e.free_port(), e.free_port()
     cfg = gateway_config([(p, epps[p.name].port) for p in pools], bbr.port, admin, listen,
                          mode=mode, failure_mode_allow=failure_mode_allow, timeout=timeout,
-                         runtime=runtime)
+                         runtime=runtime, limits=limits, buffer_limit=buffer_limit)
     envoy = e.Envoy(cfg, admin_port=admin, workdir=workdir / "envoy").start()
     return Gateway(mode, envoy, bbr, epps, listen, workdir)
 

@@ -6,7 +6,9 @@ System defaults, as upstream's loader adds them when a config is silent: the
 ``single-profile-handler``; ``max-score-picker`` in a profile without a picker (weight 1 for
 scorers without one); ``openai-parser``; ``utilization-detector``; ``metrics-data-source`` with
 ``core-metrics-extractor`` when there is no ``dataLayer`` section; an
-``approx-prefix-cache-producer`` for a ``prefix-cache-scorer`` without one. Ours on top:
+``approx-prefix-cache-producer`` for a ``prefix-cache-scorer`` without one. As llm-d v0.10, the
+default metrics source is added beside a ``dataLayer`` section that lists none, unless
+``dataLayer.injectDefaults: false``. Ours on top:
 ``inflight-load-producer`` and ``request-metrics-recorder`` (in-flight accounting and the
 per-request metrics) always run, last among the pre-request and response-complete plugins.
 With plugins but no profiles, one profile ``default`` uses every filter, scorer and picker.
@@ -28,6 +30,7 @@ from epp.config.loader import (
     ProfileSpec,
     parse_config,
 )
+from epp.config.stability import warn_deprecated
 from epp.datalayer import (
     CoreMetricsExtractor,
     DataSource,
@@ -47,6 +50,7 @@ from epp.flowcontrol.eviction import (
     EvictionOrderingPolicy,
 )
 from epp.handle import EppHandle, Settings
+from epp.requestcontrol.parser_chain import ParserChain
 from epp.requestcontrol.plugin import (
     Admitter,
     DataProducer,
@@ -76,6 +80,7 @@ from epp.scheduling import (
     Scorer,
     WeightedScorer,
 )
+from epp.sources.file_discovery import FileDiscovery
 from epp.statestore import StateStore
 from shared.plugins import Plugin, PluginError, PluginRegistry
 
@@ -142,6 +147,7 @@ def build(
     saturation = _saturation(config, registry, handle)
     sources = _data_layer(config, registry, handle)
     flow = _flow_control(config, handle, saturation)
+    _check_discovery(config, handle)
     _check_prefill_limit(config, handle, saturation, flow)
     sources += _endpoint_notifications(registry, handle, sources, src)
     for cls in (InflightLoadProducer, RequestMetricsRecorder):
@@ -149,7 +155,7 @@ def build(
             _default(registry, handle, cls.type_name, src)
     for plugin in handle:  # plugins added by defaults get the scheduler's hooks too
         if plugin not in scheduler.plugins and hasattr(plugin, "attach"):
-            plugin.attach(scheduler.hooks)
+            plugin.attach(scheduler.hooks.for_plugin(plugin.type_name, plugin.name))
     return Runtime(
         config=config, handle=handle, scheduler=scheduler, parser=parser,
         producers=tuple(handle.find(DataProducer)), saturation=saturation,
@@ -190,6 +196,7 @@ def _instantiate(config: EndpointPickerConfig, registry: PluginRegistry,
             registry.create(spec.type, spec.name, spec.parameters, handle)
         except PluginError as e:
             raise ConfigError(f"{spec.where or config.source}: {e}") from None
+        warn_deprecated(spec.type, spec.name, spec.where or config.source)
 
 
 def _type(registry: PluginRegistry, type_name: str, where: str) -> type[Plugin]:
@@ -219,6 +226,14 @@ def _last(handle: EppHandle, kind: type[K]) -> tuple[K, ...]:
 def _parser(config: EndpointPickerConfig, registry: PluginRegistry,
             handle: EppHandle) -> Parser:
     src = config.source
+    if config.parsers:
+        chosen: list[Parser] = []
+        for i, ref in enumerate(config.parsers):
+            try:
+                chosen.append(handle.plugin(ref, Parser))
+            except PluginError as e:
+                raise ConfigError(f"{src}: requestHandler.parsers[{i}].pluginRef: {e}") from None
+        return chosen[0] if len(chosen) == 1 else ParserChain(chosen)
     if config.parser is not None:
         try:
             return handle.plugin(config.parser, Parser)
@@ -292,6 +307,21 @@ def _eviction_grace(saturation: SaturationDetector, settings: Settings) -> float
     return settings.scraper.interval + settings.staleness + ENGINE_RECLAIM_BUDGET
 
 
+def _check_discovery(config: EndpointPickerConfig, handle: EppHandle) -> None:
+    """``dataLayer.discovery`` names a discovery plugin, and a discovery plugin is named
+    (one nobody names would do nothing; upstream ignores it, here it is refused)."""
+    src = config.source
+    if config.discovery is not None:
+        try:
+            handle.plugin(config.discovery, FileDiscovery)
+        except PluginError as e:
+            raise ConfigError(f"{src}: dataLayer.discovery.pluginRef: {e}") from None
+    for plugin in handle.find(FileDiscovery):
+        if plugin.name != config.discovery:
+            raise ConfigError(f"{src}: plugin {plugin.name!r} (file-discovery) does nothing "
+                              f"unless dataLayer.discovery.pluginRef names it")
+
+
 def _check_prefill_limit(config: EndpointPickerConfig, handle: EppHandle,
                          saturation: SaturationDetector, flow: FlowController | None) -> None:
     """``maxPrefillConcurrency`` holds requests back for a moment (until a first token), so
@@ -312,7 +342,8 @@ def _data_layer(config: EndpointPickerConfig, registry: PluginRegistry,
                 handle: EppHandle) -> tuple[DataSource, ...]:
     src = config.source
     specs = config.data_layer
-    if specs is None or "enableLegacyMetrics" in config.feature_gates:
+    if "enableLegacyMetrics" in config.feature_gates or (
+            specs is None and config.inject_defaults):
         source = next(iter(handle.find(MetricsDataSource)), None) or _default(
             registry, handle, MetricsDataSource.type_name, src)
         extractor = next(iter(handle.find(CoreMetricsExtractor)), None) or _default(
@@ -321,7 +352,7 @@ def _data_layer(config: EndpointPickerConfig, registry: PluginRegistry,
         source.extractors = [extractor]
         return (source,)
     sources: list[DataSource] = []
-    for i, spec in enumerate(specs):
+    for i, spec in enumerate(specs or ()):
         where = f"{src}: dataLayer.sources[{i}]"
         try:
             found = handle.plugin(spec.plugin_ref, DataSource)
@@ -340,6 +371,16 @@ def _data_layer(config: EndpointPickerConfig, registry: PluginRegistry,
             raise ConfigError(f"{where}.extractors: {spec.plugin_ref} needs a "
                               f"core-metrics-extractor")
         sources.append(found)
+    if config.inject_defaults and not any(isinstance(s, MetricsDataSource) for s in sources):
+        # llm-d v0.10 adds the default metrics source beside the listed ones (opt out with
+        # injectDefaults: false), reusing configured instances of the two types.
+        source = next((s for s in handle.find(MetricsDataSource)), None) or _default(
+            registry, handle, MetricsDataSource.type_name, src)
+        extractor = next(iter(handle.find(CoreMetricsExtractor)), None) or _default(
+            registry, handle, CoreMetricsExtractor.type_name, src)
+        assert isinstance(source, MetricsDataSource) and isinstance(extractor, Extractor)
+        source.extractors = [extractor]
+        sources.append(source)
     return tuple(sources)
 
 

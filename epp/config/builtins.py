@@ -8,12 +8,17 @@ from epp.flowcontrol.policies import POLICY_PLUGINS as FLOW_CONTROL
 from epp.requestcontrol.plugins import BUILTIN_PLUGINS as REQUEST_CONTROL
 from epp.requestcontrol.plugins.token_producer import TokenProducer
 from epp.scheduling.plugins import BUILTIN_PLUGINS as SCHEDULING
+from epp.scheduling.plugins.prefix.precise_prefix_cache_producer import (
+    PrecisePrefixCacheProducer,
+)
 from epp.scheduling.plugins.prefix.precise_prefix_cache_scorer import PrecisePrefixCacheScorer
 from epp.scheduling.plugins.prefix.producer import ApproxPrefixCacheProducer
+from epp.sources.file_discovery import FileDiscovery
 from shared.plugins import Plugin, PluginRegistry
 
 BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     *SCHEDULING, ApproxPrefixCacheProducer, PrecisePrefixCacheScorer, *REQUEST_CONTROL,
+    PrecisePrefixCacheProducer, FileDiscovery,
     TokenProducer, *DATA_LAYER, *FLOW_CONTROL)
 
 _FLOW = ("GIE v1.5's name for an eviction policy, which did nothing there; issue #27 built "
@@ -23,6 +28,8 @@ _PRECISE = "a local tokenizer plugin is not built yet (issue #15; token-producer
 _PD = "encode disaggregation and the header-only P/D handler are not built yet (issue #16)"
 _SLO = ("the all-in-one predicted-latency-scorer is not built yet (issue #17; use "
         "predicted-latency-producer + latency-scorer)")
+_PARSERS = ("the Anthropic Messages, vLLM /inference/v1/generate and SGLang HTTP parsers are "
+            "not built yet (issue #29)")
 
 #: Every upstream v1.5 / llm-d plugin type this EPP does not have yet, and which issue
 #: brings it: a config naming one stops with that reason instead of a bare "unknown type".
@@ -34,6 +41,7 @@ PENDING: dict[str, str] = {
     **dict.fromkeys((
         "encode-filter", "disagg-headers-handler", "always-disagg-multimodal-decider"), _PD),
     "predicted-latency-scorer": _SLO,
+    **dict.fromkeys(("anthropic-parser", "vllmhttp-parser", "sglanghttp-parser"), _PARSERS),
 }
 
 

@@ -17,11 +17,16 @@ an error naming the file and the path (``config.yaml: dataLayer.sources[0].extra
       plugins:
       - pluginRef: queue-scorer
         weight: 2
-    parser: {pluginRef: openai-parser}
+    requestHandler:                         # llm-d v0.10; ``parser:`` is its older form
+      parsers: [{pluginRef: openai-parser}] # first parser claiming the path wins
     dataLayer:
       sources:
       - pluginRef: metrics-data-source
         extractors: [{pluginRef: core-metrics-extractor}]
+      discovery: {pluginRef: file-discovery} # endpoints from a plugin, not Kubernetes
+      injectDefaults: true                   # false: no default metrics source
+      crossReplicaSyncerPluginRef: ...       # refused: no syncer type exists (upstream neither)
+      crossReplicaSyncInterval: 200ms
     saturationDetector: {pluginRef: utilization-detector}
     flowControl: {...}                      # used with featureGates: [flowControl]
 """
@@ -35,15 +40,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+import structlog
 import yaml
 
 from epp.flowcontrol.config import FlowControlConfig, FlowControlConfigError
 from shared.flags import duration
 
+log = structlog.get_logger(__name__)
+
 API_VERSIONS: Final = ("inference.networking.x-k8s.io/v1alpha1", "llm-d.ai/v1alpha1")
 KIND: Final = "EndpointPickerConfig"
 SECTIONS: Final = ("apiVersion", "kind", "featureGates", "plugins", "schedulingProfiles",
-                   "parser", "dataLayer", "flowControl", "saturationDetector")
+                   "parser", "requestHandler", "dataLayer", "flowControl", "saturationDetector")
+#: Keys of ``dataLayer`` (llm-d v0.10's ``DataLayerConfig``).
+DATA_LAYER_KEYS: Final = ("sources", "discovery", "injectDefaults",
+                          "crossReplicaSyncerPluginRef", "crossReplicaSyncInterval")
 #: Feature gates upstream v1.5 registers, plus ``prepareDataPlugins`` (v1.1-v1.3).
 #: ``dataLayer`` and ``prepareDataPlugins`` are always on here; ``enableLegacyMetrics``
 #: ignores the ``dataLayer`` section and scrapes as the flags say; ``flowControl`` turns on
@@ -120,11 +131,23 @@ class EndpointPickerConfig:
     plugins: tuple[PluginSpec, ...]
     profiles: tuple[ProfileSpec, ...]
     feature_gates: tuple[str, ...] = ()
-    #: ``parser.pluginRef`` (None: the default ``openai-parser``).
+    #: ``parser.pluginRef`` (None: the default ``openai-parser``); upstream v0.10 deprecates
+    #: it for ``requestHandler.parsers``, which wins when both are given.
     parser: str | None = None
+    #: ``requestHandler.parsers`` in order (the first parser claiming a request's path
+    #: parses it; one claiming no path takes the rest). Empty: ``parser`` or the default.
+    parsers: tuple[str, ...] = ()
     #: ``dataLayer.sources``; None when the section is absent (the defaults then apply),
     #: empty when it is given empty (no metrics are collected).
     data_layer: tuple[DataSourceSpec, ...] | None = None
+    #: ``dataLayer.discovery.pluginRef``: the plugin that lists the endpoints instead of
+    #: the Kubernetes API (or ``--manifests``); None: those.
+    discovery: str | None = None
+    #: ``dataLayer.injectDefaults`` (default true): false stops the default
+    #: ``metrics-data-source`` + ``core-metrics-extractor`` being added.
+    inject_defaults: bool = True
+    #: ``dataLayer.crossReplicaSyncInterval`` in seconds (None: not given).
+    cross_replica_sync_interval: float | None = None
     #: ``saturationDetector.pluginRef`` (None: the default ``utilization-detector``).
     saturation_ref: str | None = None
     #: Legacy ``saturationDetector`` thresholds (parameters of the default detector).
@@ -209,6 +232,12 @@ def parse_config(text: str | None, *, source: str = "config") -> EndpointPickerC
         raise ConfigError(
             f"{source}: apiVersion: must be one of {', '.join(API_VERSIONS)}, got {api!r}"
         )
+    if api == API_VERSIONS[0] and text is not DEFAULT_CONFIG_YAML:
+        log.warning("config group is deprecated (llm-d v0.10)", where=f"{source}: apiVersion",
+                    use=API_VERSIONS[1])
+    if "parser" in top:
+        log.warning("config section is deprecated (llm-d v0.10)", where=f"{source}: parser",
+                    use="requestHandler.parsers")
     kind = top.get("kind")
     if kind is not None and kind != KIND:
         raise ConfigError(f"{source}: kind: must be {KIND}, got {kind!r}")
@@ -220,12 +249,23 @@ def parse_config(text: str | None, *, source: str = "config") -> EndpointPickerC
     ref, params = _saturation(top.get("saturationDetector"), source, names)
     if flow is not None and flow.saturation_detector_ref is not None:
         ref = flow.saturation_detector_ref  # v0.10: it wins over the top-level section
+    layer = _mapping(top.get("dataLayer"), f"{source}: dataLayer", DATA_LAYER_KEYS)
+    inject = layer.get("injectDefaults", True)
+    if not isinstance(inject, bool):
+        raise ConfigError(f"{source}: dataLayer.injectDefaults: must be true or false, "
+                          f"got {inject!r}")
+    interval = layer.get("crossReplicaSyncInterval")
     return EndpointPickerConfig(
         plugins=plugins,
         profiles=_profiles(top.get("schedulingProfiles"), source, names),
         feature_gates=gates,
         parser=_ref(top.get("parser"), f"{source}: parser", names),
+        parsers=_parsers(top.get("requestHandler"), source, names),
         data_layer=_data_layer(top, source, names),
+        discovery=_ref(layer.get("discovery"), f"{source}: dataLayer.discovery", names),
+        inject_defaults=inject,
+        cross_replica_sync_interval=None if interval is None else parse_duration(
+            interval, f"{source}: dataLayer.crossReplicaSyncInterval"),
         saturation_ref=ref,
         saturation_parameters=params,
         flow_control=flow,
@@ -303,7 +343,18 @@ def _data_layer(top: Mapping[str, Any], source: str,
     if "dataLayer" not in top:
         return None
     where = f"{source}: dataLayer"
-    section = _mapping(top["dataLayer"], where, ("sources",))
+    section = _mapping(top["dataLayer"], where, DATA_LAYER_KEYS)
+    syncer = section.get("crossReplicaSyncerPluginRef")
+    if syncer is not None:
+        _str(syncer, f"{where}.crossReplicaSyncerPluginRef")
+        if syncer not in names:
+            raise ConfigError(f"{where}.crossReplicaSyncerPluginRef: no plugin named "
+                              f"{syncer!r} in plugins")
+        # Upstream v0.10 defines the reference but ships no plugin type that is a syncer
+        # (only a test double), so every in-tree type is refused there too.
+        raise ConfigError(f"{where}.crossReplicaSyncerPluginRef: plugin {syncer!r} is not a "
+                          f"cross-replica syncer (no built-in type is one; replicas share "
+                          f"routing state through --state-store, docs/active-active.md)")
     out: list[DataSourceSpec] = []
     for i, s in enumerate(_list(section.get("sources"), f"{where}.sources")):
         swhere = f"{where}.sources[{i}]"
@@ -320,6 +371,18 @@ def _data_layer(top: Mapping[str, Any], source: str,
                 raise ConfigError(f"{ewhere}.pluginRef: no plugin named {eref!r} in plugins")
             extractors.append(eref)
         out.append(DataSourceSpec(ref, tuple(extractors)))
+    return tuple(out)
+
+
+def _parsers(raw: Any, source: str, names: set[str]) -> tuple[str, ...]:
+    """``requestHandler.parsers``: plugin names, in order."""
+    where = f"{source}: requestHandler"
+    section = _mapping(raw, where, ("parsers",))
+    out: list[str] = []
+    for i, p in enumerate(_list(section.get("parsers"), f"{where}.parsers")):
+        ref = _ref(p, f"{where}.parsers[{i}]", names)
+        assert ref is not None
+        out.append(ref)
     return tuple(out)
 
 
@@ -359,4 +422,7 @@ def load_config_file(path: str | Path) -> EndpointPickerConfig:
         text = p.read_text()
     except OSError as e:
         raise ConfigError(f"{p}: cannot read: {e.strerror}") from None
+    if not text.strip():  # a mount gone wrong, not a wish for the default (issue 31)
+        raise ConfigError(f"{p}: the file is empty (leave --config-file out for the default "
+                          "config)")
     return parse_config(text, source=str(p))

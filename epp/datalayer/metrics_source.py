@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from epp.datalayer.plugin import DataSource
 from epp.datastore import Datastore, EndpointView
@@ -23,7 +23,10 @@ class MetricsSourceParameters:
     ``port`` are ours. Unset ones come from the flags (``--model-server-metrics-scheme``,
     ``--model-server-metrics-path``, ``--model-server-metrics-https-insecure-skip-verify``,
     ``--refresh-metrics-interval``, ``--model-server-metrics-port``; defaults http,
-    /metrics, true, 50ms, the target port); set ones win."""
+    /metrics, true, 50ms, the target port); set ones win. ``interval`` is llm-d v0.10's name
+    of ``refreshInterval``."""
+
+    ALIASES: ClassVar[dict[str, str]] = {"interval": "refresh_interval"}
 
     scheme: Literal["http", "https"] | None = None
     path: str | None = None

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import ssl
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import aiohttp
 import orjson
@@ -77,7 +77,10 @@ def parse_listing(body: bytes) -> tuple[ModelEntry, ...]:
 @dataclass(frozen=True, slots=True)
 class ModelsSourceParameters:
     """llm-d's ``scheme``, ``path``, ``insecureSkipVerify``; ``refreshInterval`` (ours) is
-    how often each endpoint is asked (listings change only when adapters load)."""
+    how often each endpoint is asked (listings change only when adapters load); llm-d v0.10
+    calls it ``interval``."""
+
+    ALIASES: ClassVar[dict[str, str]] = {"interval": "refresh_interval"}
 
     scheme: Literal["http", "https"] = "http"
     path: str = "/v1/models"

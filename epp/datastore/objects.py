@@ -28,6 +28,12 @@ from epp.datastore.models import (
 
 GROUP_V1: Final = "inference.networking.k8s.io"
 GROUP_X: Final = "inference.networking.x-k8s.io"
+#: llm-d-router v0.10's group for InferenceObjective and InferenceModelRewrite (GIE v1.6
+#: dropped them from GROUP_X, which stays accepted as their deprecated group).
+GROUP_LLMD: Final = "llm-d.ai"
+LLMD_V1ALPHA2: Final = f"{GROUP_LLMD}/v1alpha2"
+#: Kinds llm-d.ai serves (InferenceModel never moved: it stays in GROUP_X only).
+LLMD_KINDS: Final = frozenset({"InferenceObjective", "InferenceModelRewrite"})
 POOL_V1: Final = f"{GROUP_V1}/v1"
 X_V1ALPHA2: Final = f"{GROUP_X}/v1alpha2"
 
@@ -167,7 +173,11 @@ def parse_object(doc: Mapping[str, Any]) -> PoolObject | None:
         if api == X_V1ALPHA2:
             return _pool_v1alpha2(spec, ref, r)
         raise r.fail("apiVersion", f"must be {POOL_V1} or {X_V1ALPHA2}, got {api!r}")
-    if not api.startswith(GROUP_X + "/"):
+    if ref.kind in LLMD_KINDS:
+        if api not in (LLMD_V1ALPHA2, X_V1ALPHA2):
+            raise r.fail("apiVersion", f"must be {LLMD_V1ALPHA2} or (deprecated) {X_V1ALPHA2}, "
+                                       f"got {api!r}")
+    elif not api.startswith(GROUP_X + "/"):
         raise r.fail("apiVersion", f"must be in group {GROUP_X}, got {api!r}")
     pool_name = _pool_ref(spec, r)
     if ref.kind == "InferenceObjective":

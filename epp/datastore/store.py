@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+import structlog
+
 from epp.datastore.endpoint_state import EndpointMetrics, EndpointView
 from epp.datastore.snapshot import Snapshot
 
@@ -18,6 +20,8 @@ from epp.datastore.snapshot import Snapshot
 SnapshotListener = Callable[[Snapshot], None]
 
 DEFAULT_FAILURE_THRESHOLD = 3
+
+log = structlog.get_logger(__name__)
 
 
 class Datastore:
@@ -32,6 +36,7 @@ class Datastore:
         self.failure_threshold = failure_threshold
         #: Set once the first snapshot has been installed (gRPC health waits for it).
         self.synced = asyncio.Event()
+        self._empty_warned = False
 
     # -- snapshot ----------------------------------------------------------------------
 
@@ -60,8 +65,23 @@ class Datastore:
         self._all = tuple(views.values())
         self._refresh_candidates()
         self.synced.set()
+        self._warn_when_empty(snapshot)
         for listener in list(self._listeners):
             listener(snapshot)
+
+    def _warn_when_empty(self, snapshot: Snapshot) -> None:
+        """One warning when the pool has no endpoint (every request gets 503 until one is
+        ready), one info line when it has some again. Health stays SERVING, as upstream:
+        the EPP still answers each request with the right JSON 503 itself."""
+        pool = snapshot.pool
+        if pool is not None and not snapshot.endpoints and not self._empty_warned:
+            self._empty_warned = True
+            log.warning("pool has no ready endpoints: requests get 503 until one is ready",
+                        pool=f"{pool.ref.namespace}/{pool.ref.name}",
+                        selector=pool.selector, target_ports=list(pool.target_ports))
+        elif snapshot.endpoints and self._empty_warned:
+            self._empty_warned = False
+            log.info("pool has ready endpoints again", endpoints=len(snapshot.endpoints))
 
     def subscribe(self, listener: SnapshotListener) -> None:
         """Call ``listener(snapshot)`` after every replace (e.g. the scraper's reconcile)."""

@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
 from epp.flowcontrol.types import DroppedReason, FlowControlQueueFull
 from shared.plugins import Plugin
@@ -172,6 +172,14 @@ class EvictionMetrics:
         self.outcomes = Counter(p + "revocations",
                                 "In-flight eviction revocations by outcome (confirmed, "
                                 "timed_out).", ["inference_pool", "outcome"], registry=registry)
+        self.target = Gauge(p + "reclaim_target",
+                            "Saturation above the blocked band's ceiling at the last "
+                            "reclamation decision.", ["inference_pool"], registry=registry)
+        self.confirmation = Histogram(
+            p + "revocation_confirmation_seconds",
+            "From an eviction to the end of the evicted stream.", ["inference_pool"],
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=registry)
         self.pending = Gauge(p + "pending_reclaim",
                              "Pending-reclaim debits of revocations not yet visible in the "
                              "saturation signal (saturation units).", ["inference_pool"],
@@ -247,6 +255,7 @@ class Reclamation:
             return
         self._cooling.append((entry[0], now + self.grace))
         self.metrics.outcomes.labels(self.pool_name, "confirmed").inc()
+        self.metrics.confirmation.labels(self.pool_name).observe(now - entry[1])
         self.metrics.pending.labels(self.pool_name).set(self.pending)
 
     def _reclaim(self, now: float, saturation: float, ceiling: float,
@@ -257,6 +266,7 @@ class Reclamation:
         credit = saturation / inflight
         if not math.isfinite(credit) or credit <= 0:
             return []
+        self.metrics.target.labels(self.pool_name).set(saturation - ceiling)
         net = saturation - ceiling - self.pending
         n = max(1, math.ceil(net / credit)) if net > 0 else 1
         n = min(n, self.max_per_decision, evictable)

@@ -4,14 +4,20 @@ rewritten back to the client's model and its usage is recorded when the stream e
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import time
+from typing import TYPE_CHECKING, Any
 
+from epp import telemetry as m
 from epp.flowcontrol.controller import FlowController
 from epp.requestcontrol import Director, Routed
 from epp.requestcontrol.grpcbody import FrameReader, GrpcResponseReader
 from epp.requestcontrol.response import ResponseRewriter, Usage
+from shared import tracing
 from shared.errors import GatewayError
 from shared.extproc import Exchange, RequestDecision, ResponseHeadersDecision
+
+if TYPE_CHECKING:
+    from shared.tracing import ChildSpan
 
 
 class PickerExchange(Exchange):
@@ -26,18 +32,37 @@ class PickerExchange(Exchange):
         self.grpc: _GrpcUsage | None = None
         #: The flow controller tracking this exchange for eviction, if any.
         self._tracked: FlowController | None = None
+        #: ``llm_d_epp_response_processing_duration_seconds``: our time on this response
+        #: (streamed: the sum of per-chunk slices, so generation time between chunks is
+        #: left out; otherwise headers to end). None until the response headers arrive.
+        self.response_processing: float | None = None
+        self.response_started = 0.0
+        self.sse = False
+        #: The request's trace when tracing is on and the request sampled (else None).
+        self.trace: tracing.RequestTrace | None = None
+        self.response_span: ChildSpan | None = None
 
     async def on_request(self, headers: dict[str, str], body: bytes) -> RequestDecision:
         director = self.director
+        started = time.perf_counter()
+        if tracing.TRACER is not None:
+            self.trace = tracing.start_request("gateway.request", headers,
+                                               self.grpc_traceparent)
         try:
-            pending = director.prepare(headers, body, self.filter_metadata)
+            pending = director.prepare(headers, body, self.filter_metadata, self.trace)
             if director.runtime.admitters:
                 await director.admit(pending)
             decision, self.routed = director.dispatch(pending)
         except GatewayError as e:
             self.director.count_error(headers, e)
+            if self.trace is not None:
+                self.trace.fail(self.trace.root, e)
             raise
-        self.rewriter = ResponseRewriter(self.routed.client_model, self.routed.target_model)
+        finally:  # refusals too: a queue's rejections are the slowest samples (as upstream)
+            m.REQUEST_PROCESSING.observe(time.perf_counter() - started)
+        # A request that named no model gets the response's model unchanged (as upstream).
+        self.rewriter = ResponseRewriter(self.routed.client_model or self.routed.target_model,
+                                         self.routed.target_model)
         fc = director.runtime.flow_control
         if fc is not None and fc.reclamation is not None \
                 and fc.reclamation.evictor.evictable(self.routed.request.priority):
@@ -59,11 +84,21 @@ class PickerExchange(Exchange):
             self._tracked = fc
 
     async def on_response_headers(self, headers: dict[str, str]) -> ResponseHeadersDecision:
+        started = self.response_started = time.perf_counter()
+        try:
+            return self._response_headers(headers)
+        finally:
+            self.response_processing = time.perf_counter() - started
+
+    def _response_headers(self, headers: dict[str, str]) -> ResponseHeadersDecision:
         try:
             self.status = int(headers.get(":status", "200"))
         except ValueError:
             self.status = 0
         added: dict[str, str] = {}
+        if self.trace is not None:
+            self.response_span = self.trace.span("response", {
+                "http.response.status_code": self.status})
         if self.routed is not None:
             added = self.director.response_received(self.routed, self.status or 200, headers,
                                                     self.response_metadata)
@@ -76,11 +111,21 @@ class PickerExchange(Exchange):
             if isinstance(parser, GrpcResponseReader):
                 self.grpc = _GrpcUsage(parser, self.routed.request.headers.get(":path", ""))
             return ResponseHeadersDecision(set_headers=dict(added))
-        sse = content_type.startswith("text/event-stream")
+        sse = self.sse = content_type.startswith("text/event-stream")
         return ResponseHeadersDecision(set_headers=dict(added),
                                        buffer_body=not sse and self.rewriter is not None)
 
     def on_response_chunk(self, chunk: bytes, end_of_stream: bool) -> bytes:
+        if not self.sse:
+            return self._response_chunk(chunk, end_of_stream)
+        started = time.perf_counter()
+        try:
+            return self._response_chunk(chunk, end_of_stream)
+        finally:
+            if self.response_processing is not None:
+                self.response_processing += time.perf_counter() - started
+
+    def _response_chunk(self, chunk: bytes, end_of_stream: bool) -> bytes:
         self.response_size += len(chunk)
         if self.grpc is not None:
             if self.grpc.feed(chunk) and self.routed is not None:
@@ -112,19 +157,59 @@ class PickerExchange(Exchange):
         if self._tracked is not None and self.routed is not None:
             self._tracked.untrack_inflight(self.routed.request.request_id)
             self._tracked = None
-        if self.routed is None:
+        if self.response_processing is not None:  # aborted streams too (as upstream)
+            m.RESPONSE_PROCESSING.observe(
+                self.response_processing if self.sse
+                else time.perf_counter() - self.response_started)
+            self.response_processing = None
+        routed = self.routed
+        if routed is None:
+            if self.trace is not None:
+                self._end_trace(None, completed)
             return
         usage = self.rewriter.usage if self.rewriter is not None else None
         if self.grpc is not None:
             usage = self.grpc.usage
         self.director.finish(
-            self.routed, completed=completed, status=self.status or 200,
+            routed, completed=completed, status=self.status or 200,
             response_size=self.response_size,
             prompt_tokens=usage.prompt_tokens if usage else 0,
             completion_tokens=usage.completion_tokens if usage else 0,
             cached_tokens=usage.cached_tokens if usage else 0,
         )
         self.routed = None
+        if self.trace is not None:
+            self._end_trace(routed, completed)
+
+    def _end_trace(self, routed: Routed | None, completed: bool) -> None:
+        """The GenAI attributes of what was served, then the response and root spans end."""
+        trace = self.trace
+        assert trace is not None
+        self.trace = None
+        root = trace.root
+        if routed is not None:
+            r = routed.response
+            attrs: dict[str, Any] = {
+                "gen_ai.response.model": routed.target_model,
+                "gen_ai.usage.input_tokens": r.prompt_tokens,
+                "gen_ai.usage.output_tokens": r.completion_tokens,
+                "http.response.status_code": r.status,
+                "http.response.body.size": r.size,
+                "llm_d.epp.response.completed": completed,
+            }
+            if r.cached_tokens:
+                attrs["gen_ai.usage.cached_tokens"] = r.cached_tokens
+            if r.ttft is not None:
+                attrs["gen_ai.server.time_to_first_token"] = r.ttft
+            if r.tpot is not None:
+                attrs["gen_ai.server.time_per_output_token"] = r.tpot
+            root.set_attributes(attrs)
+            if self.response_span is not None:
+                self.response_span.set_attributes(attrs)
+        if self.response_span is not None:
+            self.response_span.end()
+            self.response_span = None
+        root.end()
 
 
 class _GrpcUsage:

@@ -6,8 +6,10 @@ collector when Prometheus scrapes.
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -54,6 +56,49 @@ class KVEventMetrics:
                                   ["endpoint"], registry=registry)
         self.lag = Histogram(p + "lag_seconds", "Publish (batch ts) to indexed.",
                              buckets=_LAG, registry=registry)
+        # llm-d-router v0.10's subscriber health series (its embedded llm-d-kv-cache names);
+        # `pod_identifier` is our endpoint name. Active subscribers: see SubscriberCollector.
+        q = "llm_d_router_epp_kv_cache_events_"
+        self.reconnections = Counter(q + "subscriber_reconnections_total",
+                                     "Subscriber reconnection attempts.", ["pod_identifier"],
+                                     registry=registry)
+        self.messages = Counter(q + "messages_received_total",
+                                "Messages received from a subscriber's socket.",
+                                ["pod_identifier"], registry=registry)
+        self.zmq_errors = Counter(q + "zmq_errors_total",
+                                  "Subscriber socket errors, by operation (connect, recv).",
+                                  ["pod_identifier", "operation"], registry=registry)
+
+    def forget_subscriber(self, endpoint: str) -> None:
+        """Drop the per-subscriber series of a subscriber that is gone (as upstream)."""
+        for counter in (self.reconnections, self.messages):
+            with contextlib.suppress(KeyError):
+                counter.remove(endpoint)
+        for operation in ZMQ_OPERATIONS:
+            with contextlib.suppress(KeyError):
+                self.zmq_errors.remove(endpoint, operation)
+
+
+ZMQ_OPERATIONS = ("connect", "recv")
+
+_SUBSCRIPTIONS: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def track_subscriptions(subscriptions: Any) -> None:
+    """Count ``subscriptions``' subscribers (anything with a sized ``subscribers``) in
+    ``llm_d_router_epp_kv_cache_events_active_subscribers`` while it lives."""
+    _SUBSCRIPTIONS.add(subscriptions)
+
+
+class _SubscriberCollector(Collector):
+    """Subscribers currently managed, connected or retrying (read at scrape time)."""
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        g = GaugeMetricFamily("llm_d_router_epp_kv_cache_events_active_subscribers",
+                              "KV-event subscribers currently managed, including those "
+                              "retrying a failed connection.")
+        g.add_metric([], sum(len(s.subscribers) for s in list(_SUBSCRIPTIONS)))
+        yield g
 
 
 _LIVE: weakref.WeakSet[KVBlockIndex] = weakref.WeakSet()
@@ -103,3 +148,4 @@ class _IndexCollector(Collector):
 
 
 REGISTRY.register(_IndexCollector())
+REGISTRY.register(_SubscriberCollector())

@@ -44,7 +44,7 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from epp.kvcache.index import KVBlockIndex, UnindexableEvent
-from epp.kvcache.metrics import KVEventMetrics
+from epp.kvcache.metrics import KVEventMetrics, track_subscriptions
 from shared.kvevents import (
     MAX_BLOCKS_PER_EVENT,
     MAX_PAYLOAD_BYTES,
@@ -313,6 +313,7 @@ class KVEventSubscriber:
             try:
                 sock = self._open()
             except zmq.ZMQError as exc:
+                self.metrics.zmq_errors.labels(self.source.endpoint, "connect").inc()
                 log.warning("kv events: cannot open subscriber", endpoint=self.source.endpoint,
                             address=self.source.address, error=str(exc))
             else:
@@ -322,11 +323,13 @@ class KVEventSubscriber:
                     if self.batches > applied:  # the stream worked: start the backoff again
                         delay = cfg.reconnect_min
                 except zmq.ZMQError as exc:
+                    self.metrics.zmq_errors.labels(self.source.endpoint, "recv").inc()
                     log.warning("kv events: subscriber failed", endpoint=self.source.endpoint,
                                 error=str(exc))
                 finally:
                     sock.close(linger=0)
             self.metrics.reconnects.labels(self.source.endpoint).inc()
+            self.metrics.reconnections.labels(self.source.endpoint).inc()
             await asyncio.sleep(delay)
             delay = min(delay * 2, cfg.reconnect_max)
 
@@ -359,11 +362,13 @@ class KVEventSubscriber:
 
     async def _drain(self, sock: zmq.asyncio.Socket) -> None:
         """Handle the queued messages (up to a bound, so the monitor gets its turn)."""
+        received = self.metrics.messages.labels(self.source.endpoint)
         for _ in range(_DRAIN):
             try:
                 frames = await sock.recv_multipart(flags=zmq.NOBLOCK)
             except zmq.Again:
                 return
+            received.inc()
             try:
                 _topic, seq, payload = parse_message(frames)
             except MalformedMessage as exc:
@@ -407,6 +412,7 @@ class KVEventSubscriptions:
         #: See :attr:`EndpointStream.on_cold`.
         self.on_cold = on_cold
         self.subscribers: dict[str, KVEventSubscriber] = {}
+        track_subscriptions(self)
 
     def live(self, endpoint: str) -> bool:
         """Whether ``endpoint``'s subscriber is connected to its publisher."""
@@ -421,6 +427,7 @@ class KVEventSubscriptions:
                 await sub.stop()
                 del self.subscribers[ep]
                 self.index.clear_endpoint(ep)
+                self.metrics.forget_subscriber(ep)
         for ep, src in wanted.items():
             if ep not in self.subscribers:
                 sub = KVEventSubscriber(src, self.index, self.metrics, self.config,

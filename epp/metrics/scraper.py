@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import aiohttp
 import structlog
+from prometheus_client import Counter
 
 from epp.datastore import Datastore, EndpointView, Snapshot
 from epp.metrics.dialects import Anomaly, MetricsError, ParsedMetrics, parse_metrics
@@ -90,6 +91,25 @@ async def _read_capped(resp: aiohttp.ClientResponse) -> bytes:
         if resp.content.total_raw_bytes > MAX_WIRE_BYTES:
             raise PageTooLarge(f"metrics page is over {MAX_WIRE_BYTES} bytes on the wire")
     return bytes(body)
+
+
+#: The data-layer error counters (upstream v0.10 names, both the deprecated
+#: ``llm_d_inference_scheduler_*`` and the ``llm_d_epp_*`` twin): a failed fetch is a poll
+#: error of ``metrics-data-source``, a page that could not be read an extract error of
+#: ``core-metrics-extractor``.
+SOURCE_TYPE, EXTRACTOR_TYPE = "metrics-data-source", "core-metrics-extractor"
+_POLL_ERRORS = [Counter(p + "datalayer_poll_errors_total", "Data-source poll failures.",
+                        ["source_type"]).labels(SOURCE_TYPE)
+                for p in ("llm_d_inference_scheduler_", "llm_d_epp_")]
+_EXTRACT_ERRORS = [Counter(p + "datalayer_extract_errors_total", "Extractor failures.",
+                           ["source_type", "extractor_type"]).labels(SOURCE_TYPE, EXTRACTOR_TYPE)
+                   for p in ("llm_d_inference_scheduler_", "llm_d_epp_")]
+
+
+def datalayer_error(extracting: bool) -> None:
+    """Count one failed scrape: in the extractor when the page arrived, else in the poll."""
+    for counter in _EXTRACT_ERRORS if extracting else _POLL_ERRORS:
+        counter.inc()
 
 
 def backoff(interval: float, failures: int, threshold: int) -> float:
@@ -208,20 +228,24 @@ class Scraper:
         if session is None:
             raise RuntimeError("scraper not started")
         view.begin_scrape()
+        extracting = False
         try:
             async with session.get(self.url(view)) as resp:
                 if resp.status != 200:
                     raise MetricsError(f"HTTP {resp.status}")
                 body = await _read_capped(resp)
+            extracting = True
             parsed = self.extract(body.decode("utf-8", "replace"), view, time.monotonic())
         except asyncio.CancelledError:
             raise
         except (aiohttp.ClientError, TimeoutError, MetricsError, OSError) as e:
+            datalayer_error(extracting)
             self._failed(view, e, refused=self._refused(view, e))
             return False
         except Exception as e:  # a page no rule foresaw must not end this endpoint's loop
             log.warning("metrics page could not be read", endpoint=view.key,
                         error=f"{type(e).__name__}: {e}")
+            datalayer_error(extracting)
             self._failed(view, e)
             return False
         was_failing = (not view.healthy

@@ -37,12 +37,15 @@ from shared.pd import PREFILLER_HEADER
 
 if TYPE_CHECKING:
     from epp.config import Runtime
+    from shared.tracing import RequestTrace
 
 log = structlog.get_logger(__name__)
 
 DESTINATION = "x-gateway-destination-endpoint"
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 LB_NAMESPACE = "envoy.lb"
+#: Key of the per-endpoint scores under ``envoy.lb`` (``--emit-endpoint-scores``).
+DESTINATION_SCORES = "x-gateway-destination-endpoint-scores"
 OBJECTIVE_HEADER = "x-gateway-inference-objective"
 REWRITE_HEADER = "x-gateway-model-name-rewrite"
 REQUEST_ID = "x-request-id"
@@ -102,6 +105,7 @@ class Director:
         s = runtime.settings
         self.reject_unknown_models = s.reject_unknown_models
         self.subset_filter = s.subset_filter
+        self.emit_scores = s.emit_endpoint_scores
         self.staleness = s.staleness
         self._debug = logging.getLogger().isEnabledFor(logging.DEBUG)
         self._served_cache: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())
@@ -128,13 +132,18 @@ class Director:
         return self.dispatch(pending)
 
     def prepare(
-        self, headers: Mapping[str, str], body: bytes, filter_metadata: Mapping[str, Any]
+        self, headers: Mapping[str, str], body: bytes, filter_metadata: Mapping[str, Any],
+        trace: RequestTrace | None = None,
     ) -> Pending:
-        """Everything before admission; raises :class:`GatewayError` when it can't go on."""
-        req = self.runtime.parser.parse(body, headers.get(":path", "/"))
+        """Everything before admission; raises :class:`GatewayError` when it can't go on.
+        ``trace``: the request is sampled; it rides on the scheduler's request from here."""
+        if trace is None:
+            req = self.runtime.parser.parse(body, headers.get(":path", "/"))
+        else:
+            req = self._traced_parse(trace, body, headers)
         res = self._resolve(req, headers)
         if res.rewrite_name is not None:
-            m.REWRITE_DECISIONS.labels(res.rewrite_name, req.model, res.target_model).inc()
+            m.rewrite_decision(res.rewrite_name, req.model, res.target_model)
         # With flow control an empty pool is a waiting room (scale from zero): flow control
         # holds the request and answers 503 rejected-no-endpoints itself (upstream v0.10).
         candidates = self._candidates(filter_metadata,
@@ -144,6 +153,12 @@ class Director:
                 and self.saturation.is_saturated(candidates)):
             raise Shed("the pool is saturated; sheddable requests are rejected")
         request, new_body = self._scheduling_request(req, res, headers, len(body))
+        if trace is not None:
+            request.trace = trace
+            trace.root.set_attributes({
+                "gen_ai.request.id": request.request_id, "gen_ai.request.model": req.model,
+                "llm_d.epp.target_model": res.target_model,
+                "llm_d.epp.request.priority": res.priority})
         for producer in self.runtime.producers:
             producer.produce(request, candidates)
         return Pending(request, candidates, headers, new_body, filter_metadata)
@@ -151,10 +166,15 @@ class Director:
     async def admit(self, pending: Pending) -> None:
         """Every admitter accepts (an admitter may await, e.g. a queue); else it raised."""
         waited = False
+        trace = pending.request.trace
         for admitter in self.runtime.admitters:
             waiting = admitter.admit(pending.request, pending.candidates)
             if waiting is not None:
-                await waiting
+                if trace is None:
+                    await waiting
+                else:
+                    await self._traced_wait(trace, admitter, waiting,
+                                            pending.request.priority)
                 waited = True
         if waited:  # late binding: schedule over the pool as it is now, not at arrival
             pending.candidates = self._candidates(pending.filter_metadata)
@@ -168,8 +188,19 @@ class Director:
             m.scheduler_attempt(request.target_model, None)
             raise
         m.scheduler_attempt(request.target_model, result.endpoints[0])
-        for plugin in self.runtime.pre_request:
-            plugin.pre_request(request, result)
+        trace = request.trace
+        if trace is None:
+            for plugin in self.runtime.pre_request:
+                plugin.pre_request(request, result)
+        else:
+            span = trace.span("pre_request", {"llm_d.epp.plugins": [
+                str(getattr(p, "type_name", type(p).__name__)) for p in self.runtime.pre_request]})
+            try:
+                for plugin in self.runtime.pre_request:
+                    plugin.pre_request(request, result)
+            finally:
+                span.end()
+            trace.root.set_attribute("llm_d.epp.destination", result.destination)
         if self._debug:
             log.debug("picked", request_id=request.request_id, model=request.client_model,
                       target_model=request.target_model, endpoint=result.destination,
@@ -232,9 +263,40 @@ class Director:
     @staticmethod
     def count_error(headers: Mapping[str, str], err: GatewayError) -> None:
         """A request the director refused (labelled by whatever model it named)."""
-        m.ERRORS.labels(headers.get("x-gateway-model-name", ""), "", err.code).inc()
+        m.request_error(headers.get("x-gateway-model-name", ""), "", m.fairness_id(headers), "0",
+                        err.code)
 
     # -- steps -------------------------------------------------------------------------
+
+    def _traced_parse(self, trace: RequestTrace, body: bytes,
+                      headers: Mapping[str, str]) -> OpenAIRequest:
+        """The parser's work as the ``parse`` span of a sampled request."""
+        span = trace.span("parse", {"http.request.body.size": len(body),
+                                    "url.path": headers.get(":path", "/")})
+        try:
+            req = self.runtime.parser.parse(body, headers.get(":path", "/"))
+            span.set_attribute("gen_ai.request.model", req.model)
+            return req
+        except GatewayError as e:
+            trace.fail(span, e)
+            raise
+        finally:
+            span.end()
+
+    @staticmethod
+    async def _traced_wait(trace: RequestTrace, admitter: Any, waiting: Any,
+                           priority: int) -> None:
+        """An admitter's wait (flow control's queue) as a span of a sampled request."""
+        span = trace.span("flow_control_wait", {
+            "llm_d.epp.admitter.type": str(getattr(admitter, "type_name", "")),
+            "llm_d.epp.request.priority": priority})
+        try:
+            await waiting
+        except GatewayError as e:
+            trace.fail(span, e)
+            raise
+        finally:
+            span.end()
 
     def _resolve(self, req: OpenAIRequest, headers: Mapping[str, str]) -> Resolution:
         """Target model (rewrites) and priority (objective); 404 for unknown models when
@@ -256,7 +318,14 @@ class Director:
         try:
             prompt = prefix_input(req.prompt, req.messages)
             new_body = None
-            if res.target_model != req.model and req.model:  # no model: passthrough body
+            if req.model_absent:  # a JSON body without model: a match-all rewrite names it
+                if not res.target_model:
+                    raise BadRequest("the request has no 'model' field and no "
+                                     "InferenceModelRewrite rule matches every request",
+                                     code="missing_model")
+                req.body["model"] = res.target_model
+                new_body = req.dumps()
+            elif res.target_model != req.model and req.model:  # other parsers: body as is
                 req.body["model"] = res.target_model
                 new_body = req.dumps()  # JSON, or the parser's own wire format
         except orjson.JSONEncodeError as e:
@@ -284,6 +353,10 @@ class Director:
     def _decision(self, pending: Pending, result: SchedulingResult) -> RequestDecision:
         destination = result.destination
         headers = pending.headers
+        lb: dict[str, Any] = {DESTINATION: destination}
+        if self.emit_scores and result.primary.totals:
+            # Every endpoint the primary profile scored, not only the picks (as upstream).
+            lb[DESTINATION_SCORES] = result.primary.scores()
         return RequestDecision(
             set_headers={DESTINATION: destination, REQUEST_ID: pending.request.request_id,
                          **result.extra_headers},
@@ -292,7 +365,7 @@ class Director:
             remove_headers=[h for h in headers if (h.startswith(DESTINATION) and h != DESTINATION)
                             or (h == PREFILLER_HEADER and h not in result.extra_headers)],
             body=pending.new_body,
-            metadata={LB_NAMESPACE: {DESTINATION: destination}},
+            metadata={LB_NAMESPACE: lb},
         )
 
     def _candidates(self, filter_metadata: Mapping[str, Any], *,

@@ -16,7 +16,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from epp.datastore import EndpointView
 from epp.scheduling.request import LLMRequest
@@ -26,6 +26,11 @@ from shared.openai import OpenAIRequest
 
 class Parser(ABC):
     """Reads the request body into the fields routing needs (upstream's ``parser``)."""
+
+    #: Path suffixes this parser claims when several are listed in
+    #: ``requestHandler.parsers`` (:mod:`epp.requestcontrol.parser_chain`); none: it takes
+    #: every path no earlier parser claimed.
+    paths: ClassVar[tuple[str, ...]] = ()
 
     @abstractmethod
     def parse(self, body: bytes, path: str) -> OpenAIRequest:

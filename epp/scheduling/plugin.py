@@ -11,7 +11,8 @@ from __future__ import annotations
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 from typing import TYPE_CHECKING, ClassVar
 
 from epp.datastore import EndpointView
@@ -39,6 +40,22 @@ class SchedulerHooks:
     plugin_duration: Callable[[str, str, str, float], None] | None = None
     prefix_hit_ratio: Callable[[float], None] | None = None
     prefix_hit_bytes: Callable[[int], None] | None = None
+    #: The same two, told which plugin (type, name) reports: :meth:`for_plugin` binds them
+    #: into ``prefix_hit_ratio`` / ``prefix_hit_bytes`` (``llm_d_epp_prefix_indexer_*``
+    #: carry the plugin's labels).
+    plugin_prefix_hit_ratio: Callable[[str, str, float], None] | None = None
+    plugin_prefix_hit_bytes: Callable[[str, str, int], None] | None = None
+
+    def for_plugin(self, kind: str, name: str) -> SchedulerHooks:
+        """These hooks as plugin ``kind``/``name`` reports through them."""
+        if self.plugin_prefix_hit_ratio is None and self.plugin_prefix_hit_bytes is None:
+            return self
+        return replace(
+            self,
+            prefix_hit_ratio=(partial(self.plugin_prefix_hit_ratio, kind, name)
+                              if self.plugin_prefix_hit_ratio else self.prefix_hit_ratio),
+            prefix_hit_bytes=(partial(self.plugin_prefix_hit_bytes, kind, name)
+                              if self.plugin_prefix_hit_bytes else self.prefix_hit_bytes))
 
 
 class Plugin(BasePlugin):

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
+
+if TYPE_CHECKING:
+    from shared.tracing import RequestTrace
 
 #: Rough characters per token; upstream's approximate prefix plugin uses the same figure.
 CHARS_PER_TOKEN = 4
@@ -42,6 +45,9 @@ class LLMRequest:
     stream: bool = False
     #: Typed data plugins pass to each other within one scheduling cycle, keyed by plugin name.
     plugin_state: dict[str, Any] = field(default_factory=dict)
+    #: The request's trace when it is sampled (:mod:`shared.tracing`); None otherwise, and
+    #: then nothing builds a span for it.
+    trace: RequestTrace | None = None
 
     @property
     def sheddable(self) -> bool:

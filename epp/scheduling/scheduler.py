@@ -64,7 +64,7 @@ class Scheduler:
         for each in self.plugins:
             attach = getattr(each, "attach", None)  # third-party plugins may lack it
             if attach is not None:
-                attach(self.hooks)
+                attach(self.hooks.for_plugin(each.type_name, each.name))
 
     def schedule(
         self, request: LLMRequest, candidates: Sequence[EndpointView]
@@ -78,12 +78,28 @@ class Scheduler:
             raise NoCandidates("no ready endpoint in the pool")
         t0 = perf_counter()
         results: dict[str, ProfileResult] = {}
+        trace = request.trace
         while True:
             todo = self.handler.pick_profiles(request, self.profiles, results)
             if not todo:
                 break
             for profile in todo:
-                results[profile.name] = profile.run(request, candidates, self.rng, self.hooks)
+                if trace is None:
+                    results[profile.name] = profile.run(request, candidates, self.rng,
+                                                        self.hooks)
+                    continue
+                span = trace.span("run_scheduler_profile", {
+                    "llm_d.epp.scheduling.profile.name": profile.name,
+                    "llm_d.epp.scheduling.candidate_endpoints": len(candidates)})
+                try:
+                    res = results[profile.name] = profile.run(request, candidates, self.rng,
+                                                              self.hooks, span)
+                    span.set_attribute("llm_d.epp.scheduling.picked",
+                                       [v.key for v in res.picked])
+                    if res.rejected_by:
+                        span.set_attribute("llm_d.epp.scheduling.rejected_by", res.rejected_by)
+                finally:
+                    span.end()
         primary = self.handler.primary_profile(request, results)
         result = SchedulingResult(results, primary)
         if self.hooks.e2e_duration is not None:
@@ -117,3 +133,16 @@ class Scheduler:
         stores = {id(s): s for p in self.plugins
                   if isinstance(s := getattr(p, "store", None), StateStore)}
         return sum(s.prefix_size for s in stores.values())
+
+    def prefix_indexer_sizes(self) -> list[tuple[str, str, int]]:
+        """(plugin type, plugin name, entries) of each prefix index, named after the plugin
+        keeping it: its producer rather than a scorer reading the producer's index, as the
+        hit series are (``llm_d_epp_prefix_indexer_size``)."""
+        from epp.statestore import StateStore
+
+        out: dict[int, tuple[str, str, int]] = {}
+        readers_last = sorted(self.plugins, key=lambda p: hasattr(p, "producer"))
+        for p in readers_last:
+            if isinstance(s := getattr(p, "store", None), StateStore) and id(s) not in out:
+                out[id(s)] = (p.type_name, p.name, s.prefix_size)
+        return list(out.values())

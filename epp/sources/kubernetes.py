@@ -6,8 +6,11 @@
   ``inference.networking.x-k8s.io`` → legacy ``v1alpha2``);
 - the Pods (all of the namespace, as upstream's cache does; the pool's selector is applied
   when the snapshot is built, so a selector edit needs no new watch);
-- InferenceObjectives, InferenceModelRewrites and legacy InferenceModels (their CRDs may be
-  absent: a 404 counts as "none").
+- InferenceObjectives and InferenceModelRewrites in ``llm-d.ai/v1alpha2`` and in their
+  deprecated group ``inference.networking.x-k8s.io/v1alpha2``, and legacy InferenceModels (their
+  CRDs may be absent: a 404 counts as "none"). When the API server serves a kind in both
+  groups, only ``llm-d.ai`` is read and the deprecated group's objects of that kind are ignored
+  (llm-d-router v0.10 does the same; it is decided again whenever a CRD appears or goes).
 
 Each resource has a :class:`~shared.reflector.Reflector` thread doing list+watch; its
 changes are marshalled onto the EPP's event loop with ``loop.call_soon_threadsafe``, parsed
@@ -43,7 +46,7 @@ from epp.datastore import (
     build_snapshot,
     parse_object,
 )
-from epp.datastore.objects import GROUP_V1, GROUP_X
+from epp.datastore.objects import GROUP_LLMD, GROUP_V1, GROUP_X
 from epp.sources.standalone import STANDALONE_POOL_NAME as STANDALONE_POOL_NAME
 from epp.sources.standalone import parse_endpoint_selector as parse_endpoint_selector
 from epp.sources.standalone import parse_target_ports as parse_target_ports
@@ -61,6 +64,12 @@ from shared.reflector import (
 )
 
 log = structlog.get_logger(__name__)
+
+#: Reflector names of the kinds in both groups: (llm-d.ai's, the deprecated group's).
+BOTH_GROUPS: dict[str, tuple[str, str]] = {
+    "InferenceObjective": ("llm-d.ai/inferenceobjectives", "inferenceobjectives"),
+    "InferenceModelRewrite": ("llm-d.ai/inferencemodelrewrites", "inferencemodelrewrites"),
+}
 
 #: Seconds a stopping source waits for its watch threads (a blocked read is interrupted;
 #: a list in flight ends with the API server's answer).
@@ -126,6 +135,8 @@ class KubernetesSource:
         self._reflectors: list[Reflector] = []
         self._rebuild_pending = False
         self._waiting_logged = False
+        self._both_logged: set[str] = set()
+        self._deprecation_logged: set[str] = set()
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -186,7 +197,10 @@ class KubernetesSource:
 
         def reflector(name: str, func: Callable[..., Any], *, optional: bool = False,
                       label_selector: str | None = None) -> Reflector:
+            # An RBAC written for GIE v1.5 has no llm-d.ai rule: then its 403 means "not
+            # installed", and the deprecated group is read as before.
             return Reflector(name, func, self._handler(name), optional=optional,
+                             forbidden_is_absent=name.startswith(GROUP_LLMD + "/"),
                              label_selector=label_selector, timing=self.timing)
 
         def crd(group: str, version: str, plural: str) -> Callable[..., Any]:
@@ -201,6 +215,10 @@ class KubernetesSource:
             reflector("inferencepools",
                       crd(self.pool_group, pool_version(self.pool_group), "inferencepools")),
             pods,
+            reflector("llm-d.ai/inferenceobjectives",
+                      crd(GROUP_LLMD, "v1alpha2", "inferenceobjectives"), optional=True),
+            reflector("llm-d.ai/inferencemodelrewrites",
+                      crd(GROUP_LLMD, "v1alpha2", "inferencemodelrewrites"), optional=True),
             reflector("inferenceobjectives", crd(GROUP_X, "v1alpha2", "inferenceobjectives"),
                       optional=True),
             reflector("inferencemodelrewrites",
@@ -261,8 +279,38 @@ class KubernetesSource:
     def _all_objects(self) -> Iterable[PoolObject]:
         if self._standalone_pool is not None:
             yield self._standalone_pool
-        for store in self._objects.values():
-            yield from store.values()
+        ignored = self._ignored_legacy()
+        for resource, store in self._objects.items():
+            if resource not in ignored:
+                yield from store.values()
+                self._warn_deprecated(resource, store)
+
+    def _warn_deprecated(self, resource: str, store: dict[tuple[str, str], PoolObject]) -> None:
+        """Once per kind: objects are read from the deprecated group (as upstream warns)."""
+        for kind, (_, legacy) in BOTH_GROUPS.items():
+            if resource == legacy and store and kind not in self._deprecation_logged:
+                self._deprecation_logged.add(kind)
+                log.warning(f"{GROUP_X}/v1alpha2 {kind} is deprecated: use {GROUP_LLMD}/v1alpha2 "
+                            "(install its CRD and move the objects)", kind=kind,
+                            objects=len(store))
+
+    def _ignored_legacy(self) -> set[str]:
+        """The deprecated-group resources not read because llm-d.ai serves their kind."""
+        served = {r.name: r.served for r in self._reflectors}
+        ignored = set()
+        for kind, (current, legacy) in BOTH_GROUPS.items():
+            if served.get(current) and served.get(legacy):
+                ignored.add(legacy)
+                if kind not in self._both_logged:
+                    self._both_logged.add(kind)
+                    log.warning(f"both {GROUP_X} and {GROUP_LLMD} {kind} CRDs are installed: "
+                                f"only {GROUP_LLMD} is read, {GROUP_X} objects are ignored",
+                                kind=kind, ignored=len(self._objects.get(legacy, {})))
+            else:
+                self._both_logged.discard(kind)
+            if served.get(current) is False:  # gone (or forbidden) since it was listed
+                ignored.add(current)
+        return ignored
 
     def _rebuild(self) -> None:
         self._rebuild_pending = False

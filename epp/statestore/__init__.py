@@ -16,9 +16,10 @@ __all__ = ["NO_INFLIGHT", "InFlight", "MemoryStateStore", "StateStore", "StoreUR
 
 
 def open_store(url: str | StoreURL, *, pool: str = "default",
-               replica: str | None = None) -> StateStore:
-    """The store a URL names (not started: call ``await store.start()``)."""
+               replica: str | None = None, secret: bytes | None = None) -> StateStore:
+    """The store a URL names (not started: call ``await store.start()``); ``secret`` signs
+    what a Valkey store writes (:mod:`epp.statestore.codec`)."""
     parsed = parse_store_url(url) if isinstance(url, str) else url
     if parsed.kind == "memory":
         return MemoryStateStore()
-    return ValkeyStateStore(parsed, pool=pool, replica=replica)
+    return ValkeyStateStore(parsed, pool=pool, replica=replica, secret=secret)

@@ -24,3 +24,7 @@ UP = Gauge("inference_extension_state_store_up",
 BACKLOG = Gauge("inference_extension_state_store_backlog",
                 "Prefix-index and session writes queued for the store (grows while it is "
                 "unreachable, bounded).", ["store"])
+REJECTED = Counter("inference_extension_state_store_rejected_total",
+                   "Values read from the store that were refused (bad shape, bad signature, "
+                   "stale), by source (inflight, update, prefix, session, replica) and reason.",
+                   ["store", "source", "reason"])

@@ -11,17 +11,29 @@ pool.
 Keys (``ns`` = ``<namespace>:<pool>``):
 
 ==============================  ==============================================================
-``ns:replicas``                 set of replica ids that push in-flight counts
-``ns:inflight:<replica>``       JSON ``{endpoint: [requests, tokens]}`` of that replica, written
-                                whole every push with TTL ``inflight_ttl``, so a dead
-                                replica's counts expire
-``ns:prefix-endpoints``         set of endpoints that have a prefix key
+``ns:replicas``                 set of replica ids that push in-flight counts; TTL
+                                ``inflight_ttl``, renewed by every push
+``ns:inflight:<replica>``       sealed JSON ``{"t": wall time, "c": {endpoint: [requests,
+                                tokens]}}`` of that replica, written whole every push with TTL
+                                ``inflight_ttl``, so a dead replica's counts expire
+``ns:prefix-endpoints``         set of endpoints that have a prefix key; TTL ``prefix_ttl``
 ``ns:prefix:<endpoint>``        sorted set block hash -> last use (wall seconds), trimmed to
                                 the endpoint's capacity (LRU); TTL ``prefix_ttl``
-``ns:session:<key>``            string, TTL ``session_ttl``
-``ns:updates``                  pub/sub channel: ``{"r": replica, "p": [[endpoint, [hash...],
-                                capacity]...], "s": {key: value}}``
+``ns:session:<key>``            sealed string, TTL ``session_ttl``
+``ns:updates``                  pub/sub channel: sealed ``{"r": replica, "p": [[endpoint,
+                                [hash...], capacity]...], "s": {key: sealed value}}``
 ==============================  ==============================================================
+
+Every key has a TTL. "Sealed" values carry an HMAC of the shared secret when one is set
+(:mod:`epp.statestore.codec`): a writer without it cannot speak for a replica. Every value read
+is validated; a bad one is dropped, counted in
+``inference_extension_state_store_rejected_total{source,reason}`` and logged (at most once per
+``REJECT_LOG_INTERVAL`` per source), and the sync goes on. Prefix sorted sets hold bare hashes
+(signing each member would cost more than the index): they are read only when a replica
+(re)subscribes, and only members that are 64-bit integers are kept.
+
+``inference_extension_state_store_up`` is 1 only while the last push and pull succeeded, the
+update feed is subscribed, and both background tasks are alive.
 
 When Valkey cannot be reached the store logs one warning, sets
 ``inference_extension_state_store_up`` to 0, forgets the other replicas' counts (they can no
@@ -50,6 +62,7 @@ from valkey.exceptions import ValkeyError
 
 from epp.statestore import metrics
 from epp.statestore.base import InFlight, RemoteListener, StateStore
+from epp.statestore.codec import Codec, Rejected, decode_name, parse_hash
 from epp.statestore.memory import MemoryStateStore
 from epp.statestore.url import StoreURL
 
@@ -64,6 +77,8 @@ MAX_PENDING = 10_000
 PUSH_BATCH = 500
 #: Seconds between reconnection attempts while Valkey is unreachable.
 RETRY_INTERVAL = 0.5
+#: Seconds between two logged rejections of one source (every one is counted).
+REJECT_LOG_INTERVAL = 10.0
 
 
 async def _done(reply: Awaitable[Any] | Any) -> Any:
@@ -80,6 +95,7 @@ local ns, replica = ARGV[1], ARGV[2]
 local ikey = ns .. ':inflight:' .. replica
 redis.call('SET', ikey, ARGV[6], 'PX', ARGV[3])
 redis.call('SADD', ns .. ':replicas', replica)
+redis.call('PEXPIRE', ns .. ':replicas', ARGV[3])
 if ARGV[7] == '' then return 0 end
 local update = cjson.decode(ARGV[7])
 local now = tonumber(ARGV[8])
@@ -100,11 +116,12 @@ for ep, cap in pairs(caps) do
   if cap > 0 then redis.call('ZREMRANGEBYRANK', key, 0, -(cap + 1)) end
   redis.call('PEXPIRE', key, ARGV[4])
   redis.call('SADD', ns .. ':prefix-endpoints', ep)
+  redis.call('PEXPIRE', ns .. ':prefix-endpoints', ARGV[4])
 end
 for k, v in pairs(update.s) do
   redis.call('SET', ns .. ':session:' .. k, v, 'PX', ARGV[5])
 end
-redis.call('PUBLISH', ns .. ':updates', ARGV[7])
+redis.call('PUBLISH', ns .. ':updates', ARGV[9])
 return 1
 """
 
@@ -121,7 +138,7 @@ class ValkeyStateStore(StateStore):
 
     def __init__(self, url: StoreURL, *, pool: str = "default", replica: str | None = None,
                  inflight_ttl: float = 5.0, prefix_ttl: float = 3600.0,
-                 session_ttl: float = 600.0) -> None:
+                 session_ttl: float = 600.0, secret: bytes | None = None) -> None:
         if url.kind != "valkey":
             raise ValueError(f"ValkeyStateStore needs a valkey:// URL, got {url.redacted()}")
         self.url = url
@@ -129,6 +146,8 @@ class ValkeyStateStore(StateStore):
         self.inflight_ttl = inflight_ttl
         self.prefix_ttl = prefix_ttl
         self.session_ttl = session_ttl
+        self.codec = Codec(secret)
+        self._rejects_logged: dict[str, float] = {}
         self.local = MemoryStateStore(session_ttl=session_ttl)
         ns = self._ns = f"{url.namespace}:{pool}"
         self._k_replicas = f"{ns}:replicas"
@@ -180,7 +199,10 @@ class ValkeyStateStore(StateStore):
 
     @property
     def shared(self) -> bool:
-        return self._up and self._subscribed
+        """True while state is shared: the store answers, the feed is subscribed and both
+        background tasks run (what ``inference_extension_state_store_up`` reports)."""
+        return (self._up and self._subscribed and len(self._tasks) == 2
+                and not any(t.done() for t in self._tasks))
 
     @property
     def prefix_size(self) -> int:
@@ -221,6 +243,21 @@ class ValkeyStateStore(StateStore):
         await self.sync()
         self._tasks = [asyncio.create_task(self._sync_loop(), name="statestore-sync"),
                        asyncio.create_task(self._subscribe_loop(), name="statestore-subscribe")]
+        for task in self._tasks:
+            task.add_done_callback(self._task_ended)
+
+    def _task_ended(self, task: asyncio.Task[None]) -> None:
+        # The loops catch everything; this is the last line, so a dead task can never hide
+        # behind a gauge that still says 1.
+        self._report_up()
+        if self._closing or task.cancelled():
+            return
+        log.error("state store task ended; routing on this replica's local state",
+                  task=task.get_name(), replica=self.replica,
+                  error=repr(task.exception()))
+
+    def _report_up(self) -> None:
+        metrics.UP.labels(self.kind).set(1 if self.shared else 0)
 
     async def close(self) -> None:
         """Stop syncing and take this replica's in-flight counts out of the pool's view."""
@@ -230,14 +267,14 @@ class ValkeyStateStore(StateStore):
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task  # an error was logged by _task_ended; closing goes on
         self._tasks = []
         client, self._client = self._client, None
         if client is None:
             return
         if self._up:
-            with contextlib.suppress(ValkeyError, OSError):
+            with contextlib.suppress(ValkeyError, OSError, asyncio.TimeoutError):
                 await self._push(client)
                 await client.delete(self._k_inflight + self.replica)
                 await _done(client.srem(self._k_replicas, self.replica))
@@ -275,8 +312,14 @@ class ValkeyStateStore(StateStore):
         try:
             async with asyncio.timeout(self.url.timeout * 4):
                 await work
-        except (ValkeyError, OSError) as exc:
+        except (ValkeyError, OSError, TimeoutError) as exc:
             metrics.ERRORS.labels(*labels).inc()
+            self._mark_down(name, exc)
+            return False
+        except Exception as exc:  # a bug or data no check foresaw: never end the task
+            metrics.ERRORS.labels(*labels).inc()
+            log.exception("state store operation failed", operation=name,
+                          replica=self.replica, error=repr(exc))
             self._mark_down(name, exc)
             return False
         metrics.LATENCY.labels(*labels).observe(time.perf_counter() - started)
@@ -289,14 +332,23 @@ class ValkeyStateStore(StateStore):
                         error=str(exc) or type(exc).__name__)
         self._up = False
         self.local.set_remote({})
-        metrics.UP.labels(self.kind).set(0)
+        self._report_up()
 
     def _mark_up(self) -> None:
         if not self._up:
             log.info("state store reachable; sharing routing state", store=self.url.redacted(),
                      replica=self.replica)
         self._up = True
-        metrics.UP.labels(self.kind).set(1)
+        self._report_up()
+
+    def reject(self, source: str, exc: Rejected, key: str = "") -> None:
+        """Count and (rate-limited) log one refused value read from the store."""
+        metrics.REJECTED.labels(self.kind, source, exc.reason).inc()
+        now = time.monotonic()
+        if now - self._rejects_logged.get(source, -REJECT_LOG_INTERVAL) >= REJECT_LOG_INTERVAL:
+            self._rejects_logged[source] = now
+            log.warning("state store value rejected", source=source, key=key,
+                        reason=str(exc), replica=self.replica)
 
     async def _push(self, client: avalkey.Valkey) -> None:
         """One script call with this replica's counts and the oldest queued writes."""
@@ -321,24 +373,34 @@ class ValkeyStateStore(StateStore):
                     sessions: dict[str, str]) -> None:
         # This replica's counts go whole every time (endpoints with requests in flight only):
         # one small JSON value that also renews the TTL and that readers decode in C.
-        counts = orjson.dumps(self.local.own)
+        codec = self.codec
+        counts = codec.seal_inflight(self._k_inflight + self.replica, self.local.own)
         # Hashes travel as strings: Lua numbers are doubles and would round 64-bit hashes.
-        update = b""
+        update = sealed = b""
         if prefix or sessions:
             update = orjson.dumps({"r": self.replica,
                                    "p": [(ep, [str(h) for h in hs], cap)
                                          for ep, hs, cap in prefix],
-                                   "s": sessions})
+                                   "s": {k: codec.seal_session(k, v)
+                                         for k, v in sessions.items()}})
+            sealed = codec.seal(self.channel, update)
         await self._push_script(
             keys=[], client=client,
             args=[self._ns, self.replica, int(self.inflight_ttl * 1000),
                   int(self.prefix_ttl * 1000), int(self.session_ttl * 1000),
-                  counts, update, repr(time.time())])
+                  counts, update, repr(time.time()), sealed])
 
     async def _pull(self, client: avalkey.Valkey) -> None:
         """Sum the other live replicas' in-flight counts into the local view."""
-        members = [m.decode() for m in await _done(client.smembers(self._k_replicas))]
-        others = [m for m in members if m != self.replica]
+        others = []
+        for raw in await _done(client.smembers(self._k_replicas)):
+            try:
+                member = decode_name(raw)
+            except Rejected as exc:
+                self.reject("replica", exc, self._k_replicas)
+                continue
+            if member != self.replica:
+                others.append(member)
         if not others:
             self.local.set_remote({})
             return
@@ -349,7 +411,12 @@ class ValkeyStateStore(StateStore):
             if blob is None:
                 gone.append(replica)  # expired: that replica stopped syncing
                 continue
-            counts: dict[str, list[int]] = orjson.loads(blob)
+            key = self._k_inflight + replica
+            try:
+                counts = self.codec.open_inflight(key, blob, self.inflight_ttl)
+            except Rejected as exc:
+                self.reject("inflight", exc, key)
+                continue
             for endpoint, (requests, tokens) in counts.items():
                 total = totals.get(endpoint)
                 if total is None:
@@ -370,12 +437,17 @@ class ValkeyStateStore(StateStore):
             pubsub = client.pubsub()
             try:
                 await self._listen(pubsub)
-            except (ValkeyError, OSError) as exc:
+            except (ValkeyError, OSError, TimeoutError) as exc:
                 metrics.ERRORS.labels(self.kind, "subscribe").inc()
                 self._mark_down("subscribe", exc)
+            except Exception as exc:  # never end the feed: log, count, re-subscribe
+                metrics.ERRORS.labels(self.kind, "subscribe").inc()
+                log.exception("state store update feed failed", replica=self.replica,
+                              error=repr(exc))
             finally:
                 self._subscribed = False
-                with contextlib.suppress(ValkeyError, OSError):
+                self._report_up()
+                with contextlib.suppress(ValkeyError, OSError, TimeoutError):
                     await pubsub.aclose()
             await asyncio.sleep(RETRY_INTERVAL)
 
@@ -389,26 +461,37 @@ class ValkeyStateStore(StateStore):
         if client is None or not await self._op("load", self._load(client)):
             return
         self._subscribed = True
+        self._report_up()
         while not self._closing:
             message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
             if message is not None and message["type"] == "message":
                 self.apply_update(message["data"])
 
     def apply_update(self, data: bytes) -> None:
-        """Apply another replica's published writes to the local view."""
-        if data.startswith(self._own_update):
-            return  # our own publication, echoed back: skip it without decoding
-        update = orjson.loads(data)
+        """Apply another replica's published writes to the local view; a bad message is
+        rejected whole (counted, logged) and changes nothing."""
+        if isinstance(data, bytes) and data.partition(b".")[2].startswith(self._own_update):
+            return  # our own publication, echoed back: skip it without checking
+        try:
+            update = self.codec.open_update(self.channel, data)
+        except Rejected as exc:
+            self.reject("update", exc, self.channel)
+            return
         local = self.local
-        for endpoint, hashes, capacity in update.get("p", ()):
-            local.prefix_add(endpoint, [int(h) for h in hashes], capacity)
+        for endpoint, hashes, capacity in update["p"]:
+            local.prefix_add(endpoint, hashes, capacity)
         expires_at = local.clock() + self.session_ttl
-        for key, value in update.get("s", {}).items():
+        for key, value in update["s"].items():
             local.session_put(key, value, expires_at)
 
     async def _load(self, client: avalkey.Valkey) -> None:
         """Read the shared prefix index and sessions into the local view."""
-        endpoints = [e.decode() for e in await _done(client.smembers(self._k_endpoints))]
+        endpoints = []
+        for raw in await _done(client.smembers(self._k_endpoints)):
+            try:
+                endpoints.append(decode_name(raw))
+            except Rejected as exc:
+                self.reject("prefix", exc, self._k_endpoints)
         if endpoints:
             pipe = client.pipeline(transaction=False)
             for endpoint in endpoints:
@@ -419,7 +502,7 @@ class ValkeyStateStore(StateStore):
                 if hashes:
                     # Capacity 0 here: the key is already trimmed to the endpoint's capacity,
                     # and the next local write trims with the real one.
-                    self.local.prefix_add(endpoint, [int(h) for h in hashes], 0)
+                    self.local.prefix_add(endpoint, self._hashes(endpoint, hashes), 0)
                 else:
                     expired.append(endpoint)
             if expired:
@@ -434,6 +517,22 @@ class ValkeyStateStore(StateStore):
             now = self.local.clock()
             cut = len(self._k_session)
             for key, value, ttl in zip(keys, replies[::2], replies[1::2], strict=True):
-                if value is not None and ttl > 0:
-                    self.local.session_put(key.decode()[cut:], value.decode(), now + ttl / 1000)
+                if value is None or not isinstance(ttl, int) or ttl <= 0:
+                    continue
+                try:
+                    name = decode_name(key)[cut:]
+                    self.local.session_put(name, self.codec.session_value(name, value),
+                                           now + ttl / 1000)
+                except Rejected as exc:
+                    self.reject("session", exc, repr(key))
+
+    def _hashes(self, endpoint: str, members: list[bytes]) -> list[int]:
+        """The valid block hashes of one prefix key; each bad member is rejected."""
+        hashes = []
+        for member in members:
+            try:
+                hashes.append(parse_hash(member))
+            except Rejected as exc:
+                self.reject("prefix", exc, self._k_prefix + endpoint)
+        return hashes
 

@@ -76,6 +76,10 @@ def test_rendered_istio_filter_routes_through_the_rendered_bbr(
 
             r = httpx.post(f"http://127.0.0.1:{listen}/v1/completions",
                            content=b'{"prompt": "no model"}', timeout=30)
+            # bbr --require-model (default): the EPP's 400, not the default route
+            assert r.status_code == 400 and r.json()["error"]["code"] == "missing_model"
+            r = httpx.post(f"http://127.0.0.1:{listen}/v1/completions",
+                           content=b'{"model": "b", "prompt": "x"}', timeout=30)
             assert r.json()["backend"] == "default"
     finally:
         assert pod.stop() == 0, pod.log_tail()

@@ -184,6 +184,8 @@ def test_epp_rbac_is_read_only_on_what_the_source_watches() -> None:
     assert rules == {
         "/pods": read,
         "inference.networking.k8s.io/inferencepools": read,
+        "llm-d.ai/inferenceobjectives": read,
+        "llm-d.ai/inferencemodelrewrites": read,
         "inference.networking.x-k8s.io/inferenceobjectives": read,
         "inference.networking.x-k8s.io/inferencemodelrewrites": read,
         "inference.networking.x-k8s.io/inferencemodels": read,
@@ -368,9 +370,11 @@ def test_envoy_gateway_example_points_at_what_the_charts_render() -> None:
 def test_active_active_replicas_share_a_store_and_hold_no_lease() -> None:
     objs = render("inferencepool", "inferenceExtension.replicas=3",
                   "inferenceExtension.haMode=active-active",
-                  "inferenceExtension.stateStore.url=valkey://valkey.llm:6379/0")
+                  "inferenceExtension.stateStore.url=valkeys://:pw@valkey.llm:6379/0",
+                  *SIGNED)
     args = epp_args(objs)
-    assert (args.ha_mode, args.state_store) == ("active-active", "valkey://valkey.llm:6379/0")
+    assert (args.ha_mode, args.state_store) == ("active-active",
+                                                "valkeys://:pw@valkey.llm:6379/0")
     assert args.ha_enable_leader_election is False
     assert "coordination.k8s.io/leases" not in rbac_rules(objs)
     assert one(objs, "Deployment")["spec"]["replicas"] == 3
@@ -382,12 +386,28 @@ def test_active_active_store_url_from_a_secret() -> None:
     objs = render("inferencepool", "inferenceExtension.replicas=2",
                   "inferenceExtension.haMode=active-active",
                   "inferenceExtension.stateStore.secretRef.name=valkey",
-                  "inferenceExtension.stateStore.secretRef.key=url")
+                  "inferenceExtension.stateStore.secretRef.key=url", *SIGNED)
     c = container(objs)
     assert "--state-store=$(EPP_STATE_STORE)" in c["args"]
     env = {e["name"]: e for e in c["env"]}
     assert env["EPP_STATE_STORE"]["valueFrom"] == {"secretKeyRef": {"name": "valkey",
                                                                      "key": "url"}}
+    # The signing secret reaches the EPP as the env variable it reads.
+    assert env["EPP_STATE_STORE_SECRET"]["valueFrom"] == {
+        "secretKeyRef": {"name": "epp-store", "key": "secret"}}
+
+
+def test_an_insecure_store_only_when_asked_for() -> None:
+    objs = render("inferencepool", "inferenceExtension.replicas=2",
+                  "inferenceExtension.haMode=active-active",
+                  "inferenceExtension.stateStore.url=valkey://valkey.llm:6379/0",
+                  "inferenceExtension.stateStore.allowInsecure=true")
+    assert epp_args(objs).state_store == "valkey://valkey.llm:6379/0"
+    assert "EPP_STATE_STORE_SECRET" not in {e["name"] for e in container(objs)["env"]}
+
+
+SIGNED = ("inferenceExtension.stateStore.signingSecretRef.name=epp-store",
+          "inferenceExtension.stateStore.signingSecretRef.key=secret")
 
 
 def test_explicit_active_passive_is_the_lease() -> None:
@@ -413,7 +433,35 @@ def test_explicit_active_passive_is_the_lease() -> None:
         (["inferenceExtension.haMode=active-active",
           "inferenceExtension.stateStore.secretRef.name=s"], "needs name and key"),
         (["inferenceExtension.stateStore.bogus=1"], "bogus"),
+        (["inferenceExtension.haMode=active-active",
+          "inferenceExtension.stateStore.url=valkey://v:6379/0", *SIGNED], "has no password"),
+        (["inferenceExtension.haMode=active-active",
+          "inferenceExtension.stateStore.url=valkeys://v:6379/0", *SIGNED], "has no password"),
+        (["inferenceExtension.haMode=active-active",
+          "inferenceExtension.stateStore.url=valkey://:pw@v:6379/0"], "signingSecretRef"),
+        (["inferenceExtension.haMode=active-active",
+          "inferenceExtension.stateStore.secretRef.name=s",
+          "inferenceExtension.stateStore.secretRef.key=k"], "signingSecretRef"),
     ],
 )
 def test_bad_active_active_values_are_refused(sets: list[str], message: str) -> None:
     assert message in refusal("inferencepool", *sets)
+
+
+def test_network_policy_admits_only_the_gateway_to_the_ext_proc_port() -> None:
+    """Issue 31, item 11: no NetworkPolicy let any pod open ext_proc streams on the EPP."""
+    assert not [o for o in render("inferencepool") if o["kind"] == "NetworkPolicy"]
+    objs = render("inferencepool", "inferenceExtension.networkPolicy.enabled=true",
+                  "inferenceExtension.networkPolicy.gatewayPodSelector.matchLabels.app=envoy",
+                  "inferenceExtension.networkPolicy.gatewayNamespaceSelector.matchLabels"
+                  ".kubernetes\\.io/metadata\\.name=gateway")
+    policy = one(objs, "NetworkPolicy")["spec"]
+    deployment = one(objs, "Deployment")
+    assert policy["podSelector"]["matchLabels"].items() <= (
+        deployment["spec"]["template"]["metadata"]["labels"].items())
+    by_port = {r["ports"][0]["port"]: r for r in policy["ingress"]}
+    assert by_port[9002]["from"] == [{
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gateway"}},
+        "podSelector": {"matchLabels": {"app": "envoy"}}}]
+    assert "from" not in by_port[9003]  # kubelet health probes
+    assert set(by_port) == {9002, 9003, 9090}

@@ -273,6 +273,8 @@ def test_sidecar_rbac_is_read_only_on_what_its_source_lists() -> None:
     assert rbac_rules_of(objs) == {
         "/pods": read,
         "inference.networking.k8s.io/inferencepools": read,
+        "llm-d.ai/inferenceobjectives": read,
+        "llm-d.ai/inferencemodelrewrites": read,
         "inference.networking.x-k8s.io/inferenceobjectives": read,
         "inference.networking.x-k8s.io/inferencemodelrewrites": read,
         "inference.networking.x-k8s.io/inferencemodels": read,

@@ -370,6 +370,24 @@ def test_experimental_http_route_points_the_gateway_at_the_pool(provider: str) -
     assert not [o for o in render("inferencepool") if o["kind"] == "HTTPRoute"]
 
 
+def test_http_route_passes_only_the_inference_paths() -> None:
+    """Issue 31: the servers' admin paths are not routed (upstream routes PathPrefix /)."""
+    objs = render("inferencepool", "experimentalHttpRoute.enabled=true",
+                  "experimentalHttpRoute.baseModel=llama")
+    validate_rendered(objs)
+    (rule,) = one(objs, "HTTPRoute")["spec"]["rules"]
+    paths = {m["path"]["value"]: m["path"]["type"] for m in rule["matches"]}
+    assert paths["/v1/chat/completions"] == paths["/v1/completions"] == "Exact"
+    assert not {"/", "/metrics", "/v1/unload_lora_adapter", "/reset_prefix_cache"} & set(paths)
+    assert all(m["headers"][0]["value"] == "llama" for m in rule["matches"])
+    custom = render("inferencepool", "experimentalHttpRoute.enabled=true",
+                    "experimentalHttpRoute.paths={/v1/completions,/openai/}")
+    (rule,) = one(custom, "HTTPRoute")["spec"]["rules"]
+    assert [m["path"] for m in rule["matches"]] == [
+        {"type": "Exact", "value": "/v1/completions"},
+        {"type": "PathPrefix", "value": "/openai/"}]
+
+
 def test_inference_objectives_are_created_for_the_pool() -> None:
     objs = render("inferencepool", "inferenceObjectives[0].name=high",
                   "inferenceObjectives[0].priority=5", "inferenceObjectives[1].name=plain")

@@ -57,3 +57,47 @@ def test_a_bad_pd_pool_is_named(tmp_path: Path, change: dict[str, object],
     with pytest.raises(StackError) as err:
         load_spec(cfg)
     assert str(err.value).startswith(f"{cfg}: {message}"), err.value
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"bbrr": {"grpc_port": 9004}}, "unknown key(s) bbrr (known: gateway, bbr, pools, demo)"),
+        ({"gateway": {"prot": 8080}}, "gateway: unknown key(s) prot (known: port, admin_port)"),
+        ({"demo": {"request": 5}}, "demo: unknown key(s) request (known: requests, "),
+        ({"bbr": {"grpc_port": 9004, "flag": ["-v"]}}, "bbr: unknown key(s) flag (known: "),
+        ({"bbr": {"flags": {"v": 4}}}, "bbr.flags must be a list of arguments or a string"),
+        ({"gateway": [8080]}, "gateway must be a mapping"),
+    ],
+)
+def test_a_misspelt_key_anywhere_in_the_file_is_named(tmp_path: Path, change: dict[str, object],
+                                                      message: str) -> None:
+    spec = yaml.safe_load(DEFAULT_CONFIG.read_text())
+    spec.update(change)
+    cfg = tmp_path / "stack.yaml"
+    cfg.write_text(yaml.safe_dump(spec))
+    with pytest.raises(StackError) as err:
+        load_spec(cfg)
+    assert str(err.value).startswith(f"{cfg}: {message}"), err.value
+
+
+def test_a_misspelt_epp_key_is_named(tmp_path: Path) -> None:
+    spec = yaml.safe_load(DEFAULT_CONFIG.read_text())
+    spec["pools"][1]["epp"]["metric_port"] = 1
+    cfg = tmp_path / "stack.yaml"
+    cfg.write_text(yaml.safe_dump(spec))
+    with pytest.raises(StackError, match=r"pools\[1\]: epp: unknown key\(s\) metric_port"):
+        load_spec(cfg)
+
+
+def test_flags_pass_through_as_a_list_or_a_string(tmp_path: Path) -> None:
+    spec = yaml.safe_load(DEFAULT_CONFIG.read_text())
+    spec["bbr"]["flags"] = ["-v", 4, "--require-model=false"]
+    spec["pools"][0]["epp"]["flags"] = "-v 4 --refresh-metrics-interval '100ms'"
+    cfg = tmp_path / "stack.yaml"
+    cfg.write_text(yaml.safe_dump(spec))
+    loaded = load_spec(cfg)
+    assert loaded.bbr_flags == ["-v", "4", "--require-model=false"]
+    assert "flags" not in loaded.bbr and "flags" not in loaded.pools[0].epp
+    assert loaded.pools[0].epp_flags == ["-v", "4", "--refresh-metrics-interval", "100ms"]
+    assert loaded.pools[1].epp_flags == []

@@ -25,7 +25,7 @@ from devkit.net import free_port
 from epp.datastore import Datastore
 from epp.sources import ManifestSource
 from shared.pd import PREFILLER_HEADER, ROLE_LABEL
-from sidecar.allowlist import PoolPrefillers
+from sidecar.allowlist import AllowAny, PoolPrefillers
 from sidecar.proxy import Sidecar, SidecarConfig, SidecarMetrics
 from sim.config import ServerConfig
 from sim.fleet import Fleet, start_fleet
@@ -451,3 +451,53 @@ async def test_cli_serves_a_disaggregated_request(tmp_path: Path, connector: str
         finally:
             proc.terminate()
             assert await asyncio.wait_for(proc.wait(), 30) == 0
+
+
+UNCHECKABLE_BODIES = [
+    # orjson refuses these, Python's json (the model server's side) reads them: the sidecar
+    # could not strip kv_transfer_params, so it must not forward them (issue 31, item 9).
+    b'{"model": "m", "prompt": "hi", "temperature": NaN, '
+    b'"kv_transfer_params": {"remote_host": "evil"}}',
+    b'{"model": "m", "prompt": "\\ud800", "kv_transfer_params": {"remote_host": "evil"}}',
+    b'{"model": "m", "prompt": "hi", "top_p": Infinity}',
+]
+
+
+@pytest.mark.parametrize("body", UNCHECKABLE_BODIES)
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/responses"])
+async def test_a_body_the_parser_rejects_is_refused_not_forwarded(body: bytes, path: str) -> None:
+    received: list[bytes] = []
+
+    async def record(request: web.Request) -> web.Response:
+        received.append(await request.read())
+        return web.json_response({"ok": True})
+
+    app = web.Application()
+    app.router.add_post(path, record)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    sidecar = Sidecar(SidecarConfig(decoder_url=f"http://127.0.0.1:{port}"), AllowAny())
+    front = web.AppRunner(sidecar.app())
+    await front.setup()
+    front_site = web.TCPSite(front, "127.0.0.1", 0)
+    await front_site.start()
+    front_port = front_site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        async with httpx.AsyncClient() as client:
+            r = await client.post(f"http://127.0.0.1:{front_port}{path}", content=body,
+                                  headers={"content-type": "application/json"})
+            assert r.status_code == 400
+            assert r.json()["error"]["type"] == "invalid_request_error"
+            # An escaped key is still found and stripped (orjson reads the escape).
+            escaped = b'{"model": "m", "input": "hi", "kv_transfer\\u005fparams": {"a": 1}}'
+            ok = await client.post(f"http://127.0.0.1:{front_port}{path}", content=escaped,
+                                   headers={"content-type": "application/json"})
+            assert ok.status_code == 200
+        assert len(received) == 1 and b"kv_transfer" not in received[0]
+        assert orjson.loads(received[0]) == {"model": "m", "input": "hi"}
+    finally:
+        await front.cleanup()
+        await runner.cleanup()

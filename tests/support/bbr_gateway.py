@@ -42,25 +42,29 @@ def backends(bg: BackgroundLoop) -> Iterator[dict[str, EchoBackend]]:
 
 
 def gateway_config(mode: str, bbr_port: int, backends: dict[str, EchoBackend], admin: int,
-                   listen: int, *, tls: bool = False) -> dict[str, Any]:
-    """BBR, then a route per model header to echo backends ``a`` and ``b``, else ``default``."""
+                   listen: int, *, tls: bool = False, not_found: str | None = None,
+                   ) -> dict[str, Any]:
+    """BBR, then a route per model header to echo backends ``a`` and ``b``, else ``default``
+    (with ``not_found``: no ``default`` route, the gateway's 404 instead)."""
     models = {"a": ["a"], "b": ["b", UNICODE_MODEL], "default": []}
     return Topology(listen=listen, admin=admin, bbr_port=bbr_port, mode=mode, tls=tls, pools=[
         Pool(n, models=models[n], cluster=n, endpoints=[("127.0.0.1", s.port)])
-        for n, s in backends.items()]).bootstrap()
+        for n, s in backends.items() if not_found is None or models[n]],
+        not_found=not_found).bootstrap()
 
 
 def start_gateway(bg: BackgroundLoop, mode: str, backends: dict[str, EchoBackend],
                   base_models: StaticBaseModels | None = None, *, tls: bool = False,
-                  models_endpoint: bool = True) -> tuple[Gateway, InProcessService]:
+                  models_endpoint: bool = True, require_model: bool = True,
+                  not_found: str | None = None) -> tuple[Gateway, InProcessService]:
     base_models = base_models or StaticBaseModels()
     listing = ModelListing(base_models, created=1700000000) if models_endpoint else None
-    router = BodyRouter(build([], base_models), listing)
+    router = BodyRouter(build([], base_models), listing, require_model=require_model)
     svc = InProcessService(bg, ExtProcServicer(router.exchange, max_body=MAX_BODY),
                            secure=tls).start()
     admin, listen = e.free_port(), e.free_port()
-    envoy = e.Envoy(gateway_config(mode, svc.port, backends, admin, listen, tls=tls),
-                    admin_port=admin).start()
+    envoy = e.Envoy(gateway_config(mode, svc.port, backends, admin, listen, tls=tls,
+                                   not_found=not_found), admin_port=admin).start()
     return Gateway(mode, envoy, listen, backends), svc
 
 

@@ -68,6 +68,10 @@ RESOURCES: tuple[Resource, ...] = (
     Resource("inference.networking.x-k8s.io", "v1alpha2", "inferencemodelrewrites",
              "InferenceModelRewrite"),
     Resource("inference.networking.x-k8s.io", "v1alpha2", "inferencemodels", "InferenceModel"),
+    Resource("llm-d.ai", "v1alpha2", "inferenceobjectives", "InferenceObjective"),
+    Resource("llm-d.ai", "v1alpha2", "inferencemodelrewrites", "InferenceModelRewrite"),
+    Resource("inference.networking.x-k8s.io", "v1alpha1", "inferencepoolimports",
+             "InferencePoolImport"),
 )
 
 #: Resources are keyed by (group, plural): one storage per group, as the API server has.
@@ -163,7 +167,11 @@ class FakeApiServer:
         self._floor = 0  # watches from below this resourceVersion get 410 Gone
         self._stores: dict[ResKey, _Store] = {(r.group, r.plural): _Store() for r in RESOURCES}
         self._forbidden: set[str] = set()
-        self._unserved: set[str] = set()
+        #: Resources answered with 404 (their CRD "not installed"): ``plural`` or
+        #: ``plural.group``. llm-d.ai's start so, as in a cluster with GIE v1.5's CRDs only;
+        #: a test installs them with :meth:`serve`.
+        self._unserved: set[str] = {"inferenceobjectives.llm-d.ai",
+                                    "inferencemodelrewrites.llm-d.ai"}
         self._severed = False
         self._watch_sockets: set[socket.socket] = set()
         #: Every request as ``(method, path, query)``, for assertions on what clients did.
@@ -254,15 +262,22 @@ class FakeApiServer:
             self._rv += n
             self._cond.notify_all()
 
-    def forbid(self, plural: str) -> None:
-        """Answer 403 Forbidden to every request on resource ``plural`` (RBAC missing)."""
+    def forbid(self, plural: str, group: str | None = None) -> None:
+        """Answer 403 Forbidden to every request on resource ``plural`` (of every group, or
+        of ``group`` only): RBAC missing."""
         with self._cond:
-            self._forbidden.add(plural)
+            self._forbidden.add(plural if group is None else f"{plural}.{group}")
 
-    def unserve(self, plural: str) -> None:
-        """Answer 404 for resource ``plural``, as when its CRD is not installed."""
+    def unserve(self, plural: str, group: str | None = None) -> None:
+        """Answer 404 for resource ``plural`` (of every group, or of ``group`` only), as when
+        its CRD is not installed."""
         with self._cond:
-            self._unserved.add(plural)
+            self._unserved.add(plural if group is None else f"{plural}.{group}")
+
+    def serve(self, plural: str, group: str | None = None) -> None:
+        """Undo :meth:`unserve` (the CRD was installed)."""
+        with self._cond:
+            self._unserved.discard(plural if group is None else f"{plural}.{group}")
 
     def allow(self, plural: str) -> None:
         """Undo :meth:`forbid`."""
@@ -456,10 +471,7 @@ def _handler_for(server: FakeApiServer) -> type[BaseHTTPRequestHandler]:
                                             f"resource ({url.path})")
                 return None
             res, ns, name = route
-            if res.plural in server._unserved:
-                self._fail(404, "NotFound", "the server could not find the requested resource")
-                return None
-            if res.plural in server._forbidden:
+            if res.plural in server._forbidden or f"{res.plural}.{res.group}" in server._forbidden:
                 verb = {"GET": "watch" if query.get("watch") in ("true", "1") else
                         ("get" if name else "list"), "POST": "create", "PUT": "update",
                         "DELETE": "delete"}[method]
@@ -468,6 +480,10 @@ def _handler_for(server: FakeApiServer) -> type[BaseHTTPRequestHandler]:
                 self._fail(403, "Forbidden",
                            f"{res.plural} is forbidden: User \"system:serviceaccount:test:epp\" "
                            f"cannot {verb} resource \"{res.plural}\"{group}{where}")
+                return None
+            # after RBAC, as the real server authorizes before it looks for the resource
+            if res.plural in server._unserved or f"{res.plural}.{res.group}" in server._unserved:
+                self._fail(404, "NotFound", "the server could not find the requested resource")
                 return None
             return res, ns, name, query
 

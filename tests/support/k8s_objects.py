@@ -6,6 +6,7 @@ from typing import Any
 
 POOL_API = "inference.networking.k8s.io/v1"
 X_API = "inference.networking.x-k8s.io/v1alpha2"
+LLMD_API = "llm-d.ai/v1alpha2"
 NS = "llm"
 
 
@@ -40,18 +41,18 @@ def pod(name: str, ip: str, *, labels: dict[str, str] | None = None, ready: bool
 
 
 def objective(name: str, priority: int | Any, *, pool_name: str = "pool-a",
-              namespace: str = NS) -> dict[str, Any]:
+              namespace: str = NS, api: str = X_API) -> dict[str, Any]:
     return {
-        "apiVersion": X_API, "kind": "InferenceObjective",
+        "apiVersion": api, "kind": "InferenceObjective",
         "metadata": {"name": name, "namespace": namespace},
         "spec": {"priority": priority, "poolRef": {"name": pool_name}},
     }
 
 
 def rewrite(name: str, model: str, target: str, *, pool_name: str = "pool-a",
-            namespace: str = NS) -> dict[str, Any]:
+            namespace: str = NS, api: str = X_API) -> dict[str, Any]:
     return {
-        "apiVersion": X_API, "kind": "InferenceModelRewrite",
+        "apiVersion": api, "kind": "InferenceModelRewrite",
         "metadata": {"name": name, "namespace": namespace},
         "spec": {"poolRef": {"name": pool_name}, "rules": [{
             "matches": [{"model": {"type": "Exact", "value": model}}],

@@ -235,7 +235,8 @@ class FakeModelServer(_AppServer):
 
 
 class EppProcess:
-    """The real ``epp`` command in a subprocess, plaintext, waiting until health SERVING."""
+    """The real ``epp`` command in a subprocess, plaintext, waiting until health SERVING
+    (``manifests`` None: no ``--manifests``, e.g. a config with ``dataLayer.discovery``)."""
 
     def __init__(self, manifests: Any, *extra: str, log_path: Any = None) -> None:
         import os
@@ -249,7 +250,8 @@ class EppProcess:
         self.log_path = log_path or tempfile.mktemp(prefix="epp-", suffix=".log")
         self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "epp.main", "--manifests", str(manifests),
+            [sys.executable, "-m", "epp.main",
+             *(["--manifests", str(manifests)] if manifests is not None else []),
              "--secure-serving=false", "--grpc-port", str(self.port),
              "--grpc-health-port", str(self.health), "--metrics-port", str(self.metrics),
              "--grace-period", "2", *extra],

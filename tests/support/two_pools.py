@@ -26,8 +26,9 @@ class TwoPools:
     canary_pod: FakeModelServer
 
     def pool_of(self, server_name: str) -> str:
-        return next(p for p, ss in self.servers.items() if any(s.name == server_name
-                                                               for s in ss))
+        """The pool of a server; ``"outside"`` for the canary (in no EPP's pool)."""
+        return next((p for p, ss in self.servers.items()
+                     if any(s.name == server_name for s in ss)), "outside")
 
     def reset(self) -> None:
         for ss in self.servers.values():
@@ -49,8 +50,12 @@ def start_two_pools(bg: BackgroundLoop, tmp: Path, mode: str) -> TwoPools:
         s.model = QWEN[0]
     canary_http = bg.run(EchoBackend("canary").start())
     canary_pod = bg.run(FakeModelServer("canary-pod", "127.0.30.1", port).start())
-    pools = [PoolDef("llama", LLAMA, [(s.name, s.host) for s in servers["llama"]], port),
-             PoolDef("qwen", QWEN, [(s.name, s.host) for s in servers["qwen"]], port)]
+    # The canary pod is in both pools' Envoy clusters (Envoy can route to it) but in no
+    # EPP's pool: if any request reached it, something other than the EPP's pick steered it.
+    pools = [PoolDef("llama", LLAMA, [(s.name, s.host) for s in servers["llama"]], port,
+                     decoys=[canary_pod.host]),
+             PoolDef("qwen", QWEN, [(s.name, s.host) for s in servers["qwen"]], port,
+                     decoys=[canary_pod.host])]
     gw = start_gateway(tmp, pools, mode=mode)
     return TwoPools(gw, servers, canary_http, canary_pod)
 

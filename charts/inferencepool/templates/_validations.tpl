@@ -15,6 +15,12 @@
 {{- if and ($store.url | default $store.secretRef) (ne ($ie.haMode | default "") "active-active") }}
 {{- fail "inferenceExtension.stateStore is shared by active-active replicas: set inferenceExtension.haMode=active-active" }}
 {{- end }}
+{{- if and $store.url (not $store.allowInsecure) (not (regexMatch "^[a-z]+://[^@/]*:[^@/]+@" $store.url)) }}
+{{- fail "inferenceExtension.stateStore.url has no password: anyone who can reach the store could steer picks; put a URL with its password in a Secret (stateStore.secretRef), or set stateStore.allowInsecure=true" }}
+{{- end }}
+{{- if and (eq ($ie.haMode | default "") "active-active") (not $store.allowInsecure) (not (and $store.signingSecretRef $store.signingSecretRef.name $store.signingSecretRef.key)) }}
+{{- fail "inferenceExtension.stateStore.signingSecretRef {name, key} is needed: the shared secret that signs what replicas write, so a writer without it cannot steer picks (or set stateStore.allowInsecure=true)" }}
+{{- end }}
 {{- if and $ie.sidecar.enabled $ie.sidecar.configMap (not $ie.sidecar.configMap.name) }}
 {{- fail "inferenceExtension.sidecar.configMap.name is required when sidecar.configMap is given" }}
 {{- end }}

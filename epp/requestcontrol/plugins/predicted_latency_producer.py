@@ -155,9 +155,12 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseStreami
                 out.prefix_scores[key], v.inflight_requests, v.metrics.kv_usage, v.queue)
         elapsed = time.perf_counter() - started
         pair = (request.client_model, request.target_model)
+        me = (self.name, self.type_name, *pair)
         m.TTFT_PREDICTION_DURATION.labels(*pair).observe(elapsed)
+        m.LLMD_TTFT_PREDICTION_DURATION.labels(*me).observe(elapsed)
         if tpot_model is not None:
             m.TPOT_PREDICTION_DURATION.labels(*pair).observe(elapsed)
+            m.LLMD_TPOT_PREDICTION_DURATION.labels(*me).observe(elapsed)
 
     def _row(self, tokens: float, uncached: float, v: EndpointView) -> tuple[float, ...]:
         """The model's input row (:meth:`EndpointState.ttft_x`) for endpoint ``v`` now."""
@@ -184,6 +187,8 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseStreami
         if prediction.ttft is not None:
             m.PREDICTED_TTFT.labels(request.client_model, request.target_model).observe(
                 prediction.ttft)
+            m.LLMD_PREDICTED_TTFT.labels(self.name, self.type_name, request.client_model,
+                                         request.target_model).observe(prediction.ttft)
         if prediction.tpot is not None:
             out.tpot_predictions.append(prediction.tpot)
 
@@ -247,13 +252,20 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseStreami
         if row is not None:
             self.predictor.observe(EndpointState.from_ttft_row(row), ttft, tpot)
         slo, pair = out.slo, (request.client_model, request.target_model)
+        me = (self.name, self.type_name, *pair)
         if (predicted := predicted_tpot(out)) is not None and response.tpot is not None:
             # Upstream reports the predicted TPOT with the measured one, at the end.
             m.PREDICTED_TPOT.labels(*pair).observe(predicted)
+            m.LLMD_PREDICTED_TPOT.labels(*me).observe(predicted)
+        for kind, value in (("ttft", response.ttft), ("tpot", response.tpot)):
+            if value is not None:
+                m.LLMD_REQUEST_METRIC.labels(*me, kind).set(value)
         if slo.ttft is not None and response.ttft is not None and response.ttft > slo.ttft:
             m.SLO_VIOLATIONS.labels(*pair, "ttft").inc()
+            m.LLMD_SLO_VIOLATIONS.labels(*me, "ttft").inc()
         if slo.tpot is not None and response.tpot is not None and response.tpot > slo.tpot:
             m.SLO_VIOLATIONS.labels(*pair, "tpot").inc()
+            m.LLMD_SLO_VIOLATIONS.labels(*me, "tpot").inc()
 
 
 def predicted_tpot(out: RequestPredictions) -> float | None:

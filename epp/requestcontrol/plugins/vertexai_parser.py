@@ -57,6 +57,8 @@ class VertexAIParser(Plugin, Parser, GrpcResponseReader):
     (``HttpBody`` with JSON or SSE data) give the token usage. As upstream (llm-d)."""
 
     type_name = "vertexai-parser"
+    paths = (CHAT_COMPLETIONS, "PredictionService/StreamRawPredict",
+             "PredictionService/RawPredict")
 
     def parse(self, body: bytes, path: str) -> OpenAIRequest:
         if not path.split("?", 1)[0].endswith(CHAT_COMPLETIONS):

@@ -69,6 +69,7 @@ class VllmGrpcParser(Plugin, Parser, GrpcResponseReader):
     nothing here uses."""
 
     type_name = "vllmgrpc-parser"
+    paths = (GENERATE, EMBED)
 
     def parse(self, body: bytes, path: str) -> OpenAIRequest:
         method = path.split("?", 1)[0]

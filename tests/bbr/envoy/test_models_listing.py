@@ -123,4 +123,10 @@ def test_listing_follows_mapping_updates() -> None:
     ("POST", "/v1/models"), ("GET", "/v1/modelsx"), ("GET", "/v1/chat/completions"),
     ("GET", "/models")])
 def test_other_requests_are_not_answered(method: str, path: str) -> None:
-    ModelListing(StaticBaseModels({"a": "a"})).answer(method, path)  # no raise
+    listing = ModelListing(StaticBaseModels({"a": "a"}))
+    # The control: this listing does answer the listing request (a listing that answered
+    # nothing would pass the check below; issue 31, item 12) ...
+    with pytest.raises(DirectResponse):
+        listing.answer("GET", "/v1/models")
+    # ... and lets every other request through to the pool, untouched.
+    assert listing.answer(method, path) is None

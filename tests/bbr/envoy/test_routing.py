@@ -41,27 +41,28 @@ def test_model_selects_its_route_and_body_arrives_unchanged(gateway: Gateway, mo
     assert seen["headers"]["x-gateway-model-name"] == model
 
 
-def test_request_without_model_goes_to_default_route_and_is_counted(gateway: Gateway) -> None:
-    before = REGISTRY.get_sample_value("bbr_body_field_not_found_total", {"field": "model"}) or 0
-    r = post(gateway, b'{"prompt": "no model here"}')
-    assert r.status_code == 200
-    assert r.json()["backend"] == "default"
-    assert "x-gateway-model-name" not in r.json()["headers"]
-    after = REGISTRY.get_sample_value("bbr_body_field_not_found_total", {"field": "model"})
-    assert after == before + 1
-
-
-def test_empty_model_goes_to_default_route_and_is_counted(gateway: Gateway) -> None:
-    before = REGISTRY.get_sample_value("bbr_body_field_empty_total", {"field": "model"}) or 0
-    r = post(gateway, b'{"model": "", "prompt": "x"}')
-    assert r.json()["backend"] == "default"
-    assert REGISTRY.get_sample_value("bbr_body_field_empty_total", {"field": "model"}) == before + 1
-
-
-def test_non_string_model_sets_no_header(gateway: Gateway) -> None:
-    r = post(gateway, b'{"model": 5, "prompt": "x"}')
-    assert r.status_code == 200
-    assert r.json()["backend"] == "default"
+@pytest.mark.parametrize(
+    ("body", "code", "counter"),
+    [
+        (b'{"prompt": "no model here"}', "missing_model", "bbr_body_field_not_found_total"),
+        (b'{"model": "", "prompt": "x"}', "missing_model", "bbr_body_field_empty_total"),
+        (b'{"model": 5, "prompt": "x"}', "invalid_model", "bbr_body_field_not_found_total"),
+        (b'{"model": null, "prompt": "x"}', "missing_model", "bbr_body_field_not_found_total"),
+    ],
+)
+def test_request_without_a_usable_model_gets_400_json_and_is_counted(
+        gateway: Gateway, body: bytes, code: str, counter: str) -> None:
+    """What the EPP answers (docs/epp.md), answered at the gateway's front door, so the request
+    never reaches a route that matches without the model header."""
+    before = REGISTRY.get_sample_value(counter, {"field": "model"}) or 0
+    errors = REGISTRY.get_sample_value("bbr_errors_total", {"code": "400"}) or 0
+    r = post(gateway, body)
+    assert r.status_code == 400
+    assert r.headers["content-type"] == "application/json"
+    assert r.json()["error"] == {"message": r.json()["error"]["message"],
+                                 "type": "invalid_request_error", "code": code}
+    assert REGISTRY.get_sample_value(counter, {"field": "model"}) == before + 1
+    assert REGISTRY.get_sample_value("bbr_errors_total", {"code": "400"}) == errors + 1
 
 
 def test_client_model_header_cannot_pick_the_route(gateway: Gateway) -> None:
@@ -69,7 +70,7 @@ def test_client_model_header_cannot_pick_the_route(gateway: Gateway) -> None:
     r = httpx.post(gateway.url(), content=b'{"model": "a"}', headers=spoofed)
     assert r.json()["backend"] == "a"
     r = httpx.post(gateway.url(), content=b'{"prompt": "x"}', headers=spoofed)
-    assert r.json()["backend"] == "default"
+    assert r.status_code == 400
 
 
 def test_unicode_model_name_routes(gateway: Gateway) -> None:

@@ -17,7 +17,7 @@ import yaml
 
 from epp.config import ConfigError, build, builtin_registry, parse_config
 from epp.config.builtins import PENDING
-from epp.config.loader import SECTIONS
+from epp.config.loader import DATA_LAYER_KEYS, SECTIONS
 
 CONFIGS = Path(__file__).parent / "configs"
 
@@ -140,3 +140,17 @@ def test_the_corpus_covers_every_config_section() -> None:
         if isinstance(doc, dict):
             used |= set(doc)
     assert set(SECTIONS) - used == set()
+
+
+def test_the_corpus_covers_every_data_layer_key_and_request_handler() -> None:
+    used: set[str] = set()
+    for c in CASES:
+        try:
+            doc = yaml.safe_load(c.text)
+        except yaml.YAMLError:
+            continue
+        if isinstance(doc, dict):
+            used |= {f"dataLayer.{k}" for k in doc.get("dataLayer") or {}}
+            used |= {f"requestHandler.{k}" for k in doc.get("requestHandler") or {}}
+    wanted = {f"dataLayer.{k}" for k in DATA_LAYER_KEYS} | {"requestHandler.parsers"}
+    assert wanted - used == set()

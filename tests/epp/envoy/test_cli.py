@@ -97,7 +97,8 @@ def test_bad_ha_flags_exit_with_one_line(manifests: Path, args: list[str],
 
 
 def test_a_kv_events_socket_that_cannot_be_bound_exits_with_one_line(manifests: Path) -> None:
-    """precise-prefix-cache-scorer binds kvEventsConfig.zmqEndpoint before serving."""
+    """precise-prefix-cache-producer (the scorer's v0.10 form, which does not log a
+    deprecation) binds kvEventsConfig.zmqEndpoint before serving."""
     import zmq
 
     taken: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.SUB)
@@ -106,7 +107,7 @@ def test_a_kv_events_socket_that_cannot_be_bound_exits_with_one_line(manifests: 
         address = taken.getsockopt_string(zmq.LAST_ENDPOINT)
         proc = run_epp("--manifests", str(manifests), "--config-text", f"""\
 plugins:
-- type: precise-prefix-cache-scorer
+- type: precise-prefix-cache-producer
   parameters: {{kvEventsConfig: {{zmqEndpoint: "{address}"}}}}
 """)
     finally:
@@ -114,5 +115,5 @@ plugins:
     assert proc.returncode != 0
     line = proc.stderr.strip()
     assert line.count("\n") == 0, proc.stderr
-    assert "precise-prefix-cache-scorer" in line and "kvEventsConfig.zmqEndpoint" in line
+    assert "precise-prefix-cache-producer" in line and "kvEventsConfig.zmqEndpoint" in line
     assert address in line

@@ -56,7 +56,7 @@ def test_a_session_token_brings_every_turn_back_to_the_server_that_served_the_fi
     key = tmp_path / "session.key"
     key.write_text("a-secret-of-at-least-16-bytes\n")
     gw = Gateway(bg, tmp_path, servers, "--config-text", CONFIG,
-                 "--session-token-key-file", str(key))
+                 "--session-token-key-file", str(key), "--allow-experimental-plugins")
     try:
         first = send(gw, {})
         token = first.headers["x-session-token"]
@@ -72,7 +72,8 @@ def test_a_session_token_brings_every_turn_back_to_the_server_that_served_the_fi
 
 def test_forged_tokens_and_client_destinations_stay_in_the_pool(
         bg: BackgroundLoop, tmp_path: Path, servers: list[FakeModelServer]) -> None:
-    gw = Gateway(bg, tmp_path, servers, "--config-text", CONFIG)
+    gw = Gateway(bg, tmp_path, servers, "--config-text", CONFIG,
+                 "--allow-experimental-plugins")  # the scorer is Alpha upstream
     names = {s.name for s in servers}
     llm_d_style = base64.b64encode(b"default/pod-0-rank-0").decode()
     forged = [{"x-session-token": "A" * 32}, {"x-session-token": llm_d_style},

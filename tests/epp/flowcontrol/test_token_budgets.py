@@ -120,7 +120,7 @@ def test_it_is_an_admitter_of_the_runtime() -> None:
 
 async def test_two_replicas_hold_one_budget_through_valkey_and_fail_open() -> None:
     with ValkeyServer() as server:
-        url = parse_store_url(server.url + "?timeout=0.3")
+        url = parse_store_url(server.url + "?timeout=2")
         stores = [ValkeyStateStore(url, pool="ns/pool", replica=r) for r in ("a", "b")]
         a, b = (admitter(s, tokens_per_minute=1000) for s in stores)
         b.ledger.clock = a.ledger.clock  # one second on both replicas

@@ -10,7 +10,7 @@ import httpx
 import pytest
 import zmq
 import zmq.asyncio
-from prometheus_client import CollectorRegistry
+from prometheus_client import REGISTRY, CollectorRegistry
 
 from epp.kvcache import (
     IndexConfig,
@@ -303,3 +303,22 @@ async def test_malformed_messages_are_counted_and_skipped() -> None:
     finally:
         await subs.stop()
         pub.close(linger=0)
+
+
+async def test_subscriber_health_series_follow_the_subscribers(two: Rig) -> None:
+    """llm-d-router v0.10's subscriber health: messages per subscriber, the subscribers
+    managed, and a leaving endpoint's series removed with it."""
+    messages = "llm_d_router_epp_kv_cache_events_messages_received_total"
+    assert two.metric(messages, pod_identifier=two.ep(0)) >= 1  # sync_up saw a batch
+    assert two.metric(messages, pod_identifier=two.ep(1)) >= 1
+
+    def active() -> float:
+        return REGISTRY.get_sample_value(
+            "llm_d_router_epp_kv_cache_events_active_subscribers") or 0.0
+
+    before = active()
+    assert before >= 2  # these two (a test run may hold other live subscriptions)
+    await two.subs.sync(sources(two.fleet)[1:])
+    assert active() == before - 1
+    assert two.registry.get_sample_value(messages, {"pod_identifier": two.ep(0)}) is None
+    assert two.metric(messages, pod_identifier=two.ep(1)) >= 1

@@ -153,8 +153,10 @@ async def test_pools_in_one_namespace_do_not_mix(store_url: str, replicas: Repli
 
 
 async def test_sync_operations_are_counted_and_timed(
-        store_url: str, replicas: Replicas) -> None:
+        store_url: str, replicas: Replicas, eventually: Eventually) -> None:
     a = await replicas(store_url, "a")
+    # Up means pushing, pulling and subscribed to the feed (the feed joins in the background).
+    await eventually(lambda: a.shared, "a joined")
     ops = sample("inference_extension_state_store_operations_total", "push")
     timed = sample("inference_extension_state_store_operation_duration_seconds_count", "push")
     await a.sync()
@@ -234,7 +236,8 @@ async def test_a_backlog_goes_out_in_bounded_batches_and_none_is_lost(
                 misses += 1
                 assert misses < 3, f"only {sum(batches)} of {writes} writes published"
                 continue
-            batches.append(len(orjson.loads(message["data"])["p"]))
+            # A published update is <mac>.<json>.
+            batches.append(len(orjson.loads(message["data"].partition(b".")[2])["p"]))
     finally:
         await feed.aclose()
         await listener.aclose()

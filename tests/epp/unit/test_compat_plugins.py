@@ -552,6 +552,7 @@ dataLayer:
   sources:
   - pluginRef: endpoint-notification-source
     extractors: [{pluginRef: event-recorder}]
+  injectDefaults: false
 """
     ds = store()
     runtime = build(parse_config(text), ds, registry=PluginRegistry((*BUILTIN_PLUGINS, Recorder)))

@@ -175,3 +175,12 @@ def test_go_durations_parse(text: str | int, seconds: float) -> None:
 def test_bad_durations_are_config_errors(text: object) -> None:
     with pytest.raises(ConfigError, match="must be a duration like 200ms"):
         parse_duration(text, "saturationDetector.metricsStalenessThreshold")
+
+
+@pytest.mark.parametrize("text", ["", "\n  \n"])
+def test_empty_config_file_is_an_error_naming_the_file(tmp_path: Path, text: str) -> None:
+    """Issue 31: an empty file (a ConfigMap key gone wrong) was taken silently as default."""
+    path = tmp_path / "epp.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=f"{path}: the file is empty"):
+        load_config_file(path)

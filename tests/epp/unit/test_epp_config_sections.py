@@ -102,8 +102,16 @@ dataLayer:
     assert (source.name, [e.name for e in source.extractors]) == ("scrape", ["core"])
 
 
-def test_an_empty_data_layer_collects_nothing() -> None:
-    assert build(parse_config("dataLayer: {sources: []}\n")).data_sources == ()
+def test_an_empty_data_layer_still_gets_the_default_metrics_source() -> None:
+    # llm-d v0.10: the default source is added unless injectDefaults says no.
+    (source,) = build(parse_config("dataLayer: {sources: []}\n")).data_sources
+    assert source.type_name == "metrics-data-source"
+    assert [e.type_name for e in source.extractors] == ["core-metrics-extractor"]
+
+
+def test_inject_defaults_false_collects_nothing() -> None:
+    text = "dataLayer: {sources: [], injectDefaults: false}\n"
+    assert build(parse_config(text)).data_sources == ()
 
 
 def test_a_metrics_source_without_a_core_extractor_is_an_error() -> None:

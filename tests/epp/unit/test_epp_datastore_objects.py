@@ -106,3 +106,30 @@ def test_missing_named_pool_is_an_error(raw_pool: Raw) -> None:
     pools = [parse_object(raw_pool("a"))]
     with pytest.raises(SnapshotError, match="default/x not found"):
         build_snapshot([p for p in pools if p], pool_name="x", pool_namespace="default")
+
+
+@pytest.mark.parametrize("api", ["llm-d.ai/v1alpha2", "inference.networking.x-k8s.io/v1alpha2"])
+def test_objective_and_rewrite_load_from_llm_d_ai_and_the_deprecated_group(api: str) -> None:
+    objective = parse_object({"apiVersion": api, "kind": "InferenceObjective",
+                              "metadata": {"name": "o"},
+                              "spec": {"priority": 2, "poolRef": {"name": "pool"}}})
+    rewrite = parse_object({"apiVersion": api, "kind": "InferenceModelRewrite",
+                            "metadata": {"name": "rw"}, "spec": {"poolRef": {"name": "pool"},
+                                                                 "rules": [{"targets": [
+                                                                     {"modelRewrite": "a"}]}]}})
+    assert objective is not None and rewrite is not None
+
+
+@pytest.mark.parametrize(("api", "kind"), [("llm-d.ai/v1alpha1", "InferenceObjective"),
+                                           ("llm-d.ai/v1alpha2", "InferenceModel")])
+def test_other_llm_d_ai_versions_and_kinds_are_refused(api: str, kind: str) -> None:
+    err = _error({"apiVersion": api, "kind": kind, "metadata": {"name": "x"},
+                  "spec": {"poolRef": {"name": "pool"}, "modelName": "m"}})
+    assert err.field == "apiVersion"
+
+
+def test_a_gie_v1_6_pool_without_endpoint_picker_ref_loads(raw_pool: Raw) -> None:
+    doc = raw_pool()
+    doc["spec"].pop("endpointPickerRef", None)
+    pool = parse_object(doc)
+    assert isinstance(pool, Pool) and pool.picker_name == "" and pool.picker_port is None

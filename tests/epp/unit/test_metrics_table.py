@@ -84,13 +84,13 @@ def exercise_both_services() -> list[object]:
         d.dispatch(pending)  # a scheduling failure
     d.count_error({"x-gateway-model-name": "m"}, GatewayError("refused"))
     exercise_slo_plugins()
-    m.INFO.labels(commit="test", build_ref="").set(1)
+    m.build_info("test", "")
     router = BodyRouter(build_bbr([], StaticBaseModels()))
-    for raw in (b'{"model": "m"}', b'{"model": ""}', b"{}"):
-        router.decide(raw)
-    with pytest.raises(GatewayError):
-        router.decide(b"not json")
-    bbr_metrics.INFO.labels(version="test").set(1)
+    router.decide(b'{"model": "m"}')
+    for raw in (b'{"model": ""}', b"{}", b"not json"):
+        with pytest.raises(GatewayError):
+            router.decide(raw)
+    bbr_metrics.INFO.labels(commit="test", build_ref="").set(1)
     # Flow control's series, through the object its controller records with (one request
     # queued, one finished, one dispatch cycle); tests/epp/flowcontrol drive the real thing.
     fc = default_flow_control_metrics()
@@ -106,7 +106,8 @@ def exercise_both_services() -> list[object]:
     attained_service_gauge().labels("agent").set(1.0)
     asyncio.run(exercise_state_store())
     pool = m.PoolCollector("pool", runtime.datastore,
-                           prefix_stats=lambda: runtime.scheduler.prefix_indexer_size)
+                           prefix_stats=lambda: runtime.scheduler.prefix_indexer_size,
+                           prefix_sizes=runtime.scheduler.prefix_indexer_sizes)
     return list(pool.collect())
 
 
@@ -132,7 +133,7 @@ def exported() -> dict[str, tuple[str, set[frozenset[str]]]]:
     out: dict[str, tuple[str, set[frozenset[str]]]] = {}
     for fam in families:
         name = fam.name + "_total" if fam.type == "counter" else fam.name  # type: ignore[attr-defined]
-        if not name.startswith(("inference_", "bbr_", "llm_d_epp_")) or name.endswith("_created"):
+        if not name.startswith(("inference_", "bbr_", "llm_d_")) or name.endswith("_created"):
             continue  # _created: the client library's creation time of each series
         label_sets = {frozenset(k for k in s.labels if k != "le")
                       for s in fam.samples}  # type: ignore[attr-defined]

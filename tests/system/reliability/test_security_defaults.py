@@ -144,3 +144,45 @@ def test_prompts_and_authorization_headers_stay_out_of_info_logs(two_pools: TwoP
     assert logs  # the services did log (start-up lines)
     assert SECRET_PROMPT not in logs and "hunter2" not in logs
     assert SECRET_TOKEN not in logs
+
+
+def _health(port: int, client: tuple[bytes, bytes] | None) -> str:
+    """The gRPC health answer on the ext_proc port over TLS (server not verified, as Envoy
+    does), presenting ``client`` (key, cert) or no certificate; the error code on failure."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    server_cert = ssl.get_server_certificate(("127.0.0.1", port)).encode()
+    creds = grpc.ssl_channel_credentials(
+        root_certificates=server_cert,
+        private_key=client[0] if client else None,
+        certificate_chain=client[1] if client else None)
+    opts = [("grpc.ssl_target_name_override", "inference-gateway")]
+    with grpc.secure_channel(f"127.0.0.1:{port}", creds, options=opts) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        try:
+            reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+        except grpc.RpcError as err:
+            return str(err.code())
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+
+
+def test_client_ca_file_requires_a_client_certificate(tmp_path: Path) -> None:
+    """Issue 31, item 11: the ext_proc port accepted any TLS client. With --client-ca-file
+    only clients holding a certificate that CA signed get through (mTLS)."""
+    from devkit.manifests import pool_manifests, write_yaml
+
+    manifests = tmp_path / "m.yaml"
+    write_yaml(manifests, pool_manifests("p", [("a", "127.0.0.1")], 1))
+    trusted, rogue = self_signed("gateway"), self_signed("rogue")
+    ca = tmp_path / "ca.pem"
+    ca.write_bytes(trusted[1])
+    svc = ServiceProcess("epp.main", "--manifests", str(manifests), "--health-checking",
+                         "--client-ca-file", str(ca), log_path=tmp_path / "epp.log").start()
+    try:
+        svc.wait_serving()
+        assert _health(svc.port, trusted) == "SERVING"
+        assert _health(svc.port, None) == "StatusCode.UNAVAILABLE"
+        assert _health(svc.port, rogue) == "StatusCode.UNAVAILABLE"
+    finally:
+        svc.stop()

@@ -25,8 +25,17 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     fleet.stop()
 
 
+#: The per-request RSS slope this short run can tell from noise (issue 31, item 12). The 5%
+#: bound alone on ~1,650 requests misses anything under ~3 KB per request: a deliberate
+#: 1 KiB/request leak in BBR grew it 1.6% (passes) but measured 1,323 B/request here (fails);
+#: leak-free runs measured 123-219 B/request for BBR, up to 541 for the EPP (noise). Finer
+#: leaks (the 130 B/request grpc.aio one) need ``python -m bench.rss_per_request``.
+MAX_BYTES_PER_REQUEST = 1000
+
+
 def test_one_minute_soak_grows_no_memory_fds_threads_or_errors(gateway: Gateway) -> None:
-    report = run_soak(gateway, SECONDS, rate=30, window=SECONDS / 3)
+    report = run_soak(gateway, SECONDS, rate=30, window=SECONDS / 3, sample_every=1.0)
     assert report.requests > SECONDS * 30 * 0.9
     assert report.errors == 0, report.window_errors
-    assert report.problems() == [], {s: report.growth(s) for s in report.samples}
+    assert report.problems(max_bytes_per_request=MAX_BYTES_PER_REQUEST) == [], {
+        s: (report.growth(s), report.bytes_per_request(s)) for s in report.samples}

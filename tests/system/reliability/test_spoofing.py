@@ -134,7 +134,8 @@ def test_model_name_header_without_a_body_model_reaches_no_pool(two_pools: TwoPo
     tp = two_pools
     r = httpx.post(tp.gateway.url(), headers={"x-gateway-model-name": QWEN[0]},
                    content=orjson.dumps({"prompt": "x"}))
-    assert r.status_code == 404
+    assert r.status_code == 400  # BBR: missing_model
+    assert r.json()["error"]["code"] == "missing_model"
     assert "x-inference-pod" not in r.headers
 
 

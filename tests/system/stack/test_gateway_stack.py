@@ -13,9 +13,13 @@ import pytest
 import yaml
 
 from devkit.envoy import free_port
+from devkit.otlp import load as load_spans
 from devkit.stack import DEFAULT_CONFIG
+from shared.upstream_flags import SERVICE_NAMES
 
 pytestmark = pytest.mark.envoy
+#: The services' default OTEL_SERVICE_NAME (upstream's).
+BBR, EPP = SERVICE_NAMES["bbr"], SERVICE_NAMES["epp"]
 
 
 def config_on_free_ports(tmp_path: Path, demo_requests: int = 20,
@@ -60,6 +64,14 @@ def test_example_stack_serves_the_demo_through_both_pools(tmp_path: Path) -> Non
     envoy_cfg = yaml.safe_load((tmp_path / "run" / "envoy" / "envoy.yaml").read_text())
     runtime = envoy_cfg["layered_runtime"]["layers"][0]["static_layer"]
     assert runtime["envoy.reloadable_features.ext_proc_graceful_grpc_close"] is True
+    # Traces: the stack's OTLP receiver got the demo's traces, Envoy's, BBR's and the EPP's
+    # spans in one trace, and the screen names the file.
+    traces = tmp_path / "run" / "traces.jsonl"
+    assert f"Traces: {traces}" in proc.stdout
+    services: dict[str, set[str]] = {}
+    for span in load_spans(traces):
+        services.setdefault(span.trace_id, set()).add(span.service)
+    assert any({"envoy-gateway", BBR, EPP} <= found for found in services.values()), services
 
 
 def test_pd_example_prefills_long_prompts_on_prefill_pods(tmp_path: Path) -> None:
@@ -143,11 +155,13 @@ def test_two_active_active_epp_replicas_share_a_valkey_the_stack_runs(tmp_path: 
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "20/20 demo requests succeeded" in proc.stdout
     line = next(x for x in proc.stdout.splitlines() if x.startswith("EPP replicas per pool"))
-    assert line.startswith("EPP replicas per pool: 2 (active-active, state store valkey://")
+    # The Valkey has a password (redacted) and the replicas sign what they write.
+    assert line.startswith("EPP replicas per pool: 2 (active-active, state store valkey://:***@")
     for pool in ("llama", "qwen"):
         for log in (f"epp-{pool}.log", f"epp-{pool}-1.log"):
             text = (run_dir / "logs" / log).read_text()
             assert "state store reachable; sharing routing state" in text, log
+            assert "state store without a shared secret" not in text, log
     envoy_cfg = yaml.safe_load((run_dir / "envoy" / "envoy.yaml").read_text())
     cluster = next(c for c in envoy_cfg["static_resources"]["clusters"]
                    if c["name"] == "epp-llama")

@@ -45,8 +45,6 @@ class ByLabelFilter(Filter):
 
     @classmethod
     def create(cls, name: str, params: Any, handle: Handle) -> ByLabelFilter:
-        log.warning("plugin type is deprecated in llm-d", type=cls.type_name,
-                    use="label-selector-filter")
         return cls(name, params)
 
     def filter(self, request: LLMRequest,
@@ -68,6 +66,4 @@ class ByLabelSelectorFilter(LabelSelectorFilter):
 
     @classmethod
     def create(cls, name: str, params: Any, handle: Handle) -> ByLabelSelectorFilter:
-        log.warning("plugin type is deprecated in llm-d", type=cls.type_name,
-                    use="label-selector-filter")
         return cls(name, params)

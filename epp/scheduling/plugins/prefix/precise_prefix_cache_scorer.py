@@ -42,7 +42,7 @@ from epp.kvcache.subscriber import (
     cancel_task,
 )
 from epp.requestcontrol.plugin import PreRequest
-from epp.scheduling.plugin import EndpointsRemoved, SchedulerHooks, Scorer
+from epp.scheduling.plugin import EndpointsRemoved, Plugin, SchedulerHooks, Scorer
 from epp.scheduling.plugins.prefix.producer import ApproxPrefixCacheProducer, PrefixCacheParameters
 from epp.scheduling.request import LLMRequest
 from epp.scheduling.result import SchedulingResult
@@ -67,7 +67,10 @@ MAX_SPECULATIVE_KEYS = 200_000
 class TokenProcessorConfig:
     """``blockSize``: tokens per KV block, must equal the servers' ``--block-size``.
     ``hashSeed``: accepted for llm-d configs; not needed here (see docs/precise-prefix.md:
-    the index keys blocks by their token ids, whatever the servers' hash seed)."""
+    the index keys blocks by their token ids, whatever the servers' hash seed).
+    ``blockSizeTokens`` is llm-d v0.10's name of ``blockSize``."""
+
+    ALIASES: ClassVar[dict[str, str]] = {"blockSizeTokens": "block_size"}
 
     block_size: int = 16
     hash_seed: str = ""
@@ -220,12 +223,12 @@ FALLBACKS = Counter("inference_extension_precise_prefix_fallback_total",
 # -- the plugin -----------------------------------------------------------------------------
 
 
-class PrecisePrefixCacheScorer(Scorer, EndpointSetExtractor, PreRequest, EndpointsRemoved):
-    """See the module docstring."""
+class PrecisePrefixCache(Plugin, EndpointSetExtractor, PreRequest, EndpointsRemoved):
+    """The KV-event index and its per-endpoint match (see the module docstring); the scorer
+    below and ``precise-prefix-cache-producer`` (llm-d v0.10's split) are this plus their
+    extension point."""
 
-    type_name = "precise-prefix-cache-scorer"
     parameters_type = PrecisePrefixCacheParameters
-    bounded = True
     params: PrecisePrefixCacheParameters
 
     def __init__(self, name: str = "", params: PrecisePrefixCacheParameters | None = None,
@@ -332,7 +335,8 @@ class PrecisePrefixCacheScorer(Scorer, EndpointSetExtractor, PreRequest, Endpoin
         return bool((subs is not None and subs.live(key))
                     or (collector is not None and collector.live(key)))
 
-    def score(self, request: LLMRequest, endpoints: Sequence[EndpointView]) -> Sequence[float]:
+    def fractions(self, request: LLMRequest, endpoints: Sequence[EndpointView]) -> list[float]:
+        """Per endpoint: leading blocks it holds / full blocks of the prompt."""
         ids = request.prompt_token_ids
         if ids is None:
             return self._fallback("no_tokens", request, endpoints)
@@ -417,5 +421,16 @@ class PrecisePrefixCacheScorer(Scorer, EndpointSetExtractor, PreRequest, Endpoin
         return out
 
 
-__all__ = ["DEFAULT_ZMQ_ENDPOINT", "FALLBACKS", "KV_EVENT_METRICS", "PrecisePrefixCacheParameters",
-           "PrecisePrefixCacheScorer"]
+class PrecisePrefixCacheScorer(PrecisePrefixCache, Scorer):
+    """score = :meth:`PrecisePrefixCache.fractions` (llm-d deprecates this all-in-one type
+    in v0.10 for ``precise-prefix-cache-producer`` + ``prefix-cache-scorer``)."""
+
+    type_name = "precise-prefix-cache-scorer"
+    bounded = True
+
+    def score(self, request: LLMRequest, endpoints: Sequence[EndpointView]) -> Sequence[float]:
+        return self.fractions(request, endpoints)
+
+
+__all__ = ["DEFAULT_ZMQ_ENDPOINT", "FALLBACKS", "KV_EVENT_METRICS", "PrecisePrefixCache",
+           "PrecisePrefixCacheParameters", "PrecisePrefixCacheScorer"]

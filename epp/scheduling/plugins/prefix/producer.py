@@ -12,6 +12,7 @@ prefix learnt through one replica routes the same through the others.
 
 from __future__ import annotations
 
+import sys
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,6 +40,8 @@ class PrefixCacheParameters:
     ids are hashed in blocks of that size when the request carries them, otherwise
     ``blockSizeTokens * 4`` bytes. ``autoTune``: use a server's reported ``num_gpu_blocks``
     as its LRU capacity. ``maxPrefixBlocksToMatch``: blocks hashed per request.
+    ``maxPrefixTokensToMatch`` (llm-d v0.10): the same cap in tokens (blocks = tokens /
+    tokens per block), winning over the block cap when > 0; both 0: the whole prompt.
     ``lruCapacityPerServer``: blocks remembered per endpoint.
     """
 
@@ -48,7 +51,13 @@ class PrefixCacheParameters:
     block_size: int = 64
     block_size_tokens: int | None = None
     max_prefix_blocks_to_match: int = 256
+    #: None (not given): the block cap alone, as GIE v1.5 (llm-d v0.10 defaults it to 131072).
+    max_prefix_tokens_to_match: int | None = None
     lru_capacity_per_server: int = 31_250
+
+    def __post_init__(self) -> None:
+        if self.max_prefix_blocks_to_match < 0 or (self.max_prefix_tokens_to_match or 0) < 0:
+            raise ValueError("maxPrefixBlocksToMatch / maxPrefixTokensToMatch: must be >= 0")
 
 
 @dataclass(slots=True)
@@ -106,6 +115,17 @@ class ApproxPrefixCacheProducer(Plugin, DataProducer, PreRequest, EndpointsRemov
         """Matched / total blocks over every committed request so far (0 before any)."""
         return self._matched_blocks / self._total_blocks if self._total_blocks else 0.0
 
+    @property
+    def max_blocks(self) -> int:
+        """Blocks hashed per request at most (see :class:`PrefixCacheParameters`)."""
+        p = self.params
+        tokens = p.max_prefix_tokens_to_match
+        if tokens is None:
+            return p.max_prefix_blocks_to_match
+        if tokens > 0:
+            return tokens // self.tokens_per_block
+        return p.max_prefix_blocks_to_match or sys.maxsize
+
     def block_hashes(self, request: LLMRequest) -> list[int]:
         """The chained block hashes of ``request``'s prompt (see the class docstring)."""
         p = self.params
@@ -114,7 +134,7 @@ class ApproxPrefixCacheProducer(Plugin, DataProducer, PreRequest, EndpointsRemov
         ids = request.prompt_token_ids
         if ids is not None and p.block_size_tokens:
             bs = p.block_size_tokens
-            n = min(len(ids) // bs, p.max_prefix_blocks_to_match)
+            n = min(len(ids) // bs, self.max_blocks)
             packed = array("q", ids[: n * bs]).tobytes()
             step = bs * 8
             for i in range(0, n * step, step):
@@ -123,7 +143,7 @@ class ApproxPrefixCacheProducer(Plugin, DataProducer, PreRequest, EndpointsRemov
             return out
         bs = p.block_size_tokens * CHARS_PER_TOKEN if p.block_size_tokens else p.block_size
         data = memoryview(request.prompt)
-        n = min(len(data) // bs, p.max_prefix_blocks_to_match) if bs > 0 else 0
+        n = min(len(data) // bs, self.max_blocks) if bs > 0 else 0
         for i in range(0, n * bs, bs):
             h = _hash(data[i : i + bs], h)
             out.append(h)

@@ -88,7 +88,7 @@ class PDProfileHandlerBase(ProfileHandler, PreRequest):
             return [profiles[self.prefill_profile]]
         # Counted as it turned out: a prefill profile that found no endpoint is decode-only.
         decision = "prefill-decode" if prefill is not None and prefill.picked else "decode-only"
-        m.DISAGG_DECISIONS.labels(request.target_model, decision).inc()
+        m.disagg_decision(self.type_name, self.name, request.target_model, decision)
         return []
 
     def primary_profile(self, request: LLMRequest, results: Mapping[str, ProfileResult]) -> str:

@@ -45,13 +45,18 @@ class AlwaysDisaggPDDecider(PDDecider):
 @dataclass(frozen=True, slots=True)
 class PrefixBasedPDDeciderParameters:
     """``nonCachedTokens``: disaggregate when at least this many prompt tokens are not cached
-    on the decode endpoint; 0 (the default, as llm-d) never disaggregates."""
+    on the decode endpoint; 0 (the default, as llm-d) never disaggregates. ``promptTokens``
+    (llm-d v0.10) is validated (>= 0) and has no effect, as there: v0.10 declares it and
+    never reads it; a non-zero value logs so."""
 
     non_cached_tokens: int = 0
+    prompt_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.non_cached_tokens < 0:
             raise ValueError("nonCachedTokens cannot be negative")
+        if self.prompt_tokens < 0:
+            raise ValueError("promptTokens cannot be negative")
 
 
 class PrefixBasedPDDecider(PDDecider):
@@ -80,6 +85,9 @@ class PrefixBasedPDDecider(PDDecider):
         if params.non_cached_tokens == 0:
             log.warning("prefix-based P/D disaggregation is off (nonCachedTokens: 0)",
                         plugin=name)
+        if params.prompt_tokens:
+            log.warning("promptTokens has no effect (llm-d v0.10 declares it but never "
+                        "reads it)", plugin=name)
         return cls(name, params, handle)
 
     def bind(self, producer: ApproxPrefixCacheProducer | None = None) -> None:

@@ -1,0 +1,286 @@
+"""OpenTelemetry tracing for both services, configured as upstream (llm-d-router v0.10).
+
+``--tracing`` turns it on; the standard variables say the rest:
+
+- ``OTEL_TRACES_EXPORTER``: ``otlp`` (OTLP/gRPC to ``OTEL_EXPORTER_OTLP_ENDPOINT``, default
+  ``http://localhost:4317``, with the exporter's other ``OTEL_EXPORTER_OTLP_*`` variables),
+  ``console`` (one JSON line per span on stdout) or ``none``. Unset: ``console`` when
+  ``--tracing`` was written on the command line (upstream's default exporter), else no
+  tracing at all - upstream's flag defaults to true, and a quiet default keeps the JSON log
+  stream and the hot path as they were (docs/tracing.md).
+- ``OTEL_TRACES_SAMPLER`` / ``OTEL_TRACES_SAMPLER_ARG``: default
+  ``parentbased_traceidratio`` at ``0.1``, as upstream. A client's (or Envoy's) sampled
+  ``traceparent`` is always followed.
+- ``OTEL_SERVICE_NAME`` (default the service's own name), ``OTEL_RESOURCE_ATTRIBUTES``.
+
+Hot path: with tracing off :data:`TRACER` is None and :func:`start_request` returns None at
+once; for a request the sampler drops, it returns None too, so no child span or attribute is
+ever built for it. Call sites test ``trace is not None`` and nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from time import time_ns
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.trace import Span, Tracer
+
+#: Upstream's defaults (pkg/common/observability/tracing).
+DEFAULT_ENDPOINT = "http://localhost:4317"
+DEFAULT_SAMPLER = "parentbased_traceidratio"
+DEFAULT_RATIO = 0.1
+TRACEPARENT = "traceparent"
+TRACESTATE = "tracestate"
+EXPORTERS = ("otlp", "console", "none")
+
+#: The process's tracer; None while tracing is off (the only test on the hot path).
+TRACER: Tracer | None = None
+_provider: TracerProvider | None = None
+#: What a request's spans need, looked up once in :func:`configure` (not per request).
+_api: _Api | None = None
+
+
+class _Api:
+    """The OpenTelemetry names the per-request path uses, bound once, and where finished
+    child spans go (the provider's own batch processor)."""
+
+    def __init__(self, processor: Any, resource: Any, scope: Any) -> None:
+        import random
+
+        from opentelemetry.sdk.trace import ReadableSpan
+        from opentelemetry.trace import (
+            SpanContext,
+            SpanKind,
+            Status,
+            StatusCode,
+            TraceFlags,
+            set_span_in_context,
+        )
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        self.server = SpanKind.SERVER
+        self.internal = SpanKind.INTERNAL
+        self.in_context = set_span_in_context
+        self.propagator = TraceContextTextMapPropagator()
+        self.status, self.error, self.unset = Status, StatusCode.ERROR, Status(StatusCode.UNSET)
+        self.span_context, self.sampled = SpanContext, TraceFlags(TraceFlags.SAMPLED)
+        self.readable = ReadableSpan
+        self.processor, self.resource, self.scope = processor, resource, scope
+        self.span_id = random.SystemRandom().getrandbits(64) | 1  # a counter from a random
+        # start: unique within the process, no RNG call per span
+
+
+class TracingConfigError(ValueError):
+    """A tracing variable has a value that cannot be used."""
+
+
+def sampler_from_env(env: Mapping[str, str]) -> Any:
+    """The sampler ``OTEL_TRACES_SAMPLER``/``_ARG`` name (upstream's default when unset).
+
+    A bad name or ratio is an error here (upstream falls back silently; a typo deserves a
+    line)."""
+    from opentelemetry.sdk.trace import sampling as s
+
+    name = env.get("OTEL_TRACES_SAMPLER", DEFAULT_SAMPLER).strip().lower()
+    raw = env.get("OTEL_TRACES_SAMPLER_ARG", "").strip()
+    ratio = DEFAULT_RATIO
+    if raw:
+        try:
+            ratio = float(raw)
+        except ValueError:
+            raise TracingConfigError(
+                f"OTEL_TRACES_SAMPLER_ARG={raw!r} is not a number") from None
+        if not 0.0 <= ratio <= 1.0:
+            raise TracingConfigError(f"OTEL_TRACES_SAMPLER_ARG={raw!r} is not in [0, 1]")
+    samplers = {
+        "always_on": lambda: s.ALWAYS_ON,
+        "always_off": lambda: s.ALWAYS_OFF,
+        "traceidratio": lambda: s.TraceIdRatioBased(ratio),
+        "parentbased_always_on": lambda: s.ParentBased(s.ALWAYS_ON),
+        "parentbased_always_off": lambda: s.ParentBased(s.ALWAYS_OFF),
+        "parentbased_traceidratio": lambda: s.ParentBased(s.TraceIdRatioBased(ratio)),
+    }
+    if name not in samplers:
+        raise TracingConfigError(
+            f"OTEL_TRACES_SAMPLER={name!r} is not one of {', '.join(samplers)}")
+    return samplers[name]()
+
+
+def exporter_name(env: Mapping[str, str], flag_given: bool) -> str:
+    """``otlp``, ``console`` or ``none`` (see the module docstring for the default)."""
+    name = env.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    if not name:
+        return "console" if flag_given else "none"
+    if name not in EXPORTERS:
+        raise TracingConfigError(
+            f"OTEL_TRACES_EXPORTER={name!r} is not one of {', '.join(EXPORTERS)}")
+    return name
+
+
+def configure(enabled: bool, service_name: str, *, flag_given: bool = False,
+              env: Mapping[str, str] | None = None) -> str:
+    """Set up tracing for this process; returns the exporter in use (``none``: off).
+
+    Raises :class:`TracingConfigError` for a bad variable."""
+    global TRACER, _provider, _api
+    env = os.environ if env is None else env
+    if not enabled:
+        return "none"
+    exporter = exporter_name(env, flag_given)
+    if exporter == "none":
+        return "none"
+    sampler = sampler_from_env(env)
+    # Imported here: a process without tracing never loads the SDK.
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+
+    try:
+        from importlib.metadata import version
+
+        service_version = version("inference-gateway-py")
+    except Exception:
+        service_version = "dev"
+    attrs = {"service.name": env.get("OTEL_SERVICE_NAME") or service_name,
+             "service.version": service_version}
+    provider = TracerProvider(sampler=sampler, resource=Resource.create(attrs))
+    span_exporter: Any
+    if exporter == "otlp":
+        from shared.otlpwire import fast_exporter_class
+
+        endpoint = (env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+                    or env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or DEFAULT_ENDPOINT)
+        insecure = None
+        if endpoint.startswith("http://"):
+            insecure = True  # as upstream's Go exporter reads the scheme
+        span_exporter = fast_exporter_class()(endpoint=endpoint, insecure=insecure)
+    else:
+        span_exporter = ConsoleSpanExporter(
+            formatter=lambda span: span.to_json(indent=None) + os.linesep)
+    processor = BatchSpanProcessor(span_exporter)
+    provider.add_span_processor(processor)
+    _provider = provider
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+    _api = _Api(processor, provider.resource,
+                InstrumentationScope("inference-gateway-py", service_version))
+    TRACER = provider.get_tracer("inference-gateway-py", service_version)
+    return exporter
+
+
+def shutdown() -> None:
+    """Flush what is queued and stop exporting (at the end of the process)."""
+    global TRACER, _provider, _api
+    if _provider is not None:
+        _provider.shutdown()
+    TRACER, _provider, _api = None, None, None
+
+
+class ChildSpan:
+    """A span inside a sampled request (parse, a scorer, ...): its fields, and on
+    :meth:`end` one SDK ``ReadableSpan`` handed to the batch processor.
+
+    The SDK's own ``Span`` costs ~50 µs to start and end here (locks, attribute validation,
+    context objects); ten of them per sampled request alone would spend upstream's 10%
+    sampling rate's whole 5% budget. Attributes are set by our code with well-typed values,
+    so nothing is lost by skipping the checks."""
+
+    __slots__ = ("_api", "attributes", "context", "name", "parent", "start", "status")
+
+    def __init__(self, api: _Api, name: str, trace_id: int, parent: Any,
+                 attributes: Mapping[str, Any] | None) -> None:
+        self._api = api
+        self.name = name
+        self.parent = parent
+        api.span_id = span_id = (api.span_id + 0x9E3779B97F4A7C15) & 0xFFFF_FFFF_FFFF_FFFF or 1
+        self.context = api.span_context(trace_id, span_id, False, api.sampled)
+        self.attributes: dict[str, Any] = dict(attributes) if attributes else {}
+        self.status: Any = api.unset
+        self.start = time_ns()
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        self.attributes[key] = value
+
+    def set_attributes(self, attributes: Mapping[str, Any]) -> None:
+        self.attributes.update(attributes)
+
+    def set_status(self, status: Any) -> None:
+        self.status = status
+
+    def end(self) -> None:
+        api = self._api
+        api.processor.on_end(api.readable(
+            self.name, context=self.context, parent=self.parent, resource=api.resource,
+            attributes=self.attributes, kind=api.internal, status=self.status,
+            start_time=self.start, end_time=time_ns(), instrumentation_scope=api.scope))
+
+
+class RequestTrace:
+    """One sampled request's root span (the SDK's), and child spans under it.
+
+    Only built for a request the sampler kept, so whatever holds one records.
+    """
+
+    __slots__ = ("_api", "_root_ctx", "_trace_id", "root", "tracer")
+
+    def __init__(self, tracer: Tracer, root: Span, api: _Api) -> None:
+        self.tracer = tracer
+        self.root = root
+        self._api = api
+        self._root_ctx = root.get_span_context()
+        self._trace_id = self._root_ctx.trace_id
+
+    def span(self, name: str, attributes: Mapping[str, Any] | None = None,
+             parent: ChildSpan | None = None) -> ChildSpan:
+        """Start a child of ``parent`` (default: the root); the caller ends it."""
+        return ChildSpan(self._api, name, self._trace_id,
+                         self._root_ctx if parent is None else parent.context, attributes)
+
+    def fail(self, span: Span | ChildSpan, error: BaseException) -> None:
+        """Record on ``span`` the answer ``error`` ended the request with: failed for a
+        4xx/5xx (or any other exception), not for a direct 2xx answer (BBR's model list)."""
+        status = getattr(error, "status", None)
+        if isinstance(status, int):
+            span.set_attribute("http.response.status_code", status)
+            if status < 400:
+                return
+        span.set_status(self._api.status(self._api.error, str(error)))
+        code = getattr(error, "code", None)
+        if isinstance(code, str):
+            span.set_attribute("error.type", code)
+
+
+def start_request(name: str, headers: Mapping[str, str],
+                  grpc_traceparent: str | None = None) -> RequestTrace | None:
+    """The request's server span, continuing the caller's trace; None when tracing is off
+    or the sampler dropped the request.
+
+    The parent is, in order: the ``traceparent`` Envoy put on the ext_proc gRPC call (its
+    span for that call, when Envoy traces), else the one in the HTTP request's headers (the
+    client's, which is what Envoy passes on when it does not trace)."""
+    tracer, api = TRACER, _api
+    if tracer is None or api is None:
+        return None
+    carrier: Mapping[str, str] = headers
+    if grpc_traceparent:
+        carrier = {TRACEPARENT: grpc_traceparent}
+    ctx = api.propagator.extract(carrier) if TRACEPARENT in carrier else None
+    root = tracer.start_span(name, context=ctx, kind=api.server)
+    if not root.is_recording():
+        return None
+    return RequestTrace(tracer, root, api)
+
+
+def active() -> bool:
+    """Tracing is on in this process."""
+    return TRACER is not None
+
+
+__all__ = ["DEFAULT_ENDPOINT", "DEFAULT_RATIO", "DEFAULT_SAMPLER", "TRACER", "ChildSpan",
+           "RequestTrace",
+           "TracingConfigError", "active", "configure", "exporter_name", "sampler_from_env",
+           "shutdown", "start_request"]
