@@ -104,6 +104,10 @@ class Exchange:
     #: endpoint it served), set before :meth:`on_response_headers` runs.
     response_metadata: Mapping[str, Any] = _NO_METADATA
 
+    #: Set (by the exchange) to a future whose result is an error that must end the exchange
+    #: now, whatever Envoy sends meanwhile (e.g. flow control evicting an in-flight request):
+    #: the stream answers it with an ImmediateResponse as soon as it resolves.
+    interrupt: asyncio.Future[GatewayError] | None = None
     #: The ``traceparent`` on the ext_proc gRPC call itself (Envoy's span for the call, when
     #: Envoy traces); read only while tracing is on (:mod:`shared.tracing`).
     grpc_traceparent: str | None = None
@@ -236,8 +240,22 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
             ex.grpc_traceparent = _traceparent(context)
         stream = _Stream(ex, self.request_mode, self.response_mode, self.max_body)
         stream.body.budget = self.budget
+        messages = aiter(requests)
         try:
-            async for msg in requests:
+            while True:
+                interrupt = stream.ex.interrupt
+                try:
+                    if interrupt is None:  # the common case: no task per message
+                        msg = await anext(messages)
+                    else:
+                        msg = await _next_or_interrupt(messages, interrupt)
+                except StopAsyncIteration:
+                    break
+                if msg is None:  # interrupted: the error ends the exchange now
+                    assert interrupt is not None
+                    # not response_done: the exchange did not complete, it was cut short
+                    yield r.immediate_error(interrupt.result())
+                    return
                 for resp in await stream.handle(msg):
                     yield resp
                     if resp.HasField("immediate_response"):
@@ -257,6 +275,21 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
 
 
 Responses = list[pb.ProcessingResponse]
+
+
+async def _next_or_interrupt(messages: AsyncIterator[pb.ProcessingRequest],
+                             interrupt: asyncio.Future[GatewayError],
+                             ) -> pb.ProcessingRequest | None:
+    """The next message, or None when ``interrupt`` resolves first (the read is cancelled:
+    the stream ends with the interrupt's error)."""
+    if interrupt.done():
+        return None
+    nxt: asyncio.Future[pb.ProcessingRequest] = asyncio.ensure_future(anext(messages))
+    await asyncio.wait((nxt, interrupt), return_when=asyncio.FIRST_COMPLETED)
+    if nxt.done():
+        return nxt.result()  # raises StopAsyncIteration at the end of the stream
+    nxt.cancel()
+    return None
 
 
 def _traceparent(context: Any) -> str | None:

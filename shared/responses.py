@@ -153,9 +153,12 @@ def immediate(
 
 def immediate_error(err: GatewayError) -> pb.ProcessingResponse:
     """The one place a :class:`GatewayError` becomes what the client sees; an error with a
-    ``retry_after`` (seconds, e.g. flow control's 429/503) also sends ``retry-after``."""
+    ``retry_after`` (seconds, e.g. flow control's 429/503) also sends ``retry-after``, and one
+    with ``extra_headers`` (e.g. flow control's ``x-llm-d-request-dropped-reason``) those."""
     if isinstance(err, DirectResponse):
         return immediate(err.status, err.payload, details=err.code)
     retry_after: int | None = getattr(err, "retry_after", None)
-    headers = {"retry-after": str(retry_after)} if retry_after is not None else None
+    headers: dict[str, str] | None = dict(getattr(err, "extra_headers", None) or {}) or None
+    if retry_after is not None:
+        headers = {**(headers or {}), "retry-after": str(retry_after)}
     return immediate(err.status, orjson.dumps(err.to_json()), details=err.code, headers=headers)

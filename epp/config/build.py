@@ -43,6 +43,12 @@ from epp.datastore import Datastore
 from epp.flowcontrol import FEATURE_GATE as FLOW_CONTROL_GATE
 from epp.flowcontrol import FlowControlConfig, FlowControlConfigError, FlowController
 from epp.flowcontrol.admitter import FlowControlAdmitter, pool_saturation
+from epp.flowcontrol.eviction import (
+    ENGINE_RECLAIM_BUDGET,
+    LEADING_SENSOR_GRACE,
+    EvictionFilterPolicy,
+    EvictionOrderingPolicy,
+)
 from epp.handle import EppHandle, Settings
 from epp.requestcontrol.parser_chain import ParserChain
 from epp.requestcontrol.plugin import (
@@ -288,17 +294,37 @@ def _flow_control(config: EndpointPickerConfig, handle: EppHandle,
     """With the ``flowControl`` gate: the controller (over the ``flowControl`` section, or
     upstream's defaults) and its admitter. Without the gate the section is only validated,
     as upstream ignores it then."""
+    enabled = (FLOW_CONTROL_GATE in config.feature_gates and config.flow_control is not None
+               and config.flow_control.enable_eviction)
+    for p in handle:
+        if isinstance(p, EvictionFilterPolicy | EvictionOrderingPolicy) and not enabled:
+            raise ConfigError(
+                f"{config.source}: plugin {p.name!r} ({p.type_name}) is used only by in-flight "
+                f"eviction: set flowControl.enableEviction: true (with featureGates: "
+                f"[flowControl]) or remove it")
     if FLOW_CONTROL_GATE not in config.feature_gates:
         return None
     try:
         controller = FlowController(
             config.flow_control or FlowControlConfig(),
             pool_saturation(saturation, handle.datastore),
-            plugins={p.name: p for p in handle})
+            plugins={p.name: p for p in handle},
+            pool_endpoints=lambda: len(handle.datastore.candidates()),
+            eviction_grace=_eviction_grace(saturation, handle.settings))
     except FlowControlConfigError as e:
         raise ConfigError(f"{config.source}: {e}") from None
     handle.add(FlowControlAdmitter(controller))
     return controller
+
+
+def _eviction_grace(saturation: SaturationDetector, settings: Settings) -> float:
+    """How long an eviction's freed capacity takes to show in ``saturation`` (upstream
+    v0.10 derives it the same way): ``concurrency-detector`` counts streams itself, so a few
+    milliseconds; a scraped detector needs a scrape, the staleness window and the engine's
+    abort."""
+    if isinstance(saturation, ConcurrencyDetector):
+        return LEADING_SENSOR_GRACE
+    return settings.scraper.interval + settings.staleness + ENGINE_RECLAIM_BUDGET
 
 
 def _check_discovery(config: EndpointPickerConfig, handle: EppHandle) -> None:

@@ -21,9 +21,9 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     PrecisePrefixCacheProducer, FileDiscovery,
     TokenProducer, *DATA_LAYER, *FLOW_CONTROL)
 
-_FLOW = ("eviction of dispatched requests is not built (issue #14); upstream v1.5 registers "
-         "this type but wires no eviction (its aborter is a no-op), so the config behaves "
-         "the same there without it: remove it")
+_FLOW = ("GIE v1.5's name for an eviction policy, which did nothing there; issue #27 built "
+         "eviction under llm-d-router v0.10's names: use sheddable-eviction-filter / "
+         "priority-then-time-eviction-order-policy with flowControl.enableEviction: true")
 _PRECISE = "a local tokenizer plugin is not built yet (issue #15; token-producer asks the server)"
 _PD = "encode disaggregation and the header-only P/D handler are not built yet (issue #16)"
 _SLO = ("the all-in-one predicted-latency-scorer is not built yet (issue #17; use "
@@ -36,8 +36,7 @@ _PARSERS = ("the Anthropic Messages, vLLM /inference/v1/generate and SGLang HTTP
 #: A type another branch registers is found before this list is consulted.
 PENDING: dict[str, str] = {
     **dict.fromkeys((
-        "eviction-sheddable-filter", "eviction-priority-then-time-ordering",
-        "sheddable-eviction-filter", "priority-then-time-eviction-order-policy"), _FLOW),
+        "eviction-sheddable-filter", "eviction-priority-then-time-ordering"), _FLOW),
     "tokenizer": _PRECISE,
     **dict.fromkeys((
         "encode-filter", "disagg-headers-handler", "always-disagg-multimodal-decider"), _PD),

@@ -245,8 +245,10 @@ def parse_config(text: str | None, *, source: str = "config") -> EndpointPickerC
     plugins = _plugins(top.get("plugins"), source)
     names = {p.name for p in plugins}
     gates = _gates(top.get("featureGates"), source)
-    flow = _flow_control(top.get("flowControl"), source)
+    flow = _flow_control(top.get("flowControl"), source, names)
     ref, params = _saturation(top.get("saturationDetector"), source, names)
+    if flow is not None and flow.saturation_detector_ref is not None:
+        ref = flow.saturation_detector_ref  # v0.10: it wins over the top-level section
     layer = _mapping(top.get("dataLayer"), f"{source}: dataLayer", DATA_LAYER_KEYS)
     inject = layer.get("injectDefaults", True)
     if not isinstance(inject, bool):
@@ -399,13 +401,18 @@ def _saturation(raw: Any, source: str,
     return None, legacy
 
 
-def _flow_control(raw: Any, source: str) -> FlowControlConfig | None:
+def _flow_control(raw: Any, source: str, names: set[str]) -> FlowControlConfig | None:
     if raw is None:
         return None
     try:
-        return FlowControlConfig.from_dict(raw, f"{source}: flowControl")
+        flow = FlowControlConfig.from_dict(raw, f"{source}: flowControl")
     except FlowControlConfigError as e:
         raise ConfigError(str(e)) from None
+    ref = flow.saturation_detector_ref
+    if ref is not None and ref not in names:
+        raise ConfigError(f"{source}: flowControl.saturationDetector.pluginRef: no plugin "
+                          f"named {ref!r} in plugins")
+    return flow
 
 
 def load_config_file(path: str | Path) -> EndpointPickerConfig:

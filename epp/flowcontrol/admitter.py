@@ -18,7 +18,13 @@ from typing import Any
 
 from epp.datastore import Datastore, EndpointView
 from epp.flowcontrol.controller import FlowController
-from epp.flowcontrol.types import DEFAULT_FAIRNESS_ID, FAIRNESS_ID_HEADER, FlowControlRequest
+from epp.flowcontrol.program_aware import ProgramAwareFairness
+from epp.flowcontrol.types import (
+    DEFAULT_FAIRNESS_ID,
+    FlowControlRequest,
+    TokenUsage,
+    fairness_id,
+)
 from epp.requestcontrol.plugin import (
     Admitter,
     PreRequest,
@@ -28,30 +34,42 @@ from epp.requestcontrol.plugin import (
 )
 from epp.scheduling.request import LLMRequest
 from epp.scheduling.result import SchedulingResult
+from shared.pd import ROLE_LABEL, can_decode, can_prefill
 from shared.plugins import Plugin
 
 
 def pool_saturation(detector: SaturationDetector, datastore: Datastore) -> Callable[[], float]:
     """The dispatch signal: ``detector``'s saturation of the pool's ready endpoints (its
     ``saturation()`` when it has one; else 1 when it says saturated, 0 otherwise). The
-    utilization detector counts picks the servers' metrics do not show yet."""
+    utilization detector counts picks the servers' metrics do not show yet.
+
+    Per stage for a P/D pool (one with prefill-only endpoints, ``llm-d.ai/role: prefill``
+    or ``encode-prefill``): max(saturation of the endpoints that may prefill, saturation of
+    those that may decode). A disaggregated request needs both stages, and one mean over
+    every endpoint would let a full prefill stage hide behind idle decoders (or the other
+    way round)."""
     measure = getattr(detector, "saturation", None)
 
-    def read() -> float:
-        views = datastore.candidates()
+    def of(views: Sequence[EndpointView]) -> float:
         if measure is not None:
             return float(measure(views))
         return 1.0 if detector.is_saturated(views) else 0.0
 
+    def read() -> float:
+        views = datastore.candidates()
+        if not any(v.endpoint.labels.get(ROLE_LABEL) in PREFILL_ONLY for v in views):
+            return of(views)
+        prefill = [v for v in views if can_prefill(v.endpoint.labels)]
+        decode = [v for v in views if can_decode(v.endpoint.labels)]
+        return max(of(prefill), of(decode))
+
     return read
 
 
-def fairness_id(request: LLMRequest) -> str:
-    """The request's flow within its band: its fairness id header, else the agent session
-    ``agent-identity`` published (llm-d-router v0.10), else the default flow."""
-    agent = request.plugin_state.get("agent-identity")
-    return (request.headers.get(FAIRNESS_ID_HEADER)
-            or (agent if isinstance(agent, str) else "") or DEFAULT_FAIRNESS_ID)
+#: Roles that serve only the prefill leg: their presence makes a pool disaggregated.
+PREFILL_ONLY = frozenset({"prefill", "encode-prefill"})
+
+
 
 
 class FlowControlAdmitter(Plugin, Admitter, PreRequest, ResponseComplete):
@@ -62,12 +80,27 @@ class FlowControlAdmitter(Plugin, Admitter, PreRequest, ResponseComplete):
     def __init__(self, controller: FlowController, name: str = "") -> None:
         super().__init__(name)
         self.controller = controller
+        #: Agent sessions are programs when some band uses ``program-aware-fairness``: their
+        #: headers are read then even without v0.10's ``agent-identity`` plugin in the config.
+        self.agents = controller.uses(ProgramAwareFairness)
+        self._fid_key = f"{self.name}.fairness_id"
+
+    def _fairness_id(self, request: LLMRequest) -> str:
+        """Resolved once per request (the admitter, pick and end must agree)."""
+        fid = request.plugin_state.get(self._fid_key)
+        if fid is None:
+            fid = fairness_id(request, self.agents)
+            agent = request.plugin_state.get("agent-identity")  # the agent-identity plugin's
+            if fid == DEFAULT_FAIRNESS_ID and isinstance(agent, str) and agent:
+                fid = agent
+            request.plugin_state[self._fid_key] = fid
+        return str(fid)
 
     def admit(self, request: LLMRequest, endpoints: Sequence[EndpointView]) -> Any:
         headers = request.headers
         return self.controller.admit(FlowControlRequest(
             request_id=request.request_id,
-            fairness_id=fairness_id(request),
+            fairness_id=self._fairness_id(request),
             priority=request.priority,
             byte_size=request.request_size,
             model_name=request.client_model,
@@ -76,8 +109,11 @@ class FlowControlAdmitter(Plugin, Admitter, PreRequest, ResponseComplete):
         ))
 
     def pre_request(self, request: LLMRequest, result: SchedulingResult) -> None:
-        self.controller.started(request.priority, fairness_id(request))
+        self.controller.started(request.priority, self._fairness_id(request),
+                                request.prompt_tokens)
 
     def response_complete(self, request: LLMRequest, response: Response,
                           endpoint: EndpointView) -> None:
-        self.controller.ended(request.priority, fairness_id(request))
+        self.controller.ended(request.priority, self._fairness_id(request), TokenUsage(
+            response.prompt_tokens, response.completion_tokens, response.cached_tokens,
+            request.prompt_tokens))

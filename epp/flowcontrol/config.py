@@ -1,19 +1,27 @@
-"""The ``flowControl`` section of the EndpointPickerConfig (upstream v1.5 names and defaults).
+"""The ``flowControl`` section of the EndpointPickerConfig (llm-d-router v0.10 names and
+defaults: bounded by default).
 
-Upstream's shape::
+The shape::
 
     flowControl:
       maxBytes: 10Gi             # global cap on queued request bytes (0/omitted: none)
       maxRequests: 5000          # global cap on queued requests (0/omitted: none)
-      defaultRequestTTL: 60s     # how long a request may wait (0/omitted: until the client goes)
+      defaultRequestTTL: 60s     # how long a request may wait (omitted: 60s; "0s": until the
+                                 # client goes)
+      noEndpointRequestTTL: 5s   # ours: how long it may wait while the pool has no endpoints
+                                 # (omitted: defaultRequestTTL, as upstream; "0s": 503 at once)
       usageLimitPolicyPluginRef: static-usage-limit-policy
+      saturationDetector: {pluginRef: my-detector}   # the dispatch signal (v0.10)
+      enableEviction: false      # evict in-flight sheddable requests for blocked higher ones
       defaultPriorityBand:       # template for priorities not listed below
         maxBytes: 1Gi
         maxRequests: 500
+      defaultNegativePriorityBand:   # template for unlisted priorities < 0 (v0.10)
+        maxRequests: 50
       priorityBands:
       - priority: 100
         maxBytes: 5Gi            # 0/omitted: 1 GB (upstream's default)
-        maxRequests: 500         # 0/omitted: none
+        maxRequests: 500         # 0/omitted: 5000 (upstream v0.10's default)
         fairnessPolicyRef: round-robin-fairness-policy   # default global-strict-fairness-policy
         orderingPolicyRef: fcfs-ordering-policy          # default fcfs-ordering-policy
 
@@ -38,6 +46,10 @@ DEFAULT_ORDERING_POLICY = "fcfs-ordering-policy"
 DEFAULT_USAGE_LIMIT_POLICY = "static-usage-limit-policy"
 #: A band's byte capacity when none is configured (upstream: 1 GB).
 DEFAULT_BAND_MAX_BYTES = 1_000_000_000
+#: A band's request capacity when none is configured (upstream v0.10: 5,000).
+DEFAULT_BAND_MAX_REQUESTS = 5000
+#: How long a request may wait when ``defaultRequestTTL`` is omitted (upstream v0.10: 60 s).
+DEFAULT_REQUEST_TTL = 60.0
 
 
 class FlowControlConfigError(ValueError):
@@ -48,7 +60,8 @@ class FlowControlConfigError(ValueError):
 class PriorityBandConfig:
     """One priority band: capacity and the two policies that pick within it.
 
-    ``max_bytes == 0`` means upstream's default (1 GB); ``max_requests == 0`` means no limit.
+    ``max_bytes == 0`` means upstream's default (1 GB); ``max_requests == 0`` upstream
+    v0.10's default (5,000): every band is bounded.
     """
 
     priority: int = 0
@@ -62,6 +75,11 @@ class PriorityBandConfig:
         """The byte capacity enforced for this band."""
         return self.max_bytes or DEFAULT_BAND_MAX_BYTES
 
+    @property
+    def effective_max_requests(self) -> int:
+        """The request capacity enforced for this band."""
+        return self.max_requests or DEFAULT_BAND_MAX_REQUESTS
+
 
 @dataclass(frozen=True, slots=True)
 class FlowControlConfig:
@@ -70,17 +88,30 @@ class FlowControlConfig:
     max_bytes: int = 0
     max_requests: int = 0
     #: Seconds a request may wait in the queue; 0 means no TTL (only client cancellation).
-    default_request_ttl: float = 0.0
+    default_request_ttl: float = DEFAULT_REQUEST_TTL
     default_priority_band: PriorityBandConfig = field(default_factory=PriorityBandConfig)
     priority_bands: tuple[PriorityBandConfig, ...] = ()
     usage_limit_policy_ref: str = DEFAULT_USAGE_LIMIT_POLICY
+    #: Template for unlisted priorities below 0 (None: ``default_priority_band``).
+    default_negative_priority_band: PriorityBandConfig | None = None
+    #: ``saturationDetector.pluginRef`` (None: the top-level detector, else
+    #: ``utilization-detector``).
+    saturation_detector_ref: str | None = None
+    #: Evict in-flight sheddable requests when higher-priority ones are blocked.
+    enable_eviction: bool = False
+    #: Seconds a request may wait while the pool has no endpoints (None: the request's TTL).
+    no_endpoint_request_ttl: float | None = None
 
     def band(self, priority: int) -> PriorityBandConfig:
-        """The configuration for ``priority``: its explicit band, or the default template."""
+        """The configuration for ``priority``: its explicit band, else the negative template
+        for priorities below 0 when there is one, else the default template."""
         for b in self.priority_bands:
             if b.priority == priority:
                 return b
-        return replace(self.default_priority_band, priority=priority)
+        template = self.default_priority_band
+        if priority < 0 and self.default_negative_priority_band is not None:
+            template = self.default_negative_priority_band
+        return replace(template, priority=priority)
 
     @classmethod
     def from_dict(cls, raw: Any, where: str = "flowControl") -> FlowControlConfig:
@@ -89,7 +120,9 @@ class FlowControlConfig:
             return cls()
         m = _mapping(raw, where)
         _only(m, where, ("maxBytes", "maxRequests", "defaultRequestTTL", "defaultPriorityBand",
-                         "priorityBands", "usageLimitPolicyPluginRef"))
+                         "priorityBands", "usageLimitPolicyPluginRef",
+                         "defaultNegativePriorityBand", "saturationDetector", "enableEviction",
+                         "noEndpointRequestTTL"))
         bands: list[PriorityBandConfig] = []
         seen: set[int] = set()
         raw_bands = m.get("priorityBands")
@@ -107,17 +140,50 @@ class FlowControlConfig:
         if m.get("defaultPriorityBand") is not None:
             default_band = _band(m["defaultPriorityBand"], f"{where}.defaultPriorityBand",
                                  template=True)
+        negative = None
+        if m.get("defaultNegativePriorityBand") is not None:
+            negative = _band(m["defaultNegativePriorityBand"],
+                             f"{where}.defaultNegativePriorityBand", template=True)
+        ttl = DEFAULT_REQUEST_TTL
+        if m.get("defaultRequestTTL") is not None:  # an explicit "0s" turns the TTL off
+            ttl = parse_go_duration(m["defaultRequestTTL"], f"{where}.defaultRequestTTL")
+        no_ep_ttl = None
+        if m.get("noEndpointRequestTTL") is not None:
+            no_ep_ttl = parse_go_duration(m["noEndpointRequestTTL"],
+                                          f"{where}.noEndpointRequestTTL")
+        eviction = m.get("enableEviction", False)
+        if not isinstance(eviction, bool):
+            raise FlowControlConfigError(f"{where}.enableEviction: must be true or false, "
+                                         f"got {eviction!r}")
         return cls(
             max_bytes=parse_quantity(m.get("maxBytes"), f"{where}.maxBytes"),
             max_requests=parse_quantity(m.get("maxRequests"), f"{where}.maxRequests"),
-            default_request_ttl=parse_go_duration(m.get("defaultRequestTTL"),
-                                                  f"{where}.defaultRequestTTL"),
+            default_request_ttl=ttl,
             default_priority_band=default_band,
             priority_bands=tuple(bands),
             usage_limit_policy_ref=_ref(m.get("usageLimitPolicyPluginRef"),
                                         f"{where}.usageLimitPolicyPluginRef",
                                         DEFAULT_USAGE_LIMIT_POLICY),
+            default_negative_priority_band=negative,
+            saturation_detector_ref=_detector(m.get("saturationDetector"),
+                                              f"{where}.saturationDetector"),
+            enable_eviction=eviction,
+            no_endpoint_request_ttl=no_ep_ttl,
         )
+
+
+def _detector(raw: Any, where: str) -> str | None:
+    """``saturationDetector: {pluginRef: NAME}`` → NAME (None when absent or empty)."""
+    if raw is None:
+        return None
+    m = _mapping(raw, where)
+    _only(m, where, ("pluginRef",))
+    ref = m.get("pluginRef")
+    if ref is None or ref == "":
+        return None
+    if not isinstance(ref, str):
+        raise FlowControlConfigError(f"{where}.pluginRef: must be a plugin name, got {ref!r}")
+    return ref
 
 
 def _band(raw: Any, where: str, *, template: bool) -> PriorityBandConfig:

@@ -40,16 +40,30 @@ import itertools
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import structlog
 
 from epp.flowcontrol.config import FlowControlConfig, PriorityBandConfig
+from epp.flowcontrol.eviction import (
+    LEADING_SENSOR_GRACE,
+    InFlightRequest,
+    Reclamation,
+    RequestEvicted,
+    RequestEvictor,
+    eviction_policies,
+)
 from epp.flowcontrol.metrics import FlowControlMetrics, GaugeKey, default_metrics
-from epp.flowcontrol.policies import FairnessPolicy, OrderingPolicy, UsageLimitPolicy, resolve
+from epp.flowcontrol.policies import (
+    FairnessPolicy,
+    OrderingPolicy,
+    ServiceAccounting,
+    UsageLimitPolicy,
+    resolve,
+)
 from epp.flowcontrol.queues import Band, FlowQueue
-from epp.flowcontrol.types import FlowControlRequest, Outcome, QueueItem, error_for
+from epp.flowcontrol.types import FlowControlRequest, Outcome, QueueItem, TokenUsage, error_for
 
 log = structlog.get_logger(__name__)
 
@@ -73,13 +87,18 @@ class FlowController:
         plugins: Mapping[str, object] | None = None,
         metrics: FlowControlMetrics | None = None,
         poll_interval: float = 0.005,
+        pool_endpoints: Callable[[], int] | None = None,
+        eviction_grace: float = LEADING_SENSOR_GRACE,
     ) -> None:
         """``plugins`` are configured plugin instances by name, for the policy refs; refs to
         built-in types not among them get a default instance (upstream's loader does the same).
         Raises :class:`~epp.flowcontrol.config.FlowControlConfigError` for a bad ref."""
         self.config = config
         self.saturation = saturation
-        self.pool_name = pool_name
+        self._pool_name = pool_name
+        #: How many endpoints the pool has (its emptiness turns 429s into 503s, upstream
+        #: v0.10); None: never empty.
+        self.pool_endpoints = pool_endpoints
         self.poll_interval = poll_interval
         self.metrics = metrics or default_metrics()
         self._plugins: Mapping[str, object] = plugins or {}
@@ -105,6 +124,23 @@ class FlowController:
         #: Released requests whose callers have not resumed yet (see the module docstring).
         self.in_transit = 0
         self._settled = asyncio.Event()
+        #: In-flight eviction (``enableEviction``), else None.
+        self.reclamation: Reclamation | None = None
+        if config.enable_eviction:
+            self.reclamation = Reclamation(RequestEvictor(*eviction_policies(self._plugins)),
+                                           grace=eviction_grace, pool_name=pool_name)
+
+    @property
+    def pool_name(self) -> str:
+        """The ``inference_pool`` label of the flow-control series (set once the pool is
+        known)."""
+        return self._pool_name
+
+    @pool_name.setter
+    def pool_name(self, name: str) -> None:
+        self._pool_name = name
+        if self.reclamation is not None:
+            self.reclamation.pool_name = name
 
     # --- the caller's side -------------------------------------------------------------
 
@@ -119,8 +155,15 @@ class FlowController:
         if self._may_bypass(band):
             self._dispatched.append(now)
             return self._decided(req, Outcome.DISPATCHED, started)
+        empty = self.pool_empty()
         if not self._make_room(band, req.byte_size):
-            return self._decided(req, Outcome.REJECTED_CAPACITY, started)
+            # With no endpoints the queue is a waiting room for scale-from-zero; a full one
+            # means no capacity exists at all (503), not contention (429) - upstream v0.10.
+            return self._decided(req, Outcome.REJECTED_NO_ENDPOINTS if empty
+                                 else Outcome.REJECTED_CAPACITY, started)
+        no_ep_ttl = self.config.no_endpoint_request_ttl
+        if empty and no_ep_ttl == 0:
+            return self._decided(req, Outcome.REJECTED_NO_ENDPOINTS, started)
 
         ttl = req.ttl or self.config.default_request_ttl
         item: QueueItem[FlowQueue] = QueueItem(req, now, now + ttl if ttl > 0 else None,
@@ -154,26 +197,76 @@ class FlowController:
     async def admit(self, req: FlowControlRequest) -> None:
         """:meth:`enqueue_and_wait`, raising the client's error unless dispatched."""
         outcome = await self.enqueue_and_wait(req)
-        err = error_for(outcome, self.retry_after())
+        if outcome is Outcome.DISPATCHED:
+            return
+        empty = outcome in (Outcome.EVICTED_TTL, Outcome.REJECTED_CAPACITY) and self.pool_empty()
+        err = error_for(outcome, self.retry_after(), pool_empty=empty)
         if err is not None:
             raise err
+
+    def uses(self, policy_type: type) -> bool:
+        """Does a configured band (or a band template) use a fairness policy of this type?"""
+        c = self.config
+        templates = [c.default_priority_band, *c.priority_bands]
+        if c.default_negative_priority_band is not None:
+            templates.append(c.default_negative_priority_band)
+        return any(isinstance(self._policies(bc, "flowControl")[1], policy_type)
+                   for bc in templates)
+
+    def pool_empty(self) -> bool:
+        """True when the pool has no endpoints (what a refusal's status depends on)."""
+        if self.pool_endpoints is None:
+            return False
+        try:
+            return self.pool_endpoints() == 0
+        except Exception:
+            log.warning("counting the pool's endpoints failed", exc_info=True)
+            return False
 
     def notify(self) -> None:
         """Capacity may have freed (a response ended, metrics refreshed): try to dispatch."""
         self._wake.set()
 
-    def started(self, priority: int, fairness_id: str) -> None:
+    def started(self, priority: int, fairness_id: str, prompt_tokens: int = 0) -> None:
         """A request of this flow picked its endpoint (fast path or released): it counts in
         flight for its flow until :meth:`ended` (what ``least-inflight-fairness-policy``
-        reads)."""
-        self._band(priority).started(fairness_id)
+        reads); a token-counting fairness policy is charged its estimated prompt."""
+        band = self._band(priority)
+        band.started(fairness_id)
+        if isinstance(band.fairness, ServiceAccounting):
+            band.fairness.started(fairness_id, prompt_tokens)
 
-    def ended(self, priority: int, fairness_id: str) -> None:
+    def ended(self, priority: int, fairness_id: str, usage: TokenUsage | None = None) -> None:
         """A request counted by :meth:`started` ended (response done, error or broken
-        stream); capacity may have freed, so the dispatcher wakes."""
+        stream); capacity may have freed, so the dispatcher wakes. ``usage``: the response's
+        exact token counts, for token-counting fairness policies."""
         band = self._bands.get(priority)
         if band is not None:
             band.ended(fairness_id)
+            if usage is not None and isinstance(band.fairness, ServiceAccounting):
+                band.fairness.served(fairness_id, usage.prompt_tokens, usage.completion_tokens,
+                                     usage.cached_tokens, usage.estimated_prompt_tokens)
+        self.notify()
+
+    def track_inflight(self, request_id: str, priority: int,
+                       evict: Callable[[RequestEvicted], None]) -> bool:
+        """With eviction on: a dispatched request of ``priority`` that the eviction filter
+        accepts may be ended through ``evict``; True when it is tracked (call
+        :meth:`untrack_inflight` when its stream ends)."""
+        rec = self.reclamation
+        if rec is None or not rec.evictor.evictable(priority):
+            return False
+        rec.evictor.track(InFlightRequest(request_id, priority, time.monotonic(), evict))
+        return True
+
+    def untrack_inflight(self, request_id: str) -> None:
+        """A tracked request's stream ended; an evicted one confirms its eviction."""
+        rec = self.reclamation
+        if rec is None:
+            return
+        entry = rec.evictor.forget(request_id)
+        if entry is not None and entry.evicted:
+            rec.confirm(request_id, time.monotonic())
         self.notify()
 
     def retry_after(self, now: float | None = None) -> int:
@@ -215,7 +308,7 @@ class FlowController:
                     "queued": b.length,
                     "bytes": b.nbytes,
                     "maxBytes": b.config.effective_max_bytes,
-                    "maxRequests": b.config.max_requests,
+                    "maxRequests": b.config.effective_max_requests,
                     "fairnessPolicy": b.fairness.type_name,
                     "orderingPolicy": b.ordering.type_name,
                     "flows": {f.fairness_id: {"queued": f.length, "bytes": f.nbytes}
@@ -232,10 +325,15 @@ class FlowController:
         """Release at most one request; True if one was released."""
         started = time.perf_counter()
         try:
+            if self.pool_empty():
+                self._expire_without_endpoints()
+                return False  # nothing can be served until the pool has endpoints
             sat = self._read_saturation()
             ceilings = self.usage_limit.ceilings(sat, [b.priority for b in self._order])
-            for band, ceiling in zip(self._order, ceilings, strict=True):
+            for i, (band, ceiling) in enumerate(zip(self._order, ceilings, strict=True)):
                 if sat >= ceiling:
+                    if self.reclamation is not None:
+                        self._maybe_reclaim(sat, ceilings, i)
                     return False  # head-of-line blocking: lower bands wait too
                 if band.length == 0:
                     continue
@@ -249,6 +347,33 @@ class FlowController:
             return False
         finally:
             self.metrics.dispatch_cycle.observe(time.perf_counter() - started)
+
+    def _maybe_reclaim(self, sat: float, ceilings: Sequence[float], blocked: int) -> None:
+        """Dispatch stopped at band ``blocked``: evict in-flight requests of lower priority
+        for the highest band from there that has requests waiting."""
+        rec = self.reclamation
+        assert rec is not None
+        waiting = [(b.priority, c) for b, c in zip(self._order[blocked:], ceilings[blocked:],
+                                                    strict=True) if b.length]
+        if not waiting:
+            return
+        rec.evictor.inflight_total = sum(sum(b.inflight.values()) for b in self._order)
+        rec.maybe_reclaim(time.monotonic(), sat, waiting)
+
+    def _expire_without_endpoints(self) -> None:
+        """``noEndpointRequestTTL``: while the pool has no endpoints, a request that has
+        waited that long leaves (``EvictedTTL``; its caller answers 503 no-endpoints)."""
+        limit = self.config.no_endpoint_request_ttl
+        if limit is None or self.length == 0:
+            return
+        if self._loop is None:
+            return
+        now = self._loop.time()
+        for band in self._order:
+            for flow in list(band.flows.values()):
+                expired = [i for i in flow.items() if now - i.enqueued_at >= limit]
+                for item in expired:
+                    self._finalize(item, Outcome.EVICTED_TTL)
 
     async def _run(self) -> None:
         while True:
@@ -301,8 +426,8 @@ class FlowController:
     def _may_bypass(self, band: Band) -> bool:
         """Fast path: nothing waits at this priority or above, no released request is still
         on its way to its pick, and the pool has room for it."""
-        if self.in_transit:
-            return False
+        if self.in_transit or self.pool_empty():
+            return False  # an empty pool: the queue is a waiting room for scale-from-zero
         for b in self._order:
             if b.priority < band.priority:
                 break

@@ -25,15 +25,32 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
+from epp.flowcontrol.budgets import BUDGET_PLUGINS
 from epp.flowcontrol.config import FlowControlConfigError
+from epp.flowcontrol.eviction import EVICTION_PLUGINS
+from epp.flowcontrol.program_aware import ProgramAwareFairness
 
 # The policy interfaces live with the queues they order (so queues.py need not import this
 # module); they are imported here for the policies below and for callers of this module.
 from epp.flowcontrol.queues import Band, FairnessPolicy, FlowQueue, OrderingPolicy  # noqa: F401
+from epp.flowcontrol.token_fairness import TokenFairness
 from epp.flowcontrol.types import QueueItem
+from epp.flowcontrol.usage_limits import USAGE_LIMIT_PLUGINS
 from shared.plugins import Plugin
 
-SLO_TTFT_HEADER = "x-slo-ttft-ms"
+#: The TTFT SLO header (llm-d-router v0.10's name, then its deprecated alias).
+SLO_TTFT_HEADERS = ("x-llm-d-slo-ttft-ms", "x-slo-ttft-ms")
+
+
+@runtime_checkable
+class ServiceAccounting(Protocol):
+    """A fairness policy that counts the tokens each flow was served (told by the flow
+    controller at dispatch and at the end of each response)."""
+
+    def started(self, fairness_id: str, prompt_tokens: int) -> None: ...
+
+    def served(self, fairness_id: str, prompt_tokens: int, completion_tokens: int,
+               cached_tokens: int, estimated_prompt_tokens: int) -> None: ...
 
 
 @runtime_checkable
@@ -65,12 +82,14 @@ class EDFOrdering(Plugin):
 
 
 class SLODeadlineOrdering(Plugin):
-    """Earliest SLO deadline first: key = arrival + ``x-slo-ttft-ms`` (∞ when absent/bad)."""
+    """Earliest SLO deadline first: key = arrival + ``x-llm-d-slo-ttft-ms`` (or its old
+    name ``x-slo-ttft-ms``; ∞ when absent/bad)."""
 
     type_name: ClassVar[str] = "slo-deadline-ordering-policy"
 
     def key(self, item: QueueItem) -> tuple[float, float]:
-        raw = item.request.headers.get(SLO_TTFT_HEADER, "").strip()
+        headers = item.request.headers
+        raw = next((v for h in SLO_TTFT_HEADERS if (v := headers.get(h))), "").strip()
         deadline = math.inf
         if raw.isdigit():
             deadline = item.received_at + int(raw) / 1000.0
@@ -253,7 +272,8 @@ class PriorityUsageLimit(Plugin):
 #: The built-in policy plugin types (the EPP's registry includes them).
 POLICY_PLUGINS: tuple[type[Plugin], ...] = (
     FCFSOrdering, EDFOrdering, SLODeadlineOrdering, GlobalStrictFairness, RoundRobinFairness,
-    LeastInflightFairness, StaticUsageLimit, PriorityUsageLimit)
+    LeastInflightFairness, StaticUsageLimit, PriorityUsageLimit, ProgramAwareFairness,
+    TokenFairness, *USAGE_LIMIT_PLUGINS, *EVICTION_PLUGINS, *BUDGET_PLUGINS)
 _BY_TYPE = {cls.type_name: cls for cls in POLICY_PLUGINS}
 
 
@@ -262,7 +282,11 @@ def resolve(ref: str, kind: type[Any], plugins: Mapping[str, object], where: str
     loader does for its defaults) a fresh instance of the built-in type of that name."""
     found = plugins.get(ref)
     if found is None and ref in _BY_TYPE:
-        found = _BY_TYPE[ref]()
+        try:
+            found = _BY_TYPE[ref]()
+        except (ValueError, TypeError) as e:  # a type with required parameters
+            raise FlowControlConfigError(
+                f"{where}: {ref!r} needs parameters ({e}): list it under plugins") from None
     if found is None:
         raise FlowControlConfigError(f"{where}: no plugin named {ref!r}")
     if not isinstance(found, kind):

@@ -104,6 +104,10 @@ class FlowQueue:
         elif max(self._dead_min, self._dead_max) > max(_COMPACT_MIN, self.length):
             self._compact()
 
+    def items(self) -> list[QueueItem]:
+        """The live items, in no particular order (a copy: safe to finalize while walking)."""
+        return [e[3] for e in self._min if e[3].queue is self]
+
     def heap_entries(self) -> int:
         """Entries held by both heaps, tombstones included: at most 4 * live + 130."""
         return len(self._min) + len(self._max)
@@ -165,4 +169,4 @@ class Band:
         c = self.config
         if self.nbytes + nbytes > c.effective_max_bytes:
             return False
-        return not (c.max_requests and self.length + 1 > c.max_requests)
+        return self.length + 1 <= c.effective_max_requests

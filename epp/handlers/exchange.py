@@ -3,10 +3,12 @@ rewritten back to the client's model and its usage is recorded when the stream e
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
 from epp import telemetry as m
+from epp.flowcontrol.controller import FlowController
 from epp.requestcontrol import Director, Routed
 from epp.requestcontrol.grpcbody import FrameReader, GrpcResponseReader
 from epp.requestcontrol.response import ResponseRewriter, Usage
@@ -28,6 +30,8 @@ class PickerExchange(Exchange):
         self.status = 0
         self.response_size = 0
         self.grpc: _GrpcUsage | None = None
+        #: The flow controller tracking this exchange for eviction, if any.
+        self._tracked: FlowController | None = None
         #: ``llm_d_epp_response_processing_duration_seconds``: our time on this response
         #: (streamed: the sum of per-chunk slices, so generation time between chunks is
         #: left out; otherwise headers to end). None until the response headers arrive.
@@ -59,7 +63,25 @@ class PickerExchange(Exchange):
         # A request that named no model gets the response's model unchanged (as upstream).
         self.rewriter = ResponseRewriter(self.routed.client_model or self.routed.target_model,
                                          self.routed.target_model)
+        fc = director.runtime.flow_control
+        if fc is not None and fc.reclamation is not None \
+                and fc.reclamation.evictor.evictable(self.routed.request.priority):
+            self._evictable(fc)
         return decision
+
+    def _evictable(self, fc: FlowController) -> None:
+        """With in-flight eviction: let flow control end this exchange with a 429."""
+        assert self.routed is not None
+        request = self.routed.request
+        interrupt: asyncio.Future[GatewayError] = asyncio.get_running_loop().create_future()
+
+        def evict(err: GatewayError) -> None:
+            if not interrupt.done():
+                interrupt.set_result(err)
+
+        if fc.track_inflight(request.request_id, request.priority, evict):
+            self.interrupt = interrupt
+            self._tracked = fc
 
     async def on_response_headers(self, headers: dict[str, str]) -> ResponseHeadersDecision:
         started = self.response_started = time.perf_counter()
@@ -132,6 +154,9 @@ class PickerExchange(Exchange):
         return self.director.response_metadata(self.routed, usage)
 
     def on_close(self, completed: bool) -> None:
+        if self._tracked is not None and self.routed is not None:
+            self._tracked.untrack_inflight(self.routed.request.request_id)
+            self._tracked = None
         if self.response_processing is not None:  # aborted streams too (as upstream)
             m.RESPONSE_PROCESSING.observe(
                 self.response_processing if self.sse

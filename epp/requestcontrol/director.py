@@ -145,7 +145,10 @@ class Director:
         res = self._resolve(req, headers)
         if res.rewrite_name is not None:
             m.rewrite_decision(res.rewrite_name, req.model, res.target_model)
-        candidates = self._candidates(filter_metadata)
+        # With flow control an empty pool is a waiting room (scale from zero): flow control
+        # holds the request and answers 503 rejected-no-endpoints itself (upstream v0.10).
+        candidates = self._candidates(filter_metadata,
+                                      allow_empty=self.runtime.flow_control is not None)
         # With flow control, sheddable requests wait in its queues instead (as upstream).
         if (res.priority < 0 and self.runtime.flow_control is None
                 and self.saturation.is_saturated(candidates)):
@@ -370,7 +373,8 @@ class Director:
             metadata={LB_NAMESPACE: lb},
         )
 
-    def _candidates(self, filter_metadata: Mapping[str, Any]) -> Sequence[EndpointView]:
+    def _candidates(self, filter_metadata: Mapping[str, Any], *,
+                    allow_empty: bool = False) -> Sequence[EndpointView]:
         """The pool's healthy endpoints, narrowed by the proxy's subset hint (ip:port)."""
         candidates = self.datastore.candidates()
         hint = filter_metadata.get(SUBSET_NAMESPACE) if self.subset_filter else None
@@ -380,6 +384,8 @@ class Director:
             if not candidates:
                 raise NoCandidates("no endpoint of the subset hint is ready in the pool")
         if not candidates:
+            if allow_empty:
+                return candidates
             raise NoCandidates("no ready endpoint in the pool")
         # Metrics older than the staleness threshold (a hung /metrics) can't be trusted:
         # prefer endpoints with fresh ones, but never refuse a request only for staleness.

@@ -212,6 +212,12 @@ class ValkeyStateStore(StateStore):
         self.local.on_remote_inflight(listener)
 
     @property
+    def namespace(self) -> str:
+        """``<namespace>:<pool>``: the prefix of this pool's keys (for other shared state,
+        e.g. flow control's token budgets)."""
+        return self._ns
+
+    @property
     def backlog(self) -> int:
         """Prefix and session writes queued for the store."""
         return len(self._prefix) + len(self._sessions)

@@ -32,13 +32,14 @@ from shared.plugins import Handle
 @dataclass(frozen=True, slots=True)
 class ConcurrencyParameters:
     """``maxConcurrency`` (requests per endpoint) or, with ``concurrencyMode: tokens``,
-    ``maxTokenConcurrency`` (estimated prompt tokens per endpoint); ``headroom`` is the
+    ``maxTokenConcurrency`` (estimated prompt tokens per endpoint), or both with
+    ``concurrencyMode: hybrid`` (upstream v0.10); ``headroom`` is the
     burst the filter allows above that (0.2 = 20%). ``maxPrefillConcurrency`` (ours; None =
     no limit): streamed requests per endpoint still waiting for their first token."""
 
     max_concurrency: int = 100
     headroom: float = 0.0
-    concurrency_mode: Literal["requests", "tokens"] = "requests"
+    concurrency_mode: Literal["requests", "tokens", "hybrid"] = "requests"
     max_token_concurrency: int = 1_000_000
     max_prefill_concurrency: int | None = None
 
@@ -56,6 +57,11 @@ class ConcurrencyDetector(Filter, SaturationDetector, PreRequest, ResponseComple
     """load(e) = in-flight requests (or tokens) on e; pool saturation = sum(load) /
     (endpoints x capacity), saturated when >= 1 (an empty pool is saturated). As a filter
     it keeps endpoints with load < capacity x (1 + headroom).
+
+    ``hybrid`` (upstream v0.10): per endpoint s(e) = max(requests(e) / maxConcurrency,
+    tokens(e) / maxTokenConcurrency); pool saturation = mean of s(e), so endpoints saturated
+    on different dimensions are not masked by two low aggregates. The filter drops an
+    endpoint when either load reaches its limit x (1 + headroom).
 
     With ``maxPrefillConcurrency`` an endpoint also needs fewer than that many requests
     awaiting their first token: the filter drops the others, and while no endpoint has room
@@ -95,9 +101,21 @@ class ConcurrencyDetector(Filter, SaturationDetector, PreRequest, ResponseComple
         limit = self.params.max_prefill_concurrency
         return limit is None or self.prefilling.get(view.key, 0) < limit
 
+    def _ratio(self, view: EndpointView) -> float:
+        """Hybrid mode: the endpoint's fuller dimension, as a fraction of its capacity."""
+        p = self.params
+        return max(view.inflight_requests / p.max_concurrency,
+                   view.inflight_tokens / p.max_token_concurrency)
+
     def saturation(self, views: Sequence[EndpointView]) -> float:
         if not views:
             return 1.0
+        if self.params.concurrency_mode == "hybrid":
+            sat = sum(self._ratio(v) for v in views) / len(views)
+            if sat < 1.0 and self.params.max_prefill_concurrency is not None and not any(
+                    self._ratio(v) < 1.0 and self._prefill_room(v) for v in views):
+                return 1.0
+            return sat
         capacity = self._capacity()
         sat = sum(self._load(v) for v in views) / (len(views) * capacity)
         if sat < 1.0 and self.params.max_prefill_concurrency is not None and not any(
@@ -110,7 +128,10 @@ class ConcurrencyDetector(Filter, SaturationDetector, PreRequest, ResponseComple
 
     def filter(self, request: LLMRequest,
                endpoints: Sequence[EndpointView]) -> Sequence[EndpointView]:
-        limit = self._capacity() * (1.0 + self.params.headroom)
+        burst = 1.0 + self.params.headroom
+        if self.params.concurrency_mode == "hybrid":
+            return [v for v in endpoints if self._ratio(v) < burst and self._prefill_room(v)]
+        limit = self._capacity() * burst
         return [v for v in endpoints if self._load(v) < limit and self._prefill_room(v)]
 
     # -- the prefill count (only with maxPrefillConcurrency) ---------------------------

@@ -3,6 +3,8 @@ error naming its path."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import yaml
 from prometheus_client import CollectorRegistry
@@ -60,11 +62,13 @@ def test_upstream_example_parses_with_its_units() -> None:
 
 def test_absent_section_gives_upstream_defaults() -> None:
     c = FlowControlConfig.from_dict(None)
-    assert (c.max_bytes, c.max_requests, c.default_request_ttl) == (0, 0, 0.0)
+    assert (c.max_bytes, c.max_requests, c.default_request_ttl) == (0, 0, 60.0)
     band = c.band(3)
     assert band.priority == 3
     assert band.effective_max_bytes == DEFAULT_BAND_MAX_BYTES == 1_000_000_000
-    assert band.max_requests == 0
+    assert band.effective_max_requests == 5000  # bounded by default (v0.10)
+    assert (c.enable_eviction, c.saturation_detector_ref, c.no_endpoint_request_ttl) == \
+        (False, None, None)
     assert band.fairness_policy_ref == "global-strict-fairness-policy"
     assert band.ordering_policy_ref == "fcfs-ordering-policy"
     assert c.usage_limit_policy_ref == "static-usage-limit-policy"
@@ -203,3 +207,39 @@ def test_priority_usage_limit_parameters_are_strict() -> None:
                        ({"threshold": -1}, "threshold")):
         with pytest.raises(PluginError, match=match):
             registry.create("priority-usage-limit-policy", "", bad)
+
+
+def section(text: str) -> FlowControlConfig:
+    """The ``flowControl`` section given as its body."""
+    return FlowControlConfig.from_dict(yaml.safe_load(text))
+
+
+def test_explicit_zero_ttl_turns_the_ttl_off() -> None:
+    assert section("defaultRequestTTL: 0s\n").default_request_ttl == 0
+
+
+def test_v010_fields_section() -> None:
+    c = section("saturationDetector: {pluginRef: det}\nenableEviction: true\n"
+              "noEndpointRequestTTL: 2s\n"
+              "defaultNegativePriorityBand: {maxRequests: 7}\n"
+              "defaultPriorityBand: {maxRequests: 9}\n")
+    assert c.saturation_detector_ref == "det" and c.enable_eviction
+    assert c.no_endpoint_request_ttl == 2.0
+    assert c.band(-3).max_requests == 7 and c.band(-3).priority == -3
+    assert c.band(0).max_requests == 9 and c.band(4).max_requests == 9
+
+
+def test_negative_priorities_fall_back_to_the_default_band() -> None:
+    assert section("defaultPriorityBand: {maxRequests: 9}\n").band(-1).max_requests == 9
+
+
+@pytest.mark.parametrize(("text", "path"), [
+    ("enableEviction: yes please\n", "flowControl.enableEviction"),
+    ("saturationDetector: {pluginRef: d, extra: 1}\n", "flowControl.saturationDetector.extra"),
+    ("noEndpointRequestTTL: 5\n", "flowControl.noEndpointRequestTTL"),
+    ("defaultNegativePriorityBand: {priority: -1}\n",
+     "flowControl.defaultNegativePriorityBand.priority"),
+])
+def test_bad_v010_fields_name_their_path(text: str, path: str) -> None:
+    with pytest.raises(FlowControlConfigError, match=re.escape(path)):
+        section(text)

@@ -220,7 +220,7 @@ async def test_global_strict_serves_the_band_as_one_fcfs_queue(make_fc: MakeFC,
 
 async def test_edf_orders_by_deadline_and_puts_no_ttl_last(make_fc: MakeFC,
                                                            gate: Gate) -> None:
-    cfg = FlowControlConfig(priority_bands=(
+    cfg = FlowControlConfig(default_request_ttl=0, priority_bands=(
         PriorityBandConfig(priority=0, ordering_policy_ref="edf-ordering-policy"),))
     fc = make_fc(cfg)
     log: Log = []
@@ -337,15 +337,63 @@ async def test_nan_saturation_counts_as_saturated(make_fc: MakeFC, gate: Gate) -
 # --- TTL ---------------------------------------------------------------------------------
 
 
-async def test_ttl_expiry_evicts_and_answers_503_with_retry_after(make_fc: MakeFC) -> None:
-    fc = make_fc()
+async def test_ttl_expiry_evicts_and_answers_429_with_retry_after(make_fc: MakeFC) -> None:
+    fc = make_fc(pool_endpoints=lambda: 1)
     outcome = await fc.enqueue_and_wait(req("a", ttl=0.01))  # saturated throughout
     assert outcome is Outcome.EVICTED_TTL
     assert fc.length == 0 and fc.nbytes == 0
+    with pytest.raises(FlowControlQueueFull) as e:
+        await fc.admit(req("b", ttl=0.01))
+    assert e.value.status == 429 and e.value.code == "flow_control_ttl_expired"
+    assert e.value.extra_headers == {"x-llm-d-request-dropped-reason": "rejected-ttl-expired"}
+    assert e.value.retry_after >= 1
+
+
+async def test_ttl_expiry_with_no_endpoints_answers_503(make_fc: MakeFC) -> None:
+    fc = make_fc(pool_endpoints=lambda: 0)
     with pytest.raises(FlowControlUnavailable) as e:
         await fc.admit(req("b", ttl=0.01))
-    assert e.value.status == 503 and e.value.code == "flow_control_ttl_expired"
-    assert e.value.retry_after >= 1
+    assert e.value.status == 503 and e.value.code == "no_endpoints"
+    assert e.value.extra_headers == {"x-llm-d-request-dropped-reason": "rejected-no-endpoints"}
+
+
+async def test_full_queue_with_no_endpoints_is_rejected_no_endpoints(make_fc: MakeFC) -> None:
+    fc = make_fc(FlowControlConfig(default_priority_band=PriorityBandConfig(max_requests=1)),
+                 pool_endpoints=lambda: 0)
+    waiting = asyncio.ensure_future(fc.enqueue_and_wait(req("a")))
+    await asyncio.sleep(0)
+    assert await fc.enqueue_and_wait(req("b")) is Outcome.REJECTED_NO_ENDPOINTS
+    waiting.cancel()
+
+
+async def test_no_endpoint_request_ttl_bounds_the_wait_only_while_the_pool_is_empty(
+        make_fc: MakeFC) -> None:
+    endpoints = [0]
+    fc = make_fc(FlowControlConfig(no_endpoint_request_ttl=0.05),
+                 pool_endpoints=lambda: endpoints[0])
+    t0 = asyncio.get_running_loop().time()
+    assert await fc.enqueue_and_wait(req("a")) is Outcome.EVICTED_TTL
+    assert asyncio.get_running_loop().time() - t0 < 1.0  # not the 60 s default TTL
+    endpoints[0] = 1  # endpoints, still saturated: the request waits on
+    waiting = asyncio.ensure_future(fc.enqueue_and_wait(req("b")))
+    await asyncio.sleep(0.2)
+    assert not waiting.done()
+    waiting.cancel()
+
+
+async def test_no_endpoint_request_ttl_zero_refuses_at_once(make_fc: MakeFC) -> None:
+    fc = make_fc(FlowControlConfig(no_endpoint_request_ttl=0), pool_endpoints=lambda: 0)
+    assert await fc.enqueue_and_wait(req("a")) is Outcome.REJECTED_NO_ENDPOINTS
+    with pytest.raises(FlowControlUnavailable) as e:
+        await fc.admit(req("b"))
+    assert e.value.status == 503
+
+
+async def test_bands_are_bounded_by_default_at_5000_requests(make_fc: MakeFC) -> None:
+    fc = make_fc()
+    band = fc.config.band(0)
+    assert band.max_requests == 0 and band.effective_max_requests == 5000
+    assert fc.config.default_request_ttl == 60.0
 
 
 async def test_default_request_ttl_applies_when_the_request_has_none(make_fc: MakeFC) -> None:
@@ -355,7 +403,7 @@ async def test_default_request_ttl_applies_when_the_request_has_none(make_fc: Ma
 
 async def test_without_any_ttl_a_request_waits_until_released(make_fc: MakeFC,
                                                               gate: Gate) -> None:
-    fc = make_fc()
+    fc = make_fc(FlowControlConfig(default_request_ttl=0))
     log: Log = []
     [t] = await queue_all(fc, [req("a")], log)
     for _ in range(50):

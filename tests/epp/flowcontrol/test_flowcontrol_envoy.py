@@ -170,16 +170,19 @@ def test_full_band_answers_429_with_retry_after(gw: Gateway, server: FakeModelSe
     assert r.status_code == 429
     assert int(r.headers["retry-after"]) >= 1
     assert r.json()["error"]["code"] == "flow_control_queue_full"
+    assert r.headers["x-llm-d-request-dropped-reason"] == "rejected-saturated"
     server.waiting = 0
     assert [f.result().status_code for f in waiting] == [200, 200]
 
 
 @pytest.mark.parametrize("gw", [{"ttl": "300ms"}], indirect=True)
-def test_ttl_expiry_answers_503_with_retry_after(gw: Gateway, server: FakeModelServer) -> None:
+def test_ttl_expiry_answers_429_with_retry_after(gw: Gateway, server: FakeModelServer) -> None:
+    """v0.10: the pool has endpoints, so an expired wait is backpressure (429), not 503."""
     gw.saturate(server)
     r = gw.send("standard", "too patient")
-    assert r.status_code == 503
+    assert r.status_code == 429
     assert r.json()["error"]["code"] == "flow_control_ttl_expired"
+    assert r.headers["x-llm-d-request-dropped-reason"] == "rejected-ttl-expired"
     assert int(r.headers["retry-after"]) >= 1
     assert gw.debug()["queued"] == 0
     assert server.requests == []
@@ -224,5 +227,108 @@ def test_epp_shutdown_answers_queued_requests_with_503(gw: Gateway,
     r = queued.result()
     assert r.status_code == 503
     assert r.json()["error"]["code"] == "flow_control_unavailable"
+    assert r.headers["x-llm-d-request-dropped-reason"] == "rejected-shutting-down"
     assert int(r.headers["retry-after"]) >= 1
     assert server.requests == []
+
+
+EMPTY_POOL = """\
+featureGates: [flowControl]
+flowControl:
+  defaultRequestTTL: 30s
+  noEndpointRequestTTL: %s
+"""
+
+
+@pytest.mark.parametrize("no_endpoint_ttl", ["0s", "300ms"])
+def test_pool_without_endpoints_answers_503_no_endpoints(bg: BackgroundLoop, tmp_path: Path,
+                                                         no_endpoint_ttl: str) -> None:
+    """v0.10: no serving capacity at all is 503 ``rejected-no-endpoints`` (at once with
+    ``noEndpointRequestTTL: 0s``, after that wait otherwise - not the 30 s TTL)."""
+    manifests = tmp_path / "pool.yaml"
+    write_yaml(manifests, pool_manifests("pool", [], 8000, OBJECTIVES))
+    epp = EppProcess(manifests, "--config-text", EMPTY_POOL % no_endpoint_ttl,
+                     log_path=tmp_path / "epp.log").wait_serving()
+    admin, port = e.free_port(), e.free_port()
+    envoy = e.Envoy(pool_gateway_config(epp.port, admin, port), admin_port=admin,
+                    workdir=tmp_path / "envoy").start()
+    try:
+        started = time.monotonic()
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=20,
+                       content=orjson.dumps({"model": "m", "prompt": "x", "max_tokens": 1}))
+        assert time.monotonic() - started < 10
+        assert r.status_code == 503, r.text
+        assert r.headers.get("x-llm-d-request-dropped-reason") == "rejected-no-endpoints", \
+            (r.headers, r.text)
+        assert r.headers["content-type"] == "application/json"
+        assert r.json()["error"]["code"] == "no_endpoints"
+    finally:
+        envoy.stop()
+        epp.stop()
+
+
+EVICTION = """\
+featureGates: [flowControl]
+plugins:
+- {type: concurrency-detector, name: detector, parameters: {maxConcurrency: 1}}
+flowControl:
+  saturationDetector: {pluginRef: detector}
+  enableEviction: %s
+"""
+
+
+@pytest.mark.parametrize("gw", [{"config": EVICTION % "true"}], indirect=True)
+def test_eviction_ends_an_in_flight_sheddable_request_for_a_blocked_critical_one(
+        gw: Gateway, server: FakeModelServer) -> None:
+    """v0.10 ``enableEviction``: the pool is full with a sheddable request in flight; a
+    critical one waits, so the sheddable one is ended (429 ``evicted``) and the critical one
+    takes its place."""
+    server.hold = True
+    sheddable = gw.send_async("batch", "sheddable")
+    until(lambda: len(server.requests) == 1, "the sheddable request to reach the server")
+    critical = gw.send_async("critical", "critical")
+    r = sheddable.result(timeout=20)
+    assert r.status_code == 429
+    assert r.headers["x-llm-d-request-dropped-reason"] == "evicted"
+    assert r.json()["error"]["code"] == "flow_control_evicted"
+    until(lambda: len(server.requests) == 2, "the critical request to reach the server")
+    server.released = 1 << 30
+    assert critical.result(timeout=20).status_code == 200
+    assert gw.metric("llm_d_epp_flow_control_revocations_issued_total", priority="10") == 1
+
+
+@pytest.mark.parametrize("gw", [{"config": EVICTION % "false"}], indirect=True)
+def test_without_eviction_the_critical_request_waits_for_the_sheddable_one(
+        gw: Gateway, server: FakeModelServer) -> None:
+    server.hold = True
+    sheddable = gw.send_async("batch", "sheddable")
+    until(lambda: len(server.requests) == 1, "the sheddable request to reach the server")
+    critical = gw.send_async("critical", "critical")
+    until(lambda: gw.debug()["queued"] == 1, "the critical request to queue")
+    time.sleep(0.5)
+    assert not sheddable.done() and len(server.requests) == 1
+    server.released = 1 << 30
+    assert sheddable.result(timeout=20).status_code == 200
+    assert critical.result(timeout=20).status_code == 200
+
+
+BUDGET = """\
+plugins:
+- type: token-budget-admitter
+  parameters: {tokensPerMinute: 1000000, tenants: {noisy: 10}}
+"""
+
+
+@pytest.mark.parametrize("gw", [{"config": BUDGET}], indirect=True)
+def test_a_tenant_over_its_token_budget_gets_429_with_retry_after(
+        gw: Gateway, server: FakeModelServer) -> None:
+    """The server answers ``usage`` 7 + 3 = 10 tokens: the noisy tenant's one request uses
+    its 10-token budget, its next is refused; another tenant goes on."""
+    assert gw.send("standard", "first", tenant="noisy").status_code == 200
+    r = gw.send("standard", "second", tenant="noisy")
+    assert r.status_code == 429
+    assert r.json()["error"]["code"] == "token_budget_exceeded"
+    assert r.headers["x-llm-d-request-dropped-reason"] == "rejected-token-budget"
+    assert 1 <= int(r.headers["retry-after"]) <= 61
+    assert gw.send("standard", "other", tenant="quiet").status_code == 200
+    assert [q["body"]["prompt"] for q in server.requests] == ["first", "other"]

@@ -23,6 +23,10 @@ UPSTREAM = {
     "inference_extension_flow_control_queue_bytes": ("gauge", FLOW),
     "inference_extension_flow_control_pool_saturation": ("gauge", {"inference_pool"}),
 }
+# llm-d-router v0.10 exports each under its new name too, and counts final outcomes.
+UPSTREAM |= {k.replace("inference_extension_", "llm_d_epp_"): v for k, v in UPSTREAM.items()}
+UPSTREAM["llm_d_epp_flow_control_requests"] = ("counter",
+                                               {"outcome", "priority", "inference_pool"})
 
 
 def families(registry: CollectorRegistry) -> dict[str, tuple[str, set[str]]]:

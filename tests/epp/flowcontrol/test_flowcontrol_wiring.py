@@ -100,7 +100,8 @@ def test_gate_builds_controller_and_admitter_with_upstream_defaults() -> None:
     runtime = director("featureGates: [flowControl]\n").runtime
     fc = runtime.flow_control
     assert isinstance(fc, FlowController)
-    assert fc.config.default_request_ttl == 0 and fc.config.max_requests == 0
+    assert fc.config.default_request_ttl == 60 and fc.config.max_requests == 0
+    assert fc.config.band(0).effective_max_requests == 5000
     [admitter] = [a for a in runtime.admitters if isinstance(a, FlowControlAdmitter)]
     assert admitter.controller is fc
     assert admitter in runtime.response_complete  # a finished response wakes the dispatcher

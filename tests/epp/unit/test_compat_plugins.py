@@ -349,7 +349,8 @@ def test_served_verifier_alone_on_a_response() -> None:
 
 
 @pytest.mark.parametrize(("type_name", "issue"), [
-    ("eviction-sheddable-filter", "#14"), ("tokenizer", "#15"), ("encode-filter", "#16"),
+    ("eviction-sheddable-filter", "sheddable-eviction-filter"), ("tokenizer", "#15"),
+    ("encode-filter", "#16"),
     ("predicted-latency-scorer", "#17"),
 ])
 def test_types_of_other_issues_are_unknown_naming_the_issue(type_name: str, issue: str) -> None:

@@ -22,7 +22,9 @@ from devkit.valkey import ValkeyServer
 from epp import telemetry as m
 from epp.config import build, parse_config
 from epp.datastore import parse_object
+from epp.flowcontrol.eviction import default_eviction_metrics
 from epp.flowcontrol.metrics import default_metrics as default_flow_control_metrics
+from epp.flowcontrol.program_aware import attained_service_gauge
 from epp.main import metrics_hooks
 from epp.requestcontrol import Director
 from epp.requestcontrol.plugins.predicted_latency_producer import PredictedLatencyProducer
@@ -97,6 +99,11 @@ def exercise_both_services() -> list[object]:
     fc.enqueued("t", "0", "Dispatched", 0.0001)
     fc.saturation("pool", 0.5)
     fc.dispatch_cycle.observe(0.0001)
+    ev = default_eviction_metrics()  # in-flight eviction's series (v0.10 names)
+    ev.issued.labels("pool", "10").inc()
+    ev.outcomes.labels("pool", "confirmed").inc()
+    ev.pending.labels("pool").set(0.1)
+    attained_service_gauge().labels("agent").set(1.0)
     asyncio.run(exercise_state_store())
     pool = m.PoolCollector("pool", runtime.datastore,
                            prefix_stats=lambda: runtime.scheduler.prefix_indexer_size,
