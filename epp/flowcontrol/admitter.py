@@ -19,12 +19,7 @@ from typing import Any
 from epp.datastore import Datastore, EndpointView
 from epp.flowcontrol.controller import FlowController
 from epp.flowcontrol.program_aware import ProgramAwareFairness
-from epp.flowcontrol.types import (
-    DEFAULT_FAIRNESS_ID,
-    FlowControlRequest,
-    TokenUsage,
-    fairness_id,
-)
+from epp.flowcontrol.types import FlowControlRequest, TokenUsage, fairness_id
 from epp.requestcontrol.plugin import (
     Admitter,
     PreRequest,
@@ -89,11 +84,7 @@ class FlowControlAdmitter(Plugin, Admitter, PreRequest, ResponseComplete):
         """Resolved once per request (the admitter, pick and end must agree)."""
         fid = request.plugin_state.get(self._fid_key)
         if fid is None:
-            fid = fairness_id(request, self.agents)
-            agent = request.plugin_state.get("agent-identity")  # the agent-identity plugin's
-            if fid == DEFAULT_FAIRNESS_ID and isinstance(agent, str) and agent:
-                fid = agent
-            request.plugin_state[self._fid_key] = fid
+            fid = request.plugin_state[self._fid_key] = fairness_id(request, self.agents)
         return str(fid)
 
     def admit(self, request: LLMRequest, endpoints: Sequence[EndpointView]) -> Any:

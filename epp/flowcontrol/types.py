@@ -29,6 +29,8 @@ LLMD_FAIRNESS_ID_HEADER = "x-llm-d-inference-fairness-id"
 #: Code, OpenCode, Codex, Codex legacy).
 AGENT_SESSION_HEADERS = ("x-claude-code-session-id", "x-session-affinity", "session-id",
                          "session_id")
+#: Where the ``agent-identity`` plugin publishes a request's agent session (upstream's key).
+AGENT_IDENTITY_KEY = "agent-identity"
 #: The flow of requests without that header (upstream's value).
 DEFAULT_FAIRNESS_ID = "default-flow"
 #: Response header naming why a request was refused or evicted (llm-d-router v0.10).
@@ -37,10 +39,13 @@ DROPPED_REASON_HEADER = "x-llm-d-request-dropped-reason"
 
 def fairness_id(request: HasHeaders, agents: bool = False) -> str:
     """The request's flow within its band: ``x-llm-d-inference-fairness-id`` (v0.10), else
-    ``x-gateway-inference-fairness-id``, else (``agents``) the first agent session header,
-    else the default flow."""
+    ``x-gateway-inference-fairness-id``, else the session the ``agent-identity`` plugin
+    published, else (``agents``) the first agent session header, else the default flow."""
     h = request.headers
     found = h.get(LLMD_FAIRNESS_ID_HEADER) or h.get(FAIRNESS_ID_HEADER)
+    if not found:
+        agent = getattr(request, "plugin_state", {}).get(AGENT_IDENTITY_KEY)
+        found = agent if isinstance(agent, str) else None
     if not found and agents:
         found = next((v for name in AGENT_SESSION_HEADERS if (v := h.get(name))), None)
     return found or DEFAULT_FAIRNESS_ID

@@ -12,7 +12,7 @@ import pytest
 from epp.config import build
 from epp.config.builtins import builtin_registry
 from epp.config.loader import parse_config
-from epp.flowcontrol.admitter import fairness_id
+from epp.flowcontrol.types import fairness_id
 from epp.requestcontrol import Director
 from epp.scheduling import LLMRequest
 from shared.plugins import PluginError
