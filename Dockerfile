@@ -21,6 +21,7 @@ COPY bbr bbr
 COPY epp epp
 COPY sidecar sidecar
 RUN /opt/venv/bin/pip install . \
+ && /opt/venv/bin/pip install --no-deps --force-reinstall "$(/opt/venv/bin/python -m shared.otelproto)" \
  && /opt/venv/bin/python -m compileall -q /opt/venv
 
 FROM ${PYTHON_IMAGE} AS runtime

@@ -16,6 +16,7 @@ $(STAMP): pyproject.toml examples/plugin-package/pyproject.toml
 	@$(PYTHON) -m venv $(VENV)
 	@{ $(PY) -m pip install -q --upgrade pip && \
 	   $(PY) -m pip install -q -e '.[test,bench,local]' && \
+	   $(PY) -m pip install -q --no-deps --force-reinstall "$$($(PY) -m shared.otelproto)" && \
 	   $(PY) -m pip install -q --no-deps -e examples/plugin-package; \
 	 } > $(VENV)/install.log 2>&1 || { tail -n 30 $(VENV)/install.log; \
 	   echo "setting up $(VENV) failed: see $(VENV)/install.log"; exit 1; }
