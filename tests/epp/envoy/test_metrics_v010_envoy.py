@@ -39,12 +39,12 @@ def scrape(pool: Pool) -> dict[str, set[frozenset[str]]]:
 
 
 def sample(pool: Pool, name: str, **labels: str) -> float:
+    """The sum of ``name``'s series with ``labels`` (others, e.g. the target model a weighted
+    rewrite picked at random, summed over)."""
     text = httpx.get(f"http://127.0.0.1:{pool.epp.metrics}/metrics", timeout=5).text
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                return float(s.value)
-    return 0.0
+    return sum(float(s.value) for fam in text_string_to_metric_families(text)
+               for s in fam.samples
+               if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
 
 
 def test_v010_names_are_served_on_the_metrics_port_with_their_labels(pool: Pool) -> None:
