@@ -480,16 +480,20 @@ class SimServer:
             return _error(exc)
         return _json(self.faults.to_json())
 
+    def _check_optional_model(self, body: dict[str, Any]) -> None:
+        """A body's ``model`` may be left out; given, it must be a served model (400/404)."""
+        model = body.get("model")
+        if model is not None:
+            if not isinstance(model, str):
+                raise ApiError(400, "'model' must be a string")
+            self._resolve_model(model)  # 404 for an unknown model
+
     async def _tokenize(self, request: web.Request) -> web.Response:
         # vLLM's /tokenize: what llm-d's "tokenizer-vllm-http" token producer calls. The ids
         # are the simulator tokenizer's (4-byte chunks as uint32), the ones KV events carry.
         try:
             body = await self._read_json(request)
-            model = body.get("model")
-            if model is not None:
-                if not isinstance(model, str):
-                    raise ApiError(400, "'model' must be a string")
-                self._resolve_model(model)  # 404 for an unknown model
+            self._check_optional_model(body)
             prompt = tokenize_input(body)
         except ApiError as exc:
             return _error(exc)
@@ -500,11 +504,7 @@ class SimServer:
     async def _render_input(self, request: web.Request, chat: bool) -> list[bytes]:
         """The prompts of a vLLM ``/render`` body (completions may batch several strings)."""
         body = await self._read_json(request)
-        model = body.get("model")
-        if model is not None:
-            if not isinstance(model, str):
-                raise ApiError(400, "'model' must be a string")
-            self._resolve_model(model)  # 404 for an unknown model
+        self._check_optional_model(body)
         if chat:
             if "messages" not in body:
                 raise ApiError(400, "'messages' is required")
