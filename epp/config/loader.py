@@ -255,6 +255,12 @@ def parse_config(text: str | None, *, source: str = "config") -> EndpointPickerC
         raise ConfigError(f"{source}: dataLayer.injectDefaults: must be true or false, "
                           f"got {inject!r}")
     interval = layer.get("crossReplicaSyncInterval")
+    if interval is not None:
+        # Read by a cross-replica syncer only (v0.10 ships none, and its ref is refused here),
+        # so it does nothing: said once, as the config loads.
+        log.warning("dataLayer.crossReplicaSyncInterval has no effect without a cross-replica "
+                    "syncer; active-active replicas share state through --state-store",
+                    where=f"{source}: dataLayer.crossReplicaSyncInterval")
     return EndpointPickerConfig(
         plugins=plugins,
         profiles=_profiles(top.get("schedulingProfiles"), source, names),

@@ -90,8 +90,14 @@ dataLayer:
 
 
 def test_cross_replica_sync_interval_is_read_and_a_syncer_ref_is_refused() -> None:
-    cfg = parse_config("dataLayer: {crossReplicaSyncInterval: 1m30s}\n")
+    from structlog.testing import capture_logs
+
+    with capture_logs() as logs:
+        cfg = parse_config("dataLayer: {crossReplicaSyncInterval: 1m30s}\n")
     assert cfg.cross_replica_sync_interval == 90.0
+    # it does nothing without a syncer, and says so
+    assert [e["log_level"] for e in logs if "crossReplicaSyncInterval" in e["event"]] == [
+        "warning"]
     with pytest.raises(ConfigError, match="no plugin named 'x' in plugins"):
         parse_config("dataLayer: {crossReplicaSyncerPluginRef: x}\n")
 
