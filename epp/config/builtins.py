@@ -25,7 +25,8 @@ _FLOW = ("GIE v1.5's name for an eviction policy, which did nothing there; issue
          "eviction under llm-d-router v0.10's names: use sheddable-eviction-filter / "
          "priority-then-time-eviction-order-policy with flowControl.enableEviction: true")
 _PRECISE = "a local tokenizer plugin is not built yet (issue #15; token-producer asks the server)"
-_PD = "encode disaggregation and the header-only P/D handler are not built yet (issue #16)"
+_PD = ("the header-only disagg-headers-handler is not built (deprecated in llm-d; "
+       "disagg-profile-handler sets the same headers)")
 _SLO = ("the all-in-one predicted-latency-scorer is not built yet (issue #17; use "
         "predicted-latency-producer + latency-scorer)")
 _PARSERS = ("the Anthropic Messages, vLLM /inference/v1/generate and SGLang HTTP parsers are "
@@ -38,8 +39,7 @@ PENDING: dict[str, str] = {
     **dict.fromkeys((
         "eviction-sheddable-filter", "eviction-priority-then-time-ordering"), _FLOW),
     "tokenizer": _PRECISE,
-    **dict.fromkeys((
-        "encode-filter", "disagg-headers-handler", "always-disagg-multimodal-decider"), _PD),
+    "disagg-headers-handler": _PD,
     "predicted-latency-scorer": _SLO,
     **dict.fromkeys(("anthropic-parser", "vllmhttp-parser", "sglanghttp-parser"), _PARSERS),
 }
