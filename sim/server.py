@@ -19,6 +19,7 @@ import orjson
 from aiohttp import web
 
 from sim.config import ServerConfig
+from sim.encoder import ECStorage
 from sim.engine import Engine, QueueFull
 from sim.kvevents import BlockHasher, KVEventPublisher, KVEventRecorder
 from sim.metrics import ServerMetrics
@@ -72,6 +73,7 @@ class SimServer:
             random_output_length=cfg.random_output_length,
             kv_events=KVEventRecorder(self.kv_publisher.publish) if self.kv_publisher else None,
             block_hasher=BlockHasher(cfg.prefix_caching_hash_algo) if kv is not None else None)
+        self.ec = ECStorage(cfg.ec_transfer) if cfg.ec_transfer is not None else None
         self.kv_transfer = (KVTransfer(cfg.kv_transfer, self.engine, time_scale=cfg.time_scale)
                             if cfg.kv_transfer is not None else None)
         self.metrics = ServerMetrics(self.engine, dialect=cfg.engine,
@@ -269,6 +271,10 @@ class SimServer:
                 f"in the messages, {max_tokens} in the completion). Please reduce the length "
                 "of the messages or completion.")))
         req.stream = parsed.stream
+        if parsed.mm_hashes:
+            req.mm_hashes = parsed.mm_hashes
+            if self.ec is not None:  # items an encode server made are loaded, not encoded
+                req.remote_mm = self.ec.available(parsed.mm_hashes)
         kv_out = self._kv_role(parsed.kv_transfer_params, stream=parsed.stream)
         if kv_out == "decode":
             assert self.kv_transfer is not None
@@ -313,6 +319,8 @@ class SimServer:
                                                    kv_transfer_params=kv_params),
                                 content_type=_JSON)
         finally:
+            if req.state == "finished" and self.ec is not None and req.mm_hashes:
+                self.ec.save(req.mm_hashes)  # before the answer: the sidecar waits for it
             if not req.done:
                 engine.abort(req)
                 self._loop.notify()
