@@ -59,7 +59,7 @@ class MMItem:
 
 def mm_items(messages: Sequence[Any] | None) -> tuple[MMItem, ...]:
     """Every multimodal block of chat ``messages``, in order (empty for text-only chat)."""
-    if not messages:
+    if not isinstance(messages, list | tuple):
         return ()
     out: list[MMItem] = []
     for msg in messages:

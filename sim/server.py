@@ -562,6 +562,7 @@ class SimServer:
             "steps": e.steps_total, "max_lag": self._loop.max_lag if self._loop else 0.0,
             "kv_held": len(e.held),
             "kv_pulls_served": self.kv_transfer.transfers_total if self.kv_transfer else 0,
+            "mm_encoded": e.encoded_items_total, "mm_loaded": e.ec_loaded_items_total,
         })
 
     def _target(self, body: dict[str, Any]) -> SimServer:
