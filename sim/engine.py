@@ -387,6 +387,10 @@ class Engine:
                 req.blocks = kv.allocate(hashes, hit, total)
                 if kv.journal:
                     self._record_kv(req)
+                # A decode leg whose KV was pulled needs no embeddings (the prefiller used
+                # them); otherwise the encoder runs in this step.
+                if req.mm_hashes and not req.prefilled and not req.remote_tokens:
+                    encodes += self._encode(req)
                 if req.remote_tokens:
                     self.external_queries_total += tokens - local
                     self.external_hits_total += cached - local
@@ -403,8 +407,6 @@ class Engine:
                     loads += 1
                 self.prefix_queries_total += tokens
                 self.prefix_hits_total += local
-                if req.mm_hashes and not req.prefilled:
-                    encodes += self._encode(req)
                 if req.first_scheduled is None:
                     req.first_scheduled = now
                     req.cached_tokens = cached

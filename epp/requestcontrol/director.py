@@ -33,7 +33,7 @@ from epp.scheduling.result import SchedulingResult
 from epp.scheduling.scheduler import NoCandidates
 from shared.errors import BadRequest, GatewayError, NotFound, TooManyRequests
 from shared.extproc import RequestDecision
-from shared.multimodal import mm_items, mm_prompt_tokens
+from shared.multimodal import ENCODER_HEADER, mm_items, mm_prompt_tokens
 from shared.openai import OpenAIRequest
 from shared.pd import KV_SOURCE_HEADER, PREFILLER_HEADER
 
@@ -369,9 +369,10 @@ class Director:
             set_headers={DESTINATION: destination, REQUEST_ID: pending.request.request_id,
                          **result.extra_headers},
             # A client's own copies of our control headers never reach the proxy's LB, and a
-            # client never names a prefiller (only a P/D handler's pick, set above, does).
+            # client never names a prefiller or an encoder (only a disagg handler's pick, set
+            # above, does).
             remove_headers=[h for h in headers if (h.startswith(DESTINATION) and h != DESTINATION)
-                            or (h in (PREFILLER_HEADER, KV_SOURCE_HEADER)
+                            or (h in (PREFILLER_HEADER, KV_SOURCE_HEADER, ENCODER_HEADER)
                                 and h not in result.extra_headers)],
             body=pending.new_body,
             metadata={LB_NAMESPACE: lb},

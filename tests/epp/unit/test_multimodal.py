@@ -10,13 +10,17 @@ import struct
 import zlib
 from collections.abc import Sequence
 
+import orjson
 import pytest
 import xxhash
 
 from epp.config import ConfigError, Runtime, build, parse_config
 from epp.datastore import EndpointView
+from epp.scheduling.plugins.multimodal.mm_embeddings_cache_producer import (
+    MMEmbeddingsCacheProducer,
+)
 from epp.scheduling.request import LLMRequest
-from epp.scheduling.result import SchedulingResult
+from epp.scheduling.result import ProfileResult, SchedulingResult
 from epp.testing import PluginHarness, endpoint, request
 from shared.multimodal import (
     ENCODER_HEADER,
@@ -112,8 +116,8 @@ def test_prompt_tokens_count_text_bytes_plus_placeholders_not_base64() -> None:
 
 # -- plugins ------------------------------------------------------------------------------
 
-def role(i: int, value: str | None, **kw: int) -> EndpointView:
-    return endpoint(i, labels={ROLE_LABEL: value} if value else {}, **kw)
+def role(i: int, value: str | None, waiting: int = 0) -> EndpointView:
+    return endpoint(i, labels={ROLE_LABEL: value} if value else {}, waiting=waiting)
 
 
 @pytest.mark.parametrize(("value", "keep"), [
@@ -207,7 +211,7 @@ def test_stage_orders_as_llm_d(order: str, expected: list[str]) -> None:
     rt = build(parse_config(EPD % order))
     handler = next(p for p in rt.handle if p.type_name == "disagg-profile-handler")
     req = mm_request("https://x/a.png")
-    profiles = {p: rt.scheduler.profiles[p] for p in ("encode", "prefill", "decode")}  # type: ignore[attr-defined]
+    profiles = {p: rt.scheduler.profiles[p] for p in ("encode", "prefill", "decode")}
     full = rt.scheduler.schedule(req, fleet())
     seen: list[str] = []
     while nxt := handler.pick_profiles(req, profiles,  # type: ignore[attr-defined]
@@ -277,23 +281,17 @@ def test_the_scorer_prefers_the_endpoint_that_encoded_the_image_before() -> None
 def test_scores_are_the_fraction_of_unique_items_held() -> None:
     h = PluginHarness.of("mm-embeddings-cache-scorer",
                          others=[("mm-embeddings-cache-producer", None)])
-    producer = h.handle.plugin("mm-embeddings-cache-producer", object)  # type: ignore[type-abstract]
+    producer = h.handle.plugin("mm-embeddings-cache-producer", MMEmbeddingsCacheProducer)
     pool = three()
     seed = mm_request("https://x/a.png", "https://x/b.png")
-    producer.produce(seed, pool)  # type: ignore[attr-defined]
-    producer.pre_request(seed, SchedulingResult(  # type: ignore[attr-defined]
-        {"d": _picked(pool[1])}, "d"))
+    producer.produce(seed, pool)
+    producer.pre_request(seed, SchedulingResult({"d": ProfileResult("d", [pool[1]])}, "d"))
     req = mm_request("https://x/a.png", "https://x/a.png", "https://x/c.png")
-    producer.produce(req, pool)  # type: ignore[attr-defined]
+    producer.produce(req, pool)
     assert list(h.plugin.score(req, pool)) == [0.0, 0.5, 0.0]  # type: ignore[attr-defined]
     text = request("no images")
-    producer.produce(text, pool)  # type: ignore[attr-defined]
+    producer.produce(text, pool)
     assert list(h.plugin.score(text, pool)) == [0.0, 0.0, 0.0]  # type: ignore[attr-defined]
-
-
-def _picked(v: EndpointView) -> object:
-    from epp.scheduling.result import ProfileResult
-    return ProfileResult("d", [v])
 
 
 def test_the_lru_holds_cache_size_over_2_mib_items_per_endpoint() -> None:
@@ -312,7 +310,7 @@ def test_a_scorer_without_a_producer_gets_one() -> None:
     text = (MM_CACHE % 1).replace(
         "- type: mm-embeddings-cache-producer\n  parameters: {cacheSizeInMBPerServer: 1}\n", "")
     rt = build(parse_config(text))
-    assert any(p.type_name == "mm-embeddings-cache-producer" for p in rt.producers)
+    assert any(isinstance(p, MMEmbeddingsCacheProducer) for p in rt.producers)
 
 
 def test_llm_d_sample_spelling_cache_size_in_mb_is_taken() -> None:
@@ -320,3 +318,44 @@ def test_llm_d_sample_spelling_cache_size_in_mb_is_taken() -> None:
     assert h.plugin.capacity == 10  # type: ignore[attr-defined]
     with pytest.raises(Exception, match="unknown parameters"):
         PluginHarness.of("mm-embeddings-cache-producer", {"cacheSize": 20})
+
+
+def test_in_e_p_d_the_encode_pick_learns_so_the_image_returns_to_its_encoder() -> None:
+    text = (EPD % "").replace(
+        "- type: queue-scorer\n", "- type: queue-scorer\n- type: mm-embeddings-cache-scorer\n"
+    ).replace("  plugins: [{pluginRef: encode-filter}, {pluginRef: queue-scorer}]",
+              "  plugins: [{pluginRef: encode-filter}, {pluginRef: queue-scorer},\n"
+              "            {pluginRef: mm-embeddings-cache-scorer, weight: 4}]")
+    rt = build(parse_config(text))
+    pool = fleet()
+    first = route(rt, mm_request("https://x/a.png", rid="1"), pool)
+    assert first.extra_headers[ENCODER_HEADER] == "10.0.0.3:8000"
+    busy = pool[2]  # now the encoder with the longer queue
+    busy.apply_scrape(type(busy.metrics)(waiting=9, updated_at=busy.metrics.updated_at))
+    again = route(rt, mm_request("https://x/a.png", rid="2"), pool)
+    assert again.extra_headers[ENCODER_HEADER] == "10.0.0.3:8000"
+    fresh = route(rt, mm_request("https://x/new.png", rid="3"), pool)
+    assert fresh.extra_headers[ENCODER_HEADER] == "10.0.0.4:8000"
+
+
+# -- through the director -----------------------------------------------------------------
+
+def test_the_director_names_the_encoder_and_strips_a_clients_copy() -> None:
+    from epp.requestcontrol import Director
+    from tests.epp.unit.test_director import store
+    # unlabelled pods: decode-filter keeps them, so let it stand in for encode-filter here
+    d = Director.of(build(parse_config(EPD_PD.replace(
+        "  plugins: [{pluginRef: encode-filter}]", "  plugins: [{pluginRef: decode-filter}]")),
+        store()))
+    headers = {":path": "/v1/chat/completions", "x-request-id": "r1",
+               ENCODER_HEADER: "10.9.9.9:1"}
+    mm = orjson.dumps({"model": "m", "messages": chat(image(png(640, 360)))})
+    decision, routed = d.route(headers, mm, {})
+    assert decision.set_headers[ENCODER_HEADER] != "10.9.9.9:1"
+    assert routed.request.prompt_tokens == 225 + 7  # "user" + the text, then the image
+    d.finish(routed, completed=True, status=200, response_size=1, prompt_tokens=1,
+             completion_tokens=1)
+    text = orjson.dumps({"model": "m", "messages": chat()})
+    decision, routed = d.route({**headers, "x-request-id": "r2"}, text, {})
+    assert ENCODER_HEADER not in decision.set_headers
+    assert ENCODER_HEADER in decision.remove_headers

@@ -66,7 +66,11 @@ class MMEmbeddingsCacheProducer(Plugin, DataProducer, PreRequest, EndpointsRemov
                                 EndpointExtractor):
     """Per endpoint an LRU of item hashes (``capacity`` entries). Before scheduling, each
     candidate's match = the request's unique items found in its LRU (a lookup does not
-    refresh recency); after the pick the primary endpoint's LRU gains every item. An
+    refresh recency); after the pick the LRU of every endpoint picked gains every item: the
+    primary pick (as llm-d) and, ours, the picks of the other profiles that ran - in E/PD and
+    E/P/D the encode pod encoded the items and the prefill pod loaded them into its encoder
+    cache, so an ``mm-embeddings-cache-scorer`` in the encode profile finds them (llm-d
+    records the primary pick only, the decode pod, which never holds them there). An
     endpoint's LRU is dropped when it leaves the pool (and on its ``deleted`` event when the
     producer is an extractor of ``endpoint-notification-source``, as llm-d's config lists
     it)."""
@@ -122,7 +126,7 @@ class MMEmbeddingsCacheProducer(Plugin, DataProducer, PreRequest, EndpointsRemov
         match = self.match(request)
         if not match.items:
             return
-        for target in result.endpoints:
+        for target in {v.key: v for r in result.results.values() for v in r.picked}.values():
             cache = self._caches.setdefault(target.key, OrderedDict())
             for item in match.items:
                 cache[item.hash] = None
