@@ -29,15 +29,15 @@ Request life (``POST /v1/completions`` and ``/v1/chat/completions``):
    prefix from that pod instead of recomputing it. The header never reaches a model server;
    a malformed, refused or (without the flag) unwanted one is ignored and counted.
 
-With ``x-encoder-hosts-ports`` (E/PD and E/P/D, llm-d-router v0.10) the *encode stage* runs
-first, on chat requests with multimodal items (:mod:`shared.multimodal`): each unique item
-goes to an encoder the policy accepts (round robin over the header's entries, all at once) as
-the client's body with ``messages`` reduced to one user message holding that item,
-``max_tokens`` 1 and not streamed; the encoders publish the embeddings through vLLM's EC
-connector, where the prefill or decode server reads them. An encoder's 400-451 goes back to
-the client; unreachable, timed out or another status: the items are left to the
-prefill/decode server to encode (counted by reason; llm-d answers 502 instead). The header
-never reaches a model server.
+With ``--ec-connector ec-example`` and ``x-encoder-hosts-ports`` (E/PD and E/P/D, llm-d-router
+v0.10) the *encode stage* runs first, on chat requests with multimodal items
+(:mod:`shared.multimodal`): each unique item goes to an encoder the policy accepts (round robin
+over the header's entries, all at once) as the client's body with ``messages`` reduced to one
+user message holding that item, ``max_tokens`` 1 and not streamed; the encoders publish the
+embeddings through vLLM's EC connector, where the prefill or decode server reads them. An
+encoder's 400-451 goes back to the client; unreachable, timed out or another status: the items
+are left to the prefill/decode server to encode (counted by reason; llm-d answers 502 instead).
+The header never reaches a model server.
 
 4. Errors of the decode leg go back with the decoder's status; a decoder that cannot be
    reached is a 503. Every error the sidecar makes itself is an OpenAI-style JSON body.
@@ -84,6 +84,9 @@ log = structlog.get_logger(__name__)
 PD_PATHS: Final = ("/v1/completions", "/v1/chat/completions")
 #: llm-d's connector protocols implemented here (``sglang`` is not).
 KV_CONNECTORS: Final = ("nixlv2", "shared-storage")
+#: llm-d's encoder connectors implemented here: ``ec-example`` (vLLM's
+#: ECSharedStorageConnector: encoders write, the model server reads; nothing travels).
+EC_CONNECTORS: Final = ("ec-example",)
 #: Prompts can be long; the body is read whole to build both legs.
 MAX_BODY: Final = 256 * 1024 * 1024
 #: Request headers not forwarded: hop-by-hop ones, the ones aiohttp recomputes, ours.
@@ -109,6 +112,9 @@ class SidecarConfig:
     prefiller_scheme: str = "http"
     #: llm-d's connector protocol: ``nixlv2`` or ``shared-storage`` (:data:`KV_CONNECTORS`).
     kv_connector: str = "nixlv2"
+    #: llm-d's ``--ec-connector``: ``ec-example`` runs the encode stage; empty: none (the
+    #: ``x-encoder-hosts-ports`` header is ignored, as llm-d does).
+    ec_connector: str = ""
     #: Honour ``x-kv-cache-source-host-port`` (llm-d's ``--enable-p2p-pull``).
     enable_p2p_pull: bool = False
     #: Port of the servers' P2P tier (llm-d's ``--p2p-connector-port``); 0 = the port the
@@ -118,6 +124,8 @@ class SidecarConfig:
     def __post_init__(self) -> None:
         if self.kv_connector not in KV_CONNECTORS:
             raise ValueError(f"kv_connector must be one of {', '.join(KV_CONNECTORS)}")
+        if self.ec_connector not in ("", *EC_CONNECTORS):
+            raise ValueError(f"ec_connector must be empty or one of {', '.join(EC_CONNECTORS)}")
         if self.enable_p2p_pull and self.kv_connector != "nixlv2":
             raise ValueError("enable_p2p_pull needs the nixlv2 connector (llm-d: NIXLv2 with "
                              "--enable-p2p-pull, or its offloading connector)")
@@ -268,7 +276,7 @@ class Sidecar:
             # Only the sidecar may tell the decoder where KV lives (else: SSRF via vLLM).
             del body[KV_TRANSFER_PARAMS]
             raw = orjson.dumps(body)
-        if body is not None and ENCODER_HEADER in request.headers:
+        if body is not None and self.cfg.ec_connector and ENCODER_HEADER in request.headers:
             try:
                 await self._encode_stage(request, body, headers, request_id)
             except _ClientError as ce:

@@ -5,6 +5,8 @@ EC shared-storage connector, and the decode server loads instead of encoding the
 from __future__ import annotations
 
 import contextlib
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,7 +68,7 @@ async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
 
 
 @contextlib.asynccontextmanager
-async def _stack(tmp_path: Path) -> AsyncIterator[Stack]:
+async def _stack(tmp_path: Path, ec_connector: str = "ec-example") -> AsyncIterator[Stack]:
     ec = tmp_path / "ec"
 
     def server(ip: str, name: str, role: str) -> ServerConfig:
@@ -83,7 +85,8 @@ async def _stack(tmp_path: Path) -> AsyncIterator[Stack]:
             _pod("encode-2", ENC2_IP, "encode")])
         datastore = Datastore()
         ManifestSource(manifests, datastore, pool_name="pd").load()
-        sidecar = Sidecar(SidecarConfig(decoder_url=fleet.urls[0], prefill_timeout=2.0),
+        sidecar = Sidecar(SidecarConfig(decoder_url=fleet.urls[0], prefill_timeout=2.0,
+                                        ec_connector=ec_connector),
                           PoolPrefillers(datastore), SidecarMetrics())
         runner = web.AppRunner(sidecar.app(), access_log=None)
         await runner.setup()
@@ -141,3 +144,18 @@ async def test_an_encoders_client_error_goes_back_with_its_status(stack: Stack) 
     r = await stack.chat(stack.addr(1), "https://x/a.png", model="no-such-model")
     assert r.status_code == 404, r.text
     assert (await stack.state(0))["finished"] == 0
+
+
+async def test_without_an_ec_connector_the_header_is_ignored(tmp_path: Path) -> None:
+    async with _stack(tmp_path, ec_connector="") as stack:
+        r = await stack.chat(stack.addr(1), "https://x/a.png")
+        assert r.status_code == 200, r.text
+        assert (await stack.state(1))["finished"] == 0
+        assert (await stack.state(0))["mm_encoded"] == 1
+
+
+def test_the_ec_connector_flag_takes_llm_ds_names() -> None:
+    bad = subprocess.run([sys.executable, "-m", "sidecar.main", "--ec-connector", "ec-nixl"],
+                         capture_output=True, text=True, timeout=30)
+    assert bad.returncode != 0
+    assert "ec-nixl is llm-d's, not implemented" in bad.stderr

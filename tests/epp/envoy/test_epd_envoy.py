@@ -140,7 +140,7 @@ def gw(bg: BackgroundLoop, tmp_path: Path) -> Iterator[EPDGateway]:
     datastore = Datastore()
     ManifestSource(manifests, datastore, pool_name="epd").load()
     sidecar = Sidecar(SidecarConfig(decoder_url=f"http://{d_ip}:{decoder_port}",
-                                    prefill_timeout=5.0),
+                                    prefill_timeout=5.0, ec_connector="ec-example"),
                       PoolPrefillers(datastore), SidecarMetrics())
 
     async def serve() -> web.AppRunner:
