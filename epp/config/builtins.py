@@ -25,8 +25,8 @@ _FLOW = ("GIE v1.5's name for an eviction policy, which did nothing there; issue
          "eviction under llm-d-router v0.10's names: use sheddable-eviction-filter / "
          "priority-then-time-eviction-order-policy with flowControl.enableEviction: true")
 _PRECISE = "a local tokenizer plugin is not built yet (issue #15; token-producer asks the server)"
-_PD = ("the header-only disagg-headers-handler is not built (deprecated in llm-d; "
-       "disagg-profile-handler sets the same headers)")
+_PD = ("deprecated in llm-d, not built by issue #29: disagg-profile-handler sets the same "
+       "x-prefiller-host-port and x-encoder-hosts-ports headers")
 _SLO = ("the all-in-one predicted-latency-scorer is not built yet (issue #17; use "
         "predicted-latency-producer + latency-scorer)")
 _PARSERS = ("the Anthropic Messages, vLLM /inference/v1/generate and SGLang HTTP parsers are "
