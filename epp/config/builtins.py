@@ -28,8 +28,6 @@ _PRECISE = "a local tokenizer plugin is not built yet (issue #15; token-producer
 _PD = "encode disaggregation and the header-only P/D handler are not built yet (issue #16)"
 _SLO = ("the all-in-one predicted-latency-scorer is not built yet (issue #17; use "
         "predicted-latency-producer + latency-scorer)")
-_PARSERS = ("the Anthropic Messages, vLLM /inference/v1/generate and SGLang HTTP parsers are "
-            "not built yet (issue #29)")
 
 #: Every upstream v1.5 / llm-d plugin type this EPP does not have yet, and which issue
 #: brings it: a config naming one stops with that reason instead of a bare "unknown type".
@@ -41,7 +39,6 @@ PENDING: dict[str, str] = {
     **dict.fromkeys((
         "encode-filter", "disagg-headers-handler", "always-disagg-multimodal-decider"), _PD),
     "predicted-latency-scorer": _SLO,
-    **dict.fromkeys(("anthropic-parser", "vllmhttp-parser", "sglanghttp-parser"), _PARSERS),
 }
 
 

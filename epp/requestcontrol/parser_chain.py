@@ -29,7 +29,9 @@ def _suffix(text: str) -> str:
 class ParserChain(Parser, GrpcResponseReader):
     """Resolves a request path to one of ``parsers`` (see the module docstring)."""
 
-    def __init__(self, parsers: Sequence[Parser]) -> None:
+    def __init__(self, parsers: Sequence[Parser], *, fallback: Parser | None = None) -> None:
+        """``fallback``: the parser for paths none of ``parsers`` claims, whatever paths it
+        claims itself (the default chain's ``openai-parser``)."""
         self.entries: list[tuple[Parser, tuple[str, ...]]] = []
         self.fallback: Parser | None = None
         seen: set[type] = set()
@@ -47,6 +49,8 @@ class ParserChain(Parser, GrpcResponseReader):
                                 parser=getattr(skipped, "name", repr(skipped)))
                 break
             self.entries.append((parser, paths))
+        if fallback is not None and self.fallback is None:
+            self.fallback = fallback
 
     def resolve(self, path: str) -> Parser:
         """The parser for ``path``; :class:`NotFound` when none claims it."""
