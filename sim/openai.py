@@ -45,6 +45,8 @@ class ParsedRequest:
     cache_salt: str
     #: P/D connector parameters (vLLM's ``kv_transfer_params``), if the body had any.
     kv_transfer_params: dict[str, Any] | None = None
+    #: The id the body gave the request (vLLM generate's ``request_id``, SGLang's ``rid``).
+    request_id: str | None = None
 
 
 def parse_request(raw: bytes, *, chat: bool) -> ParsedRequest:

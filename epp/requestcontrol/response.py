@@ -41,10 +41,9 @@ class Usage:
             if isinstance(c, int):
                 self.completion_tokens = c
             details = usage.get("prompt_tokens_details")
-            if isinstance(details, dict) and isinstance(
-                    cached := details.get("cached_tokens"), int):
-                self.cached_tokens = cached
-            elif isinstance(cached := usage.get("cache_read_input_tokens"), int):
+            cached = details.get("cached_tokens") if isinstance(details, dict) else \
+                usage.get("cache_read_input_tokens")
+            if isinstance(cached, int):
                 self.cached_tokens = cached
 
     def read_event(self, event: dict[str, Any]) -> None:

@@ -56,7 +56,8 @@ def test_default_parsers_are_upstreams_three_with_openai_taking_the_rest() -> No
 
 def test_vllmhttp_listed_first_keeps_its_path_from_sglangs_generate_suffix() -> None:
     text = """\
-plugins: [{type: queue-scorer}, {name: v, type: vllmhttp-parser}, {name: s, type: sglanghttp-parser}]
+plugins: [{type: queue-scorer}, {name: v, type: vllmhttp-parser},
+          {name: s, type: sglanghttp-parser}]
 requestHandler: {parsers: [{pluginRef: v}, {pluginRef: s}]}
 """
     chain = build(parse_config(text)).parser
