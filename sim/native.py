@@ -206,9 +206,10 @@ class AnthropicWriter:
         self.sent = 0
 
     def preamble(self) -> bytes:
-        message = {"id": self.rid, "type": "message", "role": "assistant",
-                   "model": self.model, "content": [], "stop_reason": None,
-                   "stop_sequence": None, "usage": anthropic_usage(self.req, 0)}
+        message: dict[str, Any] = {"id": self.rid, "type": "message", "role": "assistant",
+                                   "model": self.model, "content": [], "stop_reason": None,
+                                   "stop_sequence": None,
+                                   "usage": anthropic_usage(self.req, 0)}
         return (_event("message_start", {"type": "message_start", "message": message})
                 + _event("content_block_start", {"type": "content_block_start", "index": 0,
                                                  "content_block": {"type": "text",

@@ -66,8 +66,9 @@ class Usage:
         choices = event.get("choices")
         if self.raw is None and isinstance(choices, list):
             ids = [c.get("token_ids") for c in choices if isinstance(c, dict)]
-            if ids and all(isinstance(t, list) for t in ids):
-                self.completion_tokens = sum(len(t) for t in ids)  # type: ignore[arg-type]
+            lists = [t for t in ids if isinstance(t, list)]
+            if lists and len(lists) == len(ids):
+                self.completion_tokens = sum(len(t) for t in lists)
 
 
 def _escaped(m: re.Match[bytes]) -> bool:
