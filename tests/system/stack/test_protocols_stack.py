@@ -18,6 +18,7 @@ import httpx
 import orjson
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.system.stack.test_gateway_stack import config_on_free_ports
 
@@ -56,6 +57,8 @@ class Running:
     screen: str
     #: One qwen pod's own address (the example stack's first qwen pod).
     qwen_pod: str
+    #: The qwen pool EPP's metrics URL.
+    qwen_metrics: str
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +87,8 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     try:
         assert screen and screen[-1].startswith("Running."), "".join(screen)
         yield Running(f"http://127.0.0.1:{spec['gateway']['port']}", "".join(screen),
-                      f"127.0.11.1:{spec['pools'][1]['server_port']}")
+                      f"127.0.11.1:{spec['pools'][1]['server_port']}",
+                      f"http://127.0.0.1:{spec['pools'][1]['epp']['metrics_port']}/metrics")
     finally:
         proc.send_signal(signal.SIGINT)
         try:
@@ -206,3 +210,40 @@ def test_the_gateway_rewrote_the_model_the_pod_does_not_serve(gateway: Running) 
         served = {**body, "model": "sql-lora-v1"}
         assert httpx.post(f"http://{gateway.qwen_pod}{path}", json=served,
                           timeout=10).status_code == 200
+
+
+def token_sums(metrics_url: str) -> tuple[float, float]:
+    """(input, output) token sums the EPP recorded for requests that asked for ``ASKED``."""
+    sums = [0.0, 0.0]
+    for fam in text_string_to_metric_families(httpx.get(metrics_url, timeout=5).text):
+        for i, name in enumerate(("inference_objective_input_tokens",
+                                  "inference_objective_output_tokens")):
+            if fam.name == name:
+                sums[i] += sum(x.value for x in fam.samples if x.name.endswith("_sum")
+                               and x.labels.get("model_name") == ASKED)
+    return sums[0], sums[1]
+
+
+@pytest.mark.parametrize(("path", "body", "tokens"), [
+    ("/v1/messages", {"model": ASKED, "max_tokens": 3, "stream": True,
+                      "messages": [{"role": "user", "content": "count me"}]}, 3),
+    ("/v1/messages", {"model": ASKED, "max_tokens": 4,
+                      "messages": [{"role": "user", "content": "count me"}]}, 4),
+    ("/inference/v1/generate", {"model": ASKED, "token_ids": list(range(1, 21)),
+                                "sampling_params": {"max_tokens": 5}}, 5),
+    ("/generate", {"model": ASKED, "input_ids": list(range(1, 11)), "stream": True,
+                   "sampling_params": {"max_new_tokens": 6}}, 6),
+], ids=["anthropic-streamed", "anthropic", "vllm-generate", "sglang-streamed"])
+def test_the_epp_accounts_each_protocols_usage(gateway: Running, path: str, body: dict,
+                                               tokens: int) -> None:
+    before = token_sums(gateway.qwen_metrics)
+    r = httpx.post(gateway.url + path, json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    deadline = time.monotonic() + 5
+    while (after := token_sums(gateway.qwen_metrics)) == before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert after[1] - before[1] == tokens
+    if "token_ids" in body or "input_ids" in body:  # token ids: the exact prompt count
+        assert after[0] - before[0] == len(body.get("token_ids") or body["input_ids"])
+    else:
+        assert after[0] - before[0] > 0
