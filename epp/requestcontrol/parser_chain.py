@@ -21,6 +21,9 @@ from shared.openai import OpenAIRequest
 
 log = structlog.get_logger(__name__)
 
+#: Distinct request paths whose parser is remembered (query strings make paths unbounded).
+_REMEMBERED = 1024
+
 
 def _suffix(text: str) -> str:
     return text.strip().strip("/")
@@ -34,6 +37,7 @@ class ParserChain(Parser, GrpcResponseReader):
         claims itself (the default chain's ``openai-parser``)."""
         self.entries: list[tuple[Parser, tuple[str, ...]]] = []
         self.fallback: Parser | None = None
+        self._resolved: dict[str, Parser] = {}
         seen: set[type] = set()
         for i, parser in enumerate(parsers):
             if type(parser) in seen:  # upstream keeps the first of each type
@@ -54,13 +58,21 @@ class ParserChain(Parser, GrpcResponseReader):
 
     def resolve(self, path: str) -> Parser:
         """The parser for ``path``; :class:`NotFound` when none claims it."""
+        # A route sees few distinct paths: remembered (bounded), the lookup is one dict get.
+        found = self._resolved.get(path)
+        if found is not None:
+            return found
         clean = path.split("?", 1)[0].strip().rstrip("/")
         for parser, suffixes in self.entries:
-            if any(clean.endswith(s) for s in suffixes):
-                return parser
-        if self.fallback is not None:
-            return self.fallback
-        raise NotFound(f"no parser is configured for path {clean!r}")
+            if clean.endswith(suffixes):
+                break
+        else:
+            if self.fallback is None:
+                raise NotFound(f"no parser is configured for path {clean!r}")
+            parser = self.fallback
+        if len(self._resolved) < _REMEMBERED:
+            self._resolved[path] = parser
+        return parser
 
     def parse(self, body: bytes, path: str) -> OpenAIRequest:
         return self.resolve(path).parse(body, path)
