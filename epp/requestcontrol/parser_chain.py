@@ -63,13 +63,10 @@ class ParserChain(Parser, GrpcResponseReader):
         if found is not None:
             return found
         clean = path.split("?", 1)[0].strip().rstrip("/")
-        for parser, suffixes in self.entries:
-            if clean.endswith(suffixes):
-                break
-        else:
-            if self.fallback is None:
-                raise NotFound(f"no parser is configured for path {clean!r}")
-            parser = self.fallback
+        parser = next((p for p, suffixes in self.entries if clean.endswith(suffixes)),
+                      self.fallback)
+        if parser is None:
+            raise NotFound(f"no parser is configured for path {clean!r}")
         if len(self._resolved) < _REMEMBERED:
             self._resolved[path] = parser
         return parser
