@@ -215,3 +215,43 @@ def test_sglang_usage_from_meta_info_streamed_and_not() -> None:
              + b"\n\ndata: " + orjson.dumps({"text": "abcd", "meta_info": meta})
              + b"\n\ndata: [DONE]\n\n", True)
     assert (rw.usage.prompt_tokens, rw.usage.completion_tokens) == (11, 4)
+
+
+# -- prefix scoring reads each protocol's prompt ------------------------------------------------
+
+IDS = list(range(1000, 1256))
+
+
+@pytest.mark.parametrize(("path", "first", "second"), [
+    (VLLM, {"model": "m", "token_ids": IDS}, {"model": "m", "token_ids": [*IDS, 7, 8]}),
+    (SGLANG, {"input_ids": IDS}, {"input_ids": [*IDS, 9]}),
+    (MESSAGES, {"model": "m", "system": "s" * 2000, "messages": [{"role": "user",
+                                                                  "content": "a"}]},
+     {"model": "m", "system": "s" * 2000, "messages": [{"role": "user", "content": "a"},
+                                                       {"role": "user", "content": "b"}]}),
+], ids=["vllm-token-ids", "sglang-input-ids", "anthropic"])
+def test_prefix_scoring_follows_each_protocols_prompt(path: str, first: dict,
+                                                      second: dict) -> None:
+    from epp.scheduling.plugins.prefix.producer import ApproxPrefixCacheProducer
+
+    text = ("plugins: [{type: sglanghttp-parser}, {type: vllmhttp-parser}, "
+            "{type: anthropic-parser}, {type: prefix-cache-scorer,"
+            " parameters: {blockSizeTokens: 16}}]\n"
+            "requestHandler: {parsers: [{pluginRef: vllmhttp-parser}, "
+            "{pluginRef: sglanghttp-parser}, {pluginRef: anthropic-parser}]}\n")
+    d = Director.of(build(parse_config(text), store(), rng=random.Random(0)))
+    (producer,) = d.runtime.handle.find(ApproxPrefixCacheProducer)
+    _, a = d.route(hdrs(path), orjson.dumps(first), {})
+    d.finish(a, completed=True, status=200, response_size=1, prompt_tokens=1,
+             completion_tokens=1)
+    assert producer.indexer_size > 0
+    _, b = d.route(hdrs(path), orjson.dumps(second), {})
+    match = producer.match(b.request)
+    # Token ids (vLLM, SGLang) are hashed as token blocks: all 256 ids (16 blocks) matched.
+    tokenized = "token_ids" in first or "input_ids" in first
+    assert match.tokens is tokenized
+    assert b.endpoint is a.endpoint
+    if tokenized:
+        assert match.matched[a.endpoint.key] == 16
+    else:  # the first request's templated system + message bytes
+        assert match.matched[a.endpoint.key] > 0
