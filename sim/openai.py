@@ -48,6 +48,8 @@ class ParsedRequest:
     kv_transfer_params: dict[str, Any] | None = None
     #: Hashes of the chat's unique multimodal items (:mod:`shared.multimodal`).
     mm_hashes: tuple[str, ...] = ()
+    #: The id the body gave the request (vLLM generate's ``request_id``, SGLang's ``rid``).
+    request_id: str | None = None
 
 
 def parse_request(raw: bytes, *, chat: bool) -> ParsedRequest:

@@ -29,8 +29,6 @@ _PD = ("deprecated in llm-d, not built by issue #29: disagg-profile-handler sets
        "x-prefiller-host-port and x-encoder-hosts-ports headers")
 _SLO = ("the all-in-one predicted-latency-scorer is not built yet (issue #17; use "
         "predicted-latency-producer + latency-scorer)")
-_PARSERS = ("the Anthropic Messages, vLLM /inference/v1/generate and SGLang HTTP parsers are "
-            "not built yet (issue #29)")
 
 #: Every upstream v1.5 / llm-d plugin type this EPP does not have yet, and which issue
 #: brings it: a config naming one stops with that reason instead of a bare "unknown type".
@@ -41,7 +39,6 @@ PENDING: dict[str, str] = {
     "tokenizer": _PRECISE,
     "disagg-headers-handler": _PD,
     "predicted-latency-scorer": _SLO,
-    **dict.fromkeys(("anthropic-parser", "vllmhttp-parser", "sglanghttp-parser"), _PARSERS),
 }
 
 

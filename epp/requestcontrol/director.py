@@ -354,7 +354,7 @@ class Director:
             objective=res.objective,
             request_size=size,
             stream=req.stream,
-            max_output_tokens=max_output_tokens(req.body),
+            max_output_tokens=max_output_tokens(req.limits),
         )
         return request, new_body
 

@@ -81,7 +81,7 @@ def prefix_input(prompt: Any = None, messages: Sequence[Any] | None = None) -> b
 
 def max_output_tokens(body: Mapping[str, Any]) -> int | None:
     """The output cap a request body sets, whichever API's spelling it uses (None if none)."""
-    for key in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
+    for key in ("max_tokens", "max_completion_tokens", "max_output_tokens", "max_new_tokens"):
         value = body.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
             return value
