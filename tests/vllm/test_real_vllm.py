@@ -859,9 +859,10 @@ def test_pd_shared_storage_decoder_loads_the_prompt_instead_of_computing_it(
     model = pd.model
     info = scrape(pd.decoder)["vllm:cache_config_info"][0][0]
     bs = int(info["block_size"])
-    # ExampleConnector keys a prompt's folder by its first (n-1) tokens rounded down to whole
-    # blocks, and stores (n-1)//bs*bs tokens: both agree unless n-1 is a multiple of bs, and
-    # vLLM recomputes a last token that ends a block. Lengths n % bs in (0, 1) are avoided.
+    # ExampleConnector stores the whole blocks of a prompt's first n-1 tokens, (n-1)//bs*bs,
+    # in a folder named by them, and looks a prompt up by (n-2)//bs*bs tokens: the two differ
+    # (the prompt is never found) when n % bs == 1. n % bs == 0 would work but leaves a whole
+    # block to compute; both are avoided, so the decoder loads (n-2)//bs*bs tokens.
     text = words(7000, 300)
     tokens = tokenize(pd.prefiller, model, text)
     while len(tokens) % bs in (0, 1):
