@@ -36,8 +36,7 @@ class PeakRSS:
 
     def _run(self) -> None:
         while not self._stop.wait(0.2):
-            for name, pid in self.pids.items():
-                self.peak[name] = max(self.peak[name], rss_kb(pid))
+            self.peak = {n: max(self.peak[n], rss_kb(p)) for n, p in self.pids.items()}
 
     def __enter__(self) -> PeakRSS:
         self._thread.start()
@@ -55,7 +54,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--slow", type=int, default=5000)
     ap.add_argument("--legit", type=int, default=400)
-    ap.add_argument("--streams", type=int, default=3000, help="0: phase 1 only")
+    ap.add_argument("--streams", type=int, default=3000)
     ap.add_argument("--settle", type=float, default=0.0,
                     help="seconds between opening the slow clients and the legitimate "
                          "requests (0: at once, while BBR still takes the slow streams in)")
@@ -75,9 +74,8 @@ def main() -> None:
             time.sleep(args.settle)
             legit = asyncio.run(legit_requests(gw.url(), args.legit, 8, model=MODEL))
             held = peak.mib()
-            ext_proc = {k.split("ext_proc.", 1)[1]: v
-                        for k, v in gw.envoy.stats("ext_proc").items()
-                        if v and any(w in k for w in ("timeout", "failed", "started"))}
+            ext_proc = {k.rpartition(".")[2]: v for k, v in gw.envoy.stats("ext_proc").items()
+                        if v and k.endswith(("timeouts", "failed", "started"))}
             for s in slow:
                 s.close()
         result["phase1"] = {"open_seconds": round(opened, 1), "settle_seconds": args.settle,
@@ -86,14 +84,13 @@ def main() -> None:
                             "rss_before_mib": base, "rss_peak_mib": held,
                             "envoy_ext_proc": ext_proc}
         time.sleep(2)
-        if args.streams:
-            with PeakRSS(pids) as peak:
-                started = time.monotonic()
-                streams = asyncio.run(legit_requests(gw.url(), args.streams, args.streams,
-                                                     model=MODEL, stream=True, timeout=300))
-                took = time.monotonic() - started
-            result["phase2"] = {"seconds": round(took, 1), "answers": dict(streams.counts),
-                                "bare": streams.bare, "rss_peak_mib": peak.mib()}
+        with PeakRSS(pids) as peak:
+            started = time.monotonic()
+            streams = asyncio.run(legit_requests(gw.url(), args.streams, args.streams,
+                                                 model=MODEL, stream=True, timeout=300))
+            took = time.monotonic() - started
+        result["phase2"] = {"seconds": round(took, 1), "answers": dict(streams.counts),
+                            "bare": streams.bare, "rss_peak_mib": peak.mib()}
     finally:
         gw.stop()
         if fleet.proc is not None:
