@@ -31,9 +31,10 @@ RUNS = ROOT.parent / ".cache" / "bench-compare"
 def run_one(workload: Workload, load: float, contender: Contender, *, duration: float,
             seed: int, servers: int, time_scale: float, workdir: Path, progress: bool,
             timeout: float, fleet_cpus: float = 0.0, client_cpus: float = 0.0,
-            profile: str = PROFILE) -> RunResult:
+            profile: str = PROFILE, labels: list[dict[str, str]] | None = None) -> RunResult:
     """One run: fresh fleet, contender in front, the seed's schedule played open-loop;
-    ``fleet_cpus`` / ``client_cpus``: CPU budgets of the simulator and the client (0: none)."""
+    ``fleet_cpus`` / ``client_cpus``: CPU budgets of the simulator and the client (0: none);
+    ``labels``: each server's extra pod labels."""
     specs = workload.schedule(load, duration, seed, servers)
     res = RunResult(workload.name, load, load * workload.capacity(servers), contender.name,
                     contender.kind, seed=seed, servers=servers)
@@ -47,7 +48,7 @@ def run_one(workload: Workload, load: float, contender: Contender, *, duration: 
     write_specs(specs, workdir / "requests.jsonl")
     started = time.monotonic()
     with SimFleet(workdir / "fleet", size=servers, time_scale=time_scale, seed=seed,
-                  cpus=fleet_cpus, profile=profile) as fleet, \
+                  cpus=fleet_cpus, profile=profile, labels=labels or []) as fleet, \
             contender.running(fleet, workdir) as url:
         cmd = [sys.executable, "-m", "bench.openloop", "--url", url,
                "--requests", str(workdir / "requests.jsonl"),

@@ -143,6 +143,8 @@ class SimFleet:
     cpus: float = 0.0
     #: the simulator profile (``sim/profiles.py``)
     profile: str = PROFILE
+    #: more pod labels per server (the scenario's ``fleet.labels``)
+    labels: list[dict[str, str]] = field(default_factory=list)
     _budget: CpuBudget | None = None
 
     @property
@@ -273,8 +275,11 @@ class EnvoyLB(Contender):
 def pool_manifests(pool: str, fleet: SimFleet) -> list[dict[str, Any]]:
     """An InferencePool selecting ``app: <pool>``, one ready Pod per simulated server and the
     benchmark's InferenceObjectives (what ``--manifests`` reads instead of the Kubernetes API)."""
-    return devkit_pool_manifests(pool, [(f"sim-{i}", h) for i, h in enumerate(fleet.hosts)],
+    docs = devkit_pool_manifests(pool, [(f"sim-{i}", h) for i, h in enumerate(fleet.hosts)],
                                  fleet.port, objective_manifests(pool))
+    for doc, extra in zip(docs[1:], fleet.labels, strict=False):
+        doc["metadata"]["labels"].update(extra)
+    return docs
 
 
 def pool_gateway_config(epp_port: int, admin: int, listen: int, endpoints: list[str],

@@ -136,12 +136,19 @@ def _classes(outcomes: Sequence[OutcomeLike], tags: Sequence[str], time_scale: f
              warmup: float) -> dict[str, dict[str, float]]:
     tagged = sorted(zip(outcomes, tags, strict=True), key=lambda ot: ot[0].start)
     warm = tagged[int(len(tagged) * warmup):]
+    pods = sorted({o.pod for o, _ in tagged if o.ok})
     out: dict[str, dict[str, float]] = {}
     for tag in sorted(set(tags)):
         mine = [o for o, t in warm if t == tag]
         ttft = [o.ttft / time_scale for o in mine if o.ok and o.ttft is not None]
+        # How evenly the class's prompt tokens spread over the pods: std / mean (0: even).
+        tokens = [float(sum(o.prompt_tokens for o in mine if o.ok and o.pod == p))
+                  for p in pods]
+        mean = statistics.fmean(tokens) if tokens else 0.0
         out[tag] = {"requests": len(mine), "errors": sum(not o.ok for o in mine),
-                    "ttft_p90": quantile(ttft, .9)}
+                    "ttft_p90": quantile(ttft, .9),
+                    "ttft_mean": statistics.fmean(ttft) if ttft else 0.0,
+                    "pod_cv": statistics.pstdev(tokens) / mean if mean else 0.0}
     return out
 
 
@@ -337,6 +344,18 @@ def class_table(rows: Sequence[RunResult], order: Sequence[str]) -> list[str]:
             sent = sum(s["requests"] for s in stats)
             failed = sum(s["errors"] for s in stats)
             cells.append(f"{p90:.3f} ({failed / sent:.0%})" if sent else "n/a")
+        out.append(f"| {name} | " + " | ".join(cells) + " |")
+    if not any("pod_cv" in s for r in rows for s in r.classes.values()):
+        return out   # saved before the column existed
+    out += ["", "Per request class: TTFT mean s / how unevenly its prompt tokens spread over "
+            "the pods (std / mean; 0: even), medians over seeds.", "",
+            "| contender | " + " | ".join(classes) + " |", "|---|" + "---:|" * len(classes)]
+    for name in names:
+        mine = [r for r in rows if r.contender == name and r.classes]
+        cells = [f"{statistics.median(r.classes[c]['ttft_mean'] for r in have):.3f} / "
+                 f"{statistics.median(r.classes[c]['pod_cv'] for r in have):.3f}"
+                 if (have := [r for r in mine if "pod_cv" in r.classes.get(c, {})]) else "n/a"
+                 for c in classes]
         out.append(f"| {name} | " + " | ".join(cells) + " |")
     return out
 

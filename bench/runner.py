@@ -66,11 +66,13 @@ class Plan:
         """What the figures depend on besides the seed (kept with the results)."""
         f = self.fleet
         return {"mode": self.mode, "servers": f.servers, "roles": f.roles, "profile": f.profile,
+                **({"labels": f.pod_labels()} if f.labels else {}),
                 "time_scale": f.time_scale if self.mode == "real" else None,
                 "workload": self.workload.name, "generator": self.workload.generator,
                 "arrivals": self.workload.arrivals, "parameters": self.workload.parameters,
                 "duration": self.duration, "seeds": list(self.seeds), "loads": list(self.loads),
                 "contenders": [c.name for c in self.contenders],
+                **({"baseline": self.scenario.baseline} if self.scenario.baseline else {}),
                 "budget": (dataclasses.replace(self.scenario.budget,
                                                router_cpus=self.router_cpus).statement()
                            if self.mode == "real" else None),
@@ -143,10 +145,12 @@ class _Job:
     seed: int
 
 
-def _twin_router(c: Contender, keys: list[str], seed: int,
-                 cpu: ProcessCpu | None = None) -> Any:
+def _twin_router(c: Contender, keys: list[str], seed: int, cpu: ProcessCpu | None = None,
+                 labels: list[dict[str, str]] | None = None,
+                 specs: list[RequestSpec] | None = None) -> Any:
     """The twin's router for ``c`` (None: not modelled); ``cpu``: each EPP's own copy of
-    this process CPU model."""
+    this process CPU model; ``labels``: each server's extra pod labels; ``specs``: the
+    schedule (an EPP with a burst producer places each window's requests together)."""
     from bench.contenders import TUNED_CONFIG
     from bench.twin.baselines import LeastRequest, Random, RoundRobin
     from bench.twin.epp_adapter import EppRouter
@@ -158,8 +162,15 @@ def _twin_router(c: Contender, keys: list[str], seed: int,
     if c.name == "envoy-lr":
         return LeastRequest(c.name, keys, seed)
     own = dataclasses.replace(cpu) if cpu is not None else None
+    by_key = dict(zip(keys, labels, strict=True)) if labels else None
     if c.epp_config is not None:
-        return EppRouter(c.name, keys, seed, config_file=c.epp_config, model=MODEL, cpu=own)
+        if specs is not None and "burst-prefix-cache-producer" in c.epp_config.read_text():
+            from bench.twin.burst import WindowedRouter
+
+            return WindowedRouter(c.name, keys, seed, config_file=c.epp_config, model=MODEL,
+                                  cpu=own, labels=by_key, specs=specs)
+        return EppRouter(c.name, keys, seed, config_file=c.epp_config, model=MODEL, cpu=own,
+                         labels=by_key)
     if c.name in ("epp-default", "epp-tuned"):
         return EppRouter(c.name, keys, seed, model=MODEL, cpu=own,
                          config_text=TUNED_CONFIG if c.name == "epp-tuned" else None)
@@ -184,7 +195,8 @@ def _virtual(job: _Job) -> list[RunResult]:
         else:
             cfg = TwinConfig(servers=p.fleet.servers, seed=job.seed, profile=p.fleet.profile,
                              model=MODEL)
-            router = _twin_router(c, cfg.keys(), job.seed, p.epp_cpu)
+            router = _twin_router(c, cfg.keys(), job.seed, p.epp_cpu,
+                                  p.fleet.pod_labels(), specs)
             outcomes = None if router is None else run(specs, router, cfg)
         if outcomes is None:
             res.skipped = "not modelled in virtual time (run with --real)"
@@ -324,7 +336,7 @@ def _real(p: Plan, load: float, seed: int, c: Contender, workdir: Path) -> RunRe
         p.workload, load, _real_contender(c, p), duration=p.duration, seed=seed,
         servers=p.fleet.servers, time_scale=p.fleet.time_scale, workdir=workdir,
         progress=False, timeout=p.scenario.timeout, fleet_cpus=b.fleet_cpus,
-        client_cpus=b.client_cpus, profile=p.fleet.profile)
+        client_cpus=b.client_cpus, profile=p.fleet.profile, labels=p.fleet.pod_labels())
     res.contender, res.kind = c.name, c.kind
     return res
 
@@ -482,7 +494,7 @@ def section(doc: dict[str, Any], source: str) -> str:
         targets = [rp.Target(s["workload"], load, t.ours, t.against, t.metric, t.bound,
                              t.at_most) for t in scn.targets for load in s["loads"]
                    if t.ours in ran and (t.against in ran or t.against == "best-peer")]
-    baseline = "aggregated" if s.get("roles") else rp.BASELINE
+    baseline = s.get("baseline") or ("aggregated" if s.get("roles") else rp.BASELINE)
     tl = rp.target_lines(results, targets) if targets else []
     if tl:
         lines += ["Targets:", "", *tl, ""]

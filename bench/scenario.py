@@ -13,6 +13,8 @@ The schema (every key but ``title``, ``workload`` and ``contenders`` may be left
       roles: {prefill: 2, decode: 2}      # a P/D fleet instead (servers = their sum)
       profile: 8b-h100                    # the simulator profile (sim/profiles.py)
       time_scale: 1.0                     # real time only: the simulator runs N x slower
+      labels: [{tier: short}, {}, {}, {}]  # more pod labels, one mapping per server (a
+                                          # scaled fleet keeps the pattern's proportions)
     workload: shared-prefix               # bench/workloads/<name>.yaml, or a path
     # or, to change it for this scenario:
     # workload: {use: tenants, arrivals: {bursts: {period: 6, width: 0.5}},
@@ -22,6 +24,7 @@ The schema (every key but ``title``, ``workload`` and ``contenders`` may be left
     - envoy-rr                            # built in: see CONTENDERS / PD_CONTENDERS
     - {name: epp-mine, epp_config: my-epc.yaml}   # an EndpointPickerConfig file
     - {name: pd-1024, pd: {threshold: 1024}}      # P/D fleets: a P/D EPP variant
+    baseline: envoy-rr                    # the contender the tables' ratios are to
     seeds: {first: 0, count: 5}           # or a list: [0, 1, 101]
     loads: [0.75]                         # offered load / the workload's nominal capacity
     budget: {router_cpus: 1, gateway_cpus: 1, fleet_cpus: 0, client_cpus: 0, burners: 0}
@@ -49,7 +52,7 @@ from bench.workloads import (
     Workload,
     WorkloadError,
     _arrivals,
-    _check_tenants,
+    check_parameters,
     load_workload,
 )
 
@@ -83,15 +86,24 @@ class Fleet:
     roles: dict[str, int] = field(default_factory=dict)
     profile: str = "8b-h100"
     time_scale: float = 1.0
+    #: more pod labels, one mapping per server (empty: none)
+    labels: tuple[dict[str, str], ...] = ()
 
     @property
     def pd(self) -> bool:
         return bool(self.roles)
 
+    def pod_labels(self) -> list[dict[str, str]]:
+        """Each server's extra pod labels (the pattern of ``labels`` stretched to
+        ``servers``)."""
+        n = len(self.labels)
+        return [dict(self.labels[i * n // self.servers]) if n else {}
+                for i in range(self.servers)]
+
     def scaled(self, servers: int) -> Fleet:
         """The same fleet at ``servers`` servers (a P/D fleet keeps its prefill share)."""
         if not self.pd:
-            return Fleet(servers, {}, self.profile, self.time_scale)
+            return Fleet(servers, {}, self.profile, self.time_scale, self.labels)
         prefill = max(1, round(servers * self.roles["prefill"] / self.servers))
         prefill = min(prefill, servers - 1)
         return Fleet(servers, {"prefill": prefill, "decode": servers - prefill}, self.profile,
@@ -176,6 +188,8 @@ class Scenario:
     budget: Budget
     timeout: float
     targets: tuple[Target, ...]
+    #: the contender the tables' ratios are to ("": envoy-rr, or aggregated on a P/D fleet)
+    baseline: str = ""
 
     @property
     def digest(self) -> str:
@@ -186,7 +200,7 @@ class Scenario:
 _TOP: dict[str, type | tuple[type, ...]] = {
     "title": str, "description": str, "fleet": dict, "workload": (str, dict),
     "contenders": list, "seeds": (dict, list), "loads": list, "budget": dict,
-    "timeout": (int, float), "targets": list}
+    "timeout": (int, float), "targets": list, "baseline": str}
 _REQUIRED = ("title", "workload", "contenders")
 
 
@@ -252,6 +266,8 @@ def load_scenario(path: Path | str) -> Scenario:
     workload = _workload(r, raw["workload"])
     contenders = _contenders(r, raw["contenders"], fleet)
     names = [c.name for c in contenders]
+    if raw.get("baseline", names[0]) not in names:
+        raise r.fail("baseline", f"{raw['baseline']!r} is not a contender of this scenario")
     return Scenario(
         path=path, name=path.stem, title=r.text(raw["title"], "title"),
         description=str(raw.get("description", "")).strip(), fleet=fleet, workload=workload,
@@ -262,13 +278,14 @@ def load_scenario(path: Path | str) -> Scenario:
         budget=_budget(r, raw.get("budget", {})),
         timeout=r.number(raw.get("timeout", 90), "timeout", positive=True),
         targets=tuple(_target(r, t, f"targets[{i}]", names)
-                      for i, t in enumerate(raw.get("targets", []))))
+                      for i, t in enumerate(raw.get("targets", []))),
+        baseline=raw.get("baseline", ""))
 
 
 def _fleet(r: _Reader, raw: Any) -> Fleet:
     from sim.profiles import PROFILES
 
-    f = r.keys(raw, "fleet", {"servers", "roles", "profile", "time_scale"})
+    f = r.keys(raw, "fleet", {"servers", "roles", "profile", "time_scale", "labels"})
     roles: dict[str, int] = {}
     if "roles" in f:
         roles_raw = r.keys(f["roles"], "fleet.roles", {"prefill", "decode"}, ("prefill", "decode"))
@@ -281,8 +298,17 @@ def _fleet(r: _Reader, raw: Any) -> Fleet:
     if profile not in PROFILES:
         raise r.fail("fleet.profile", f"unknown profile {profile!r} "
                      f"(known: {', '.join(sorted(PROFILES))})")
+    labels = f.get("labels", [])
+    if not isinstance(labels, list) or (labels and len(labels) != servers) or any(
+            not isinstance(x, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                               for k, v in x.items()) for x in labels):
+        raise r.fail("fleet.labels", f"expected {servers} mappings of label to string "
+                     "(one per server)")
+    if labels and roles:
+        raise r.fail("fleet.labels", "labels are for an aggregated fleet")
     return Fleet(servers, roles, profile,
-                 r.number(f.get("time_scale", 1.0), "fleet.time_scale", positive=True))
+                 r.number(f.get("time_scale", 1.0), "fleet.time_scale", positive=True),
+                 tuple(labels))
 
 
 def _workload(r: _Reader, raw: Any) -> Workload:
@@ -302,11 +328,11 @@ def _workload(r: _Reader, raw: Any) -> Workload:
     if "parameters" in spec:
         over = r.keys(spec["parameters"], "workload.parameters", GENERATORS[base.generator][2])
         params.update(over)
-        if base.generator == "tenants":
-            try:
-                _check_tenants(r.path, params["tenants"])
-            except WorkloadError as e:
-                raise r.fail("workload.parameters.tenants", str(e).split(": ", 2)[-1]) from None
+        try:
+            check_parameters(r.path, base.generator, params)
+        except WorkloadError as e:
+            where, _, msg = str(e).removeprefix(f"{r.path}: ").partition(": ")
+            raise r.fail(f"workload.{where}", msg) from None
     arrivals, period, width = base.arrivals, base.burst_period, base.burst_width
     if "arrivals" in spec:
         try:
