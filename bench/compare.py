@@ -21,7 +21,7 @@ import orjson
 from bench import cpubudget
 from bench.contenders import Contender, SimFleet
 from bench.openloop import Outcome
-from bench.report import RunResult, summarize
+from bench.report import RunResult, summarize, tenant_fairness
 from bench.workloads import PROFILE, Workload, write_specs
 
 ROOT = Path(__file__).resolve().parent
@@ -69,8 +69,11 @@ def run_one(workload: Workload, load: float, contender: Contender, *, duration: 
     res.router_cpu, res.router_throttled = contender.cpu_used, contender.throttled
     outcomes = [Outcome(**dict(orjson.loads(line).items()))
                 for line in (workdir / "outcomes.jsonl").read_bytes().splitlines()]
-    return summarize(res, outcomes, time_scale,
-                     tags=[s.tag for s in specs] if workload.by_class else None)
+    summarize(res, outcomes, time_scale,
+              tags=[s.tag for s in specs] if workload.by_class else None)
+    if workload.generator == "tenants":
+        res.jain = tenant_fairness(specs, outcomes, duration, time_scale)
+    return res
 
 
 def load_run(run_dir: Path) -> tuple[dict[str, object], list[RunResult]]:

@@ -80,6 +80,9 @@ class RunResult:
     #: Per request class (tag, e.g. ``tenant/objective``) of by-class workloads, over the
     #: warm requests: ``{"requests", "errors", "ttft_p90"}``.
     classes: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: Tenant workloads: Jain's index of the tenants' goodput in the arrival window
+    #: (:func:`tenant_fairness`; 0: not computed)
+    jain: float = 0.0
     error_samples: list[str] = field(default_factory=list)
     skipped: str = ""
 
@@ -150,6 +153,61 @@ def _classes(outcomes: Sequence[OutcomeLike], tags: Sequence[str], time_scale: f
                     "ttft_mean": statistics.fmean(ttft) if ttft else 0.0,
                     "pod_cv": statistics.pstdev(tokens) / mean if mean else 0.0}
     return out
+
+
+class SpecLike(Protocol):
+    """What :func:`tenant_fairness` reads of a request (``bench.workloads.RequestSpec``)."""
+
+    at: float
+    tag: str
+    body: dict[str, Any]
+
+
+def tenant_fairness(specs: Sequence[SpecLike], outcomes: Sequence[OutcomeLike], window: float,
+                    time_scale: float = 1.0) -> float:
+    """Jain's index of each tenant's (tag's) output tokens received by ``window`` model s
+    over its max-min fair share of all of them, the demand being the ``max_tokens`` its
+    requests arriving by then asked for: 1 = every tenant got its fair share (0: nothing
+    delivered). Token k arrives at start + TTFT + the first k-1 gaps (evenly spread from
+    the first token to the last when the gaps were not recorded)."""
+    got: dict[str, float] = {}
+    asked: dict[str, float] = {}
+    for spec, o in zip(specs, outcomes, strict=True):
+        if spec.at / time_scale <= window:
+            asked[spec.tag] = asked.get(spec.tag, 0) + int(spec.body.get("max_tokens", 0))
+        if not o.ok or o.ttft is None:
+            continue
+        first, n = (o.start + o.ttft) / time_scale, o.output_tokens
+        if first > window or n <= 0:
+            continue
+        if o.itl:
+            t, k = o.start + o.ttft, 1
+            for gap in o.itl:
+                t += gap
+                if t / time_scale > window:
+                    break
+                k += 1
+        else:
+            last = (o.start + (o.e2e or o.ttft)) / time_scale
+            k = n if last <= window or n == 1 else 1 + (n - 1) * (window - first) / (
+                last - first)
+        got[spec.tag] = got.get(spec.tag, 0.0) + k
+    # water-filling: each tenant gets min(demand, an equal split of what is left)
+    fair: dict[str, float] = {}
+    left, pending = sum(got.get(t, 0.0) for t in asked), dict(asked)
+    while pending:
+        split = left / len(pending)
+        small = {t: d for t, d in pending.items() if d <= split}
+        if not small:
+            fair.update(dict.fromkeys(pending, split))
+            break
+        for t, d in small.items():
+            fair[t], left = d, left - d
+            del pending[t]
+    if not fair or not all(fair.values()):
+        return 0.0
+    xs = [got.get(t, 0.0) / fair[t] for t in asked]
+    return sum(xs) ** 2 / (len(xs) * sum(x * x for x in xs)) if any(xs) else 0.0
 
 
 # -- aggregation over seeds ------------------------------------------------------------------
@@ -323,6 +381,13 @@ def point_sections(results: Sequence[RunResult], workloads: dict[str, Any],
                       f"{rows[0].servers} servers)", "", *table(rows, order, baseline), ""]
             if any(r.classes for r in rows):
                 lines += [*class_table(rows, order), ""]
+            fair = [f"{n} {bootstrap_median(xs)}" for n in dict.fromkeys(
+                [*order, *(r.contender for r in rows)])
+                if (xs := [r.jain for r in rows if r.contender == n and r.usable and r.jain])]
+            if fair:
+                lines += ["Jain's index of the tenants' goodput (output tokens within the "
+                          "arrival window over max-min fair shares; 1 = fair), median [95% "
+                          "interval] over seeds: " + "; ".join(fair) + ".", ""]
     return lines
 
 

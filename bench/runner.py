@@ -202,6 +202,8 @@ def _virtual(job: _Job) -> list[RunResult]:
             res.skipped = "not modelled in virtual time (run with --real)"
         else:
             summarize(res, outcomes, tags=tags)
+            if wl.generator == "tenants":
+                res.jain = rp.tenant_fairness(specs, outcomes, p.duration)
             res.wall_seconds = time.monotonic() - started
         out.append(res)
     return out
@@ -267,7 +269,7 @@ def _flow_virtual(c: Contender, fleet: Fleet, seed: int,
     """The real EPP runtime with its flow controller (``bench.slo_twin.Twin`` on
     :mod:`bench.twin.vtime`'s clock); a request it refused, or that did not finish, is an
     error outcome."""
-    from bench.flowcontrol_noisy_twin import TimedTwin
+    from bench.twin.flow import TimedTwin
     from bench.twin.vtime import run_in_virtual_time
 
     assert c.epp_config is not None
