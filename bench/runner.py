@@ -163,6 +163,11 @@ def _twin_router(c: Contender, keys: list[str], seed: int, cpu: ProcessCpu | Non
         return LeastRequest(c.name, keys, seed)
     own = dataclasses.replace(cpu) if cpu is not None else None
     by_key = dict(zip(keys, labels, strict=True)) if labels else None
+    if c.replicas:
+        from bench.twin.replicas import Replicas
+
+        return Replicas(c.name, keys, seed, c.replicas, shared=c.store == "valkey",
+                        config_file=c.epp_config)
     if c.epp_config is not None:
         if specs is not None and "burst-prefix-cache-producer" in c.epp_config.read_text():
             from bench.twin.burst import WindowedRouter
@@ -315,10 +320,13 @@ def _pd_virtual(fleet: Fleet, c: Contender, seed: int,
 
 # -- real time ----------------------------------------------------------------------------
 def _real_contender(c: Contender, p: Plan) -> Any:
-    from bench.contenders import Epp, PeerRouter, all_contenders
+    from bench.contenders import Epp, EppReplicas, PeerRouter, all_contenders
 
-    if c.epp_config is not None:
-        obj: Any = Epp(c.name, c.epp_config.read_text())
+    if c.replicas:
+        obj: Any = EppReplicas(c.name, c.replicas, c.store,
+                               c.epp_config.read_text() if c.epp_config else None)
+    elif c.epp_config is not None:
+        obj = Epp(c.name, c.epp_config.read_text())
     elif ":" in c.name:
         peer, _, policy = c.name.partition(":")
         obj = PeerRouter(peer, policy)

@@ -24,6 +24,9 @@ The schema (every key but ``title``, ``workload`` and ``contenders`` may be left
     - envoy-rr                            # built in: see CONTENDERS / PD_CONTENDERS
     - {name: epp-mine, epp_config: my-epc.yaml}   # an EndpointPickerConfig file
     - {name: pd-1024, pd: {threshold: 1024}}      # P/D fleets: a P/D EPP variant
+    - {name: epp-2-shared, replicas: {count: 2, store: valkey}}  # active-active replicas
+      # (store: valkey = one shared Valkey; memory = replicas that share nothing); with
+      # epp_config or without (the EPP's default config)
     baseline: envoy-rr                    # the contender the tables' ratios are to
     seeds: {first: 0, count: 5}           # or a list: [0, 1, 101]
     loads: [0.75]                         # offered load / the workload's nominal capacity
@@ -131,13 +134,18 @@ class Contender:
     name: str
     epp_config: Path | None = None
     pd: PdVariant | None = None
+    #: active-active EPP replicas behind one Envoy (0: one EPP, as built in)
+    replicas: int = 0
+    #: their state store: ``valkey`` (one shared Valkey) or ``memory`` (nothing shared)
+    store: str = ""
 
     @property
     def kind(self) -> str:
         """``ours`` (an EPP), ``peer`` or ``baseline``."""
         if self.name.split(":")[0] in PEER_NAMES or self.name == "vllm-router-pd":
             return "peer"
-        if (self.name.startswith("epp") or self.epp_config is not None or self.pd is not None):
+        if (self.name.startswith("epp") or self.epp_config is not None or self.pd is not None
+                or self.replicas):
             return "ours"
         return "baseline"
 
@@ -353,11 +361,24 @@ def _contenders(r: _Reader, raw: list[Any], fleet: Fleet) -> tuple[Contender, ..
         where = f"contenders[{i}]"
         if isinstance(item, str):
             item = {"name": item}
-        c = r.keys(item, where, {"name", "epp_config", "pd"}, ("name",))
+        c = r.keys(item, where, {"name", "epp_config", "pd", "replicas"}, ("name",))
         name = r.text(c["name"], f"{where}.name")
         if "epp_config" in c and "pd" in c:
             raise r.fail(where, "give epp_config or pd, not both")
-        if "epp_config" in c:
+        if "replicas" in c:
+            if fleet.pd or "pd" in c:
+                raise r.fail(f"{where}.replicas", "replicas are for an aggregated fleet")
+            rep = r.keys(c["replicas"], f"{where}.replicas", {"count", "store"},
+                         ("count", "store"))
+            if rep["store"] not in ("valkey", "memory"):
+                raise r.fail(f"{where}.replicas.store", f"{rep['store']!r} is not one of "
+                             "valkey, memory")
+            out.append(Contender(
+                name, epp_config=(r.file(c["epp_config"], f"{where}.epp_config")
+                                  if "epp_config" in c else None),
+                replicas=r.positive_int(rep["count"], f"{where}.replicas.count"),
+                store=rep["store"]))
+        elif "epp_config" in c:
             if fleet.pd:
                 raise r.fail(f"{where}.epp_config", "a P/D fleet takes pd variants")
             out.append(Contender(name, epp_config=r.file(c["epp_config"], f"{where}.epp_config")))

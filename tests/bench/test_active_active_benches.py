@@ -1,6 +1,6 @@
-"""Issue 18's benchmarks: what they count and how they judge (bench.active_active,
-bench.active_active_faults, bench.active_active_throughput). Figures come from bench/ runs;
-here only the arithmetic, the reading of a run directory and one short real run."""
+"""Issue 18's benchmarks: what they count and how they judge (bench.active_active_faults,
+bench.active_active_throughput; the routing figure is bench/scenarios/active-active.yaml).
+Figures come from bench/ runs; here only the arithmetic and one short real run."""
 
 from __future__ import annotations
 
@@ -10,41 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import orjson
-
-from bench.active_active import load_runs, report, targets
 from bench.active_active_faults import FaultRun, hit_rate, own_in_flight
 from bench.active_active_faults import report as fault_report
 from bench.openloop import Outcome
 from bench.twin.cpu import load_rounds
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _outcomes(path: Path, ttfts: list[float], cached: int) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(b"".join(orjson.dumps({
-        "index": i, "start": i * 0.1, "status": 200, "ttft": t, "e2e": t + 1.0,
-        "output_tokens": 10, "prompt_tokens": 100, "cached_tokens": cached,
-        "pod": "sim-0"}) + b"\n" for i, t in enumerate(ttfts)))
-
-
-def test_a_run_directory_is_read_back_paired_by_complete_seeds(tmp_path: Path) -> None:
-    for seed in (0, 1):
-        _outcomes(tmp_path / str(seed) / "epp-1" / "outcomes.jsonl", [1.0] * 20, 80)
-        _outcomes(tmp_path / str(seed) / "epp-2-shared" / "outcomes.jsonl", [2.0] * 20, 70)
-    _outcomes(tmp_path / "2" / "epp-1" / "outcomes.jsonl", [1.0] * 20, 80)  # unfinished seed
-    rows = load_runs(tmp_path, 1.0)
-    assert list(rows) == ["epp-1", "epp-2-shared"]
-    assert sorted(rows["epp-1"]) == [0, 1]
-    table = "\n".join(report(rows, "epp-1"))
-    assert "| epp-2-shared | 2 | 70.0 [70.0, 70.0] | -10.0 [-10.0, -10.0] |" in table
-    assert "2.00 [2.00, 2.00]" in table   # TTFT p90 ratio, paired by seed
-    verdicts = targets(rows, "epp-1")
-    assert verdicts == [
-        "- epp-2-shared: hit rate loss vs 1 replica 10.00 [10.00, 10.00] points "
-        "(target <= 3): **not met**",
-        "- epp-2-shared: TTFT p90 / 1 replica 2.00 [2.00, 2.00] (target <= 1.1): **not met**"]
 
 
 def test_a_replicas_own_requests_in_flight_leave_out_the_others() -> None:
