@@ -225,6 +225,11 @@ class Contender:
         """Router-side state worth keeping after a run (e.g. the EPP's /debug/pool)."""
         return {}
 
+    def fault(self, action: str) -> str:
+        """Do a scenario's fault step (``bench.scenario.FAULTS``) while running; returns what
+        was done, or why nothing was (a contender without what the step acts on)."""
+        return f"{action}: nothing to act on in {self.name}"
+
     @contextlib.contextmanager
     def _gateway(self, config: dict[str, Any], admin: int, workdir: Path) -> Iterator[e.Envoy]:
         """The gateway's Envoy, under :attr:`gateway_cpus`."""
@@ -371,7 +376,7 @@ class EppReplicas(Contender):
         self.name, self.n, self.store, self.config = name, n, store, config
         self._replicas: list[Epp] = []
         #: while running: the replicas' processes and the Valkey started here (fault
-        #: injection, bench.active_active_faults)
+        #: injection: :meth:`fault`)
         self.procs: list[subprocess.Popen[bytes]] = []
         self.valkey: Any = None
 
@@ -417,6 +422,19 @@ class EppReplicas(Contender):
 
     def debug(self) -> dict[str, Any]:
         return {"replicas": [r.debug() for r in self._replicas]}
+
+    def fault(self, action: str) -> str:
+        if action == "kill-replica" and self.procs:
+            # its own streams in flight break with it (what it counts minus the others' part)
+            own = sum(max(0, int(ep.get("inflight_requests", 0))
+                          - int(ep.get("remote_inflight_requests", 0)))
+                      for ep in self._replicas[0].debug().get("endpoints", []))
+            self.procs[0].kill()
+            return f"kill-replica: replica 0 SIGKILLed with {own} of its own streams in flight"
+        if action in ("kill-store", "restart-store") and self.valkey is not None:
+            (self.valkey.kill if action == "kill-store" else self.valkey.start)()
+            return f"{action}: done"
+        return super().fault(action)
 
 
 class PeerRouter(Contender):

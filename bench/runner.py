@@ -76,7 +76,10 @@ class Plan:
                 "budget": (dataclasses.replace(self.scenario.budget,
                                                router_cpus=self.router_cpus).statement()
                            if self.mode == "real" else None),
-                "epp_cpu": self.epp_cpu_statement()}
+                "epp_cpu": self.epp_cpu_statement(),
+                **({"faults": [f"{f.action} at {f.at:g} s" + (
+                    "" if self.mode == "real" else " (not modelled in virtual time)")
+                    for f in self.scenario.faults]} if self.scenario.faults else {})}
 
     def epp_cpu_statement(self) -> str | None:
         """How the twin models the EPP's CPU (None: free)."""
@@ -346,7 +349,8 @@ def _real(p: Plan, load: float, seed: int, c: Contender, workdir: Path) -> RunRe
         p.workload, load, _real_contender(c, p), duration=p.duration, seed=seed,
         servers=p.fleet.servers, time_scale=p.fleet.time_scale, workdir=workdir,
         progress=False, timeout=p.scenario.timeout, fleet_cpus=b.fleet_cpus,
-        client_cpus=b.client_cpus, profile=p.fleet.profile, labels=p.fleet.pod_labels())
+        client_cpus=b.client_cpus, profile=p.fleet.profile, labels=p.fleet.pod_labels(),
+        faults=p.scenario.faults)
     res.contender, res.kind = c.name, c.kind
     return res
 
@@ -494,6 +498,8 @@ def section(doc: dict[str, Any], source: str) -> str:
              f"Environment: {environment.line(env)}", ""]
     if s.get("epp_cpu"):
         lines += [f"The EPP's CPU is modelled: {s['epp_cpu']}.", ""]
+    if s.get("faults"):
+        lines += [f"Faults: {'; '.join(s['faults'])}.", ""]
     scenario_path = ROOT / doc["scenario"]
     targets = []
     if scenario_path.is_file():

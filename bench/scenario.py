@@ -32,6 +32,10 @@ The schema (every key but ``title``, ``workload`` and ``contenders`` may be left
     loads: [0.75]                         # offered load / the workload's nominal capacity
     budget: {router_cpus: 1, gateway_cpus: 1, fleet_cpus: 0, client_cpus: 0, burners: 0}
     timeout: 90                           # real time: per-request limit, wall seconds
+    faults:                               # real time: steps at model seconds of the schedule
+    - {at: 8, action: kill-replica}       # SIGKILL the first EPP replica (replicas contenders)
+    - {at: 6, action: kill-store}         # SIGKILL the replicas' Valkey ...
+    - {at: 12, action: restart-store}     # ... and start it again, empty
     targets:
     - {ours: epp-tuned, against: envoy-rr, metric: TTFT p90, at_most: 0.5}
     - {ours: epp-tuned, against: best-peer, metric: output tok/s, at_least: 1.0}
@@ -71,6 +75,8 @@ PEER_NAMES = ("vllm-router", "sglang-router")
 PD_CONTENDERS = ("aggregated", "vllm-router-pd")
 #: What a target may compare (``bench.report``'s metrics).
 METRICS = ("TTFT p90", "output tok/s", "TPOT p50", "cache hit")
+#: What a fault step does (``bench.contenders.Contender.fault``).
+FAULTS = ("kill-replica", "kill-store", "restart-store")
 #: P/D variants: the EPP config family ``bench.pd_compare`` builds, and the twin's picks.
 PD_CONFIGS = ("llm-d", "gie-scorers", "token-load", "spill")
 PD_PICKS = ("least", "tokens", "random")
@@ -163,6 +169,14 @@ class Target:
 
 
 @dataclass(frozen=True, slots=True)
+class Fault:
+    """A step of a real-time run: ``action`` at ``at`` model seconds of the schedule."""
+
+    at: float
+    action: str
+
+
+@dataclass(frozen=True, slots=True)
 class Budget:
     """CPU budgets, as ``bench.cpubudget``'s flags (0: none)."""
 
@@ -198,6 +212,8 @@ class Scenario:
     targets: tuple[Target, ...]
     #: the contender the tables' ratios are to ("": envoy-rr, or aggregated on a P/D fleet)
     baseline: str = ""
+    #: real time: fault steps, applied to every contender that has what they act on
+    faults: tuple[Fault, ...] = ()
 
     @property
     def digest(self) -> str:
@@ -208,7 +224,7 @@ class Scenario:
 _TOP: dict[str, type | tuple[type, ...]] = {
     "title": str, "description": str, "fleet": dict, "workload": (str, dict),
     "contenders": list, "seeds": (dict, list), "loads": list, "budget": dict,
-    "timeout": (int, float), "targets": list, "baseline": str}
+    "timeout": (int, float), "targets": list, "baseline": str, "faults": list}
 _REQUIRED = ("title", "workload", "contenders")
 
 
@@ -287,7 +303,15 @@ def load_scenario(path: Path | str) -> Scenario:
         timeout=r.number(raw.get("timeout", 90), "timeout", positive=True),
         targets=tuple(_target(r, t, f"targets[{i}]", names)
                       for i, t in enumerate(raw.get("targets", []))),
-        baseline=raw.get("baseline", ""))
+        baseline=raw.get("baseline", ""),
+        faults=tuple(_fault(r, f, f"faults[{i}]") for i, f in enumerate(raw.get("faults", []))))
+
+
+def _fault(r: _Reader, raw: Any, where: str) -> Fault:
+    f = r.keys(raw, where, {"at", "action"}, ("at", "action"))
+    if f["action"] not in FAULTS:
+        raise r.fail(f"{where}.action", f"{f['action']!r} is not one of {', '.join(FAULTS)}")
+    return Fault(r.number(f["at"], f"{where}.at"), f["action"])
 
 
 def _fleet(r: _Reader, raw: Any) -> Fleet:

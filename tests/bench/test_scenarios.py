@@ -131,6 +131,10 @@ def test_every_scenario_of_the_repository_loads() -> None:
      "contenders: [envoy-rr]\n", "workload.parameters.classes.a: expected {share, prompt_tokens}"),
     ("title: T\nworkload: sharegpt\ncontenders: [envoy-rr]\nbaseline: envoy-lr\n",
      "baseline: 'envoy-lr' is not a contender"),
+    ("title: T\nworkload: sharegpt\ncontenders: [envoy-rr]\nfaults: [{at: 1, action: reboot}]\n",
+     "faults[0].action: 'reboot' is not one of"),
+    ("title: T\nworkload: sharegpt\ncontenders: [{name: e, replicas: {count: 2, store: redis}}]\n",
+     "contenders[0].replicas.store: 'redis' is not one of valkey, memory"),
 ])
 def test_a_bad_scenario_gets_one_line_naming_file_and_key(tmp_path: Path, edit: str,
                                                           where: str) -> None:
