@@ -417,8 +417,10 @@ def class_table(rows: Sequence[RunResult], order: Sequence[str]) -> list[str]:
             "| contender | " + " | ".join(classes) + " |", "|---|" + "---:|" * len(classes)]
     for name in names:
         mine = [r for r in rows if r.contender == name and r.classes]
-        cells = [f"{statistics.median(r.classes[c]['ttft_mean'] for r in have):.3f} / "
+        # the flow-control twin does not name the pods: no spread to show
+        cells = [f"{statistics.median(r.classes[c]['ttft_mean'] for r in have):.3f} / " + (
                  f"{statistics.median(r.classes[c]['pod_cv'] for r in have):.3f}"
+                 if any(set(r.pods) != {""} for r in have) else "n/a")
                  if (have := [r for r in mine if "pod_cv" in r.classes.get(c, {})]) else "n/a"
                  for c in classes]
         out.append(f"| {name} | " + " | ".join(cells) + " |")
