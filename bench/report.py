@@ -158,9 +158,14 @@ def _classes(outcomes: Sequence[OutcomeLike], tags: Sequence[str], time_scale: f
 class SpecLike(Protocol):
     """What :func:`tenant_fairness` reads of a request (``bench.workloads.RequestSpec``)."""
 
-    at: float
-    tag: str
-    body: dict[str, Any]
+    @property
+    def at(self) -> float: ...
+
+    @property
+    def tag(self) -> str: ...
+
+    @property
+    def body(self) -> dict[str, Any]: ...
 
 
 def tenant_fairness(specs: Sequence[SpecLike], outcomes: Sequence[OutcomeLike], window: float,
@@ -180,11 +185,12 @@ def tenant_fairness(specs: Sequence[SpecLike], outcomes: Sequence[OutcomeLike], 
         first, n = (o.start + o.ttft) / time_scale, o.output_tokens
         if first > window or n <= 0:
             continue
+        k: float = 1
         if o.itl:
-            t, k = o.start + o.ttft, 1
+            at = o.start + o.ttft
             for gap in o.itl:
-                t += gap
-                if t / time_scale > window:
+                at += gap
+                if at / time_scale > window:
                     break
                 k += 1
         else:
@@ -201,9 +207,9 @@ def tenant_fairness(specs: Sequence[SpecLike], outcomes: Sequence[OutcomeLike], 
         if not small:
             fair.update(dict.fromkeys(pending, split))
             break
-        for t, d in small.items():
-            fair[t], left = d, left - d
-            del pending[t]
+        for name, d in small.items():
+            fair[name], left = d, left - d
+            del pending[name]
     if not fair or not all(fair.values()):
         return 0.0
     xs = [got.get(t, 0.0) / fair[t] for t in asked]

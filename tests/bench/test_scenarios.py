@@ -338,3 +338,28 @@ def test_fleet_labels_reach_the_epp_in_virtual_time() -> None:
     # every short prompt on one pod: std / mean = sqrt(pods - 1) over the pods that served
     assert spread["epp-context-length"] > 1.4
     assert spread["epp-load"] < 0.5
+
+
+def test_rollout_steps_are_samples_of_new_prompts() -> None:
+    from bench.workloads import WORKLOADS
+
+    specs = WORKLOADS["rollout"].schedule(WORKLOADS["rollout"].loads[0], 8.0, 0, 4)
+    steps: dict[str, list[str]] = {}
+    for s in specs:
+        steps.setdefault(s.tag, []).append(s.body["prompt"])
+    assert list(steps) == ["step-0", "step-1"]
+    for prompts in steps.values():   # 4 prompts x 8 samples, within one 50 ms burst
+        assert len(prompts) == 32 and sorted(prompts.count(p) for p in set(prompts)) == [8] * 4
+    assert not set(steps["step-0"]) & set(steps["step-1"])
+    assert max(s.at for s in specs if s.tag == "step-0") < 0.05
+
+
+def test_a_burst_producer_contender_places_each_window_together() -> None:
+    """v010-burst-prefix in virtual time: the burst producer's windows (bench.twin.burst)
+    keep a step's samples together as a cold-cache load balancer does not."""
+    from bench.runner import _Job, _virtual
+
+    scn = load_scenario(SCENARIOS / "v010-burst-prefix.yaml")
+    got = {r.contender: r for r in _virtual(_Job(plan(scn, seeds=[0], duration=12),
+                                                 scn.loads[0], 0))}
+    assert got["epp-burst"].cache_hit > 0.8 > 0.6 > got["epp-queue"].cache_hit
