@@ -26,6 +26,9 @@ class Profile:
     ``prefill_tokens`` is bounded by the step's token budget, vLLM V1's
     ``max_num_batched_tokens`` (decodes take one token each, prefills share the rest; with
     ``enable_chunked_prefill`` a prompt that does not fit is split over several steps).
+    A step that admits requests with multimodal items adds ``encode_time_per_image`` for each
+    item not in the encoder cache (``ec_load_time_per_image`` when an encode server already
+    encoded it, E/PD and E/P/D).
     """
 
     name: str
@@ -46,10 +49,21 @@ class Profile:
     #: vLLM V1's default; False: a prompt is prefilled whole (admission stops at the first
     #: prompt that does not fit the step's budget, unless the step is otherwise empty).
     enable_chunked_prefill: bool = True
+    #: Multimodal: seconds of the vision encoder per image (video, audio item) it has not
+    #: encoded before, added to the step that admits the request (the encoder runs on the
+    #: same GPU, in the step, as in vLLM V1).
+    encode_time_per_image: float = 0.040
+    #: Items the encoder cache keeps (LRU); an item found there is not encoded again.
+    encoder_cache_items: int = 512
+    #: Seconds to load one item's embedding that an encode server wrote through the EC
+    #: connector (``ec_transfer_config``) instead of encoding it here.
+    ec_load_time_per_image: float = 0.002
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < 1:
             raise ValueError("max_num_batched_tokens must be positive")
+        if self.encoder_cache_items < 0:
+            raise ValueError("encoder_cache_items cannot be negative")
 
     def with_overrides(self, overrides: dict[str, Any]) -> Profile:
         """A copy with some fields replaced; unknown field names raise ``ValueError``."""
