@@ -277,6 +277,11 @@ class EnvoyLB(Contender):
             yield f"http://127.0.0.1:{listen}"
 
 
+#: A scenario may name upstream's Alpha plugin types (v010-burst-prefix): the benchmark's EPP
+#: takes them, as the twin does.
+EXPERIMENTAL = ("--allow-experimental-plugins",)
+
+
 def pool_manifests(pool: str, fleet: SimFleet) -> list[dict[str, Any]]:
     """An InferencePool selecting ``app: <pool>``, one ready Pod per simulated server and the
     benchmark's InferenceObjectives (what ``--manifests`` reads instead of the Kubernetes API)."""
@@ -325,7 +330,7 @@ class Epp(Contender):
         cmd = [sys.executable, "-m", "epp.main", "--manifests", str(manifests),
                "--secure-serving=false", "--grpc-port", str(grpc),
                "--grpc-health-port", str(health), "--metrics-port", str(self._metrics_port),
-               "--grace-period", "2"]
+               "--grace-period", "2", *EXPERIMENTAL]
         if self.config is not None:
             cfg = workdir / "epp-config.yaml"
             cfg.write_text(self.config)
@@ -408,7 +413,7 @@ class EppReplicas(Contender):
                     "--secure-serving=false", "--grpc-port", str(grpc),
                     "--grpc-health-port", str(health), *config,
                     "--metrics-port", str(probe._metrics_port), "--grace-period", "2",
-                    "--ha-mode", "active-active", "--state-store", url], log))
+                    "--ha-mode", "active-active", "--state-store", url, *EXPERIMENTAL], log))
                 stack.callback(_stop, self.procs[-1])
                 probe._wait_ready(self.procs[-1], log, fleet.size)
                 ports.append((grpc, health))
