@@ -174,7 +174,7 @@ def replica_cluster(name: str, replicas: Sequence[tuple[int, int]], *, tls: bool
     # the active check keeps it out after that. The check itself tolerates a slow answer
     # (2 s, two misses): with a 0.5 s timeout and one miss, a busy live replica was marked
     # unhealthy, and with half the hosts unhealthy Envoy balances over all of them ("panic"),
-    # dead one included (bench.active_active_faults saw 500s ~10 s after a kill at load 30).
+    # dead one included (the replica-kill benchmark saw 500s ~10 s after a kill at load 30).
     check: dict[str, Any] = {"timeout": "2s", "interval": "0.5s", "unhealthy_threshold": 2,
                              "healthy_threshold": 1, "no_traffic_interval": "0.5s",
                              "grpc_health_check": {}}

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from bench.runner import plan
-from bench.scenario import ScenarioError, load_scenario, scenario_files
+from bench.scenario import SCENARIOS, ScenarioError, load_scenario, scenario_files
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -125,6 +125,16 @@ def test_every_scenario_of_the_repository_loads() -> None:
      "contenders[0].pd.config: 'mine' is not one of"),
     ("title: T\nworkload: sharegpt\ncontenders: [envoy-rr]\nbudget: {router_cpu: 1}\n",
      "budget.router_cpu: unknown key"),
+    ("title: T\nworkload: sharegpt\ncontenders: [envoy-rr]\nfleet: {servers: 2, labels: [{}]}\n",
+     "fleet.labels: expected 2 mappings"),
+    ("title: T\nworkload: {use: warm-cold, parameters: {classes: {a: {share: 1}}}}\n"
+     "contenders: [envoy-rr]\n", "workload.parameters.classes.a: expected {share, prompt_tokens}"),
+    ("title: T\nworkload: sharegpt\ncontenders: [envoy-rr]\nbaseline: envoy-lr\n",
+     "baseline: 'envoy-lr' is not a contender"),
+    ("title: T\nworkload: sharegpt\ncontenders: [envoy-rr]\nfaults: [{at: 1, action: reboot}]\n",
+     "faults[0].action: 'reboot' is not one of"),
+    ("title: T\nworkload: sharegpt\ncontenders: [{name: e, replicas: {count: 2, store: redis}}]\n",
+     "contenders[0].replicas.store: 'redis' is not one of valkey, memory"),
 ])
 def test_a_bad_scenario_gets_one_line_naming_file_and_key(tmp_path: Path, edit: str,
                                                           where: str) -> None:
@@ -315,3 +325,41 @@ def test_results_are_generated_from_saved_runs() -> None:
     assert saved
     proc = bench("report", "--check")
     assert proc.returncode == 0, proc.stderr
+
+
+def test_fleet_labels_reach_the_epp_in_virtual_time() -> None:
+    """v010-context-length labels one pod of four for short contexts: with
+    context-length-aware every short request lands on it, without it they spread."""
+    from bench.runner import _Job, _virtual
+
+    scn = load_scenario(SCENARIOS / "v010-context-length.yaml")
+    results = _virtual(_Job(plan(scn, seeds=[0], duration=8), scn.loads[0], 0))
+    spread = {r.contender: r.classes["short"]["pod_cv"] for r in results}
+    # every short prompt on one pod: std / mean = sqrt(pods - 1) over the pods that served
+    assert spread["epp-context-length"] > 1.4
+    assert spread["epp-load"] < 0.5
+
+
+def test_rollout_steps_are_samples_of_new_prompts() -> None:
+    from bench.workloads import WORKLOADS
+
+    specs = WORKLOADS["rollout"].schedule(WORKLOADS["rollout"].loads[0], 8.0, 0, 4)
+    steps: dict[str, list[str]] = {}
+    for s in specs:
+        steps.setdefault(s.tag, []).append(s.body["prompt"])
+    assert list(steps) == ["step-0", "step-1"]
+    for prompts in steps.values():   # 4 prompts x 8 samples, within one 50 ms burst
+        assert len(prompts) == 32 and sorted(prompts.count(p) for p in set(prompts)) == [8] * 4
+    assert not set(steps["step-0"]) & set(steps["step-1"])
+    assert max(s.at for s in specs if s.tag == "step-0") < 0.05
+
+
+def test_a_burst_producer_contender_places_each_window_together() -> None:
+    """v010-burst-prefix in virtual time: the burst producer's windows (bench.twin.burst)
+    keep a step's samples together as a cold-cache load balancer does not."""
+    from bench.runner import _Job, _virtual
+
+    scn = load_scenario(SCENARIOS / "v010-burst-prefix.yaml")
+    got = {r.contender: r for r in _virtual(_Job(plan(scn, seeds=[0], duration=12),
+                                                 scn.loads[0], 0))}
+    assert got["epp-burst"].cache_hit > 0.8 > 0.6 > got["epp-queue"].cache_hit
