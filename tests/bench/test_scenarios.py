@@ -83,6 +83,15 @@ def newcomer(tmp_path: Path) -> Path:
     return write(tmp_path, "mine.yaml", MY_SCENARIO)
 
 
+@pytest.fixture(scope="module")
+def newcomer_run(tmp_path_factory: pytest.TempPathFactory,
+                 ) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """The newcomer's scenario and its one virtual-time run, which three tests read (each ran
+    it before; the run is deterministic: same seed, same schedule)."""
+    scenario = newcomer(tmp_path_factory.mktemp("newcomer"))
+    return scenario, bench("run", str(scenario), "--virtual", "--jobs", "1")
+
+
 def results_of(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(ln for ln in proc.stderr.splitlines() if ln.startswith("results: "))
@@ -182,9 +191,10 @@ def test_servers_override_keeps_the_prefill_share_of_a_pd_fleet() -> None:
 
 
 # -- the runner ---------------------------------------------------------------------------
-def test_a_newcomer_runs_their_scenario_in_virtual_then_real_time(tmp_path: Path) -> None:
-    scenario = newcomer(tmp_path)
-    virtual = results_of(bench("run", str(scenario), "--virtual", "--jobs", "1"))
+def test_a_newcomer_runs_their_scenario_in_virtual_then_real_time(
+        newcomer_run: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    scenario, virtual_run = newcomer_run
+    virtual = results_of(virtual_run)
     real = results_of(bench("run", str(scenario), "--real"))
     for doc, mode in ((virtual, "virtual"), (real, "real")):
         assert doc["settings"]["mode"] == mode
@@ -221,9 +231,9 @@ def test_the_pd_figure_on_my_workload_at_32_servers_is_one_command(tmp_path: Pat
     assert rows["vllm-router-pd"]["skipped"].startswith("not modelled in virtual time")
 
 
-def test_the_markdown_table_and_targets_come_with_the_run(tmp_path: Path) -> None:
-    scenario = newcomer(tmp_path)
-    proc = bench("run", str(scenario), "--jobs", "1")
+def test_the_markdown_table_and_targets_come_with_the_run(
+        newcomer_run: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    _, proc = newcomer_run
     doc = results_of(proc)
     md = Path(proc.stderr.split("results: ")[1].split()[0]).with_name("results.md").read_text()
     assert md.startswith("## My fleet, my workload, my EPP (virtual time, 2 servers)\n")
@@ -244,9 +254,9 @@ def test_peers_are_skipped_in_virtual_time_with_the_reason() -> None:
 
 
 # -- RESULTS.md ---------------------------------------------------------------------------
-def test_report_writes_sections_from_saved_runs_and_checks_the_scenario(tmp_path: Path) -> None:
-    scenario = newcomer(tmp_path)
-    proc = bench("run", str(scenario), "--jobs", "1")
+def test_report_writes_sections_from_saved_runs_and_checks_the_scenario(
+        tmp_path: Path, newcomer_run: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    scenario, proc = newcomer_run
     results = Path(proc.stderr.split("results: ")[1].split()[0])
     runs = tmp_path / "runs"
     runs.mkdir()
@@ -261,9 +271,13 @@ def test_report_writes_sections_from_saved_runs_and_checks_the_scenario(tmp_path
     assert "## My fleet, my workload, my EPP (virtual time, 2 servers)\n" in text
     assert "| epp-mine | 1 |" in text
     assert bench("report", "--check", *args).returncode == 0
-    # The scenario changed after its run: the check names it.
+    # The scenario changed after its run: the check names it. (The file is shared with the
+    # other tests of this module: put back afterwards.)
     scenario.write_text(MY_SCENARIO.replace("seeds: [7]", "seeds: [8]"))
-    check = bench("report", "--check", *args)
+    try:
+        check = bench("report", "--check", *args)
+    finally:
+        scenario.write_text(MY_SCENARIO)
     assert check.returncode == 1
     assert f"{scenario} changed since this run" in check.stderr
 
