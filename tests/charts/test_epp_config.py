@@ -14,8 +14,8 @@ from epp.datalayer import CoreMetricsExtractor, MetricsDataSource
 from epp.main import settings
 from epp.requestcontrol.parser_chain import ParserChain
 from epp.requestcontrol.plugins import OpenAIParser, VllmGrpcParser
-from epp.requestcontrol.plugins.vertexai_parser import VertexAIParser
 from epp.requestcontrol.plugins.predicted_latency_producer import PredictedLatencyProducer
+from epp.requestcontrol.plugins.vertexai_parser import VertexAIParser
 from tests.charts.render import one, refusal, render
 from tests.charts.test_charts import validate_rendered
 from tests.charts.test_values import epp, parse
