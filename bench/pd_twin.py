@@ -51,7 +51,7 @@ from bench.workloads import RequestSpec
 from devkit.stats import percentile as pct
 from sim.engine import Engine, SimRequest
 from sim.pd import KV_BYTES_PER_TOKEN_8B, LINKS
-from sim.profiles import H100_8B
+from sim.profiles import H100_8B, Profile
 
 #: The variants ``main`` runs: (label, prefill servers, decode servers, nonCachedTokens).
 VARIANTS = (("2P+2D, nonCachedTokens 1", 2, 2, 1),
@@ -86,6 +86,7 @@ class Served:
     end: float = 0.0
     output: int = 0
     disaggregated: bool = False
+    prompt: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,20 +166,21 @@ def simulate(seed: int, prefill: int, decode: int, threshold: int | None, *,
              rate: float = 0.6, duration: float = 60.0, link: str = "rdma",
              prefill_pick: str = "least", decode_pick: str = "least",
              spill: Spill | None = None,
-             specs: Sequence[RequestSpec] | None = None) -> list[Served]:
+             specs: Sequence[RequestSpec] | None = None,
+             profile: Profile = H100_8B) -> list[Served]:
     """One run; ``threshold=None`` is the aggregated fleet of ``prefill + decode`` servers
     (always ``least``). With ``spill`` the decode server is picked at arrival, as the EPP
     does, and the :class:`Spill` decider may keep a long prompt there. ``specs``: play this
     schedule (a request tagged ``long`` is of the long class) instead of :func:`workload`'s
-    for ``seed``, ``rate`` and ``duration``."""
+    for ``seed``, ``rate`` and ``duration``. ``profile``: every server's (sim/profiles.py)."""
     fleet = _Fleet(seed, rng=random.Random(seed))
     bandwidth, latency = LINKS[link]
     if threshold is None:
-        decoders = [_Server(Engine(H100_8B, seed=i), i) for i in range(prefill + decode)]
+        decoders = [_Server(Engine(profile, seed=i), i) for i in range(prefill + decode)]
         prefillers: list[_Server] = []
     else:
-        decoders = [_Server(Engine(H100_8B, seed=i), i) for i in range(decode)]
-        prefillers = [_Server(Engine(H100_8B, seed=100 + i), i) for i in range(prefill)]
+        decoders = [_Server(Engine(profile, seed=i), i) for i in range(decode)]
+        prefillers = [_Server(Engine(profile, seed=100 + i), i) for i in range(prefill)]
     #: request id -> what its end means: a client's answer, or a prefill whose KV moves on
     #: (class, arrival, prompt, output, is_prefill, disaggregated, decode server or None).
     pending: dict[str, tuple[bool, float, int, int, bool, bool, _Server | None]] = {}
@@ -199,7 +201,7 @@ def simulate(seed: int, prefill: int, decode: int, threshold: int | None, *,
             served.append(Served(long, req.first_token_time - arrival,
                                  (req.finish_time - req.first_token_time)
                                  / max(1, req.generated - 1), arrival, req.finish_time,
-                                 req.generated, disagg))
+                                 req.generated, disagg, prompt))
         return hook
 
     for s in decoders + prefillers:

@@ -282,13 +282,15 @@ def _flow_virtual(c: Contender, fleet: Fleet, seed: int,
 def _pd_virtual(fleet: Fleet, c: Contender, seed: int,
                 specs: list[RequestSpec]) -> list[Any] | None:
     from bench.pd_twin import parse_spill, simulate
+    from sim.profiles import get_profile
 
     prefill, decode = fleet.roles["prefill"], fleet.roles["decode"]
+    profile = get_profile(fleet.profile)
     if c.name == "aggregated":
-        served = simulate(seed, prefill, decode, None, specs=specs)
+        served = simulate(seed, prefill, decode, None, specs=specs, profile=profile)
     elif c.pd is not None:
         v = c.pd
-        served = simulate(seed, prefill, decode, v.threshold, specs=specs,
+        served = simulate(seed, prefill, decode, v.threshold, specs=specs, profile=profile,
                           prefill_pick=v.prefill_pick, decode_pick=v.decode_pick,
                           spill=parse_spill(v.spill) if v.spill else None)
     else:
