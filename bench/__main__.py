@@ -113,6 +113,9 @@ def parser() -> argparse.ArgumentParser:
                           "scenario's (its own loads then, unless --loads)")
     run.add_argument("--loads", type=_floats, help="offered loads, comma-separated")
     run.add_argument("--duration", type=float, help="arrival window per run, model seconds")
+    run.add_argument("--profile",
+                     help="simulator profile of every server instead of the scenario's "
+                          "(sim/profiles.py; saved runs and their RESULTS.md headings name it)")
     run.add_argument("--time-scale", type=float,
                      help="real time: run the simulator N x slower than the model")
     run.add_argument("--contenders", help="only these of the scenario's, comma-separated")
@@ -168,14 +171,15 @@ def cmd_run(args: argparse.Namespace) -> int:
                     loads=args.loads, duration=args.duration,
                     contenders=args.contenders.split(",") if args.contenders else None,
                     jobs=args.jobs, router_cpus=args.router_cpus, epp_cost=args.epp_cost,
-                    time_scale=args.time_scale)
+                    time_scale=args.time_scale, profile=args.profile)
     run_dir = runner.run_dir_for(scn, mode)
     doc = runner.execute(p, run_dir)
     print((run_dir / "results.md").read_text())
     print(f"results: {run_dir / 'results.json'}", file=sys.stderr)
     if args.save:
         SAVED.mkdir(exist_ok=True)
-        dest = SAVED / f"{scn.name}-{mode}-{p.fleet.servers}.json"
+        other = f"-{p.fleet.profile}" if p.fleet.profile != scn.fleet.profile else ""
+        dest = SAVED / f"{scn.name}-{mode}-{p.fleet.servers}{other}.json"
         shutil.copyfile(run_dir / "results.json", dest)
         print(f"saved: {dest} (python -m bench report puts it in RESULTS.md)", file=sys.stderr)
     failed = [r for r in doc["results"]

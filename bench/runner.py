@@ -66,6 +66,7 @@ class Plan:
         """What the figures depend on besides the seed (kept with the results)."""
         f = self.fleet
         return {"mode": self.mode, "servers": f.servers, "roles": f.roles, "profile": f.profile,
+                "profile_override": f.profile != self.scenario.fleet.profile,
                 "time_scale": f.time_scale if self.mode == "real" else None,
                 "workload": self.workload.name, "generator": self.workload.generator,
                 "arrivals": self.workload.arrivals, "parameters": self.workload.parameters,
@@ -91,7 +92,7 @@ def plan(scn: Scenario, *, mode: str = "virtual", seeds: Sequence[int] | None = 
          loads: Sequence[float] | None = None, duration: float | None = None,
          contenders: Sequence[str] | None = None, jobs: int = 1,
          router_cpus: float | None = None, epp_cost: Path = MEASURED_COST,
-         time_scale: float | None = None) -> Plan:
+         time_scale: float | None = None, profile: str | None = None) -> Plan:
     """``scn`` with overrides (None: the scenario's own). In virtual time a router CPU
     budget models the EPP's CPU at that budget from ``epp_cost`` (``bench.epp_cpu --save``);
     raises ValueError naming the file when those costs cannot be read."""
@@ -108,6 +109,11 @@ def plan(scn: Scenario, *, mode: str = "virtual", seeds: Sequence[int] | None = 
     fleet = scn.fleet.scaled(servers) if servers else scn.fleet
     if time_scale:
         fleet = dataclasses.replace(fleet, time_scale=time_scale)
+    if profile and profile != fleet.profile:
+        from sim.profiles import get_profile
+
+        get_profile(profile)   # ValueError naming the known ones
+        fleet = dataclasses.replace(fleet, profile=profile)
     cpus = scn.budget.router_cpus if router_cpus is None else router_cpus
     cpu = None
     if mode == "virtual" and cpus > 0:
@@ -499,7 +505,8 @@ def section(doc: dict[str, Any], source: str) -> str:
 def heading(doc: dict[str, Any]) -> str:
     """A saved run's RESULTS.md heading: the scenario's title and the mode."""
     s = doc["settings"]
-    return f"## {doc['title']} ({s['mode']} time, {s['servers']} servers)"
+    profile = f", `{s['profile']}`" if s.get("profile_override") else ""
+    return f"## {doc['title']} ({s['mode']} time, {s['servers']} servers{profile})"
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,8 +15,9 @@ which every rate had at least ``attainment`` of its requests meeting the SLO (0 
 lowest fails). Per split: the median goodput over seeds, and the paired ratio to the
 aggregated fleet (median, and the 95% interval of the geometric mean); the split with the
 highest median goodput at the first TPOT bound is the advice (ties: the larger goodput at the
-next bound, then more decode servers), unless the aggregated fleet's is higher. Output tok/s is compared where both keep up: at the
-rates where both fleets meet the SLO at the loosest bound, per seed.
+next bound, then more decode servers), unless the aggregated fleet's is higher. Output tok/s
+is compared where both keep up: at the rates where both fleets meet the SLO at the loosest
+bound, per seed.
 """
 
 from __future__ import annotations

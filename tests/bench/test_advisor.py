@@ -59,8 +59,8 @@ def test_summary_advises_the_split_with_the_highest_goodput() -> None:
     assert advised == 0
 
 
-def test_advise_prints_goodput_per_split_on_a_tiny_sweep(tmp_path: Path,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_advise_prints_goodput_per_split_on_a_tiny_sweep(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     scn = tmp_path / "tiny-split.yaml"
     scn.write_text("""
 title: tiny split
