@@ -148,6 +148,8 @@ def parser() -> argparse.ArgumentParser:
     adv.add_argument("--ttft-factor", type=float, default=2.0)
     adv.add_argument("--attainment", type=float, default=0.9,
                      help="share of requests that must meet the SLO")
+    adv.add_argument("--splits", help="prefill server counts to try, comma-separated (0: the "
+                                      "aggregated fleet, always added); default all")
     adv.add_argument("--jobs", type=_positive, default=os.cpu_count() or 1)
     sub.add_parser("list", help="the scenarios of bench/scenarios/")
     rep = sub.add_parser("report", help="rewrite RESULTS.md's generated sections")
@@ -215,8 +217,16 @@ def cmd_advise(args: argparse.Namespace) -> int:
                         ttft_factor=args.ttft_factor, attainment=args.attainment)
             for t in args.tpot_ms]
     rate_of = {load: load * wl.capacity(servers) for load in loads}
+    splits = None
+    if args.splits:
+        try:
+            splits = sorted({0, *(int(x) for x in args.splits.split(","))})
+        except ValueError:
+            raise ValueError(f"--splits: expected integers, got {args.splits!r}") from None
+        if not all(0 <= x < servers for x in splits):
+            raise ValueError(f"--splits: each must be in 0..{servers - 1}, got {args.splits!r}")
     cells = advisor.sweep(wl, profile, servers, loads, seeds, duration, variant, slos,
-                          jobs=args.jobs)
+                          splits=splits, jobs=args.jobs)
     rows, advised = advisor.summarize(cells, servers, slos, rate_of)
     print(f"Split advisor: workload `{wl.name}` on {servers} x `{profile}`, P/D variant "
           f"nonCachedTokens {variant.threshold}, prefill pick {variant.prefill_pick}, decode "

@@ -163,7 +163,10 @@ def summarize(cells: Sequence[Cell], servers: int, slos: Sequence[Slo],
             mine = {s: goodput(cells, p, s, b, slo, rate_of) for s in seeds}
             gp.append(statistics.median(mine.values()))
             paired = [mine[s] / base[s, b] for s in seeds if base[s, b] > 0]
-            lo, hi = ratio_interval(paired) if paired else (math.nan, math.nan)
+            # A seed where this fleet met the SLO at no swept rate has ratio 0, which has no
+            # geometric mean: no interval then (ratio_interval would silently drop it).
+            lo, hi = (ratio_interval(paired) if paired and min(paired) > 0
+                      else (math.nan, math.nan))
             ratios.append((statistics.median(paired) if paired else math.nan, lo, hi))
         loose = len(slos) - 1
         tps = [by[p, c.load, c.seed].tps / c.tps for c in cells
@@ -206,4 +209,6 @@ def table(rows: Sequence[Row], advised: int, servers: int, slos: Sequence[Slo]) 
 def _ratio(m: float, lo: float, hi: float) -> str:
     if math.isnan(m):
         return "n/a (aggregated goodput 0)"
-    return f"{m:.2f}x [{lo:.2f}, {hi:.2f}]" if not math.isnan(lo) else f"{m:.2f}x"
+    if math.isnan(lo):
+        return f"{m:.2f}x (no interval: goodput 0 in some seeds)" if m < 1 else f"{m:.2f}x"
+    return f"{m:.2f}x [{lo:.2f}, {hi:.2f}]"

@@ -3,6 +3,7 @@ rule, and its output on a tiny sweep."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -54,6 +55,8 @@ def test_summary_advises_the_split_with_the_highest_goodput() -> None:
     assert by[1].goodput == (2.0,) and by[1].ratio[0][0] == pytest.approx(2.0)
     # tok/s is compared only where both kept up: load 1.0 (99 / 100).
     assert by[1].tps_ratio[0] == pytest.approx(0.99) and by[1].tps_ratio[3] == 3
+    # 2P+1D met the SLO at no rate: ratio 0 in every seed, and no interval is claimed.
+    assert by[2].ratio[0][0] == 0 and all(math.isnan(x) for x in by[2].ratio[0][1:])
     # Without that split, no split beats the aggregated fleet: the advice is aggregated.
     rows, advised = summarize([c for c in cells if c.prefill != 1], 3, [slo], rate_of)
     assert advised == 0
