@@ -10,7 +10,7 @@ from bbr import metrics
 from bbr.models import ModelListing
 from bbr.plugins import HeaderPlugin
 from shared import tracing
-from shared.errors import GatewayError
+from shared.errors import GatewayError, for_path
 from shared.extproc import Exchange, RequestDecision
 from shared.openai import model_field, parse_json_object
 
@@ -113,4 +113,8 @@ class RouterExchange(Exchange):
         models = self.router.models
         if models is not None and not body:
             models.answer(headers.get(":method", ""), headers.get(":path", ""))
-        return self.router.decide(body, trace)
+        try:
+            return self.router.decide(body, trace)
+        except GatewayError as e:
+            for_path(e, headers.get(":path", ""))
+            raise

@@ -44,6 +44,7 @@ import orjson
 import yaml
 
 from devkit import envoy as e
+from devkit.protocols import protocol_lines
 from devkit.stats import percentile
 from devkit.topology import INFERENCE_PATHS, Pool, Topology
 from shared.flags import Parser, die
@@ -699,6 +700,9 @@ def report(spec: StackSpec, results: list[DemoResult], stack: Stack) -> None:
         assert stack.store_url is not None
         print(f"EPP replicas per pool: {spec.epp_replicas} (active-active, state store "
               f"{parse_store_url(stack.store_url).redacted()})")
+    # A rewritten name when a pool has one: the lines then show it restored in the answer.
+    asked = next((m for p in spec.pools for m in p.rewrites), spec.pools[0].model)
+    print("\n".join(protocol_lines(spec.port, asked)))
     listed = models_listing(spec)
     print(f"GET /v1/models lists: {', '.join(listed)}")
     model = spec.pools[0].model

@@ -44,8 +44,9 @@ STREAMED_BUFFER_LIMIT = 1024 * 1024
 #: one ending in ``/`` is a prefix. docs/local-stack.md lists the choice.
 INFERENCE_PATHS: tuple[str, ...] = (
     "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses",
-    "/v1/messages", "/v1/models", "/v1/score", "/v1/rerank", "/v1/audio/transcriptions",
-    "/v1/audio/translations", "/inference/v1/generate",
+    "/v1/messages", "/v1/messages/count_tokens", "/v1/models", "/v1/score", "/v1/rerank",
+    "/v1/audio/transcriptions", "/v1/audio/translations", "/inference/v1/generate",
+    "/generate",
 )
 
 

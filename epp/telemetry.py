@@ -475,3 +475,18 @@ def disagg_decision(kind: str, name: str, model: str, decision: str) -> None:
     else:
         DISAGG_DECISIONS.labels(model, decision).inc()
         LLMD_DISAGG_DECISIONS.labels(name, kind, model, decision).inc()
+
+# llm-d-router v0.10's mm-embeddings-cache-producer: how often the encoder-cache affinity
+# LRU finds a request's multimodal items.
+ENCODER_CACHE_QUERIES = Counter(
+    "llm_d_epp_encoder_cache_queries_total",
+    "Multimodal item hash lookups against the encoder-cache affinity LRU.",
+    ["plugin_type", "plugin_name", "modality"])
+ENCODER_CACHE_HITS = Counter(
+    "llm_d_epp_encoder_cache_hits_total",
+    "Multimodal item hash lookups that matched an endpoint's encoder-cache affinity LRU.",
+    ["plugin_type", "plugin_name", "pod", "modality"])
+ENCODER_CACHE_HIT_RATIO = Histogram(
+    "llm_d_epp_encoder_cache_hit_ratio",
+    "Per endpoint and request: matched multimodal items / the request's items.",
+    ["plugin_type", "plugin_name"], buckets=(0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0))

@@ -6,6 +6,8 @@ Envoy ``ImmediateResponse`` in one place (:func:`shared.responses.immediate_erro
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class GatewayError(Exception):
     """A request-ending error: ``status`` is the HTTP status sent to the client."""
@@ -20,9 +22,36 @@ class GatewayError(Exception):
         if code is not None:
             self.code = code
 
-    def to_json(self) -> dict[str, dict[str, str]]:
-        """The OpenAI error shape: ``{"error": {"message", "type", "code"}}``."""
+    #: Answer in Anthropic's envelope (set by :func:`for_path` on ``/v1/messages`` paths).
+    anthropic: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        """The OpenAI error shape: ``{"error": {"message", "type", "code"}}``; on an Anthropic
+        path Anthropic's: ``{"type": "error", "error": {"type", "message"}}`` (with our
+        ``code`` beside them), its ``type`` named from the status as Anthropic names it."""
+        if self.anthropic:
+            kind = ANTHROPIC_TYPES.get(self.status, "api_error")
+            return {"type": "error",
+                    "error": {"type": kind, "message": self.message, "code": self.code}}
         return {"error": {"message": self.message, "type": self.type, "code": self.code}}
+
+
+#: Anthropic's error ``type`` for each status (https://docs.anthropic.com/en/api/errors);
+#: 503 has no name there: ``overloaded_error`` is what Anthropic sends when it cannot serve.
+ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error",
+                   403: "permission_error", 404: "not_found_error", 413: "request_too_large",
+                   429: "rate_limit_error", 500: "api_error", 503: "overloaded_error",
+                   529: "overloaded_error"}
+
+#: Path suffixes of the Anthropic Messages API.
+ANTHROPIC_PATHS = ("/v1/messages", "/v1/messages/count_tokens")
+
+
+def for_path(err: GatewayError, path: str) -> GatewayError:
+    """``err``, answering in the error envelope of the API ``path`` names."""
+    if path.split("?", 1)[0].rstrip("/").endswith(ANTHROPIC_PATHS):
+        err.anthropic = True
+    return err
 
 
 class BadRequest(GatewayError):

@@ -22,6 +22,10 @@ class ApiKind(enum.Enum):
     CHAT = "chat"
     EMBEDDINGS = "embeddings"
     RESPONSES = "responses"
+    #: Anthropic Messages (``/v1/messages``).
+    MESSAGES = "messages"
+    #: A native generate API (vLLM ``/inference/v1/generate``, SGLang ``/generate``).
+    GENERATE = "generate"
     OTHER = "other"
 
 
@@ -92,6 +96,12 @@ class OpenAIRequest:
         """Chat ``messages``; None for other APIs."""
         msgs = self.body.get("messages")
         return msgs if isinstance(msgs, list) else None
+
+    @property
+    def limits(self) -> dict[str, Any]:
+        """Where the body keeps its output cap (``max_tokens`` and kin): the body itself
+        for OpenAI and Anthropic; native generate APIs nest it in ``sampling_params``."""
+        return self.body
 
     def dumps(self) -> bytes:
         """The body re-encoded (after a mutation such as a model rewrite)."""

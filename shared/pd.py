@@ -142,3 +142,12 @@ class RemotePrefill:
 def split_host_ports(value: str) -> list[str]:
     """The ``host:port`` entries of a :data:`PREFILLER_HEADER` value (empty ones dropped)."""
     return [p.strip() for p in value.split(",") if p.strip()]
+
+
+#: Role values that may run the encode stage (llm-d's ``encode-filter`` keeps these).
+ENCODE_ROLES: Final = frozenset({"encode", "encode-prefill", "encode-prefill-decode"})
+
+
+def can_encode(labels: Mapping[str, str]) -> bool:
+    """Whether a pod with these labels may encode multimodal items (E/PD, E/P/D)."""
+    return labels.get(ROLE_LABEL) in ENCODE_ROLES

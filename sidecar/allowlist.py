@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from epp.datastore import Datastore, Snapshot
-from shared.pd import can_prefill
+from shared.pd import can_encode, can_prefill
 
 
 class PrefillerPolicy(Protocol):
@@ -28,6 +28,10 @@ class PrefillerPolicy(Protocol):
 
     def allows_source(self, host_port: str) -> bool:
         """True when ``host_port`` may be named as a KV-cache source (any pool endpoint)."""
+        ...
+
+    def allows_encoder(self, host_port: str) -> bool:
+        """True when the sidecar may send multimodal items to ``host_port`` to encode."""
         ...
 
 
@@ -42,6 +46,10 @@ class AllowAny:
         """Always true."""
         return True
 
+    def allows_encoder(self, host_port: str) -> bool:
+        """Always true."""
+        return True
+
 
 class PoolPrefillers:
     """Ready, prefill-capable endpoints of the pool, kept current from a :class:`Datastore`."""
@@ -49,6 +57,7 @@ class PoolPrefillers:
     def __init__(self, datastore: Datastore) -> None:
         self._allowed: frozenset[str] = frozenset()
         self._members: frozenset[str] = frozenset()
+        self._encoders: frozenset[str] = frozenset()
         datastore.subscribe(self._update)
         self._update(datastore.snapshot)
 
@@ -56,6 +65,7 @@ class PoolPrefillers:
         self._allowed = frozenset(
             e.key for e in snapshot.endpoints if can_prefill(e.labels))
         self._members = frozenset(e.key for e in snapshot.endpoints)
+        self._encoders = frozenset(e.key for e in snapshot.endpoints if can_encode(e.labels))
 
     @property
     def allowed(self) -> frozenset[str]:
@@ -69,3 +79,7 @@ class PoolPrefillers:
     def allows_source(self, host_port: str) -> bool:
         """Exact ``ip:port`` match against any endpoint of the pool."""
         return host_port.strip().lower() in self._members
+
+    def allows_encoder(self, host_port: str) -> bool:
+        """Exact ``ip:port`` match against the pool's encode endpoints."""
+        return host_port.strip().lower() in self._encoders

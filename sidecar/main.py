@@ -1,9 +1,10 @@
 """``pd-sidecar``: the P/D routing sidecar that runs beside each decode server (docs/pd.md).
 
-Flags follow llm-d's ``pd-sidecar`` where the behaviour is the same (``--port``,
-``--vllm-port``, ``--kv-connector``, ``--enable-ssrf-protection``, ``--inference-pool``,
-``--pool-group``, ``--enable-prefiller-sampling``); ``--manifests``, ``--prefill-timeout``,
-``--vllm-host`` and ``--metrics-port`` are ours. SSRF protection is on by default here (llm-d: off).
+Flags follow llm-d's ``pd-sidecar`` where the behaviour is the same (``--port``, ``--vllm-
+port``, ``--kv-connector``, ``--ec-connector``, ``--enable-ssrf-protection``, ``--inference-
+pool``, ``--pool-group``, ``--enable-prefiller-sampling``); ``--manifests``, ``--prefill-
+timeout``, ``--vllm-host`` and ``--metrics-port`` are ours. SSRF protection is on by default
+here (llm-d: off).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from shared.flags import Parser, boolean, die, duration
 from shared.metrics_server import run_metrics_server
 from shared.server import install_uvloop
 from sidecar.allowlist import AllowAny, PoolPrefillers, PrefillerPolicy
-from sidecar.proxy import KV_CONNECTORS, Sidecar, SidecarConfig, SidecarMetrics
+from sidecar.proxy import EC_CONNECTORS, KV_CONNECTORS, Sidecar, SidecarConfig, SidecarMetrics
 
 log = structlog.get_logger("sidecar")
 
@@ -44,6 +45,10 @@ def parser() -> Parser:
                    "local stack gives each simulated pod its own loopback IP)")
     p.add_argument("--kv-connector", default="nixlv2",
                    help=f"P/D protocol between prefiller and decoder: {', '.join(KV_CONNECTORS)}")
+    p.add_argument("--ec-connector", default="",
+                   help="E/PD, E/P/D: the protocol between encoder and prefill/decode server "
+                   f"({', '.join(EC_CONNECTORS)}: vLLM's ECSharedStorageConnector); empty "
+                   "(default): no encode stage, x-encoder-hosts-ports is ignored")
     p.add_bool("--enable-ssrf-protection", default=True,
                help="send prefill legs only to prefill endpoints of the pool")
     p.add_argument("--inference-pool", default=os.environ.get("INFERENCE_POOL"),
@@ -128,6 +133,7 @@ async def run(args: Any) -> None:
                                     prefiller_sampling=args.enable_prefiller_sampling,
                                     prefill_timeout=args.prefill_timeout,
                                     kv_connector=args.kv_connector,
+                                    ec_connector=args.ec_connector,
                                     enable_p2p_pull=args.enable_p2p_pull,
                                     p2p_connector_port=args.p2p_connector_port),
                       policy, metrics)
@@ -165,6 +171,12 @@ def main(argv: list[str] | None = None) -> None:
                 f"(supported: {', '.join(KV_CONNECTORS)})")
         die(PROG, f"--kv-connector must be one of {', '.join(KV_CONNECTORS)}, "
             f"got {args.kv_connector!r}")
+    if args.ec_connector not in ("", *EC_CONNECTORS):
+        if args.ec_connector == "ec-nixl":
+            die(PROG, "--ec-connector ec-nixl is llm-d's, not implemented here "
+                f"(supported: {', '.join(EC_CONNECTORS)})")
+        die(PROG, f"--ec-connector must be one of {', '.join(EC_CONNECTORS)}, "
+            f"got {args.ec_connector!r}")
     for flag in ("port", "vllm_port"):
         if not 0 < getattr(args, flag) < 65536:
             die(PROG, f"--{flag.replace('_', '-')} must be a port number")

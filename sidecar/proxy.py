@@ -29,6 +29,16 @@ Request life (``POST /v1/completions`` and ``/v1/chat/completions``):
    prefix from that pod instead of recomputing it. The header never reaches a model server;
    a malformed, refused or (without the flag) unwanted one is ignored and counted.
 
+With ``--ec-connector ec-example`` and ``x-encoder-hosts-ports`` (E/PD and E/P/D, llm-d-router
+v0.10) the *encode stage* runs first, on chat requests with multimodal items
+(:mod:`shared.multimodal`): each unique item goes to an encoder the policy accepts (round robin
+over the header's entries, all at once) as the client's body with ``messages`` reduced to one
+user message holding that item, ``max_tokens`` 1 and not streamed; the encoders publish the
+embeddings through vLLM's EC connector, where the prefill or decode server reads them. An
+encoder's 400-451 goes back to the client; unreachable, timed out or another status: the items
+are left to the prefill/decode server to encode (counted by reason; llm-d answers 502 instead).
+The header never reaches a model server.
+
 4. Errors of the decode leg go back with the decoder's status; a decoder that cannot be
    reached is a 503. Every error the sidecar makes itself is an OpenAI-style JSON body.
 
@@ -38,6 +48,7 @@ without ``kv_transfer_params`` too; ``GET /health`` is answered by the sidecar.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import uuid
@@ -53,11 +64,13 @@ from multidict import CIMultiDict
 from prometheus_client import CollectorRegistry, Counter
 
 from shared.errors import BadRequest, GatewayError, ServiceUnavailable
+from shared.multimodal import ENCODER_HEADER, mm_items, unique_items
 from shared.pd import (
     KV_SOURCE_HEADER,
     KV_TRANSFER_PARAMS,
     PREFILLER_HEADER,
     REMOTE_KV_SOURCE,
+    TOKEN_LIMIT_FIELDS,
     ParamsError,
     RemotePrefill,
     prefill_leg_body,
@@ -71,12 +84,16 @@ log = structlog.get_logger(__name__)
 PD_PATHS: Final = ("/v1/completions", "/v1/chat/completions")
 #: llm-d's connector protocols implemented here (``sglang`` is not).
 KV_CONNECTORS: Final = ("nixlv2", "shared-storage")
+#: llm-d's encoder connectors implemented here: ``ec-example`` (vLLM's
+#: ECSharedStorageConnector: encoders write, the model server reads; nothing travels).
+EC_CONNECTORS: Final = ("ec-example",)
 #: Prompts can be long; the body is read whole to build both legs.
 MAX_BODY: Final = 256 * 1024 * 1024
 #: Request headers not forwarded: hop-by-hop ones, the ones aiohttp recomputes, ours.
 _DROP_REQUEST: Final = frozenset({
     "host", "content-length", "transfer-encoding", "connection", "keep-alive", "upgrade",
-    "te", "trailer", "proxy-connection", "expect", PREFILLER_HEADER, KV_SOURCE_HEADER})
+    "te", "trailer", "proxy-connection", "expect", PREFILLER_HEADER, KV_SOURCE_HEADER,
+    ENCODER_HEADER})
 _DROP_RESPONSE: Final = frozenset({
     "content-length", "transfer-encoding", "connection", "keep-alive"})
 
@@ -95,6 +112,9 @@ class SidecarConfig:
     prefiller_scheme: str = "http"
     #: llm-d's connector protocol: ``nixlv2`` or ``shared-storage`` (:data:`KV_CONNECTORS`).
     kv_connector: str = "nixlv2"
+    #: llm-d's ``--ec-connector``: ``ec-example`` runs the encode stage; empty: none (the
+    #: ``x-encoder-hosts-ports`` header is ignored, as llm-d does).
+    ec_connector: str = ""
     #: Honour ``x-kv-cache-source-host-port`` (llm-d's ``--enable-p2p-pull``).
     enable_p2p_pull: bool = False
     #: Port of the servers' P2P tier (llm-d's ``--p2p-connector-port``); 0 = the port the
@@ -104,6 +124,8 @@ class SidecarConfig:
     def __post_init__(self) -> None:
         if self.kv_connector not in KV_CONNECTORS:
             raise ValueError(f"kv_connector must be one of {', '.join(KV_CONNECTORS)}")
+        if self.ec_connector not in ("", *EC_CONNECTORS):
+            raise ValueError(f"ec_connector must be empty or one of {', '.join(EC_CONNECTORS)}")
         if self.enable_p2p_pull and self.kv_connector != "nixlv2":
             raise ValueError("enable_p2p_pull needs the nixlv2 connector (llm-d: NIXLv2 with "
                              "--enable-p2p-pull, or its offloading connector)")
@@ -126,6 +148,11 @@ class SidecarMetrics:
             "pd_sidecar_prefiller_rejected",
             "Requests whose x-prefiller-host-port named no allowed prefiller (ignored).",
             registry=self.registry)
+        self.encode_items = Counter(
+            "pd_sidecar_encode_items",
+            "Multimodal items of the encode stage by outcome (encoded on an encoder; or left "
+            "to the prefill/decode server: failed, unreachable, timeout, error_status, "
+            "rejected).", ["outcome"], registry=self.registry)
         self.kv_sources = Counter(
             "pd_sidecar_kv_source",
             "x-kv-cache-source-host-port headers by outcome (used; ignored: pulls off, "
@@ -249,6 +276,11 @@ class Sidecar:
             # Only the sidecar may tell the decoder where KV lives (else: SSRF via vLLM).
             del body[KV_TRANSFER_PARAMS]
             raw = orjson.dumps(body)
+        if body is not None and self.cfg.ec_connector and ENCODER_HEADER in request.headers:
+            try:
+                await self._encode_stage(request, body, headers, request_id)
+            except _ClientError as ce:
+                return ce.response
         target = self._choose(wanted, request) if body is not None else None
         source = self._kv_source(request, request_id) if body is not None else None
         if target is None:
@@ -272,6 +304,62 @@ class Sidecar:
         decode_body = dict(body)
         decode_body[KV_TRANSFER_PARAMS] = params
         return await self._to_decoder(request, orjson.dumps(decode_body), headers)
+
+    async def _encode_stage(self, request: web.Request, body: dict[str, Any],
+                            headers: CIMultiDict[str], request_id: str) -> None:
+        """Send each unique multimodal item of ``body`` to an accepted encoder and wait for
+        all; an encoder's client error is raised as :class:`_ClientError`, other failures
+        leave the items to the prefill/decode server."""
+        named = split_host_ports(",".join(request.headers.getall(ENCODER_HEADER, [])))
+        items = unique_items(mm_items(body.get("messages")))
+        if not named or not items:
+            return
+        encoders = [hp for hp in named if self.policy.allows_encoder(hp)]
+        if not encoders:
+            self.metrics.encode_items.labels("rejected").inc(len(items))
+            log.warning("x-encoder-hosts-ports names no allowed encoder; ignored",
+                        encoders=named, client=request.remote)
+            return
+        outcomes = await asyncio.gather(*(
+            self._encode_one(encoders[i % len(encoders)], body, item.block, headers,
+                             f"{request_id}-enc-{i}")
+            for i, item in enumerate(items)))
+        for outcome in outcomes:
+            if isinstance(outcome, _ClientError):
+                raise outcome
+            self.metrics.encode_items.labels(outcome).inc()
+            if outcome != "encoded":
+                log.warning("encode failed; the model server encodes the item itself",
+                            reason=outcome, request_id=request_id)
+
+    async def _encode_one(self, encoder: str, body: dict[str, Any], block: Any,
+                          headers: CIMultiDict[str], request_id: str) -> str | _ClientError:
+        """One item to one encoder: ``encoded``, a fallback reason, or the client error."""
+        leg = {k: v for k, v in body.items()
+               if k not in ("stream_options", KV_TRANSFER_PARAMS)}
+        leg["messages"] = [{"role": "user", "content": [block]}]
+        leg["stream"] = False
+        for field in TOKEN_LIMIT_FIELDS:
+            leg[field] = 1
+        leg_headers = CIMultiDict(headers)
+        leg_headers["content-type"] = "application/json"
+        leg_headers["x-request-id"] = request_id
+        url = f"{self.cfg.prefiller_scheme}://{encoder}/v1/chat/completions"
+        try:
+            async with self.session.post(
+                    url, data=orjson.dumps(leg), headers=leg_headers,
+                    timeout=aiohttp.ClientTimeout(total=self.cfg.prefill_timeout)) as resp:
+                status = resp.status
+                data = await resp.read()
+                content_type = resp.headers.get("content-type", "application/json")
+        except TimeoutError:
+            return "timeout"
+        except (aiohttp.ClientError, OSError):
+            return "unreachable"
+        if 400 <= status <= 451:
+            return _ClientError(web.Response(body=data, status=status, headers={
+                "content-type": content_type}))
+        return "encoded" if 200 <= status < 300 else "error_status"
 
     def _choose(self, wanted: list[str], request: web.Request) -> str | None:
         if not wanted:

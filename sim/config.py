@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from sim.encoder import ECTransferConfig, parse_ec_transfer_config
 from sim.kvevents import HASH_ALGOS, KVEventsConfig
 from sim.pd import KVTransferConfig, parse_kv_transfer_config
 from sim.profiles import H100_8B, Profile, get_profile
@@ -90,6 +91,8 @@ class ServerConfig:
     faults: Faults = field(default_factory=Faults)
     #: P/D connector and role (``--kv-transfer-config``); ``None``: no connector.
     kv_transfer: KVTransferConfig | None = None
+    #: Encode disaggregation (``--ec-transfer-config``, :mod:`sim.encoder`); ``None``: none.
+    ec_transfer: ECTransferConfig | None = None
     #: vLLM's ``--kv-events-config`` (``None``: no KV events).
     kv_events: KVEventsConfig | None = None
     #: vLLM's ``--prefix-caching-hash-algo``; block hashes follow it when events are on.
@@ -129,6 +132,7 @@ _SERVER_KEYS = {
     "port", "host", "name", "model", "served_model_names", "engine", "profile", "overrides",
     "time_scale", "seed", "lora_modules", "random_output_length", "gpu_cache_usage_metric",
     "faults", "kv_transfer_config", "kv_events_config", "prefix_caching_hash_algo",
+    "ec_transfer_config",
 }
 
 
@@ -165,6 +169,10 @@ def server_from_dict(data: dict[str, Any], base: ServerConfig) -> ServerConfig:
         kv = data["kv_transfer_config"]
         cfg.kv_transfer = None if kv is None else parse_kv_transfer_config(
             kv, where="kv_transfer_config")
+    if "ec_transfer_config" in data:
+        ec = data["ec_transfer_config"]
+        cfg.ec_transfer = None if ec is None else parse_ec_transfer_config(
+            ec, where="ec_transfer_config")
     cfg.__post_init__()
     return cfg
 

@@ -10,7 +10,7 @@ Formula (model seconds, before ``time_scale``)::
            + prefill_overhead                                      if any prompt is computed
            + prefill_time_per_token * prefill_tokens               (the linear layers)
            + prefill_attention_time * sum((start + chunk)^2 - start^2)   (causal attention)
-    step   = (factor * work + lora_load_time * adapters_loaded) / speed
+    step   = (factor * work + lora_load_time * adapters_loaded + encode) / speed
 
 ``decode_context`` is the total context (prompt + generated tokens) of the requests that
 decode in the step: each reads its whole KV cache once per token. A prompt chunk of ``chunk``
@@ -28,14 +28,15 @@ from sim.profiles import Profile
 
 def step_time(p: Profile, *, decoding: int, decode_context: int,
               chunks: Iterable[tuple[int, int]], local_prefills: int, running: int,
-              lora_loads: int = 0) -> float:
+              lora_loads: int = 0, encode: float = 0.0) -> float:
     """Model seconds of one step of ``p``.
 
     ``decoding``: requests decoding a token; ``decode_context``: their summed context;
     ``chunks``: ``(start, tokens)`` of every prompt chunk computed in the step (a request
     whose KV was pulled from a prefiller computes its last prompt token here, and costs no
     ``prefill_overhead`` unless ``local_prefills`` says a real prefill runs too);
-    ``running``: requests holding a slot after admission; ``lora_loads``: adapters loaded.
+    ``running``: requests holding a slot after admission; ``lora_loads``: adapters loaded;
+    ``encode``: model seconds of the vision encoder (and EC loads) of the requests admitted.
     """
     work = 0.0
     if decoding:
@@ -51,7 +52,7 @@ def step_time(p: Profile, *, decoding: int, decode_context: int,
         if local_prefills:
             work += p.prefill_overhead
     factor = 1.0 + (p.load_factor - 1.0) * running / p.max_num_seqs
-    return (factor * work + lora_loads * p.lora_load_time) / p.speed
+    return (factor * work + lora_loads * p.lora_load_time + encode) / p.speed
 
 
 def isolated_prefill(p: Profile, prompt_tokens: int) -> float:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import random
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -102,6 +102,11 @@ class SimRequest:
     #: Prompt token ids, kept only when KV events are published (they carry them).
     token_ids: list[int] | None = None
     cache_salt: str = ""
+    #: Hashes of the request's unique multimodal items (:mod:`shared.multimodal`).
+    mm_hashes: tuple[str, ...] = ()
+    #: Of those, the ones an encode server already encoded (EC connector): loaded, not
+    #: encoded.
+    remote_mm: frozenset[str] = frozenset()
 
     @property
     def done(self) -> bool:
@@ -179,6 +184,13 @@ class Engine:
         #: prefix cache" counters).
         self.external_queries_total = 0
         self.external_hits_total = 0
+        #: Multimodal: the encoder cache (item hashes, LRU) and vLLM's mm cache counters;
+        #: items encoded here and items loaded from an encode server.
+        self.encoder_cache: OrderedDict[str, None] = OrderedDict()
+        self.mm_cache_queries_total = 0
+        self.mm_cache_hits_total = 0
+        self.encoded_items_total = 0
+        self.ec_loaded_items_total = 0
         #: P/D prefill side: finished requests whose blocks wait for a decoder, by id.
         self.held: dict[str, SimRequest] = {}
         #: Bumped whenever the set of running/waiting adapters may have changed.
@@ -344,6 +356,7 @@ class Engine:
         # 3. Admit from the waiting queue while the budget lasts.
         loads = 0
         admitted = 0
+        encodes = 0.0
         if not preempted and self.waiting:
             max_seqs = self.profile.max_num_seqs
             skipped: list[SimRequest] = []
@@ -372,6 +385,10 @@ class Engine:
                 req.blocks = kv.allocate(hashes, hit, total)
                 if kv.journal:
                     self._record_kv(req)
+                # A decode leg whose KV was pulled needs no embeddings (the prefiller used
+                # them); otherwise the encoder runs in this step.
+                if req.mm_hashes and not req.prefilled and not req.remote_tokens:
+                    encodes += self._encode(req)
                 if req.remote_tokens:
                     self.external_queries_total += tokens - local
                     self.external_hits_total += cached - local
@@ -410,7 +427,8 @@ class Engine:
         #    without the fixed cost of a prefill step.
         duration = step_time(self.profile, decoding=decoding, decode_context=decode_context,
                              chunks=chunks, local_prefills=local_prefills,
-                             running=len(running), lora_loads=loads) * self.time_scale
+                             running=len(running), lora_loads=loads,
+                             encode=encodes) * self.time_scale
         self._batch = batch
         self._partial = partial
         if kv.journal:
@@ -419,6 +437,29 @@ class Engine:
         self._step_end = end
         self.steps_total += 1
         return end
+
+    def _encode(self, req: SimRequest) -> float:
+        """Seconds of encoder work (unscaled) for ``req``'s items: 0 for those in the encoder
+        cache, a load for those an encode server made, an encode for the rest."""
+        cache = self.encoder_cache
+        p = self.profile
+        seconds = 0.0
+        for h in req.mm_hashes:
+            self.mm_cache_queries_total += 1
+            if h in cache:
+                self.mm_cache_hits_total += 1
+                cache.move_to_end(h)
+                continue
+            if h in req.remote_mm:
+                self.ec_loaded_items_total += 1
+                seconds += p.ec_load_time_per_image
+            else:
+                self.encoded_items_total += 1
+                seconds += p.encode_time_per_image
+            cache[h] = None
+        while len(cache) > p.encoder_cache_items:
+            cache.popitem(last=False)
+        return seconds
 
     def finish_step(self) -> None:
         """End the step begun by :meth:`begin_step`: one token for every request in it."""

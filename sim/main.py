@@ -19,6 +19,7 @@ from sim.config import (
     load_config_file,
     parse_lora_modules,
 )
+from sim.encoder import parse_ec_transfer_config
 from sim.fleet import Fleet
 from sim.kvevents import HASH_ALGOS, KVEventsConfig
 from sim.pd import parse_kv_transfer_config
@@ -131,6 +132,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "'{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"kv_both\"}'; "
                    "simulator keys: link (rdma|tcp), bandwidth (GB/s), latency (ms), "
                    "kv_bytes_per_token, abort_timeout (s)")
+    k.add_argument("--ec-transfer-config", metavar="JSON",
+                   help="vLLM's encoder-cache connector config (E/PD, E/P/D; sim/encoder.py), "
+                   "e.g. '{\"ec_connector\":\"ECSharedStorageConnector\",\"ec_role\":"
+                   "\"ec_producer\",\"ec_connector_extra_config\":{\"shared_storage_path\":"
+                   "\"/tmp/ec\"}}'")
     f = p.add_argument_group("fault injection (also live: POST /sim/faults)")
     f.add_argument("--error-rate", type=_nonneg, default=0.0,
                    help="fraction of inference requests failed")
@@ -179,6 +185,13 @@ def configs_from_args(args: argparse.Namespace) -> list[ServerConfig]:
         except ValueError as exc:
             raise ValueError(f"--kv-transfer-config: not valid JSON: {exc}") from None
         kv_transfer = parse_kv_transfer_config(kv_json)
+    ec_transfer = None
+    if args.ec_transfer_config is not None:
+        try:
+            ec_json = json.loads(args.ec_transfer_config)
+        except ValueError as exc:
+            raise ValueError(f"--ec-transfer-config: not valid JSON: {exc}") from None
+        ec_transfer = parse_ec_transfer_config(ec_json)
     base = ServerConfig(host=args.host, name=args.name, model=args.model,
                         served_model_names=list(args.served_model_name), engine=args.engine,
                         profile=get_profile(args.profile).with_overrides(overrides),
@@ -186,7 +199,7 @@ def configs_from_args(args: argparse.Namespace) -> list[ServerConfig]:
                         lora_modules=parse_lora_modules(args.lora_modules),
                         random_output_length=args.random_output_length,
                         gpu_cache_usage_metric=args.gpu_cache_usage_metric, faults=faults,
-                        kv_transfer=kv_transfer,
+                        kv_transfer=kv_transfer, ec_transfer=ec_transfer,
                         kv_events=(KVEventsConfig.from_json(args.kv_events_config)
                                    if args.kv_events_config else None),
                         prefix_caching_hash_algo=args.prefix_caching_hash_algo)

@@ -172,6 +172,12 @@ class _StateCollector(Collector):
                                 e.prefix_hits_total)
             yield self._counter("vllm:num_preemptions", "Preempted requests.",
                                 e.preemptions_total)
+            yield self._counter("vllm:mm_cache_queries",
+                                "Multimodal items looked up in the encoder cache.",
+                                e.mm_cache_queries_total)
+            yield self._counter("vllm:mm_cache_hits",
+                                "Multimodal items found in the encoder cache.",
+                                e.mm_cache_hits_total)
             success = CounterMetricFamily("vllm:request_success", "Finished requests.",
                                           labels=[*self._labels, "finished_reason"])
             for reason, count in self.finished_by_reason.items():

@@ -9,6 +9,7 @@ from typing import Any
 
 import orjson
 
+from shared.multimodal import mm_items, unique_items
 from sim.engine import SimRequest
 from sim.tokenizer import VOCAB, apply_chat_template, output_token
 
@@ -45,6 +46,10 @@ class ParsedRequest:
     cache_salt: str
     #: P/D connector parameters (vLLM's ``kv_transfer_params``), if the body had any.
     kv_transfer_params: dict[str, Any] | None = None
+    #: Hashes of the chat's unique multimodal items (:mod:`shared.multimodal`).
+    mm_hashes: tuple[str, ...] = ()
+    #: The id the body gave the request (vLLM generate's ``request_id``, SGLang's ``rid``).
+    request_id: str | None = None
 
 
 def parse_request(raw: bytes, *, chat: bool) -> ParsedRequest:
@@ -98,9 +103,10 @@ def parse_request(raw: bytes, *, chat: bool) -> ParsedRequest:
     kv_params = body.get("kv_transfer_params")
     if kv_params is not None and not isinstance(kv_params, dict):
         raise ApiError(400, "'kv_transfer_params' must be an object")
+    mm = tuple(i.hash for i in unique_items(mm_items(body["messages"]))) if chat else ()
     return ParsedRequest(chat=chat, model=model or "", prompt=prompt, max_tokens=max_tokens,
                          stream=stream, include_usage=include_usage, cache_salt=salt,
-                         kv_transfer_params=kv_params)
+                         kv_transfer_params=kv_params, mm_hashes=mm)
 
 
 def tokenize_input(body: dict[str, Any]) -> bytes:

@@ -31,6 +31,9 @@ class Profile:
     ``prefill_tokens`` is bounded by the step's token budget, vLLM V1's
     ``max_num_batched_tokens`` (decodes take one token each, prefills share the rest; with
     ``enable_chunked_prefill`` a prompt that does not fit is split over several steps).
+    A step that admits requests with multimodal items adds ``encode_time_per_image`` for each
+    item not in the encoder cache (``ec_load_time_per_image`` when an encode server already
+    encoded it, E/PD and E/P/D).
     """
 
     name: str
@@ -61,6 +64,15 @@ class Profile:
     #: fields give (2.0: twice as fast; 0.5: half). The one knob for a heterogeneous pool
     #: of otherwise alike servers, e.g. ``overrides: {speed: 0.6}`` in a fleet file.
     speed: float = 1.0
+    #: Multimodal: seconds of the vision encoder per image (video, audio item) it has not
+    #: encoded before, added to the step that admits the request (the encoder runs on the
+    #: same GPU, in the step, as in vLLM V1).
+    encode_time_per_image: float = 0.040
+    #: Items the encoder cache keeps (LRU); an item found there is not encoded again.
+    encoder_cache_items: int = 512
+    #: Seconds to load one item's embedding that an encode server wrote through the EC
+    #: connector (``ec_transfer_config``) instead of encoding it here.
+    ec_load_time_per_image: float = 0.002
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < 1:
@@ -69,6 +81,8 @@ class Profile:
             raise ValueError("speed must be positive")
         if self.kv_read_time_per_token < 0 or self.prefill_attention_time < 0:
             raise ValueError("kv_read_time_per_token and prefill_attention_time must be >= 0")
+        if self.encoder_cache_items < 0:
+            raise ValueError("encoder_cache_items cannot be negative")
 
     def with_overrides(self, overrides: dict[str, Any]) -> Profile:
         """A copy with some fields replaced; unknown field names raise ``ValueError``."""

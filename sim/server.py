@@ -19,26 +19,35 @@ import orjson
 from aiohttp import web
 
 from sim.config import ServerConfig
+from sim.encoder import ECStorage
 from sim.engine import Engine, QueueFull
 from sim.kvevents import BlockHasher, KVEventPublisher, KVEventRecorder
 from sim.metrics import ServerMetrics
-from sim.openai import (
-    ApiError,
-    SseWriter,
-    full_response,
-    new_id,
-    parse_request,
-    tokenize_input,
+from sim.native import (
+    AnthropicApi,
+    Api,
+    OpenAIApi,
+    SglangGenerateApi,
+    VllmGenerateApi,
+    Writer,
+    count_tokens_body,
+    messages_prompt,
 )
+from sim.openai import ApiError, tokenize_input
 from sim.pd import KVTransfer
 from sim.runner import EngineLoop
-from sim.tokenizer import token_ids
+from sim.tokenizer import count_tokens, token_ids
 
 log = logging.getLogger("sim.server")
 
 #: Prompts can be long (Envoy streams bodies of any size in FULL_DUPLEX_STREAMED mode).
 MAX_BODY = 256 * 1024 * 1024
 _JSON = "application/json"
+
+
+_COMPLETIONS, _CHAT = OpenAIApi(chat=False), OpenAIApi(chat=True)
+_ANTHROPIC = AnthropicApi()
+_VLLM_GENERATE, _SGLANG_GENERATE = VllmGenerateApi(), SglangGenerateApi()
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
@@ -72,6 +81,7 @@ class SimServer:
             random_output_length=cfg.random_output_length,
             kv_events=KVEventRecorder(self.kv_publisher.publish) if self.kv_publisher else None,
             block_hasher=BlockHasher(cfg.prefix_caching_hash_algo) if kv is not None else None)
+        self.ec = ECStorage(cfg.ec_transfer) if cfg.ec_transfer is not None else None
         self.kv_transfer = (KVTransfer(cfg.kv_transfer, self.engine, time_scale=cfg.time_scale)
                             if cfg.kv_transfer is not None else None)
         self.metrics = ServerMetrics(self.engine, dialect=cfg.engine,
@@ -194,6 +204,10 @@ class SimServer:
         r = app.router
         r.add_post("/v1/completions", self._completions)
         r.add_post("/v1/chat/completions", self._chat)
+        r.add_post("/v1/messages", self._messages)
+        r.add_post("/v1/messages/count_tokens", self._count_tokens)
+        r.add_post("/inference/v1/generate", self._vllm_generate)
+        r.add_post("/generate", self._sglang_generate)
         r.add_get("/v1/models", self._models)
         r.add_get("/health", self._health)
         r.add_get("/ping", self._health)
@@ -228,10 +242,29 @@ class SimServer:
 
     # -- inference ---------------------------------------------------------------------------
     async def _completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, chat=False)
+        return await self._generate(request, _COMPLETIONS)
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, chat=True)
+        return await self._generate(request, _CHAT)
+
+    async def _messages(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, _ANTHROPIC)
+
+    async def _vllm_generate(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, _VLLM_GENERATE)
+
+    async def _sglang_generate(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, _SGLANG_GENERATE)
+
+    async def _count_tokens(self, request: web.Request) -> web.Response:
+        # vLLM's /v1/messages/count_tokens: the templated prompt's token count.
+        try:
+            body = count_tokens_body(await request.read())
+            self._resolve_model(body["model"])
+        except ApiError as exc:
+            return web.Response(body=_ANTHROPIC.error(exc), status=exc.status,
+                                content_type=_JSON)
+        return _json({"input_tokens": count_tokens(messages_prompt(body))})
 
     def _resolve_model(self, model: str) -> str | None:
         """LoRA adapter named by ``model`` (``None`` = base model); 404 when unknown."""
@@ -241,9 +274,12 @@ class SimServer:
             return model
         raise ApiError(404, f"The model `{model}` does not exist.")
 
-    async def _generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
+    async def _generate(self, request: web.Request, api: Api) -> web.StreamResponse:
+        def _error(exc: ApiError) -> web.Response:
+            return web.Response(body=api.error(exc), status=exc.status, content_type=_JSON)
+
         try:
-            parsed = parse_request(await request.read(), chat=chat)
+            parsed = api.parse(await request.read())
             lora = self._resolve_model(parsed.model)
         except ApiError as exc:
             return _error(exc)
@@ -269,6 +305,10 @@ class SimServer:
                 f"in the messages, {max_tokens} in the completion). Please reduce the length "
                 "of the messages or completion.")))
         req.stream = parsed.stream
+        if parsed.mm_hashes:
+            req.mm_hashes = parsed.mm_hashes
+            if self.ec is not None:  # items an encode server made are loaded, not encoded
+                req.remote_mm = self.ec.available(parsed.mm_hashes)
         kv_out = self._kv_role(parsed.kv_transfer_params, stream=parsed.stream)
         if kv_out == "decode":
             assert self.kv_transfer is not None
@@ -293,12 +333,12 @@ class SimServer:
         assert self._loop is not None
         self._loop.notify()
         model = parsed.model or self.cfg.model_names[0]
-        rid = new_id(chat)
+        rid = api.new_id(parsed.request_id)
         handed_over = False  # a prefill leg's held KV is now the pull's (or expiry's) business
         try:
             if parsed.stream:
-                return await self._stream(request, req, chat=chat, model=model, rid=rid,
-                                          include_usage=parsed.include_usage)
+                return await self._stream(request, api.writer(
+                    req, model=model, rid=rid, include_usage=parsed.include_usage))
             while not req.done:
                 req.waiter = loop.create_future()
                 await req.waiter
@@ -309,10 +349,12 @@ class SimServer:
                 assert self.kv_transfer is not None
                 kv_params = self.kv_transfer.held_params(req, self.cfg.host, self.port)
                 handed_over = True
-            return web.Response(body=full_response(req, chat=chat, model=model, rid=rid,
-                                                   kv_transfer_params=kv_params),
+            return web.Response(body=api.full(req, model=model, rid=rid,
+                                              kv_transfer_params=kv_params),
                                 content_type=_JSON)
         finally:
+            if req.state == "finished" and self.ec is not None and req.mm_hashes:
+                self.ec.save(req.mm_hashes)  # before the answer: the sidecar waits for it
             if not req.done:
                 engine.abort(req)
                 self._loop.notify()
@@ -332,12 +374,11 @@ class SimServer:
             return "decode"
         return None
 
-    async def _stream(self, request: web.Request, req: Any, *, chat: bool, model: str,
-                      rid: str, include_usage: bool) -> web.StreamResponse:
+    async def _stream(self, request: web.Request, sse: Writer) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache"})
         await resp.prepare(request)
-        sse = SseWriter(req, chat=chat, model=model, rid=rid, include_usage=include_usage)
+        req = sse.req
         first = sse.preamble()
         if first:
             await resp.write(first)
@@ -554,6 +595,7 @@ class SimServer:
             "steps": e.steps_total, "max_lag": self._loop.max_lag if self._loop else 0.0,
             "kv_held": len(e.held),
             "kv_pulls_served": self.kv_transfer.transfers_total if self.kv_transfer else 0,
+            "mm_encoded": e.encoded_items_total, "mm_loaded": e.ec_loaded_items_total,
         })
 
     def _target(self, body: dict[str, Any]) -> SimServer:

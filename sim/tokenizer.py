@@ -15,6 +15,8 @@ from typing import Any
 
 import xxhash
 
+from shared.multimodal import MODALITIES, mm_items
+
 BYTES_PER_TOKEN = 4
 
 #: Output vocabulary: every entry is exactly one token long (4 bytes), so a generated text of n
@@ -57,10 +59,20 @@ def _content_text(content: Any) -> str:
         for part in content:
             if isinstance(part, dict) and isinstance(part.get("text"), str):
                 parts.append(part["text"])
+            elif isinstance(part, dict) and part.get("type") in MODALITIES:
+                parts.extend(_placeholders(part))
             elif isinstance(part, str):
                 parts.append(part)
         return "".join(parts)
     raise ValueError("message content must be a string or a list of content parts")
+
+
+def _placeholders(block: dict[str, Any]) -> list[str]:
+    """A multimodal block as its placeholder tokens: 4 characters derived from the item's
+    hash, once per token it stands for (:mod:`shared.multimodal`), so prompts with the same
+    image share blocks and an image costs its tokens of prefill."""
+    items = mm_items([{"content": [block]}])
+    return [f"{item.hash[-4:]:0>4}" * item.tokens for item in items]
 
 
 def apply_chat_template(messages: list[Any]) -> str:

@@ -238,6 +238,7 @@ def _admit(model: str, owner: dict[int, tuple[int, str]]) -> Callable[
         max_tokens = parsed.max_tokens or engine.profile.default_max_tokens
         req = engine.new_request(parsed.prompt, max_tokens, lora=lora, now=now,
                                  salt=parsed.cache_salt, request_id=str(i))
+        req.mm_hashes = parsed.mm_hashes
         owner[id(req)] = (i, key)
         try:
             engine.add(req)

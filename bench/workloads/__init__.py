@@ -223,6 +223,42 @@ def _pd_capacity(p: Params) -> float:
     return 1 / _prefill(mean)
 
 
+def multimodal(rng: random.Random, p: Params, times: list[float]) -> list[RequestSpec]:
+    """Chat requests with a unique ``question_tokens`` question followed by
+    ``images_min``-``images_max`` images (OpenAI's order: text, then ``image_url`` blocks),
+    ``output_tokens`` out. Each image is, with probability ``repeat_share``, one already sent
+    earlier in the run (uniformly among them; not twice in one request), else a new one; an
+    image is a URL, so it stands for 640 x 360 = 225 placeholder tokens
+    (:mod:`shared.multimodal`). Tagged ``repeat`` when the request has a repeated image."""
+    seen: list[str] = []
+    specs = []
+    for i, t in enumerate(times):
+        urls: list[str] = []
+        for j in range(rng.randint(int(p["images_min"]), int(p["images_max"]))):
+            old = [u for u in seen if u not in urls]
+            if old and rng.random() < float(p["repeat_share"]):
+                urls.append(rng.choice(old))
+            else:
+                urls.append(f"https://images.example/{rng.getrandbits(64):016x}-{i}-{j}.png")
+        repeat = any(u in seen for u in urls)
+        seen.extend(u for u in urls if u not in seen)
+        content: list[dict[str, Any]] = [
+            {"type": "text", "text": _words(rng, int(p["question_tokens"]))}]
+        content += [{"type": "image_url", "image_url": {"url": u}} for u in urls]
+        specs.append(RequestSpec(t, "/v1/chat/completions", {
+            "model": MODEL, "messages": [{"role": "user", "content": content}],
+            "max_tokens": int(p["output_tokens"]), "stream": True,
+            "stream_options": {"include_usage": True}}, tag="repeat" if repeat else "new"))
+    return specs
+
+
+def _mm_capacity(p: Params) -> float:
+    # Every image encoded (40 ms, the 8b-h100 profile's encode_time_per_image) and prefilled
+    # as 225 placeholder tokens; the chat template adds about 16 tokens.
+    images = (p["images_min"] + p["images_max"]) / 2
+    return 1 / (_prefill(p["question_tokens"] + 16 + images * 225) + images * 0.040)
+
+
 def _mt_capacity(p: Params) -> float:
     # Ideal routing prefills per turn the new question, the previous answer and its share of
     # the system prompt.
@@ -246,6 +282,9 @@ GENERATORS: dict[str, tuple[Generator, Callable[[Params], float], frozenset[str]
     "pd-mix": (pd_mix, _pd_capacity,
                frozenset({"long_share", "long_min", "long_max", "short_min", "short_max",
                           "output_min", "output_max"})),
+    "multimodal": (multimodal, _mm_capacity,
+                   frozenset({"question_tokens", "images_min", "images_max", "repeat_share",
+                              "output_tokens"})),
     "multi-turn": (multi_turn, _mt_capacity,
                    frozenset({"system_tokens", "question_tokens", "output_tokens", "turns",
                               "think_seconds"})),
@@ -276,7 +315,7 @@ class Workload:
     @property
     def by_class(self) -> bool:
         """Whether the report breaks this workload down by request tag (tenant/objective)."""
-        return self.generator in ("tenants", "pd-mix")
+        return self.generator in ("tenants", "pd-mix", "multimodal")
 
     @property
     def per_server(self) -> float:

@@ -4,7 +4,9 @@ and data-layer extension point listed in call order.
 
 System defaults, as upstream's loader adds them when a config is silent: the
 ``single-profile-handler``; ``max-score-picker`` in a profile without a picker (weight 1 for
-scorers without one); ``openai-parser``; ``utilization-detector``; ``metrics-data-source`` with
+scorers without one); the parsers ``openai-parser``, ``anthropic-parser`` and
+``vllmhttp-parser`` (``openai-parser`` also takes every path the others do not claim);
+``utilization-detector``; ``metrics-data-source`` with
 ``core-metrics-extractor`` when there is no ``dataLayer`` section; an
 ``approx-prefix-cache-producer`` for a ``prefix-cache-scorer`` without one. As llm-d v0.10, the
 default metrics source is added beside a ``dataLayer`` section that lists none, unless
@@ -65,12 +67,14 @@ from epp.requestcontrol.plugin import (
     Screener,
 )
 from epp.requestcontrol.plugins import (
+    AnthropicParser,
     ConcurrencyDetector,
     InflightLoadProducer,
     OpenAIParser,
     P2PSourceProducer,
     RequestMetricsRecorder,
     UtilizationDetector,
+    VllmHttpParser,
 )
 from epp.scheduling import (
     EndpointsRemoved,
@@ -259,10 +263,16 @@ def _parser(config: EndpointPickerConfig, registry: PluginRegistry,
             return handle.plugin(config.parser, Parser)
         except PluginError as e:
             raise ConfigError(f"{src}: parser.pluginRef: {e}") from None
-    found = handle.find(OpenAIParser)
-    parser = found[0] if found else _default(registry, handle, OpenAIParser.type_name, src)
-    assert isinstance(parser, Parser)
-    return parser
+    # Upstream v0.10's default list (openai, anthropic, vllmhttp), each the configured
+    # instance when the plugins section has one. Ours: openai-parser also reads every path
+    # nobody claims, as it did alone before (upstream fails such a request).
+    chain: list[Parser] = []
+    for kind in (OpenAIParser, AnthropicParser, VllmHttpParser):
+        found = handle.find(kind)
+        parser = found[0] if found else _default(registry, handle, kind.type_name, src)
+        assert isinstance(parser, Parser)
+        chain.append(parser)
+    return ParserChain(chain, fallback=chain[0])
 
 
 def _saturation(config: EndpointPickerConfig, registry: PluginRegistry,

@@ -25,11 +25,10 @@ _FLOW = ("GIE v1.5's name for an eviction policy, which did nothing there; issue
          "eviction under llm-d-router v0.10's names: use sheddable-eviction-filter / "
          "priority-then-time-eviction-order-policy with flowControl.enableEviction: true")
 _PRECISE = "a local tokenizer plugin is not built yet (issue #15; token-producer asks the server)"
-_PD = "encode disaggregation and the header-only P/D handler are not built yet (issue #16)"
+_PD = ("deprecated in llm-d, not built by issue #29: disagg-profile-handler sets the same "
+       "x-prefiller-host-port and x-encoder-hosts-ports headers")
 _SLO = ("the all-in-one predicted-latency-scorer is not built yet (issue #17; use "
         "predicted-latency-producer + latency-scorer)")
-_PARSERS = ("the Anthropic Messages, vLLM /inference/v1/generate and SGLang HTTP parsers are "
-            "not built yet (issue #29)")
 
 #: Every upstream v1.5 / llm-d plugin type this EPP does not have yet, and which issue
 #: brings it: a config naming one stops with that reason instead of a bare "unknown type".
@@ -38,10 +37,8 @@ PENDING: dict[str, str] = {
     **dict.fromkeys((
         "eviction-sheddable-filter", "eviction-priority-then-time-ordering"), _FLOW),
     "tokenizer": _PRECISE,
-    **dict.fromkeys((
-        "encode-filter", "disagg-headers-handler", "always-disagg-multimodal-decider"), _PD),
+    "disagg-headers-handler": _PD,
     "predicted-latency-scorer": _SLO,
-    **dict.fromkeys(("anthropic-parser", "vllmhttp-parser", "sglanghttp-parser"), _PARSERS),
 }
 
 

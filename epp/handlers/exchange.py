@@ -13,7 +13,7 @@ from epp.requestcontrol import Director, Routed
 from epp.requestcontrol.grpcbody import FrameReader, GrpcResponseReader
 from epp.requestcontrol.response import ResponseRewriter, Usage
 from shared import tracing
-from shared.errors import GatewayError
+from shared.errors import GatewayError, for_path
 from shared.extproc import Exchange, RequestDecision, ResponseHeadersDecision
 
 if TYPE_CHECKING:
@@ -54,6 +54,7 @@ class PickerExchange(Exchange):
                 await director.admit(pending)
             decision, self.routed = director.dispatch(pending)
         except GatewayError as e:
+            for_path(e, headers.get(":path", ""))
             self.director.count_error(headers, e)
             if self.trace is not None:
                 self.trace.fail(self.trace.root, e)
@@ -170,10 +171,16 @@ class PickerExchange(Exchange):
         usage = self.rewriter.usage if self.rewriter is not None else None
         if self.grpc is not None:
             usage = self.grpc.usage
+        prompt_tokens = usage.prompt_tokens if usage else 0
+        if usage is not None and usage.raw is None and usage.completion_tokens \
+                and routed.request.prompt_token_ids is not None and self.grpc is None:
+            # Generated ids counted but no usage in the answer (vLLM's /inference/v1/generate):
+            # the request's own token ids are the exact prompt count.
+            prompt_tokens = len(routed.request.prompt_token_ids)
         self.director.finish(
             routed, completed=completed, status=self.status or 200,
             response_size=self.response_size,
-            prompt_tokens=usage.prompt_tokens if usage else 0,
+            prompt_tokens=prompt_tokens,
             completion_tokens=usage.completion_tokens if usage else 0,
             cached_tokens=usage.cached_tokens if usage else 0,
         )

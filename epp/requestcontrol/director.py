@@ -33,6 +33,7 @@ from epp.scheduling.result import SchedulingResult
 from epp.scheduling.scheduler import NoCandidates
 from shared.errors import BadRequest, GatewayError, NotFound, TooManyRequests
 from shared.extproc import RequestDecision
+from shared.multimodal import ENCODER_HEADER, mm_items, mm_prompt_tokens
 from shared.openai import OpenAIRequest
 from shared.pd import KV_SOURCE_HEADER, PREFILLER_HEADER
 
@@ -335,13 +336,16 @@ class Director:
             raise BadRequest(f"request body cannot be re-encoded: {e}",
                              code="invalid_body") from None
         salt = req.body.get("cache_salt")
+        mm = mm_items(req.messages)
         request = LLMRequest(
             request_id=headers.get(REQUEST_ID) or str(uuid.uuid4()),
             target_model=res.target_model,
             client_model=req.model,
             prompt=prompt,
-            prompt_tokens=(estimate_tokens(prompt) if req.token_ids is None
-                           else len(req.token_ids)),
+            prompt_tokens=(len(req.token_ids) if req.token_ids is not None
+                           else mm_prompt_tokens(req.messages, mm) if mm
+                           else estimate_tokens(prompt)),
+            mm_items=mm,
             prompt_token_ids=req.token_ids,
             priority=res.priority,
             headers=headers,
@@ -350,7 +354,7 @@ class Director:
             objective=res.objective,
             request_size=size,
             stream=req.stream,
-            max_output_tokens=max_output_tokens(req.body),
+            max_output_tokens=max_output_tokens(req.limits),
         )
         return request, new_body
 
@@ -365,9 +369,10 @@ class Director:
             set_headers={DESTINATION: destination, REQUEST_ID: pending.request.request_id,
                          **result.extra_headers},
             # A client's own copies of our control headers never reach the proxy's LB, and a
-            # client never names a prefiller (only a P/D handler's pick, set above, does).
+            # client never names a prefiller or an encoder (only a disagg handler's pick, set
+            # above, does).
             remove_headers=[h for h in headers if (h.startswith(DESTINATION) and h != DESTINATION)
-                            or (h in (PREFILLER_HEADER, KV_SOURCE_HEADER)
+                            or (h in (PREFILLER_HEADER, KV_SOURCE_HEADER, ENCODER_HEADER)
                                 and h not in result.extra_headers)],
             body=pending.new_body,
             metadata={LB_NAMESPACE: lb},

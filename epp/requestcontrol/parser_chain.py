@@ -21,6 +21,9 @@ from shared.openai import OpenAIRequest
 
 log = structlog.get_logger(__name__)
 
+#: Distinct request paths whose parser is remembered (query strings make paths unbounded).
+_REMEMBERED = 1024
+
 
 def _suffix(text: str) -> str:
     return text.strip().strip("/")
@@ -29,9 +32,12 @@ def _suffix(text: str) -> str:
 class ParserChain(Parser, GrpcResponseReader):
     """Resolves a request path to one of ``parsers`` (see the module docstring)."""
 
-    def __init__(self, parsers: Sequence[Parser]) -> None:
+    def __init__(self, parsers: Sequence[Parser], *, fallback: Parser | None = None) -> None:
+        """``fallback``: the parser for paths none of ``parsers`` claims, whatever paths it
+        claims itself (the default chain's ``openai-parser``)."""
         self.entries: list[tuple[Parser, tuple[str, ...]]] = []
         self.fallback: Parser | None = None
+        self._resolved: dict[str, Parser] = {}
         seen: set[type] = set()
         for i, parser in enumerate(parsers):
             if type(parser) in seen:  # upstream keeps the first of each type
@@ -47,16 +53,23 @@ class ParserChain(Parser, GrpcResponseReader):
                                 parser=getattr(skipped, "name", repr(skipped)))
                 break
             self.entries.append((parser, paths))
+        if fallback is not None and self.fallback is None:
+            self.fallback = fallback
 
     def resolve(self, path: str) -> Parser:
         """The parser for ``path``; :class:`NotFound` when none claims it."""
+        # A route sees few distinct paths: remembered (bounded), the lookup is one dict get.
+        found = self._resolved.get(path)
+        if found is not None:
+            return found
         clean = path.split("?", 1)[0].strip().rstrip("/")
-        for parser, suffixes in self.entries:
-            if any(clean.endswith(s) for s in suffixes):
-                return parser
-        if self.fallback is not None:
-            return self.fallback
-        raise NotFound(f"no parser is configured for path {clean!r}")
+        parser = next((p for p, suffixes in self.entries if clean.endswith(suffixes)),
+                      self.fallback)
+        if parser is None:
+            raise NotFound(f"no parser is configured for path {clean!r}")
+        if len(self._resolved) < _REMEMBERED:
+            self._resolved[path] = parser
+        return parser
 
     def parse(self, body: bytes, path: str) -> OpenAIRequest:
         return self.resolve(path).parse(body, path)

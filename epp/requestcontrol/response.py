@@ -28,17 +28,47 @@ class Usage:
     raw: dict[str, Any] | None = None
 
     def read(self, usage: object) -> None:
+        """A usage object in OpenAI's names (``prompt_tokens``, ``completion_tokens``,
+        ``prompt_tokens_details.cached_tokens``) or Anthropic's (``input_tokens``,
+        ``output_tokens``, ``cache_read_input_tokens``); a count it leaves out keeps its
+        value (Anthropic streams input and output counts in different events)."""
         if isinstance(usage, dict):
             self.raw = usage
-            p, c = usage.get("prompt_tokens"), usage.get("completion_tokens")
+            p = usage.get("prompt_tokens", usage.get("input_tokens"))
+            c = usage.get("completion_tokens", usage.get("output_tokens"))
             if isinstance(p, int):
                 self.prompt_tokens = p
             if isinstance(c, int):
                 self.completion_tokens = c
             details = usage.get("prompt_tokens_details")
-            if isinstance(details, dict) and isinstance(
-                    cached := details.get("cached_tokens"), int):
+            cached = details.get("cached_tokens") if isinstance(details, dict) else \
+                usage.get("cache_read_input_tokens")
+            if isinstance(cached, int):
                 self.cached_tokens = cached
+
+    def read_event(self, event: dict[str, Any]) -> None:
+        """The usage one JSON response or SSE event carries, in any API's place for it:
+        ``usage`` (OpenAI, vLLM generate, Anthropic ``message_delta``), ``message.usage``
+        (Anthropic ``message_start``) or ``meta_info`` (SGLang ``/generate``)."""
+        self.read(event.get("usage"))
+        message = event.get("message")
+        if isinstance(message, dict):
+            self.read(message.get("usage"))
+        meta = event.get("meta_info")
+        if isinstance(meta, dict):
+            self.read(meta)
+            if isinstance(cached := meta.get("cached_tokens"), int):
+                self.cached_tokens = cached
+
+    def count_generated(self, event: dict[str, Any]) -> None:
+        """A vLLM ``/inference/v1/generate`` answer names no usage: its choices' generated
+        ``token_ids`` are the completion tokens."""
+        choices = event.get("choices")
+        if self.raw is None and isinstance(choices, list):
+            ids = [c.get("token_ids") for c in choices if isinstance(c, dict)]
+            lists = [t for t in ids if isinstance(t, list)]
+            if lists and len(lists) == len(ids):
+                self.completion_tokens = sum(len(t) for t in lists)
 
 
 def _escaped(m: re.Match[bytes]) -> bool:
@@ -81,7 +111,8 @@ class ResponseRewriter:
             return body  # not JSON (an error page): pass it on untouched
         if not isinstance(data, dict):
             return body
-        self.usage.read(data.get("usage"))
+        self.usage.read_event(data)
+        self.usage.count_generated(data)
         if self.renames and data.get("model") == self.target_model:
             data["model"] = self.client_model
             return orjson.dumps(data)
@@ -100,7 +131,8 @@ class ResponseRewriter:
             return b""
         if not self.first_token_seen and b"data:" in complete:
             self.first_token_seen = True
-        if b'"usage"' in complete and _USAGE_FIELD.search(complete):
+        if (b'"usage"' in complete and _USAGE_FIELD.search(complete)) \
+                or b'"meta_info"' in complete:
             self._read_usage(complete)
         if self.renames:
             keys = complete.count(b'"model"')
@@ -145,10 +177,10 @@ class ResponseRewriter:
 
     def _read_usage(self, lines: bytes) -> None:
         for line in lines.split(b"\n"):
-            if line.startswith(b"data:") and b'"usage"' in line:
+            if line.startswith(b"data:") and (b'"usage"' in line or b'"meta_info"' in line):
                 try:
                     event = orjson.loads(line[5:])
                 except orjson.JSONDecodeError:
                     continue
                 if isinstance(event, dict):
-                    self.usage.read(event.get("usage"))
+                    self.usage.read_event(event)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 if TYPE_CHECKING:
+    from shared.multimodal import MMItem
     from shared.tracing import RequestTrace
 
 #: Rough characters per token; upstream's approximate prefix plugin uses the same figure.
@@ -46,6 +47,9 @@ class LLMRequest:
     #: The client's output cap (``max_tokens``, ``max_completion_tokens`` or
     #: ``max_output_tokens``), None when it set none.
     max_output_tokens: int | None = None
+    #: Multimodal items of chat content (images, video, audio), in order
+    #: (:func:`shared.multimodal.mm_items`); empty for text-only requests.
+    mm_items: tuple[MMItem, ...] = ()
     #: Typed data plugins pass to each other within one scheduling cycle, keyed by plugin name.
     plugin_state: dict[str, Any] = field(default_factory=dict)
     #: The request's trace when it is sampled (:mod:`shared.tracing`); None otherwise, and
@@ -77,7 +81,7 @@ def prefix_input(prompt: Any = None, messages: Sequence[Any] | None = None) -> b
 
 def max_output_tokens(body: Mapping[str, Any]) -> int | None:
     """The output cap a request body sets, whichever API's spelling it uses (None if none)."""
-    for key in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
+    for key in ("max_tokens", "max_completion_tokens", "max_output_tokens", "max_new_tokens"):
         value = body.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
             return value

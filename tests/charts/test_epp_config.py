@@ -12,6 +12,7 @@ import yaml
 from epp.config import build, parse_config
 from epp.datalayer import CoreMetricsExtractor, MetricsDataSource
 from epp.main import settings
+from epp.requestcontrol.parser_chain import ParserChain
 from epp.requestcontrol.plugins import OpenAIParser, VllmGrpcParser
 from epp.requestcontrol.plugins.predicted_latency_producer import PredictedLatencyProducer
 from tests.charts.render import one, refusal, render
@@ -123,7 +124,11 @@ def test_vllm_grpc_pool_speaks_h2c_and_parses_vllms_grpc_api() -> None:
                       VllmGrpcParser)
     http = render("inferencepool")
     assert one(http, "InferencePool")["spec"]["appProtocol"] == "http"
-    assert isinstance(runtime(()).parser, OpenAIParser)
+    parsers = runtime(()).parser  # upstream v0.10's default list
+    assert isinstance(parsers, ParserChain)
+    assert [p.type_name for p, _ in parsers.entries] == [
+        "openai-parser", "anthropic-parser", "vllmhttp-parser"]
+    assert isinstance(parsers.fallback, OpenAIParser)
 
 
 def test_vllm_grpc_pool_on_gke_health_checks_vllms_grpc_health_method() -> None:

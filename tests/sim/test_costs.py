@@ -84,6 +84,9 @@ def test_speed_divides_every_step() -> None:
     half = dataclasses.replace(H100_LLAMA8B, speed=0.5)
     assert decode_step(half, 4, 2_000) == pytest.approx(2 * decode_step(H100_LLAMA8B, 4, 2_000))
     assert isolated_prefill(half, 9_000) == pytest.approx(2 * isolated_prefill(H100_LLAMA8B, 9_000))
+    enc = dict(decoding=0, decode_context=0, chunks=(), local_prefills=0, running=0,
+               encode=0.040)
+    assert step_time(half, **enc) == pytest.approx(2 * step_time(H100_LLAMA8B, **enc))
     with pytest.raises(ValueError, match="speed"):
         H100_LLAMA8B.with_overrides({"speed": 0})
 

@@ -95,7 +95,7 @@ second argument, else "". */}}
 {{- end -}}
 
 {{/* The request parser plugin type, as upstream picks it: vLLM over gRPC →
-vllmgrpc-parser, else inferencePool.parser ("" = the EPP's default, openai-parser). */}}
+vllmgrpc-parser, else inferencePool.parser ("" = the EPP's default parsers: openai, anthropic, vllmhttp). */}}
 {{- define "inferencepool.parser" -}}
 {{- $pool := .Values.inferencePool -}}
 {{- if eq (include "inferencepool.protocol" .) "grpc" -}}

@@ -2,6 +2,7 @@
 :data:`BUILTIN_PLUGINS`."""
 
 from epp.requestcontrol.plugins.agent_identity import AgentIdentity
+from epp.requestcontrol.plugins.anthropic_parser import AnthropicParser
 from epp.requestcontrol.plugins.attribute_reporter import RequestAttributeReporter
 from epp.requestcontrol.plugins.burst_prefix_cache_producer import BurstPrefixCacheProducer
 from epp.requestcontrol.plugins.concurrency_detector import (
@@ -21,12 +22,14 @@ from epp.requestcontrol.plugins.predicted_latency_producer import PredictedLaten
 from epp.requestcontrol.plugins.probabilistic_admitter import ProbabilisticAdmitter
 from epp.requestcontrol.plugins.served_verifier import DestinationEndpointServedVerifier
 from epp.requestcontrol.plugins.session_id_producer import SessionIdProducer
+from epp.requestcontrol.plugins.sglanghttp_parser import SglangHttpParser
 from epp.requestcontrol.plugins.utilization_detector import (
     SaturationDetectorConfig,
     UtilizationDetector,
 )
 from epp.requestcontrol.plugins.vertexai_parser import VertexAIParser
 from epp.requestcontrol.plugins.vllmgrpc_parser import VllmGrpcParser
+from epp.requestcontrol.plugins.vllmhttp_parser import VllmHttpParser
 
 BUILTIN_PLUGINS = (OpenAIParser, InflightLoadProducer, RequestMetricsRecorder,
                    UtilizationDetector, ConcurrencyDetector, PredictedLatencyProducer,
@@ -34,11 +37,13 @@ BUILTIN_PLUGINS = (OpenAIParser, InflightLoadProducer, RequestMetricsRecorder,
                    DestinationEndpointServedVerifier, RequestAttributeReporter,
                    VllmGrpcParser, VertexAIParser, AgentIdentity, SessionIdProducer,
                    P2PSourceProducer, DisaggregatedSetRolloutScreener,
-                   BurstPrefixCacheProducer)
+                   BurstPrefixCacheProducer, AnthropicParser, VllmHttpParser,
+                   SglangHttpParser)
 
 __all__ = [
     "BUILTIN_PLUGINS",
     "AgentIdentity",
+    "AnthropicParser",
     "ConcurrencyDetector",
     "ConcurrencyParameters",
     "DestinationEndpointServedVerifier",
@@ -52,7 +57,9 @@ __all__ = [
     "RequestMetricsRecorder",
     "SaturationDetectorConfig",
     "SessionIdProducer",
+    "SglangHttpParser",
     "UtilizationDetector",
     "VertexAIParser",
     "VllmGrpcParser",
+    "VllmHttpParser",
 ]

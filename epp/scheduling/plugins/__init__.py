@@ -13,11 +13,15 @@ from epp.scheduling.plugins.filter.legacy_decision_tree_filter import LegacyDeci
 from epp.scheduling.plugins.filter.lora_affinity_filter import LoraAffinityFilter
 from epp.scheduling.plugins.filter.low_queue_filter import LowQueueFilter
 from epp.scheduling.plugins.filter.prefix_cache_affinity_filter import PrefixCacheAffinityFilter
-from epp.scheduling.plugins.filter.role_filter import DecodeFilter, PrefillFilter
+from epp.scheduling.plugins.filter.role_filter import DecodeFilter, EncodeFilter, PrefillFilter
 from epp.scheduling.plugins.filter.session_affinity_filter import SessionAffinityFilter
 from epp.scheduling.plugins.filter.slo_headroom_tier_filter import SloHeadroomTierFilter
 from epp.scheduling.plugins.filter.topology_affinity_filter import TopologyAffinityFilter
 from epp.scheduling.plugins.filter.utilization_filter import UtilizationFilter
+from epp.scheduling.plugins.multimodal.mm_embeddings_cache_producer import (
+    MMEmbeddingsCacheProducer,
+)
+from epp.scheduling.plugins.multimodal.mm_embeddings_cache_scorer import MMEmbeddingsCacheScorer
 from epp.scheduling.plugins.picker.max_score_picker import MaxScorePicker
 from epp.scheduling.plugins.picker.random_picker import RandomPicker
 from epp.scheduling.plugins.picker.weighted_random_picker import WeightedRandomPicker
@@ -31,6 +35,7 @@ from epp.scheduling.plugins.profile.disagg_profile_handler import (
     PrefillHeaderHandler,
 )
 from epp.scheduling.plugins.profile.header_profile_handler import HeaderProfileHandler
+from epp.scheduling.plugins.profile.multimodal_decider import AlwaysDisaggMultimodalDecider
 from epp.scheduling.plugins.profile.pd_deciders import (
     AlwaysDisaggPDDecider,
     LoadAwarePDDecider,
@@ -84,6 +89,10 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     DataParallelProfileHandler,
     PrefillFilter,
     DecodeFilter,
+    EncodeFilter,
+    AlwaysDisaggMultimodalDecider,
+    MMEmbeddingsCacheProducer,
+    MMEmbeddingsCacheScorer,
     DisaggProfileHandler,
     PdProfileHandler,
     PrefillHeaderHandler,

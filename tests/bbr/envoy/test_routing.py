@@ -169,3 +169,36 @@ def test_200_concurrent_requests_each_reach_their_model(gateway: Gateway) -> Non
     results = asyncio.run(run())
     assert len(results) == 200
     assert all(want == got for want, got in results)
+
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/v1/messages", {"model": "b", "max_tokens": 5, "messages": MESSAGES}),
+    ("/v1/messages/count_tokens", {"model": "b", "messages": MESSAGES}),
+    ("/inference/v1/generate", {"model": "b", "token_ids": [1, 2],
+                                "sampling_params": {"max_tokens": 2}}),
+    ("/generate", {"model": "b", "input_ids": [1, 2]}),
+])
+def test_native_protocol_bodies_route_by_their_model(gateway: Gateway, path: str,
+                                                     body: dict) -> None:
+    r = httpx.post(gateway.url(path), json=body, timeout=30)
+    assert r.status_code == 200
+    assert r.json()["backend"] == "b"
+    assert r.json()["headers"]["x-gateway-model-name"] == "b"
+
+
+def test_anthropic_path_errors_come_in_anthropics_envelope(gateway: Gateway) -> None:
+    r = httpx.post(gateway.url("/v1/messages"), json={"max_tokens": 5, "messages": MESSAGES},
+                   timeout=30)
+    assert r.status_code == 400 and r.headers["content-type"] == "application/json"
+    assert r.json() == {"type": "error", "error": {
+        "type": "invalid_request_error", "message": r.json()["error"]["message"],
+        "code": "missing_model"}}
+
+
+def test_sglang_body_without_model_is_a_400_at_the_front_door(gateway: Gateway) -> None:
+    """SGLang's native body names no model: no pool can be chosen (docs/protocols.md)."""
+    r = httpx.post(gateway.url("/generate"), json={"text": "hi"}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "missing_model"

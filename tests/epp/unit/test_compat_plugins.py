@@ -350,7 +350,7 @@ def test_served_verifier_alone_on_a_response() -> None:
 
 @pytest.mark.parametrize(("type_name", "issue"), [
     ("eviction-sheddable-filter", "sheddable-eviction-filter"), ("tokenizer", "#15"),
-    ("encode-filter", "#16"),
+    ("disagg-headers-handler", "#29"),
     ("predicted-latency-scorer", "#17"),
 ])
 def test_types_of_other_issues_are_unknown_naming_the_issue(type_name: str, issue: str) -> None:

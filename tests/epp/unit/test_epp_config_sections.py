@@ -22,6 +22,7 @@ from epp.datalayer import CoreMetricsExtractor, Extractor, MetricsDataSource
 from epp.datastore import Datastore, EndpointView, EngineType
 from epp.handle import Settings
 from epp.metrics import ScraperConfig
+from epp.requestcontrol.parser_chain import ParserChain
 from epp.requestcontrol.plugins import (
     ConcurrencyDetector,
     InflightLoadProducer,
@@ -50,7 +51,11 @@ def test_upstream_v15_chart_config_builds_its_data_layer_and_defaults() -> None:
     (source,) = rt.data_sources
     assert isinstance(source, MetricsDataSource)
     assert [type(e) for e in source.extractors] == [CoreMetricsExtractor]
-    assert isinstance(rt.parser, OpenAIParser)
+    parsers = rt.parser  # upstream v0.10's default list
+    assert isinstance(parsers, ParserChain)
+    assert [p.type_name for p, _ in parsers.entries] == [
+        "openai-parser", "anthropic-parser", "vllmhttp-parser"]
+    assert isinstance(parsers.fallback, OpenAIParser)
     assert isinstance(rt.saturation, UtilizationDetector)
     assert [type(p) for p in rt.producers] == [ApproxPrefixCacheProducer]
     assert [type(p) for p in rt.response_complete] == [InflightLoadProducer,

@@ -166,7 +166,9 @@ def test_non_cached_tokens_must_not_be_negative() -> None:
         runtime(LLMD_PD % -1)
 
 
-def test_prefix_decider_needs_a_prefix_plugin() -> None:
+def test_prefix_decider_without_a_prefix_plugin_gets_the_default_producer() -> None:
+    """llm-d-router v0.10 creates the approx-prefix-cache-producer the decider reads when
+    the config has none (its sim-e-p-d config relies on it)."""
     text = """\
 plugins:
 - type: prefill-filter
@@ -177,8 +179,11 @@ plugins:
 - type: disagg-profile-handler
   parameters: {deciders: {prefill: prefix-based-pd-decider}}
 """ + PROFILES
-    with pytest.raises(ConfigError, match="needs a prefix-cache-scorer"):
-        runtime(text)
+    rt = runtime(text)
+    assert [p.type_name for p in rt.producers if p.type_name == "approx-prefix-cache-producer"
+            ] == ["approx-prefix-cache-producer"]
+    r = route(rt, request("x" * 400), pool())  # 100 uncached tokens >= 8
+    assert r.prefiller == "10.0.0.3:8000"
 
 
 ALWAYS = """\
@@ -248,7 +253,7 @@ def test_custom_profile_names() -> None:
     ("disagg-profile-handler", "{deciders: {prefill: nope}}", "no plugin named 'nope'"),
     ("disagg-profile-handler", "{deciders: {prefill: queue-scorer}}", "is not a PDDecider"),
     ("disagg-profile-handler", "{deciders: {encode: always-disagg-pd-decider}}",
-     "unknown parameters \\['encode'\\]"),
+     "no scheduling profile named 'encode'"),
     ("disagg-profile-handler", "{profiles: {decode: dec}}", "no scheduling profile named 'dec'"),
     ("disagg-profile-handler",
      "{decodeProfile: decode, deciders: {prefill: always-disagg-pd-decider}}", "cannot mix"),

@@ -1,5 +1,5 @@
-"""``prefill-filter`` and ``decode-filter``: keep endpoints by their pod's ``llm-d.ai/role``
-label, as llm-d's filters of the same names (roles in :mod:`shared.pd`)."""
+"""``prefill-filter``, ``decode-filter`` and ``encode-filter``: keep endpoints by their pod's
+``llm-d.ai/role`` label, as llm-d's filters of the same names (roles in :mod:`shared.pd`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from epp.datastore import EndpointView
 from epp.scheduling.plugin import Filter
 from epp.scheduling.request import LLMRequest
-from shared.pd import can_decode, can_prefill
+from shared.pd import can_decode, can_encode, can_prefill
 
 
 class PrefillFilter(Filter):
@@ -34,3 +34,15 @@ class DecodeFilter(Filter):
         self, request: LLMRequest, endpoints: Sequence[EndpointView]
     ) -> Sequence[EndpointView]:
         return [v for v in endpoints if can_decode(v.endpoint.labels)]
+
+
+class EncodeFilter(Filter):
+    """Keeps endpoints whose role may encode multimodal items: ``encode``,
+    ``encode-prefill``, ``encode-prefill-decode``. A pod without the label is dropped."""
+
+    type_name = "encode-filter"
+
+    def filter(
+        self, request: LLMRequest, endpoints: Sequence[EndpointView]
+    ) -> Sequence[EndpointView]:
+        return [v for v in endpoints if can_encode(v.endpoint.labels)]

@@ -13,7 +13,7 @@ import structlog
 from epp.datastore import Datastore, EndpointView
 from epp.handle import EppHandle
 from epp.scheduling.plugin import Plugin
-from epp.scheduling.plugins.prefix.producer import ApproxPrefixCacheProducer
+from epp.scheduling.plugins.prefix.producer import ApproxPrefixCacheProducer, state_store_of
 from epp.scheduling.request import CHARS_PER_TOKEN, LLMRequest
 from shared.pd import can_prefill
 from shared.plugins import Handle
@@ -90,6 +90,15 @@ class PrefixBasedPDDecider(PDDecider):
     def bind(self, producer: ApproxPrefixCacheProducer | None = None) -> None:
         if producer is None:
             found = self._handle.find(ApproxPrefixCacheProducer) if self._handle else []
+            if not found and self._handle is not None:
+                # llm-d-router v0.10 creates the producer a consumer needs when the config
+                # has none (its default producer for PrefixCacheMatchInfo).
+                own = ApproxPrefixCacheProducer(ApproxPrefixCacheProducer.type_name,
+                                                store=state_store_of(self._handle))
+                if own.name in self._handle:
+                    own.name = f"{self.name}/{own.type_name}"
+                self._handle.add(own)
+                found = [own]
             if not found:
                 raise ValueError(f"plugin {self.name!r} ({self.type_name}) needs a "
                                  f"prefix-cache-scorer or approx-prefix-cache-producer")
