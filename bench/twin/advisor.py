@@ -209,6 +209,6 @@ def table(rows: Sequence[Row], advised: int, servers: int, slos: Sequence[Slo]) 
 def _ratio(m: float, lo: float, hi: float) -> str:
     if math.isnan(m):
         return "n/a (aggregated goodput 0)"
-    if math.isnan(lo):
-        return f"{m:.2f}x (no interval: goodput 0 in some seeds)" if m < 1 else f"{m:.2f}x"
+    if math.isnan(lo):   # a seed with goodput 0 (or a single seed): no geometric mean
+        return f"{m:.2f}x (no interval: goodput 0 in some seeds)"
     return f"{m:.2f}x [{lo:.2f}, {hi:.2f}]"
