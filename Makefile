@@ -54,7 +54,8 @@ bench: venv
 	$(PY) -m bench.epp_overhead
 	$(PY) -m bench.epp_cpu
 	$(PY) -m bench.epp_pick_bench
-	$(PY) -m bench.sim_bench
+	$(PY) -m bench run sim-saturation --real
+	$(PY) -m bench run sim-prefix --real
 
 ## bench-cpu: the EPP's CPU per request and per streamed token beside the no-op floor, each
 ## under a 1-CPU budget, and where it goes (py-spy); CPU_ARGS="--cpus 0.5 --save FILE"

@@ -15,7 +15,7 @@ from bbr.plugins import PluginSpecError, build
 from bbr.router import BodyRouter
 from shared import buildinfo, logs, tracing
 from shared.extproc import DEFAULT_MAX_BODY, DEFAULT_MAX_BUFFERED, BodyMode, ExtProcServicer
-from shared.flags import Parser, die
+from shared.flags import Parser, byte_size, die
 from shared.metrics_server import read_token, run_metrics_server
 from shared.server import Health, ServeOptions, install_uvloop, message_limit, serve
 from shared.upstream_flags import (
@@ -58,11 +58,19 @@ def parser() -> Parser:
                help="answer 400 (missing_model / invalid_model, OpenAI JSON) to a JSON body "
                     "without a non-empty string 'model'; false: pass it on without the "
                     "header, as upstream does")
-    p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY,
-                   help="largest request body accepted; bigger gets 413")
-    p.add_argument("--max-buffered-body-bytes", type=int, default=DEFAULT_MAX_BUFFERED,
+    p.add_argument("--max-body-bytes", type=byte_size, default=DEFAULT_MAX_BODY,
+                   metavar="SIZE", help="largest request body accepted, e.g. 10485760 or "
+                                        "32MiB; bigger gets a JSON 413 (default 10MiB)")
+    p.add_argument("--max-buffered-body-bytes", type=byte_size, default=DEFAULT_MAX_BUFFERED,
+                   metavar="SIZE",
                    help="request-body bytes all streams may hold at once (bounds memory under "
                         "many concurrent uploads); a chunk over it gets a JSON 503; 0: no bound")
+    p.add_argument("--grpc-max-recv-msg-size", type=byte_size, default=None, metavar="SIZE",
+                   help="largest gRPC message received, e.g. 10MiB or 25MB (default: "
+                        "max(--max-body-bytes, 64MiB) + 1MiB); a BUFFERED body is one message")
+    p.add_argument("--grpc-max-send-msg-size", type=byte_size, default=None, metavar="SIZE",
+                   help="largest gRPC message sent (default: max(--max-body-bytes, 64MiB) "
+                        "+ 1MiB)")
     p.add_argument("--metrics-bearer-token-file", default=None,
                    help="require 'Authorization: Bearer <token>' on the metrics port")
     p.add_argument("--grace-period", type=float, default=30.0,
@@ -122,6 +130,8 @@ def main(argv: list[str] | None = None) -> None:
         secure=args.secure_serving, cert_path=args.cert_path, client_ca=args.client_ca_file,
         grace=args.grace_period,
         max_message_bytes=message_limit(args.max_body_bytes),
+        max_receive_bytes=args.grpc_max_recv_msg_size,
+        max_send_bytes=args.grpc_max_send_msg_size,
     )
     structlog.get_logger("bbr").info(
         "starting", plugins=[f"{p.type_name}:{p.name}" for p in plugins], mode=mode.name)

@@ -13,7 +13,9 @@ import dataclasses
 import json
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import orjson
@@ -21,7 +23,8 @@ import orjson
 from bench import cpubudget
 from bench.contenders import Contender, SimFleet
 from bench.openloop import Outcome
-from bench.report import RunResult, summarize
+from bench.report import RunResult, summarize, tenant_fairness
+from bench.scenario import Fault
 from bench.workloads import PROFILE, Workload, write_specs
 
 ROOT = Path(__file__).resolve().parent
@@ -31,9 +34,12 @@ RUNS = ROOT.parent / ".cache" / "bench-compare"
 def run_one(workload: Workload, load: float, contender: Contender, *, duration: float,
             seed: int, servers: int, time_scale: float, workdir: Path, progress: bool,
             timeout: float, fleet_cpus: float = 0.0, client_cpus: float = 0.0,
-            profile: str = PROFILE) -> RunResult:
+            profile: str = PROFILE, labels: list[dict[str, str]] | None = None,
+            faults: Sequence[Fault] = ()) -> RunResult:
     """One run: fresh fleet, contender in front, the seed's schedule played open-loop;
-    ``fleet_cpus`` / ``client_cpus``: CPU budgets of the simulator and the client (0: none)."""
+    ``fleet_cpus`` / ``client_cpus``: CPU budgets of the simulator and the client (0: none);
+    ``labels``: each server's extra pod labels; ``faults``: steps done at their model time
+    from the client's start (what each did goes to ``faults.txt`` in ``workdir``)."""
     specs = workload.schedule(load, duration, seed, servers)
     res = RunResult(workload.name, load, load * workload.capacity(servers), contender.name,
                     contender.kind, seed=seed, servers=servers)
@@ -47,7 +53,7 @@ def run_one(workload: Workload, load: float, contender: Contender, *, duration: 
     write_specs(specs, workdir / "requests.jsonl")
     started = time.monotonic()
     with SimFleet(workdir / "fleet", size=servers, time_scale=time_scale, seed=seed,
-                  cpus=fleet_cpus, profile=profile) as fleet, \
+                  cpus=fleet_cpus, profile=profile, labels=labels or []) as fleet, \
             contender.running(fleet, workdir) as url:
         cmd = [sys.executable, "-m", "bench.openloop", "--url", url,
                "--requests", str(workdir / "requests.jsonl"),
@@ -57,6 +63,8 @@ def run_one(workload: Workload, load: float, contender: Contender, *, duration: 
         with contextlib.ExitStack() as stack:
             client = subprocess.Popen(cmd)
             stack.callback(client.kill)   # only if this block fails before it ends
+            if faults:
+                stack.enter_context(_faults(contender, faults, time_scale, workdir))
             if client_cpus:
                 stack.enter_context(cpubudget.CpuBudget(client_cpus)).add(client.pid)
             if client.wait() != 0:
@@ -68,8 +76,34 @@ def run_one(workload: Workload, load: float, contender: Contender, *, duration: 
     res.router_cpu, res.router_throttled = contender.cpu_used, contender.throttled
     outcomes = [Outcome(**dict(orjson.loads(line).items()))
                 for line in (workdir / "outcomes.jsonl").read_bytes().splitlines()]
-    return summarize(res, outcomes, time_scale,
-                     tags=[s.tag for s in specs] if workload.by_class else None)
+    summarize(res, outcomes, time_scale,
+              tags=[s.tag for s in specs] if workload.by_class else None)
+    if workload.generator == "tenants":
+        res.jain = tenant_fairness(specs, outcomes, duration, time_scale)
+    return res
+
+
+@contextlib.contextmanager
+def _faults(contender: Contender, faults: Sequence[Fault], time_scale: float,
+            workdir: Path) -> Iterator[None]:
+    """The fault steps on a thread, timed from now (the client's start, within its import
+    time: a fraction of a second)."""
+    t0, stop, done = time.monotonic(), threading.Event(), []
+
+    def steps() -> None:
+        for f in sorted(faults, key=lambda f: f.at):
+            if stop.wait(max(0.0, t0 + f.at * time_scale - time.monotonic())):
+                return
+            done.append(f"{time.monotonic() - t0:.2f} s: {contender.fault(f.action)}")
+
+    thread = threading.Thread(target=steps, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        (workdir / "faults.txt").write_text("".join(line + "\n" for line in done))
 
 
 def load_run(run_dir: Path) -> tuple[dict[str, object], list[RunResult]]:

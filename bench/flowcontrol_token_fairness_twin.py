@@ -29,11 +29,18 @@ import argparse
 import random
 from dataclasses import replace
 
-from bench.flowcontrol_noisy import SHAREGPT, concurrency_config
+from bench.scenario import SCENARIOS
 from bench.slo_twin import Twin
 from bench.stats import bootstrap_median
 from bench.twin.vtime import run_in_virtual_time
-from bench.workloads import FAIRNESS_HEADER, FLEET_SIZE, RequestSpec, lengths, poisson_arrivals
+from bench.workloads import (
+    FAIRNESS_HEADER,
+    FLEET_SIZE,
+    WORKLOADS,
+    RequestSpec,
+    lengths,
+    poisson_arrivals,
+)
 from epp.requestcontrol import Routed
 from sim.engine import SimRequest
 
@@ -42,10 +49,9 @@ WARMUP = 30.0
 LOAD = 0.6
 TENANTS = ("long", "a", "b")
 LONG_FACTOR = 10
-CONFIGS = {
-    "round-robin": concurrency_config(8, "round-robin-fairness-policy"),
-    "token": concurrency_config(8, "token-fairness-policy"),
-}
+SHAREGPT = WORKLOADS["sharegpt"]
+CONFIGS = {"round-robin": (SCENARIOS / "configs" / "flowcontrol-fair-c8.yaml").read_text(),
+           "token": (SCENARIOS / "configs" / "flowcontrol-token-c8.yaml").read_text()}
 
 
 class TokenTwin(Twin):

@@ -36,8 +36,7 @@ class PeakRSS:
 
     def _run(self) -> None:
         while not self._stop.wait(0.2):
-            for name, pid in self.pids.items():
-                self.peak[name] = max(self.peak[name], rss_kb(pid))
+            self.peak = {n: max(self.peak[n], rss_kb(p)) for n, p in self.pids.items()}
 
     def __enter__(self) -> PeakRSS:
         self._thread.start()
@@ -75,12 +74,15 @@ def main() -> None:
             time.sleep(args.settle)
             legit = asyncio.run(legit_requests(gw.url(), args.legit, 8, model=MODEL))
             held = peak.mib()
+            ext_proc = {k.rpartition(".")[2]: v for k, v in gw.envoy.stats("ext_proc").items()
+                        if v and k.endswith(("timeouts", "failed", "started"))}
             for s in slow:
                 s.close()
         result["phase1"] = {"open_seconds": round(opened, 1), "settle_seconds": args.settle,
                             "legit": dict(legit.counts),
                             "legit_ok_ratio": round(legit.ok / max(1, legit.total), 4),
-                            "rss_before_mib": base, "rss_peak_mib": held}
+                            "rss_before_mib": base, "rss_peak_mib": held,
+                            "envoy_ext_proc": ext_proc}
         time.sleep(2)
         with PeakRSS(pids) as peak:
             started = time.monotonic()

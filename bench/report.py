@@ -80,6 +80,9 @@ class RunResult:
     #: Per request class (tag, e.g. ``tenant/objective``) of by-class workloads, over the
     #: warm requests: ``{"requests", "errors", "ttft_p90"}``.
     classes: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: Tenant workloads: Jain's index of the tenants' goodput in the arrival window
+    #: (:func:`tenant_fairness`; 0: not computed)
+    jain: float = 0.0
     error_samples: list[str] = field(default_factory=list)
     skipped: str = ""
 
@@ -136,13 +139,81 @@ def _classes(outcomes: Sequence[OutcomeLike], tags: Sequence[str], time_scale: f
              warmup: float) -> dict[str, dict[str, float]]:
     tagged = sorted(zip(outcomes, tags, strict=True), key=lambda ot: ot[0].start)
     warm = tagged[int(len(tagged) * warmup):]
+    pods = sorted({o.pod for o, _ in tagged if o.ok})
     out: dict[str, dict[str, float]] = {}
     for tag in sorted(set(tags)):
         mine = [o for o, t in warm if t == tag]
         ttft = [o.ttft / time_scale for o in mine if o.ok and o.ttft is not None]
+        # How evenly the class's prompt tokens spread over the pods: std / mean (0: even).
+        tokens = [float(sum(o.prompt_tokens for o in mine if o.ok and o.pod == p))
+                  for p in pods]
+        mean = statistics.fmean(tokens) if tokens else 0.0
         out[tag] = {"requests": len(mine), "errors": sum(not o.ok for o in mine),
-                    "ttft_p90": quantile(ttft, .9)}
+                    "ttft_p90": quantile(ttft, .9),
+                    "ttft_mean": statistics.fmean(ttft) if ttft else 0.0,
+                    "pod_cv": statistics.pstdev(tokens) / mean if mean else 0.0}
     return out
+
+
+class SpecLike(Protocol):
+    """What :func:`tenant_fairness` reads of a request (``bench.workloads.RequestSpec``)."""
+
+    @property
+    def at(self) -> float: ...
+
+    @property
+    def tag(self) -> str: ...
+
+    @property
+    def body(self) -> dict[str, Any]: ...
+
+
+def tenant_fairness(specs: Sequence[SpecLike], outcomes: Sequence[OutcomeLike], window: float,
+                    time_scale: float = 1.0) -> float:
+    """Jain's index of each tenant's (tag's) output tokens received by ``window`` model s
+    over its max-min fair share of all of them, the demand being the ``max_tokens`` its
+    requests arriving by then asked for: 1 = every tenant got its fair share (0: nothing
+    delivered). Token k arrives at start + TTFT + the first k-1 gaps (evenly spread from
+    the first token to the last when the gaps were not recorded)."""
+    got: dict[str, float] = {}
+    asked: dict[str, float] = {}
+    for spec, o in zip(specs, outcomes, strict=True):
+        if spec.at / time_scale <= window:
+            asked[spec.tag] = asked.get(spec.tag, 0) + int(spec.body.get("max_tokens", 0))
+        if not o.ok or o.ttft is None:
+            continue
+        first, n = (o.start + o.ttft) / time_scale, o.output_tokens
+        if first > window or n <= 0:
+            continue
+        k: float = 1
+        if o.itl:
+            at = o.start + o.ttft
+            for gap in o.itl:
+                at += gap
+                if at / time_scale > window:
+                    break
+                k += 1
+        else:
+            last = (o.start + (o.e2e or o.ttft)) / time_scale
+            k = n if last <= window or n == 1 else 1 + (n - 1) * (window - first) / (
+                last - first)
+        got[spec.tag] = got.get(spec.tag, 0.0) + k
+    # water-filling: each tenant gets min(demand, an equal split of what is left)
+    fair: dict[str, float] = {}
+    left, pending = sum(got.get(t, 0.0) for t in asked), dict(asked)
+    while pending:
+        split = left / len(pending)
+        small = {t: d for t, d in pending.items() if d <= split}
+        if not small:
+            fair.update(dict.fromkeys(pending, split))
+            break
+        for name, d in small.items():
+            fair[name], left = d, left - d
+            del pending[name]
+    if not fair or not all(fair.values()):
+        return 0.0
+    xs = [got.get(t, 0.0) / fair[t] for t in asked]
+    return sum(xs) ** 2 / (len(xs) * sum(x * x for x in xs)) if any(xs) else 0.0
 
 
 # -- aggregation over seeds ------------------------------------------------------------------
@@ -316,6 +387,13 @@ def point_sections(results: Sequence[RunResult], workloads: dict[str, Any],
                       f"{rows[0].servers} servers)", "", *table(rows, order, baseline), ""]
             if any(r.classes for r in rows):
                 lines += [*class_table(rows, order), ""]
+            fair = [f"{n} {bootstrap_median(xs)}" for n in dict.fromkeys(
+                [*order, *(r.contender for r in rows)])
+                if (xs := [r.jain for r in rows if r.contender == n and r.usable and r.jain])]
+            if fair:
+                lines += ["Jain's index of the tenants' goodput (output tokens within the "
+                          "arrival window over max-min fair shares; 1 = fair), median [95% "
+                          "interval] over seeds: " + "; ".join(fair) + ".", ""]
     return lines
 
 
@@ -337,6 +415,20 @@ def class_table(rows: Sequence[RunResult], order: Sequence[str]) -> list[str]:
             sent = sum(s["requests"] for s in stats)
             failed = sum(s["errors"] for s in stats)
             cells.append(f"{p90:.3f} ({failed / sent:.0%})" if sent else "n/a")
+        out.append(f"| {name} | " + " | ".join(cells) + " |")
+    if not any("pod_cv" in s for r in rows for s in r.classes.values()):
+        return out   # saved before the column existed
+    out += ["", "Per request class: TTFT mean s / how unevenly its prompt tokens spread over "
+            "the pods (std / mean; 0: even), medians over seeds.", "",
+            "| contender | " + " | ".join(classes) + " |", "|---|" + "---:|" * len(classes)]
+    for name in names:
+        mine = [r for r in rows if r.contender == name and r.classes]
+        # the flow-control twin does not name the pods: no spread to show
+        cells = [f"{statistics.median(r.classes[c]['ttft_mean'] for r in have):.3f} / " + (
+                 f"{statistics.median(r.classes[c]['pod_cv'] for r in have):.3f}"
+                 if any(set(r.pods) != {""} for r in have) else "n/a")
+                 if (have := [r for r in mine if "pod_cv" in r.classes.get(c, {})]) else "n/a"
+                 for c in classes]
         out.append(f"| {name} | " + " | ".join(cells) + " |")
     return out
 

@@ -67,15 +67,20 @@ class Plan:
         f = self.fleet
         return {"mode": self.mode, "servers": f.servers, "roles": f.roles, "profile": f.profile,
                 "profile_override": f.profile != self.scenario.fleet.profile,
+                **({"labels": f.pod_labels()} if f.labels else {}),
                 "time_scale": f.time_scale if self.mode == "real" else None,
                 "workload": self.workload.name, "generator": self.workload.generator,
                 "arrivals": self.workload.arrivals, "parameters": self.workload.parameters,
                 "duration": self.duration, "seeds": list(self.seeds), "loads": list(self.loads),
                 "contenders": [c.name for c in self.contenders],
+                **({"baseline": self.scenario.baseline} if self.scenario.baseline else {}),
                 "budget": (dataclasses.replace(self.scenario.budget,
                                                router_cpus=self.router_cpus).statement()
                            if self.mode == "real" else None),
-                "epp_cpu": self.epp_cpu_statement()}
+                "epp_cpu": self.epp_cpu_statement(),
+                **({"faults": [f"{f.action} at {f.at:g} s" + (
+                    "" if self.mode == "real" else " (not modelled in virtual time)")
+                    for f in self.scenario.faults]} if self.scenario.faults else {})}
 
     def epp_cpu_statement(self) -> str | None:
         """How the twin models the EPP's CPU (None: free)."""
@@ -149,10 +154,12 @@ class _Job:
     seed: int
 
 
-def _twin_router(c: Contender, keys: list[str], seed: int,
-                 cpu: ProcessCpu | None = None) -> Any:
+def _twin_router(c: Contender, keys: list[str], seed: int, cpu: ProcessCpu | None = None,
+                 labels: list[dict[str, str]] | None = None,
+                 specs: list[RequestSpec] | None = None) -> Any:
     """The twin's router for ``c`` (None: not modelled); ``cpu``: each EPP's own copy of
-    this process CPU model."""
+    this process CPU model; ``labels``: each server's extra pod labels; ``specs``: the
+    schedule (an EPP with a burst producer places each window's requests together)."""
     from bench.contenders import TUNED_CONFIG
     from bench.twin.baselines import LeastRequest, Random, RoundRobin
     from bench.twin.epp_adapter import EppRouter
@@ -164,8 +171,20 @@ def _twin_router(c: Contender, keys: list[str], seed: int,
     if c.name == "envoy-lr":
         return LeastRequest(c.name, keys, seed)
     own = dataclasses.replace(cpu) if cpu is not None else None
+    by_key = dict(zip(keys, labels, strict=True)) if labels else None
+    if c.replicas:
+        from bench.twin.replicas import Replicas
+
+        return Replicas(c.name, keys, seed, c.replicas, shared=c.store == "valkey",
+                        config_file=c.epp_config)
     if c.epp_config is not None:
-        return EppRouter(c.name, keys, seed, config_file=c.epp_config, model=MODEL, cpu=own)
+        if specs is not None and "burst-prefix-cache-producer" in c.epp_config.read_text():
+            from bench.twin.burst import WindowedRouter
+
+            return WindowedRouter(c.name, keys, seed, config_file=c.epp_config, model=MODEL,
+                                  cpu=own, labels=by_key, specs=specs)
+        return EppRouter(c.name, keys, seed, config_file=c.epp_config, model=MODEL, cpu=own,
+                         labels=by_key)
     if c.name in ("epp-default", "epp-tuned"):
         return EppRouter(c.name, keys, seed, model=MODEL, cpu=own,
                          config_text=TUNED_CONFIG if c.name == "epp-tuned" else None)
@@ -190,12 +209,15 @@ def _virtual(job: _Job) -> list[RunResult]:
         else:
             cfg = TwinConfig(servers=p.fleet.servers, seed=job.seed, profile=p.fleet.profile,
                              model=MODEL)
-            router = _twin_router(c, cfg.keys(), job.seed, p.epp_cpu)
+            router = _twin_router(c, cfg.keys(), job.seed, p.epp_cpu,
+                                  p.fleet.pod_labels(), specs)
             outcomes = None if router is None else run(specs, router, cfg)
         if outcomes is None:
             res.skipped = "not modelled in virtual time (run with --real)"
         else:
             summarize(res, outcomes, tags=tags)
+            if wl.generator == "tenants":
+                res.jain = rp.tenant_fairness(specs, outcomes, p.duration)
             res.wall_seconds = time.monotonic() - started
         out.append(res)
     return out
@@ -261,7 +283,7 @@ def _flow_virtual(c: Contender, fleet: Fleet, seed: int,
     """The real EPP runtime with its flow controller (``bench.slo_twin.Twin`` on
     :mod:`bench.twin.vtime`'s clock); a request it refused, or that did not finish, is an
     error outcome."""
-    from bench.flowcontrol_noisy_twin import TimedTwin
+    from bench.twin.flow import TimedTwin
     from bench.twin.vtime import run_in_virtual_time
 
     assert c.epp_config is not None
@@ -309,10 +331,13 @@ def _pd_virtual(fleet: Fleet, c: Contender, seed: int,
 
 # -- real time ----------------------------------------------------------------------------
 def _real_contender(c: Contender, p: Plan) -> Any:
-    from bench.contenders import Epp, PeerRouter, all_contenders
+    from bench.contenders import Epp, EppReplicas, PeerRouter, all_contenders
 
-    if c.epp_config is not None:
-        obj: Any = Epp(c.name, c.epp_config.read_text())
+    if c.replicas:
+        obj: Any = EppReplicas(c.name, c.replicas, c.store,
+                               c.epp_config.read_text() if c.epp_config else None)
+    elif c.epp_config is not None:
+        obj = Epp(c.name, c.epp_config.read_text())
     elif ":" in c.name:
         peer, _, policy = c.name.partition(":")
         obj = PeerRouter(peer, policy)
@@ -332,7 +357,8 @@ def _real(p: Plan, load: float, seed: int, c: Contender, workdir: Path) -> RunRe
         p.workload, load, _real_contender(c, p), duration=p.duration, seed=seed,
         servers=p.fleet.servers, time_scale=p.fleet.time_scale, workdir=workdir,
         progress=False, timeout=p.scenario.timeout, fleet_cpus=b.fleet_cpus,
-        client_cpus=b.client_cpus, profile=p.fleet.profile)
+        client_cpus=b.client_cpus, profile=p.fleet.profile, labels=p.fleet.pod_labels(),
+        faults=p.scenario.faults)
     res.contender, res.kind = c.name, c.kind
     return res
 
@@ -480,6 +506,8 @@ def section(doc: dict[str, Any], source: str) -> str:
              f"Environment: {environment.line(env)}", ""]
     if s.get("epp_cpu"):
         lines += [f"The EPP's CPU is modelled: {s['epp_cpu']}.", ""]
+    if s.get("faults"):
+        lines += [f"Faults: {'; '.join(s['faults'])}.", ""]
     scenario_path = ROOT / doc["scenario"]
     targets = []
     if scenario_path.is_file():
@@ -490,7 +518,7 @@ def section(doc: dict[str, Any], source: str) -> str:
         targets = [rp.Target(s["workload"], load, t.ours, t.against, t.metric, t.bound,
                              t.at_most) for t in scn.targets for load in s["loads"]
                    if t.ours in ran and (t.against in ran or t.against == "best-peer")]
-    baseline = "aggregated" if s.get("roles") else rp.BASELINE
+    baseline = s.get("baseline") or ("aggregated" if s.get("roles") else rp.BASELINE)
     tl = rp.target_lines(results, targets) if targets else []
     if tl:
         lines += ["Targets:", "", *tl, ""]

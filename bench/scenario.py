@@ -13,6 +13,8 @@ The schema (every key but ``title``, ``workload`` and ``contenders`` may be left
       roles: {prefill: 2, decode: 2}      # a P/D fleet instead (servers = their sum)
       profile: 8b-h100                    # the simulator profile (sim/profiles.py)
       time_scale: 1.0                     # real time only: the simulator runs N x slower
+      labels: [{tier: short}, {}, {}, {}]  # more pod labels, one mapping per server (a
+                                          # scaled fleet keeps the pattern's proportions)
     workload: shared-prefix               # bench/workloads/<name>.yaml, or a path
     # or, to change it for this scenario:
     # workload: {use: tenants, arrivals: {bursts: {period: 6, width: 0.5}},
@@ -22,10 +24,18 @@ The schema (every key but ``title``, ``workload`` and ``contenders`` may be left
     - envoy-rr                            # built in: see CONTENDERS / PD_CONTENDERS
     - {name: epp-mine, epp_config: my-epc.yaml}   # an EndpointPickerConfig file
     - {name: pd-1024, pd: {threshold: 1024}}      # P/D fleets: a P/D EPP variant
+    - {name: epp-2-shared, replicas: {count: 2, store: valkey}}  # active-active replicas
+      # (store: valkey = one shared Valkey; memory = replicas that share nothing); with
+      # epp_config or without (the EPP's default config)
+    baseline: envoy-rr                    # the contender the tables' ratios are to
     seeds: {first: 0, count: 5}           # or a list: [0, 1, 101]
     loads: [0.75]                         # offered load / the workload's nominal capacity
     budget: {router_cpus: 1, gateway_cpus: 1, fleet_cpus: 0, client_cpus: 0, burners: 0}
     timeout: 90                           # real time: per-request limit, wall seconds
+    faults:                               # real time: steps at model seconds of the schedule
+    - {at: 8, action: kill-replica}       # SIGKILL the first EPP replica (replicas contenders)
+    - {at: 6, action: kill-store}         # SIGKILL the replicas' Valkey ...
+    - {at: 12, action: restart-store}     # ... and start it again, empty
     targets:
     - {ours: epp-tuned, against: envoy-rr, metric: TTFT p90, at_most: 0.5}
     - {ours: epp-tuned, against: best-peer, metric: output tok/s, at_least: 1.0}
@@ -49,7 +59,7 @@ from bench.workloads import (
     Workload,
     WorkloadError,
     _arrivals,
-    _check_tenants,
+    check_parameters,
     load_workload,
 )
 
@@ -65,6 +75,8 @@ PEER_NAMES = ("vllm-router", "sglang-router")
 PD_CONTENDERS = ("aggregated", "vllm-router-pd")
 #: What a target may compare (``bench.report``'s metrics).
 METRICS = ("TTFT p90", "output tok/s", "TPOT p50", "cache hit")
+#: What a fault step does (``bench.contenders.Contender.fault``).
+FAULTS = ("kill-replica", "kill-store", "restart-store")
 #: P/D variants: the EPP config family ``bench.pd_compare`` builds, and the twin's picks.
 PD_CONFIGS = ("llm-d", "gie-scorers", "token-load", "spill")
 PD_PICKS = ("least", "tokens", "random")
@@ -83,15 +95,24 @@ class Fleet:
     roles: dict[str, int] = field(default_factory=dict)
     profile: str = "8b-h100"
     time_scale: float = 1.0
+    #: more pod labels, one mapping per server (empty: none)
+    labels: tuple[dict[str, str], ...] = ()
 
     @property
     def pd(self) -> bool:
         return bool(self.roles)
 
+    def pod_labels(self) -> list[dict[str, str]]:
+        """Each server's extra pod labels (the pattern of ``labels`` stretched to
+        ``servers``)."""
+        n = len(self.labels)
+        return [dict(self.labels[i * n // self.servers]) if n else {}
+                for i in range(self.servers)]
+
     def scaled(self, servers: int) -> Fleet:
         """The same fleet at ``servers`` servers (a P/D fleet keeps its prefill share)."""
         if not self.pd:
-            return Fleet(servers, {}, self.profile, self.time_scale)
+            return Fleet(servers, {}, self.profile, self.time_scale, self.labels)
         prefill = max(1, round(servers * self.roles["prefill"] / self.servers))
         prefill = min(prefill, servers - 1)
         return Fleet(servers, {"prefill": prefill, "decode": servers - prefill}, self.profile,
@@ -119,13 +140,18 @@ class Contender:
     name: str
     epp_config: Path | None = None
     pd: PdVariant | None = None
+    #: active-active EPP replicas behind one Envoy (0: one EPP, as built in)
+    replicas: int = 0
+    #: their state store: ``valkey`` (one shared Valkey) or ``memory`` (nothing shared)
+    store: str = ""
 
     @property
     def kind(self) -> str:
         """``ours`` (an EPP), ``peer`` or ``baseline``."""
         if self.name.split(":")[0] in PEER_NAMES or self.name == "vllm-router-pd":
             return "peer"
-        if (self.name.startswith("epp") or self.epp_config is not None or self.pd is not None):
+        if (self.name.startswith("epp") or self.epp_config is not None or self.pd is not None
+                or self.replicas):
             return "ours"
         return "baseline"
 
@@ -140,6 +166,14 @@ class Target:
     metric: str
     bound: float
     at_most: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """A step of a real-time run: ``action`` at ``at`` model seconds of the schedule."""
+
+    at: float
+    action: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +210,10 @@ class Scenario:
     budget: Budget
     timeout: float
     targets: tuple[Target, ...]
+    #: the contender the tables' ratios are to ("": envoy-rr, or aggregated on a P/D fleet)
+    baseline: str = ""
+    #: real time: fault steps, applied to every contender that has what they act on
+    faults: tuple[Fault, ...] = ()
 
     @property
     def digest(self) -> str:
@@ -186,7 +224,7 @@ class Scenario:
 _TOP: dict[str, type | tuple[type, ...]] = {
     "title": str, "description": str, "fleet": dict, "workload": (str, dict),
     "contenders": list, "seeds": (dict, list), "loads": list, "budget": dict,
-    "timeout": (int, float), "targets": list}
+    "timeout": (int, float), "targets": list, "baseline": str, "faults": list}
 _REQUIRED = ("title", "workload", "contenders")
 
 
@@ -252,6 +290,8 @@ def load_scenario(path: Path | str) -> Scenario:
     workload = _workload(r, raw["workload"])
     contenders = _contenders(r, raw["contenders"], fleet)
     names = [c.name for c in contenders]
+    if raw.get("baseline", names[0]) not in names:
+        raise r.fail("baseline", f"{raw['baseline']!r} is not a contender of this scenario")
     return Scenario(
         path=path, name=path.stem, title=r.text(raw["title"], "title"),
         description=str(raw.get("description", "")).strip(), fleet=fleet, workload=workload,
@@ -262,13 +302,22 @@ def load_scenario(path: Path | str) -> Scenario:
         budget=_budget(r, raw.get("budget", {})),
         timeout=r.number(raw.get("timeout", 90), "timeout", positive=True),
         targets=tuple(_target(r, t, f"targets[{i}]", names)
-                      for i, t in enumerate(raw.get("targets", []))))
+                      for i, t in enumerate(raw.get("targets", []))),
+        baseline=raw.get("baseline", ""),
+        faults=tuple(_fault(r, f, f"faults[{i}]") for i, f in enumerate(raw.get("faults", []))))
+
+
+def _fault(r: _Reader, raw: Any, where: str) -> Fault:
+    f = r.keys(raw, where, {"at", "action"}, ("at", "action"))
+    if f["action"] not in FAULTS:
+        raise r.fail(f"{where}.action", f"{f['action']!r} is not one of {', '.join(FAULTS)}")
+    return Fault(r.number(f["at"], f"{where}.at"), f["action"])
 
 
 def _fleet(r: _Reader, raw: Any) -> Fleet:
     from sim.profiles import PROFILES
 
-    f = r.keys(raw, "fleet", {"servers", "roles", "profile", "time_scale"})
+    f = r.keys(raw, "fleet", {"servers", "roles", "profile", "time_scale", "labels"})
     roles: dict[str, int] = {}
     if "roles" in f:
         roles_raw = r.keys(f["roles"], "fleet.roles", {"prefill", "decode"}, ("prefill", "decode"))
@@ -281,8 +330,17 @@ def _fleet(r: _Reader, raw: Any) -> Fleet:
     if profile not in PROFILES:
         raise r.fail("fleet.profile", f"unknown profile {profile!r} "
                      f"(known: {', '.join(sorted(PROFILES))})")
+    labels = f.get("labels", [])
+    if not isinstance(labels, list) or (labels and len(labels) != servers) or any(
+            not isinstance(x, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                               for k, v in x.items()) for x in labels):
+        raise r.fail("fleet.labels", f"expected {servers} mappings of label to string "
+                     "(one per server)")
+    if labels and roles:
+        raise r.fail("fleet.labels", "labels are for an aggregated fleet")
     return Fleet(servers, roles, profile,
-                 r.number(f.get("time_scale", 1.0), "fleet.time_scale", positive=True))
+                 r.number(f.get("time_scale", 1.0), "fleet.time_scale", positive=True),
+                 tuple(labels))
 
 
 def _workload(r: _Reader, raw: Any) -> Workload:
@@ -302,11 +360,11 @@ def _workload(r: _Reader, raw: Any) -> Workload:
     if "parameters" in spec:
         over = r.keys(spec["parameters"], "workload.parameters", GENERATORS[base.generator][2])
         params.update(over)
-        if base.generator == "tenants":
-            try:
-                _check_tenants(r.path, params["tenants"])
-            except WorkloadError as e:
-                raise r.fail("workload.parameters.tenants", str(e).split(": ", 2)[-1]) from None
+        try:
+            check_parameters(r.path, base.generator, params)
+        except WorkloadError as e:
+            where, _, msg = str(e).removeprefix(f"{r.path}: ").partition(": ")
+            raise r.fail(f"workload.{where}", msg) from None
     arrivals, period, width = base.arrivals, base.burst_period, base.burst_width
     if "arrivals" in spec:
         try:
@@ -327,11 +385,24 @@ def _contenders(r: _Reader, raw: list[Any], fleet: Fleet) -> tuple[Contender, ..
         where = f"contenders[{i}]"
         if isinstance(item, str):
             item = {"name": item}
-        c = r.keys(item, where, {"name", "epp_config", "pd"}, ("name",))
+        c = r.keys(item, where, {"name", "epp_config", "pd", "replicas"}, ("name",))
         name = r.text(c["name"], f"{where}.name")
         if "epp_config" in c and "pd" in c:
             raise r.fail(where, "give epp_config or pd, not both")
-        if "epp_config" in c:
+        if "replicas" in c:
+            if fleet.pd or "pd" in c:
+                raise r.fail(f"{where}.replicas", "replicas are for an aggregated fleet")
+            rep = r.keys(c["replicas"], f"{where}.replicas", {"count", "store"},
+                         ("count", "store"))
+            if rep["store"] not in ("valkey", "memory"):
+                raise r.fail(f"{where}.replicas.store", f"{rep['store']!r} is not one of "
+                             "valkey, memory")
+            out.append(Contender(
+                name, epp_config=(r.file(c["epp_config"], f"{where}.epp_config")
+                                  if "epp_config" in c else None),
+                replicas=r.positive_int(rep["count"], f"{where}.replicas.count"),
+                store=rep["store"]))
+        elif "epp_config" in c:
             if fleet.pd:
                 raise r.fail(f"{where}.epp_config", "a P/D fleet takes pd variants")
             out.append(Contender(name, epp_config=r.file(c["epp_config"], f"{where}.epp_config")))

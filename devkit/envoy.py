@@ -114,11 +114,26 @@ def replica_grpc_service(cluster: str) -> dict[str, Any]:
         "host_selection_retry_max_attempts": 3}}
 
 
-def grpc_cluster(name: str, port: int, *, tls: bool, host: str = "127.0.0.1") -> dict[str, Any]:
+#: How long Envoy waits for a connection to an ext_proc service (TCP and TLS handshake).
+#: Every stream waiting for that connection fails when it runs out, so it is not the 1 s of
+#: a model-server cluster: under a burst (5,000 slow clients arriving at once) Envoy opens
+#: more HTTP/2 connections to BBR while BBR's one process is busy taking in the streams, and
+#: at 1 s their handshakes timed out and ~3,000 streams failed together (JSON 503s to
+#: ordinary requests too). Upstream's test gateway uses 86,400 s; 10 s matches the ext_proc
+#: message timeout: a service that cannot be reached is refused at once (a closed port), a
+#: black-holed one is given up after 10 s.
+EXT_PROC_CONNECT_TIMEOUT = "10s"
+
+
+def grpc_cluster(name: str, port: int, *, tls: bool, host: str = "127.0.0.1",
+                 client_cert: tuple[str, str] | None = None,
+                 connect_timeout: str = EXT_PROC_CONNECT_TIMEOUT) -> dict[str, Any]:
     """An HTTP/2 cluster for an ext_proc service; with ``tls`` Envoy does not verify the
-    (self-signed) certificate, as upstream deployments do."""
+    (self-signed) certificate, as upstream deployments do. ``client_cert``: (certificate,
+    key) PEM files Envoy presents to the service (mTLS, the service's ``--client-ca-file``)."""
     cluster: dict[str, Any] = {
         **static_cluster(name, [(host, port)]),
+        "connect_timeout": connect_timeout,
         "typed_extension_protocol_options": {
             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
                 "@type": HTTP_OPTIONS,
@@ -134,16 +149,22 @@ def grpc_cluster(name: str, port: int, *, tls: bool, host: str = "127.0.0.1") ->
                 "common_tls_context": {"alpn_protocols": ["h2"]},
             },
         }
+        if client_cert is not None:
+            cert, key = client_cert
+            cluster["transport_socket"]["typed_config"]["common_tls_context"][
+                "tls_certificates"] = [{"certificate_chain": {"filename": cert},
+                                        "private_key": {"filename": key}}]
     return cluster
 
 
 def replica_cluster(name: str, replicas: Sequence[tuple[int, int]], *, tls: bool,
-                    host: str = "127.0.0.1") -> dict[str, Any]:
+                    host: str = "127.0.0.1",
+                    client_cert: tuple[str, str] | None = None) -> dict[str, Any]:
     """An ext_proc cluster of several service replicas, given as ``(grpc_port, health_port)``:
     Envoy balances the streams over them, health-checks each one's gRPC health port (a dead
     or draining replica leaves the rotation within 0.5 s) and ejects a replica whose
     connection fails before the health check notices (docs/active-active.md)."""
-    cluster = grpc_cluster(name, replicas[0][0], tls=tls, host=host)
+    cluster = grpc_cluster(name, replicas[0][0], tls=tls, host=host, client_cert=client_cert)
     cluster["load_assignment"] = static_cluster(
         name, [(host, p) for p, _ in replicas])["load_assignment"]
     for lb_endpoint, (_, health) in zip(cluster["load_assignment"]["endpoints"][0]
@@ -153,7 +174,7 @@ def replica_cluster(name: str, replicas: Sequence[tuple[int, int]], *, tls: bool
     # the active check keeps it out after that. The check itself tolerates a slow answer
     # (2 s, two misses): with a 0.5 s timeout and one miss, a busy live replica was marked
     # unhealthy, and with half the hosts unhealthy Envoy balances over all of them ("panic"),
-    # dead one included (bench.active_active_faults saw 500s ~10 s after a kill at load 30).
+    # dead one included (the replica-kill benchmark saw 500s ~10 s after a kill at load 30).
     check: dict[str, Any] = {"timeout": "2s", "interval": "0.5s", "unhealthy_threshold": 2,
                              "healthy_threshold": 1, "no_traffic_interval": "0.5s",
                              "grpc_health_check": {}}

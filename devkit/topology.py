@@ -118,6 +118,9 @@ class Topology:
     response_mode: str | None = None
     #: TLS from Envoy to the ext_proc services (not verified, as upstream deploys it)
     tls: bool = False
+    #: (certificate, key) PEM files Envoy presents to BBR and the EPPs over ``tls`` (mTLS:
+    #: the services' ``--client-ca-file`` must trust it); None: no client certificate
+    client_cert: tuple[str, str] | None = None
     failure_mode_allow: bool = False
     timeout: str = "10s"
     #: message of the 404 for a model no pool serves; None: no catch-all 404 route
@@ -232,12 +235,15 @@ class Topology:
         """BBR's, then per pool its EPP's and its upstream."""
         out = []
         if self.bbr_port is not None:
-            out.append(e.grpc_cluster("bbr", self.bbr_port, tls=self.tls))
+            out.append(e.grpc_cluster("bbr", self.bbr_port, tls=self.tls,
+                                      client_cert=self.client_cert))
         for p in self.pools:
             if len(p.epp_replicas) > 1:
-                out.append(e.replica_cluster(p.epp, p.epp_replicas, tls=self.tls))
+                out.append(e.replica_cluster(p.epp, p.epp_replicas, tls=self.tls,
+                                             client_cert=self.client_cert))
             elif p.epp_port is not None:
-                out.append(e.grpc_cluster(p.epp, p.epp_port, tls=self.tls))
+                out.append(e.grpc_cluster(p.epp, p.epp_port, tls=self.tls,
+                                          client_cert=self.client_cert))
             if p.override_host:
                 out.append(e.pool_cluster(p.upstream, [f"{h}:{port}" for h, port in p.endpoints],
                                           timeout=p.connect_timeout, h2c=p.h2c))

@@ -132,9 +132,11 @@ def parser() -> Parser:
                         "used instead of the Kubernetes API and re-read when it changes")
     p.add_bool("--reject-unknown-models", default=False,
                help="404 for models no rewrite, legacy model or server names")
-    p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY,
-                   help="largest request body accepted; bigger gets 413")
-    p.add_argument("--max-buffered-body-bytes", type=int, default=DEFAULT_MAX_BUFFERED,
+    p.add_argument("--max-body-bytes", type=byte_size, default=DEFAULT_MAX_BODY,
+                   metavar="SIZE", help="largest request body accepted, e.g. 10485760 or "
+                                        "32MiB; bigger gets a JSON 413 (default 10MiB)")
+    p.add_argument("--max-buffered-body-bytes", type=byte_size, default=DEFAULT_MAX_BUFFERED,
+                   metavar="SIZE",
                    help="request-body bytes all streams may hold at once (bounds memory under "
                         "many concurrent uploads); a chunk over it gets a JSON 503; 0: no bound")
     p.add_argument("--grace-period", type=float, default=30.0,
@@ -145,9 +147,10 @@ def parser() -> Parser:
                         "default 30s; here 0s, see docs/epp.md); then --grace-period applies")
     p.add_argument("--grpc-max-recv-msg-size", type=byte_size, default=None, metavar="SIZE",
                    help="largest gRPC message received, e.g. 10MiB or 25MB (default: "
-                        "--max-body-bytes + 1MiB)")
+                        "max(--max-body-bytes, 64MiB) + 1MiB)")
     p.add_argument("--grpc-max-send-msg-size", type=byte_size, default=None, metavar="SIZE",
-                   help="largest gRPC message sent (default: --max-body-bytes + 1MiB)")
+                   help="largest gRPC message sent (default: max(--max-body-bytes, 64MiB) "
+                        "+ 1MiB)")
     p.add_bool("--emit-endpoint-scores", default=False,
                help="send the primary profile's per-endpoint scores to the proxy in "
                     "envoy.lb metadata x-gateway-destination-endpoint-scores")

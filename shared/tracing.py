@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.trace import Span, Tracer
+    from opentelemetry.trace import Tracer
 
 #: Upstream's defaults (pkg/common/observability/tracing).
 DEFAULT_ENDPOINT = "http://localhost:4317"
@@ -46,9 +46,10 @@ _api: _Api | None = None
 
 class _Api:
     """The OpenTelemetry names the per-request path uses, bound once, and where finished
-    child spans go (the provider's own batch processor)."""
+    spans go (the provider's own batch processor)."""
 
-    def __init__(self, processor: Any, resource: Any, scope: Any) -> None:
+    def __init__(self, processor: Any, resource: Any, scope: Any, sampler: Any,
+                 ids: Any) -> None:
         import random
 
         from opentelemetry.sdk.trace import ReadableSpan
@@ -58,18 +59,19 @@ class _Api:
             Status,
             StatusCode,
             TraceFlags,
-            set_span_in_context,
+            get_current_span,
         )
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
         self.server = SpanKind.SERVER
         self.internal = SpanKind.INTERNAL
-        self.in_context = set_span_in_context
+        self.current_span = get_current_span
         self.propagator = TraceContextTextMapPropagator()
         self.status, self.error, self.unset = Status, StatusCode.ERROR, Status(StatusCode.UNSET)
         self.span_context, self.sampled = SpanContext, TraceFlags(TraceFlags.SAMPLED)
         self.readable = ReadableSpan
         self.processor, self.resource, self.scope = processor, resource, scope
+        self.should_sample, self.new_trace_id = sampler.should_sample, ids.generate_trace_id
         self.span_id = random.SystemRandom().getrandbits(64) | 1  # a counter from a random
         # start: unique within the process, no RNG call per span
 
@@ -159,15 +161,18 @@ def configure(enabled: bool, service_name: str, *, flag_given: bool = False,
             insecure = True  # as upstream's Go exporter reads the scheme
         span_exporter = fast_exporter_class()(endpoint=endpoint, insecure=insecure)
     else:
-        span_exporter = ConsoleSpanExporter(
-            formatter=lambda span: span.to_json(indent=None) + os.linesep)
+        def line(span: Any) -> str:  # our spans (ChildSpan) reach the exporter
+            return str(span.readable().to_json(indent=None)) + os.linesep
+
+        span_exporter = ConsoleSpanExporter(formatter=line)
     processor = BatchSpanProcessor(span_exporter)
     provider.add_span_processor(processor)
     _provider = provider
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
     _api = _Api(processor, provider.resource,
-                InstrumentationScope("inference-gateway-py", service_version))
+                InstrumentationScope("inference-gateway-py", service_version),
+                sampler, provider.id_generator)
     TRACER = provider.get_tracer("inference-gateway-py", service_version)
     return exporter
 
@@ -181,26 +186,40 @@ def shutdown() -> None:
 
 
 class ChildSpan:
-    """A span inside a sampled request (parse, a scorer, ...): its fields, and on
-    :meth:`end` one SDK ``ReadableSpan`` handed to the batch processor.
+    """A span of a sampled request (the root, parse, a scorer, ...): its fields, and on
+    :meth:`end` itself handed to the batch processor, which the OTLP encoder
+    (:mod:`shared.otlpwire`) reads as it would an SDK ``ReadableSpan``.
 
     The SDK's own ``Span`` costs ~50 µs to start and end here (locks, attribute validation,
-    context objects); ten of them per sampled request alone would spend upstream's 10%
-    sampling rate's whole 5% budget. Attributes are set by our code with well-typed values,
-    so nothing is lost by skipping the checks."""
+    context objects) and a ``ReadableSpan`` built at the end ~10 µs more; ten of them per
+    sampled request alone would spend upstream's 10% sampling rate's whole 5% budget.
+    Attributes are set by our code with well-typed values, so nothing is lost by skipping
+    the checks. :meth:`readable` builds the SDK object for exporters that need one."""
 
-    __slots__ = ("_api", "attributes", "context", "name", "parent", "start", "status")
+    __slots__ = ("_api", "attributes", "context", "end_time", "kind", "name", "parent",
+                 "start_time", "status")
 
     def __init__(self, api: _Api, name: str, trace_id: int, parent: Any,
-                 attributes: Mapping[str, Any] | None) -> None:
+                 attributes: Mapping[str, Any] | None, kind: Any = None,
+                 trace_state: Any = None) -> None:
         self._api = api
         self.name = name
         self.parent = parent
         api.span_id = span_id = (api.span_id + 0x9E3779B97F4A7C15) & 0xFFFF_FFFF_FFFF_FFFF or 1
-        self.context = api.span_context(trace_id, span_id, False, api.sampled)
+        self.context = api.span_context(trace_id, span_id, False, api.sampled, trace_state)
         self.attributes: dict[str, Any] = dict(attributes) if attributes else {}
         self.status: Any = api.unset
-        self.start = time_ns()
+        self.kind = kind or api.internal
+        self.start_time = time_ns()
+        self.end_time: int | None = None
+
+    @property
+    def resource(self) -> Any:
+        return self._api.resource
+
+    @property
+    def instrumentation_scope(self) -> Any:
+        return self._api.scope
 
     def set_attribute(self, key: str, value: Any) -> None:
         self.attributes[key] = value
@@ -211,28 +230,36 @@ class ChildSpan:
     def set_status(self, status: Any) -> None:
         self.status = status
 
+    def get_span_context(self) -> Any:
+        return self.context
+
     def end(self) -> None:
+        self.end_time = time_ns()
+        self._api.processor.on_end(self)
+
+    def readable(self) -> Any:
+        """The SDK's ``ReadableSpan`` of this span (console export, the SDK's encoder)."""
         api = self._api
-        api.processor.on_end(api.readable(
+        return api.readable(
             self.name, context=self.context, parent=self.parent, resource=api.resource,
-            attributes=self.attributes, kind=api.internal, status=self.status,
-            start_time=self.start, end_time=time_ns(), instrumentation_scope=api.scope))
+            attributes=self.attributes, kind=self.kind, status=self.status,
+            start_time=self.start_time, end_time=self.end_time,
+            instrumentation_scope=api.scope)
 
 
 class RequestTrace:
-    """One sampled request's root span (the SDK's), and child spans under it.
+    """One sampled request's root span, and child spans under it.
 
     Only built for a request the sampler kept, so whatever holds one records.
     """
 
-    __slots__ = ("_api", "_root_ctx", "_trace_id", "root", "tracer")
+    __slots__ = ("_api", "_root_ctx", "_trace_id", "root")
 
-    def __init__(self, tracer: Tracer, root: Span, api: _Api) -> None:
-        self.tracer = tracer
+    def __init__(self, root: ChildSpan, api: _Api) -> None:
         self.root = root
         self._api = api
-        self._root_ctx = root.get_span_context()
-        self._trace_id = self._root_ctx.trace_id
+        self._root_ctx = root.context
+        self._trace_id = root.context.trace_id
 
     def span(self, name: str, attributes: Mapping[str, Any] | None = None,
              parent: ChildSpan | None = None) -> ChildSpan:
@@ -240,7 +267,7 @@ class RequestTrace:
         return ChildSpan(self._api, name, self._trace_id,
                          self._root_ctx if parent is None else parent.context, attributes)
 
-    def fail(self, span: Span | ChildSpan, error: BaseException) -> None:
+    def fail(self, span: ChildSpan, error: BaseException) -> None:
         """Record on ``span`` the answer ``error`` ended the request with: failed for a
         4xx/5xx (or any other exception), not for a direct 2xx answer (BBR's model list)."""
         status = getattr(error, "status", None)
@@ -261,18 +288,29 @@ def start_request(name: str, headers: Mapping[str, str],
 
     The parent is, in order: the ``traceparent`` Envoy put on the ext_proc gRPC call (its
     span for that call, when Envoy traces), else the one in the HTTP request's headers (the
-    client's, which is what Envoy passes on when it does not trace)."""
-    tracer, api = TRACER, _api
-    if tracer is None or api is None:
+    client's, which is what Envoy passes on when it does not trace).
+
+    The configured sampler decides before anything is built: a request it drops costs the
+    decision and a trace id (no span object, no context), ~1 µs here."""
+    api = _api
+    if api is None:
         return None
     carrier: Mapping[str, str] = headers
     if grpc_traceparent:
         carrier = {TRACEPARENT: grpc_traceparent}
-    ctx = api.propagator.extract(carrier) if TRACEPARENT in carrier else None
-    root = tracer.start_span(name, context=ctx, kind=api.server)
-    if not root.is_recording():
+    ctx = parent = None
+    if TRACEPARENT in carrier:
+        ctx = api.propagator.extract(carrier)
+        parent = api.current_span(ctx).get_span_context()
+        if not parent.is_valid:
+            parent = None
+    trace_id = parent.trace_id if parent is not None else api.new_trace_id()
+    decision = api.should_sample(ctx, trace_id, name, api.server)
+    if not decision.decision.is_sampled():
         return None
-    return RequestTrace(tracer, root, api)
+    root = ChildSpan(api, name, trace_id, parent, decision.attributes, api.server,
+                     decision.trace_state)
+    return RequestTrace(root, api)
 
 
 def active() -> bool:

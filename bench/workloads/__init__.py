@@ -223,6 +223,53 @@ def _pd_capacity(p: Params) -> float:
     return 1 / _prefill(mean)
 
 
+def classes(rng: random.Random, p: Params, times: list[float]) -> list[RequestSpec]:
+    """Request classes drawn by their ``share`` (tagged with the class name), unique
+    ``prompt_tokens`` prompts, ``output_tokens`` out; a class with ``groups`` and
+    ``system_tokens`` puts one of its ``groups`` shared system prompts before each prompt
+    (warm traffic among cold, short among long, ...)."""
+    names = list(p["classes"])
+    shares = [float(p["classes"][c]["share"]) for c in names]
+    systems = {c: [_words(rng, int(k["system_tokens"])) for _ in range(int(k["groups"]))]
+               for c, k in p["classes"].items() if k.get("groups")}
+    specs = []
+    for t in times:
+        c = rng.choices(names, shares)[0]
+        head = rng.choice(systems[c]) if c in systems else ""
+        prompt = head + _words(rng, int(p["classes"][c]["prompt_tokens"]))
+        specs.append(RequestSpec(t, "/v1/completions",
+                                 _completion(prompt, int(p["output_tokens"])), tag=c))
+    return specs
+
+
+def _classes_capacity(p: Params) -> float:
+    # Shared system prompts prefilled once per server: only the unique part counts.
+    total = sum(float(k["share"]) for k in p["classes"].values())
+    return 1 / _prefill(sum(float(k["share"]) * k["prompt_tokens"]
+                            for k in p["classes"].values()) / total)
+
+
+def rollout(rng: random.Random, p: Params, times: list[float]) -> list[RequestSpec]:
+    """RL-rollout steps: each ``groups x samples`` consecutive arrivals (one burst of the
+    ``bursts`` arrivals) are ``samples`` identical copies of ``groups`` new
+    ``prompt_tokens`` prompts, ``output_tokens`` out; tagged ``step-<n>``."""
+    per = int(p["groups"]) * int(p["samples"])
+    specs: list[RequestSpec] = []
+    for step in range(math.ceil(len(times) / per)):
+        prompts = [_words(rng, int(p["prompt_tokens"])) for _ in range(int(p["groups"]))]
+        order = [g for g in range(int(p["groups"])) for _ in range(int(p["samples"]))]
+        rng.shuffle(order)
+        specs += [RequestSpec(t, "/v1/completions",
+                              _completion(prompts[g], int(p["output_tokens"])),
+                              tag=f"step-{step}")
+                  for t, g in zip(times[step * per:(step + 1) * per], order, strict=False)]
+    return specs
+
+
+def _rollout_capacity(p: Params) -> float:
+    return 1 / _prefill(p["prompt_tokens"] / p["samples"])
+
+
 def multimodal(rng: random.Random, p: Params, times: list[float]) -> list[RequestSpec]:
     """Chat requests with a unique ``question_tokens`` question followed by
     ``images_min``-``images_max`` images (OpenAI's order: text, then ``image_url`` blocks),
@@ -282,6 +329,9 @@ GENERATORS: dict[str, tuple[Generator, Callable[[Params], float], frozenset[str]
     "pd-mix": (pd_mix, _pd_capacity,
                frozenset({"long_share", "long_min", "long_max", "short_min", "short_max",
                           "output_min", "output_max"})),
+    "classes": (classes, _classes_capacity, frozenset({"classes", "output_tokens"})),
+    "rollout": (rollout, _rollout_capacity,
+                frozenset({"groups", "samples", "prompt_tokens", "output_tokens"})),
     "multimodal": (multimodal, _mm_capacity,
                    frozenset({"question_tokens", "images_min", "images_max", "repeat_share",
                               "output_tokens"})),
@@ -315,7 +365,7 @@ class Workload:
     @property
     def by_class(self) -> bool:
         """Whether the report breaks this workload down by request tag (tenant/objective)."""
-        return self.generator in ("tenants", "pd-mix", "multimodal")
+        return self.generator in ("tenants", "pd-mix", "classes", "multimodal")
 
     @property
     def per_server(self) -> float:
@@ -372,6 +422,32 @@ def _check_tenants(path: Path, tenants: Any) -> None:
                                 f"{sorted(OBJECTIVES)}")
 
 
+_CLASS_KEYS = frozenset({"share", "prompt_tokens", "groups", "system_tokens"})
+
+
+def _check_classes(path: Path, classes: Any) -> None:
+    if not isinstance(classes, dict) or not classes:
+        raise WorkloadError(f"{path}: parameters.classes: expected a mapping of class names")
+    for name, c in classes.items():
+        where = f"{path}: parameters.classes.{name}"
+        if not isinstance(c, dict) or not {"share", "prompt_tokens"} <= set(c) <= _CLASS_KEYS:
+            raise WorkloadError(f"{where}: expected {{share, prompt_tokens}} and optionally "
+                                "{groups, system_tokens}")
+        if ("groups" in c) != ("system_tokens" in c):
+            raise WorkloadError(f"{where}: give groups and system_tokens together")
+        for key, v in c.items():
+            if isinstance(v, bool) or not isinstance(v, int | float) or v <= 0:
+                raise WorkloadError(f"{where}.{key}: expected a positive number")
+
+
+def check_parameters(path: Path, generator: str, params: Params) -> None:
+    """The checks of a generator's structured parameters (tenants, classes)."""
+    if generator == "tenants":
+        _check_tenants(path, params["tenants"])
+    elif generator == "classes":
+        _check_classes(path, params["classes"])
+
+
 def objective_manifests(pool: str) -> list[dict[str, Any]]:
     """The :data:`OBJECTIVES` as InferenceObjectives of ``pool``."""
     return [{"apiVersion": "inference.networking.x-k8s.io/v1alpha2", "kind": "InferenceObjective",
@@ -400,8 +476,7 @@ def load_workload(path: Path) -> Workload:
     if have != need:
         raise WorkloadError(f"{path}: parameters: unknown {sorted(have - need)}, "
                             f"missing {sorted(need - have)}")
-    if gen == "tenants":
-        _check_tenants(path, params["tenants"])
+    check_parameters(path, gen, params)
     arrivals, period, width = _arrivals(path, raw["arrivals"])
     try:
         loads = tuple(float(x) for x in raw["loads"])

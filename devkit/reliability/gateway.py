@@ -117,12 +117,15 @@ def gateway_config(pools: list[tuple[PoolDef, int]], bbr_port: int, admin: int, 
                    *, mode: str, tls: bool = True, failure_mode_allow: bool = False,
                    timeout: str = "10s", runtime: dict[str, Any] | None = None,
                    limits: Limits | None = DEFAULT,
-                   buffer_limit: int | None = None) -> dict[str, Any]:
+                   buffer_limit: int | None = None,
+                   client_cert: tuple[str, str] | None = None) -> dict[str, Any]:
     """Envoy: BBR for every request, then the matched pool's EPP (per route), then the pool's
     ``override_host`` cluster (retrying down the EPP's fallbacks); unknown models get a 404
-    from the catch-all route."""
+    from the catch-all route. ``client_cert``: (certificate, key) files Envoy presents to
+    the services (mTLS)."""
     return Topology(
         listen=listen, admin=admin, bbr_port=bbr_port, mode=mode, tls=tls,
+        client_cert=client_cert,
         failure_mode_allow=failure_mode_allow, timeout=timeout, runtime=runtime,
         pools=[Pool(p.name, models=p.models, epp_port=port,
                     endpoints=[(ip, p.port) for _, ip in p.pods] + [(h, p.port) for h in p.decoys])
@@ -158,10 +161,13 @@ def start_gateway(workdir: Path, pools: list[PoolDef], *, mode: str,
                   failure_mode_allow: bool = False, timeout: str = "10s",
                   runtime: dict[str, Any] | None = None,
                   limits: Limits | None = DEFAULT,
-                  buffer_limit: int | None = None) -> Gateway:
+                  buffer_limit: int | None = None,
+                  client_cert: tuple[str, str] | None = None) -> Gateway:
     """Start one EPP per pool, BBR and Envoy (everything TLS, as deployed by default);
     ``runtime`` is Envoy's static runtime layer (none: Envoy's defaults); ``limits`` the
-    overload limits (:mod:`devkit.overload`; None: Envoy's defaults)."""
+    overload limits (:mod:`devkit.overload`; None: Envoy's defaults); ``client_cert`` the
+    (certificate, key) files Envoy presents to BBR and the EPPs (with ``--client-ca-file``
+    in ``bbr_args``/``epp_args``: mTLS)."""
     workdir.mkdir(parents=True, exist_ok=True)
     epps: dict[str, ServiceProcess] = {}
     for p in pools:
@@ -178,7 +184,8 @@ def start_gateway(workdir: Path, pools: list[PoolDef], *, mode: str,
     admin, listen = e.free_port(), e.free_port()
     cfg = gateway_config([(p, epps[p.name].port) for p in pools], bbr.port, admin, listen,
                          mode=mode, failure_mode_allow=failure_mode_allow, timeout=timeout,
-                         runtime=runtime, limits=limits, buffer_limit=buffer_limit)
+                         runtime=runtime, limits=limits, buffer_limit=buffer_limit,
+                         client_cert=client_cert)
     envoy = e.Envoy(cfg, admin_port=admin, workdir=workdir / "envoy").start()
     return Gateway(mode, envoy, bbr, epps, listen, workdir)
 

@@ -14,6 +14,12 @@ labels and buckets), as upstream exports both; v0.10's
 ``llm_d_epp_flow_control_requests_total{outcome, priority, inference_pool}`` counts final
 outcomes.
 
+v0.10's ``llm_d_epp_flow_control_stale_endpoints{detector}`` (gauge, no legacy twin, as
+upstream) is set by the ``utilization-detector`` at every saturation reading: how many of the
+candidate endpoints had metrics missing or older than its staleness threshold (each such
+endpoint reads as fully saturated), so a pool pinned at saturation 1.0 by a broken scrape can be
+told from a busy one.
+
 The fairness id comes from a client header, so a gauge series is removed once its flow is
 empty: clients cannot grow the gauges without bound by inventing ids.
 """  # noqa: E501
@@ -170,6 +176,19 @@ def _cached(cache: dict[Any, Any], key: tuple[str, ...], metric: Any) -> Any:
             cache.clear()
         child = cache[key] = metric.labels(*key)
     return child
+
+
+_stale: Gauge | None = None
+
+
+def stale_endpoints_gauge() -> Gauge:
+    """``llm_d_epp_flow_control_stale_endpoints{detector}`` on the default registry."""
+    global _stale
+    if _stale is None:
+        _stale = Gauge("llm_d_epp_flow_control_stale_endpoints",
+                       "Candidate endpoints whose metrics were missing or older than the "
+                       "staleness threshold at the last saturation reading.", ["detector"])
+    return _stale
 
 
 _default: FlowControlMetrics | None = None

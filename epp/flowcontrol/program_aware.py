@@ -14,6 +14,14 @@ flight decays: S x 0.5^(t / lasHalfLifeSeconds) when a half-life is set, else S 
 lasDecayFactor at every pick. A program with no completion for ``evictionTtlSeconds`` and
 nothing in flight is forgotten (checked every ``evictionSweepSeconds``), so ids invented by
 clients do not pile up.
+
+Exported as upstream does: ``llm_d_epp_program_aware_attained_service_tokens{program_id}``
+(S at each completion), ``llm_d_epp_program_aware_avg_wait_time_milliseconds{program_id}``
+(the running mean of the queue wait, in whole milliseconds, of the program's requests this
+policy released from the queue; a request that never queued adds nothing) and
+``llm_d_epp_program_aware_jains_fairness_index`` = (sum w)^2 / (n x sum w^2) over the programs'
+mean waits w (1 with fewer than two programs that have waited), recomputed at every pick. A
+forgotten program's series go with it.
 """
 
 from __future__ import annotations
@@ -36,6 +44,8 @@ if TYPE_CHECKING:
 INPUT_TOKEN_WEIGHT, OUTPUT_TOKEN_WEIGHT = 1, 2
 
 _attained: Gauge | None = None
+_avg_wait: Gauge | None = None
+_fairness: Gauge | None = None
 
 
 def attained_service_gauge() -> Gauge:
@@ -46,6 +56,34 @@ def attained_service_gauge() -> Gauge:
                           "Time-decayed attained service (weighted tokens) per program.",
                           ["program_id"])
     return _attained
+
+
+def avg_wait_gauge() -> Gauge:
+    """``llm_d_epp_program_aware_avg_wait_time_milliseconds{program_id}`` (upstream's name)."""
+    global _avg_wait
+    if _avg_wait is None:
+        _avg_wait = Gauge("llm_d_epp_program_aware_avg_wait_time_milliseconds",
+                          "Running mean of the flow-control queue wait per program, in "
+                          "milliseconds.", ["program_id"])
+    return _avg_wait
+
+
+def fairness_index_gauge() -> Gauge:
+    """``llm_d_epp_program_aware_jains_fairness_index`` (upstream's name)."""
+    global _fairness
+    if _fairness is None:
+        _fairness = Gauge("llm_d_epp_program_aware_jains_fairness_index",
+                          "Jain's fairness index over the programs' mean queue waits.")
+    return _fairness
+
+
+def jains_index(values: list[float]) -> float:
+    """(sum x)^2 / (n x sum x^2); 1 (fair) for fewer than two values or all zero."""
+    n = len(values)
+    sq = sum(x * x for x in values)
+    if n <= 1 or sq == 0:
+        return 1.0
+    return sum(values) ** 2 / (n * sq)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +116,9 @@ class _Program:
     #: Monotonic time the service last grew or decayed.
     anchor: float = 0.0
     last_completion: float = 0.0
+    #: Requests released from the queue and their running mean wait (ms).
+    waits: int = 0
+    avg_wait_ms: float = 0.0
 
 
 class ProgramAwareFairness(Plugin):
@@ -121,6 +162,9 @@ class ProgramAwareFairness(Plugin):
         best = max(sorted(waiting), key=lambda fid: (
             p.las_weight_service * (1 - _norm(services[fid], s_lo, s_hi))
             + p.las_weight_head_wait * _norm(waits[fid], w_lo, w_hi)))
+        # The flow controller releases the head of the flow picked here, so its wait is
+        # known now (upstream stashes the head's enqueue time at its pick for the same).
+        self._waited(best, waits[best], now)
         return waiting[best]
 
     # -- accounting (the flow controller calls these) ----------------------------------
@@ -138,6 +182,17 @@ class ProgramAwareFairness(Plugin):
         attained_service_gauge().labels(fairness_id).set(prog.service)
 
     # -- internals ---------------------------------------------------------------------
+
+    def _waited(self, fairness_id: str, seconds: float, now: float) -> None:
+        prog = self.programs.get(fairness_id)
+        if prog is None:
+            prog = self.programs[fairness_id] = _Program(anchor=now, last_completion=now)
+        prog.waits += 1
+        # Whole milliseconds, as upstream measures them.
+        prog.avg_wait_ms += (math.floor(seconds * 1000) - prog.avg_wait_ms) / prog.waits
+        avg_wait_gauge().labels(fairness_id).set(prog.avg_wait_ms)
+        fairness_index_gauge().set(
+            jains_index([q.avg_wait_ms for q in self.programs.values() if q.waits]))
 
     def _decay_idle(self, band: Band, waiting: dict[str, FlowQueue], now: float) -> None:
         p = self.params
@@ -159,8 +214,9 @@ class ProgramAwareFairness(Plugin):
                     if now - prog.last_completion >= ttl and not band.inflight.get(fid)
                     and fid not in band.flows]:
             del self.programs[fid]
-            with contextlib.suppress(KeyError):
-                attained_service_gauge().remove(fid)
+            for gauge in (attained_service_gauge(), avg_wait_gauge()):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(fid)
 
 
 def _norm(x: float, lo: float, hi: float) -> float:

@@ -1,77 +1,61 @@
-"""Issue 18's benchmarks: what they count and how they judge (bench.active_active,
-bench.active_active_faults, bench.active_active_throughput). Figures come from bench/ runs;
-here only the arithmetic, the reading of a run directory and one short real run."""
+"""Issue 18's benchmarks: fault steps of a real-time scenario run (bench.compare._faults;
+the scenarios active-active-kill-*), bench.active_active_throughput; the routing figure is
+bench/scenarios/active-active.yaml.
+Figures come from bench/ runs; here only the arithmetic and one short real run."""
 
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
-import orjson
-
-from bench.active_active import load_runs, report, targets
-from bench.active_active_faults import FaultRun, hit_rate, own_in_flight
-from bench.active_active_faults import report as fault_report
-from bench.openloop import Outcome
+from bench.compare import _faults
+from bench.contenders import Contender, EnvoyLB
+from bench.scenario import Fault
 from bench.twin.cpu import load_rounds
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _outcomes(path: Path, ttfts: list[float], cached: int) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(b"".join(orjson.dumps({
-        "index": i, "start": i * 0.1, "status": 200, "ttft": t, "e2e": t + 1.0,
-        "output_tokens": 10, "prompt_tokens": 100, "cached_tokens": cached,
-        "pod": "sim-0"}) + b"\n" for i, t in enumerate(ttfts)))
+class _Recorder(Contender):
+    """A contender that only records the fault steps it is asked to do."""
+
+    name = "recorder"
+
+    def __init__(self) -> None:
+        self.done: list[tuple[str, float]] = []
+        self.t0 = time.monotonic()
+
+    def fault(self, action: str) -> str:
+        self.done.append((action, time.monotonic() - self.t0))
+        return f"{action}: recorded"
 
 
-def test_a_run_directory_is_read_back_paired_by_complete_seeds(tmp_path: Path) -> None:
-    for seed in (0, 1):
-        _outcomes(tmp_path / str(seed) / "epp-1" / "outcomes.jsonl", [1.0] * 20, 80)
-        _outcomes(tmp_path / str(seed) / "epp-2-shared" / "outcomes.jsonl", [2.0] * 20, 70)
-    _outcomes(tmp_path / "2" / "epp-1" / "outcomes.jsonl", [1.0] * 20, 80)  # unfinished seed
-    rows = load_runs(tmp_path, 1.0)
-    assert list(rows) == ["epp-1", "epp-2-shared"]
-    assert sorted(rows["epp-1"]) == [0, 1]
-    table = "\n".join(report(rows, "epp-1"))
-    assert "| epp-2-shared | 2 | 70.0 [70.0, 70.0] | -10.0 [-10.0, -10.0] |" in table
-    assert "2.00 [2.00, 2.00]" in table   # TTFT p90 ratio, paired by seed
-    verdicts = targets(rows, "epp-1")
-    assert verdicts == [
-        "- epp-2-shared: hit rate loss vs 1 replica 10.00 [10.00, 10.00] points "
-        "(target <= 3): **not met**",
-        "- epp-2-shared: TTFT p90 / 1 replica 2.00 [2.00, 2.00] (target <= 1.1): **not met**"]
+def test_fault_steps_run_in_order_at_their_scaled_times(tmp_path: Path) -> None:
+    c = _Recorder()
+    faults = [Fault(0.4, "restart-store"), Fault(0.2, "kill-store")]
+    with _faults(c, faults, 0.5, tmp_path):   # time scale 0.5: at 0.1 s and 0.2 s
+        time.sleep(0.4)
+    assert [a for a, _ in c.done] == ["kill-store", "restart-store"]
+    assert 0.09 <= c.done[0][1] < 0.19 and 0.19 <= c.done[1][1] < 0.35
+    lines = (tmp_path / "faults.txt").read_text().splitlines()
+    assert [ln.split(": ", 1)[1] for ln in lines] == ["kill-store: recorded",
+                                                      "restart-store: recorded"]
 
 
-def test_a_replicas_own_requests_in_flight_leave_out_the_others() -> None:
-    debug = {"endpoints": [
-        {"inflight_requests": 5, "remote_inflight_requests": 2},
-        {"inflight_requests": 1, "remote_inflight_requests": 1},
-        {"inflight_requests": 0, "remote_inflight_requests": 0}]}
-    assert own_in_flight(debug) == 3
-    assert own_in_flight({}) == 0
+def test_steps_not_yet_due_when_the_run_ends_are_not_done(tmp_path: Path) -> None:
+    c = _Recorder()
+    with _faults(c, [Fault(30.0, "kill-replica")], 1.0, tmp_path):
+        pass
+    assert c.done == []
+    assert (tmp_path / "faults.txt").read_text() == ""
 
 
-def test_hit_rate_counts_only_completed_requests() -> None:
-    ok = Outcome(index=0, status=200, ttft=0.1, prompt_tokens=100, cached_tokens=60)
-    failed = Outcome(index=1, status=500, prompt_tokens=100, cached_tokens=0)
-    assert hit_rate([ok, failed]) == 0.6
-    assert hit_rate([failed]) == 0.0
-
-
-def test_the_fault_report_shows_errors_beyond_the_killed_replicas_streams() -> None:
-    runs = [FaultRun("replica", 0, requests=90, errors=5, in_flight_on_killed=4,
-                     errors_sent_after_kill=1, load=3.0),
-            FaultRun("valkey", 0, requests=90, errors=0, load=3.0,
-                     hit={"before": 0.5, "during": 0.6, "after": 0.7, "all": 0.6})]
-    args = argparse.Namespace(load=0.5, duration=30.0, servers=4, seeds="0")
-    text = "\n".join(fault_report(runs, args))
-    assert "| 0 | 90 | 5 | 4 | 1 | 1 | 0.000 |" in text
-    assert "| valkey | 0 | 90 | 0 | 50.0 | 60.0 | 70.0 |" in text
+def test_a_contender_without_replicas_says_a_fault_has_nothing_to_act_on() -> None:
+    assert EnvoyLB("envoy-rr", "ROUND_ROBIN").fault("kill-replica") == (
+        "kill-replica: nothing to act on in envoy-rr")
 
 
 def test_the_throughput_bench_runs_its_three_contenders_on_one_envoy(tmp_path: Path) -> None:

@@ -46,31 +46,6 @@ def test_workload_mixes_long_prompts_and_short_streaming_decodes() -> None:
     assert [s.body for s in specs] == [s.body for s in workload(3, 2.0, 50)]
 
 
-# Two fleets start and drain (prompts up to 16k tokens, 500 out at 12 ms a token): on this
-# shared 2-core machine that can take longer than the suite's default 120 s.
-@pytest.mark.timeout(300)
-def test_a_short_run_compares_both_fleets(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "bench.pd_compare", "--seeds", "1",
-                           "--duration", "4", "--rate", "1", "--fleets", "pd",
-                           # the simulator 4x faster than model time: same requests and
-                           # decisions, a third of the wall time
-                           "--time-scale", "0.25", "--workdir", str(tmp_path)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=280)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "| long | tpot_p90 |" in proc.stdout
-    assert "errors: {'aggregated': 0, 'pd': 0}" in proc.stdout
-    for seed in (0,):
-        pd = orjson.loads((tmp_path / f"pd-seed{seed}" / "summary.json").read_bytes())
-        tags = [orjson.loads(line)["tag"] for line in
-                (tmp_path / f"pd-seed{seed}" / "requests.jsonl").read_bytes().splitlines()]
-        assert "long" in tags and "short" in tags  # seed 0 at this rate: both classes
-        sidecar = pd["counters"]["sidecar"]
-        assert sidecar.get('{mode="disaggregated"}', 0) == tags.count("long")
-        assert sidecar.get('{mode="local"}', 0) == tags.count("short")
-        assert pd["counters"]["kv_pulls"] == tags.count("long")
-        assert pd["counters"]["failed_pulls"] == 0
-
-
 @pytest.mark.timeout(300)
 def test_vllm_router_pd_mode_moves_kv_through_the_simulator_roles(tmp_path: Path) -> None:
     """vllm-router 0.1.x ``--vllm-pd-disaggregation`` over the same 2 prefill + 2 decode
@@ -118,39 +93,55 @@ def test_the_gie_scorers_config_scores_both_profiles_like_the_aggregated_fleet()
         assert refs <= {(p["pluginRef"], p.get("weight")) for p in profile["plugins"]}
 
 
-# Two P/D runs and one aggregated (time scale 0.25, a few requests each).
+# Two P/D runs and one aggregated (time scale 0.25, a few requests each): the simulator 4x
+# faster than model time, same requests and decisions. (This was two tests, each starting an
+# aggregated and a P/D fleet; the first run now carries both tests' checks.)
 @pytest.mark.timeout(300)
-def test_a_3p1d_split_and_a_sweep_run_reusing_the_aggregated_baseline(tmp_path: Path) -> None:
-    common = [sys.executable, "-m", "bench.pd_compare", "--seeds", "1", "--duration", "3",
-              "--rate", "1", "--time-scale", "0.25", "--fleets", "pd"]
+def test_a_3p1d_split_compares_both_fleets_and_a_sweep_run_reuses_the_baseline(
+        tmp_path: Path) -> None:
+    common = [sys.executable, "-m", "bench.pd_compare", "--seeds", "1", "--duration", "4",
+              "--rate", "1", "--time-scale", "0.25", "--fleets", "pd", "--split", "3:1"]
+    # 1. llm-d's sample config on 3 prefill + 1 decode servers, beside the aggregated fleet:
+    #    the long prompts are disaggregated, the short ones decoded locally.
     first = tmp_path / "first"
-    proc = subprocess.run([*common, "--split", "3:1", "--pd-config", "gie-scorers",
-                           "--workdir", str(first)],
+    proc = subprocess.run([*common, "--workdir", str(first)],
                           cwd=ROOT, capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "| long | tpot_p90 |" in proc.stdout
+    assert "errors: {'aggregated': 0, 'pd': 0}" in proc.stdout
     pods = [d for d in yaml.safe_load_all((first / "pd-seed0" / "pool.yaml").read_text())
             if d["kind"] == "Pod"]
     roles = sorted(p["metadata"]["labels"]["llm-d.ai/role"] for p in pods)
     assert roles == ["decode", "prefill", "prefill", "prefill"]
     pd = orjson.loads((first / "pd-seed0" / "summary.json").read_bytes())
-    requests = len((first / "pd-seed0" / "requests.jsonl").read_bytes().splitlines())
-    assert pd["counters"]["decoder_requests"] == [requests]  # the one decode server took all
-    assert pd["settings"]["split"] == "3:1" and pd["settings"]["pd_config"] == "gie-scorers"
-    assert "kv-cache-utilization-scorer" in (first / "pd-seed0" / "epp-config.yaml").read_text()
-    # A sweep point: the same seed's aggregated run is reused, only the pd fleet runs.
+    tags = [orjson.loads(line)["tag"] for line in
+            (first / "pd-seed0" / "requests.jsonl").read_bytes().splitlines()]
+    assert "long" in tags and "short" in tags  # seed 0 at this rate: both classes
+    sidecar = pd["counters"]["sidecar"]
+    assert sidecar.get('{mode="disaggregated"}', 0) == tags.count("long")
+    assert sidecar.get('{mode="local"}', 0) == tags.count("short")
+    assert pd["counters"]["kv_pulls"] == tags.count("long")
+    assert pd["counters"]["failed_pulls"] == 0
+    assert pd["counters"]["decoder_requests"] == [len(tags)]  # the one decode server took all
+    assert pd["settings"]["split"] == "3:1" and pd["settings"]["pd_config"] == "llm-d"
+    # 2. A sweep point with GIE's scorers: the same seed's aggregated run is reused, only the
+    #    pd fleet runs; threshold 1 disaggregates every request.
     second = tmp_path / "second"
-    proc = subprocess.run([*common, "--threshold", "1", "--baseline",
-                           str(first / "results.json"), "--workdir", str(second)],
+    proc = subprocess.run([*common, "--pd-config", "gie-scorers", "--threshold", "1",
+                           "--baseline", str(first / "results.json"),
+                           "--workdir", str(second)],
                           cwd=ROOT, capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert not (second / "aggregated-seed0").exists()
     assert f"aggregated runs from {first / 'results.json'}" in proc.stdout
     assert "| long | tpot_p90 |" in proc.stdout
+    assert "kv-cache-utilization-scorer" in (second / "pd-seed0" / "epp-config.yaml").read_text()
     again = orjson.loads((second / "pd-seed0" / "summary.json").read_bytes())
-    assert again["counters"]["kv_pulls"] == requests  # threshold 1: every request
-    assert len(again["counters"]["decoder_requests"]) == 2
-    assert len(again["counters"]["prefiller_requests"]) == 2  # and every prefill leg counted
-    assert sum(again["counters"]["prefiller_requests"]) == requests
+    assert again["settings"]["pd_config"] == "gie-scorers"
+    assert again["counters"]["kv_pulls"] == len(tags)  # threshold 1: every request
+    assert again["counters"]["decoder_requests"] == [len(tags)]
+    assert len(again["counters"]["prefiller_requests"]) == 3  # every prefill leg counted
+    assert sum(again["counters"]["prefiller_requests"]) == len(tags)
 
 
 def test_a_baseline_of_other_settings_is_a_one_line_error(tmp_path: Path) -> None:

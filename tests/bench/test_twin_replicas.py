@@ -3,14 +3,9 @@ once and the others' only through the modelled store, as the Valkey store behave
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import orjson
-
-from bench.report import RunResult, summarize
 from bench.twin.loop import TwinConfig, run
-from bench.twin.replicas import Bus, Replicas, main, replay, run_seed
-from bench.workloads import MODEL, WORKLOADS, write_specs
+from bench.twin.replicas import Bus, Replicas
+from bench.workloads import MODEL, WORKLOADS
 
 A, B = "127.0.10.1:8000", "127.0.10.2:8000"
 
@@ -76,40 +71,14 @@ def test_requests_alternate_over_the_replicas() -> None:
 
 
 def test_sharing_keeps_the_single_replicas_hit_rate_and_local_replicas_lose_it() -> None:
-    got = run_seed(0, [("epp-1", 1, False, None), ("epp-2-shared", 2, True, None),
-                       ("epp-2-local", 2, False, None)],
-                   load=0.5, duration=12.0, servers=4, sync_interval=0.05)
-    one = got["epp-1"].cache_hit
+    """The active-active scenario's contenders in virtual time (one seed, a short run)."""
+    from bench.runner import _Job, _virtual, plan
+    from bench.scenario import SCENARIOS, load_scenario
+
+    scn = load_scenario(SCENARIOS / "active-active.yaml")
+    p = plan(scn, seeds=[0], duration=12.0,
+             contenders=["epp-default", "epp-2-shared", "epp-2-local"])
+    got = {r.contender: r for r in _virtual(_Job(p, 0.5, 0))}
+    one = got["epp-default"].cache_hit
     assert got["epp-2-shared"].cache_hit >= one - 0.03
     assert got["epp-2-local"].cache_hit < one - 0.05
-
-
-def test_replaying_a_runs_picks_reproduces_its_outcomes(tmp_path: Path) -> None:
-    """A run directory as bench.active_active writes it: <seed>/<contender>/ with the
-    schedule and the outcomes; the replay plays the same picks onto the twin's fleet."""
-    servers = 4
-    specs = WORKLOADS["shared-prefix"].schedule(0.5, 8.0, 1, servers)
-    cfg = TwinConfig(servers=servers, seed=1, model=MODEL)
-    router = Replicas("epp-1", cfg.keys(), 1, 1, shared=False)
-    outcomes = run(specs, router, cfg)
-    keys = cfg.keys()
-    d = tmp_path / "1" / "epp-1"
-    d.mkdir(parents=True)
-    write_specs(specs, d / "requests.jsonl")
-    (d / "outcomes.jsonl").write_bytes(b"".join(
-        orjson.dumps({"index": o.index, "pod": f"sim-{keys.index(o.pod)}"}) + b"\n"
-        for o in outcomes))
-    again = replay(tmp_path)["epp-1"][1]
-    original = summarize(RunResult("shared-prefix", 0.0, 0.0, "epp-1", "replay", seed=1,
-                                   servers=servers), outcomes)
-    assert again.ok == original.ok > 0
-    assert (again.ttft_p90, again.cache_hit, again.pods) == (
-        original.ttft_p90, original.cache_hit, original.pods)
-
-
-def test_cli_prints_the_table_with_verdict_columns(capsys: object) -> None:
-    assert main(["--replicas", "2", "--seeds", "1", "--duration", "6",
-                 "--flush-delay", "0.005"]) == 0
-    out = capsys.readouterr().out  # type: ignore[attr-defined]
-    for name in ("epp-2-shared", "epp-2-local", "epp-2-shared-flush"):
-        assert f"| {name} | 1 |" in out

@@ -14,6 +14,7 @@ from epp.datalayer import CoreMetricsExtractor, MetricsDataSource
 from epp.main import settings
 from epp.requestcontrol.parser_chain import ParserChain
 from epp.requestcontrol.plugins import OpenAIParser, VllmGrpcParser
+from epp.requestcontrol.plugins.vertexai_parser import VertexAIParser
 from epp.requestcontrol.plugins.predicted_latency_producer import PredictedLatencyProducer
 from tests.charts.render import one, refusal, render
 from tests.charts.test_charts import validate_rendered
@@ -129,6 +130,22 @@ def test_vllm_grpc_pool_speaks_h2c_and_parses_vllms_grpc_api() -> None:
     assert [p.type_name for p, _ in parsers.entries] == [
         "openai-parser", "anthropic-parser", "vllmhttp-parser"]
     assert isinstance(parsers.fallback, OpenAIParser)
+
+
+@pytest.mark.parametrize("sets", [
+    ("inferencePool.parsers={vllmhttp-parser,anthropic-parser,openai-parser}",),
+    ("router.epp.parsers={vllmhttp-parser,anthropic-parser,openai-parser}",),  # llm-d v0.10
+])
+def test_several_parsers_are_chosen_by_path_in_the_order_given(sets: tuple[str, ...]) -> None:
+    chain = runtime(sets).parser
+    assert isinstance(chain, ParserChain)
+    assert [p.type_name for p, _ in chain.entries] == [
+        "vllmhttp-parser", "anthropic-parser", "openai-parser"]
+
+
+def test_one_parser_reads_every_path_as_gies_parser_section() -> None:
+    assert isinstance(runtime(("inferencePool.parsers={vertexai-parser}",)).parser,
+                      VertexAIParser)
 
 
 def test_vllm_grpc_pool_on_gke_health_checks_vllms_grpc_health_method() -> None:

@@ -87,8 +87,6 @@ def test_gie_objectives_keep_their_group_beside_routers(tmp_path: Path) -> None:
                                    "repository": "llm-d-router-endpoint-picker"}}}},
      "is llm-d-router's Go EPP"),
     ({"router": {"inferencePool": {"create": False}}}, "--endpoint-selector"),
-    ({"router": {"epp": {"parsers": ["openai-parser", "anthropic-parser"]}}},
-     "one parser per pool"),
     ({"router": {"epp": {"podAnnotations": {"a": "b"}}}}, "does not annotate the EPP pods"),
     ({"router": {"clusterDomain": "corp.local"}}, "needs no cluster domain"),
     ({"router": {"monitoring": {"provider": {"name": "gmp"}}}}, "provider.name=gke"),

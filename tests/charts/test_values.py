@@ -157,6 +157,20 @@ def test_flags_map_and_v1_list_form_render_the_same_args() -> None:
     assert parse("bbr", bbr_list).verbosity == 2
 
 
+def test_large_payload_limits_are_set_by_values_and_taken_by_both_services() -> None:
+    """Issue 29: a multimodal pool raises the body cap and the gRPC message limits through
+    the charts' flags (docs/kubernetes.md, large payloads); the services parse the sizes."""
+    sizes = ("max-body-bytes=32MiB", "grpc-max-recv-msg-size=34MiB",
+             "grpc-max-send-msg-size=34MiB")
+    ep = parse("epp", epp(render("inferencepool",
+                                 *(f"inferenceExtension.flags.{s}" for s in sizes)))["args"])
+    bb = parse("bbr", container(render("body-based-routing",
+                                       *(f"bbr.flags.{s}" for s in sizes)), "bbr")["args"])
+    for args in (ep, bb):
+        assert (args.max_body_bytes, args.grpc_max_recv_msg_size,
+                args.grpc_max_send_msg_size) == (32 << 20, 34 << 20, 34 << 20)
+
+
 @pytest.mark.parametrize(("engine", "metric"), [
     ("sglang", "sglang:num_queue_reqs"),
     ("triton-tensorrt-llm", "nv_trt_llm_request_metrics{request_type=waiting}"),

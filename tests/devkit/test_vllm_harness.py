@@ -25,6 +25,7 @@ from tests.vllm.harness import (
     FLOW_CONTROL_CONFIG,
     MODEL,
     Gateway,
+    PDPool,
     VllmServer,
     debug_pool,
 )
@@ -76,3 +77,42 @@ def test_harness_gateway_routes_to_its_servers(tmp_path: Path, servers: list[Vll
         assert (fc is not None) == (config is FLOW_CONTROL_CONFIG)
     finally:
         gw.stop()
+
+
+def test_harness_pd_gateway_disaggregates_through_the_sidecar(tmp_path: Path) -> None:
+    """The P/D check's wiring (pod roles, llm-d's P/D profile, the sidecar on the decode pod's
+    port in ``shared-storage`` mode) in front of two simulators: a long prompt is prefilled
+    on the prefiller (one token) and decoded behind the sidecar."""
+    pd = PDPool.local(tmp_path, MODEL)
+    procs = [subprocess.Popen([sys.executable, "-m", "sim.main", "--host", s.host,
+                               "--port", str(s.port), "--served-model-name", MODEL,
+                               "--profile", "tiny", "--log-level", "warning"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             for s in (pd.prefiller, pd.decoder)]
+    try:
+        for s in (pd.prefiller, pd.decoder):
+            wait_for_port(s.port, timeout=30, host=s.host)
+        pd.start_gateway()
+        assert pd.gateway is not None
+        deadline = time.monotonic() + 60
+        while not all(ep["healthy"] and ep["age_seconds"] is not None
+                      for ep in debug_pool(pd.gateway).values()):
+            assert time.monotonic() < deadline, debug_pool(pd.gateway)
+            time.sleep(0.1)
+        assert set(debug_pool(pd.gateway)) == {pd.prefiller.key, pd.decode_pod.key}
+        r = httpx.post(pd.gateway.url + "/v1/completions", timeout=60,
+                       json={"model": MODEL, "prompt": "long " * 200, "max_tokens": 3})
+        assert r.status_code == 200, f"{r.status_code} {r.text}"
+        assert r.headers["x-inference-port"] == str(pd.decoder.port)  # the decoder answered
+        assert r.json()["usage"]["completion_tokens"] == 3
+        side = pd.sidecar_metrics()
+        assert 'pd_sidecar_requests_total{mode="disaggregated"} 1.0' in side, side
+        prefill = pd.prefiller.get("/metrics")
+        assert any(line.startswith("vllm:generation_tokens_total{") and line.endswith(" 1.0")
+                   for line in prefill.splitlines()), "the prefill leg's one token"
+    finally:
+        pd.stop_gateway()
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(10)

@@ -55,7 +55,7 @@ def test_the_request_decodes_to_what_the_sdk_encoder_writes(collected: Collect) 
     trace.root.end()
     assert len(collected.spans) == 3
     ours = ExportTraceServiceRequest.FromString(otlpwire.export_request(collected.spans))
-    sdk = encode_spans(collected.spans)
+    sdk = encode_spans([s.readable() for s in collected.spans])
     for req in (ours, sdk):  # fields we do not write (see the module docstring)
         for rs in req.resource_spans:
             for ss in rs.scope_spans:
@@ -71,3 +71,14 @@ def test_the_request_decodes_to_what_the_sdk_encoder_writes(collected: Collect) 
     assert spans["gateway.request"].parent_span_id.hex() == "00f067aa0ba902b7"
     assert spans["llm_d.epp.scorer.queue-scorer"].parent_span_id == spans[
         "run_scheduler_profile"].span_id
+
+
+def test_cached_attributes_keep_bool_and_int_apart() -> None:
+    """Encodings of repeated values are cached; ``True == 1`` must not share an entry."""
+    for attrs in ({"a": True}, {"a": 1}, {"a": True}, {"a": "1"}):
+        encoded = otlpwire.attributes(attrs, 1)
+        # request.resource_spans[0].resource.attributes: fields 1, 1 and 1
+        decoded = ExportTraceServiceRequest.FromString(otlpwire._ld(1, otlpwire._ld(1, encoded)))
+        value = decoded.resource_spans[0].resource.attributes[0].value
+        assert value.WhichOneof("value") == {bool: "bool_value", int: "int_value",
+                                             str: "string_value"}[type(attrs["a"])]

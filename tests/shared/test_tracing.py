@@ -3,6 +3,7 @@ span built for a request that is not sampled. Spans are read on a real OTLP/gRPC
 
 from __future__ import annotations
 
+import json
 import random
 import secrets
 import subprocess
@@ -158,3 +159,22 @@ def test_an_error_answer_fails_the_span_and_a_direct_answer_does_not(
                                        "error.type": "missing_model"}
     assert spans["listing"].status == 0
     assert spans["listing"].attributes == {"http.response.status_code": 200}
+
+
+def test_console_export_writes_one_json_line_per_span() -> None:
+    """``OTEL_TRACES_EXPORTER=console``: our spans reach the SDK's console exporter as SDK
+    ``ReadableSpan`` JSON, one object per line (the services' stdout stays line JSON)."""
+    code = ("from shared import tracing\n"
+            "tracing.configure(True, 'epp', env={'OTEL_TRACES_EXPORTER': 'console',"
+            " 'OTEL_TRACES_SAMPLER': 'always_on'})\n"
+            "t = tracing.start_request('gateway.request', {})\n"
+            "t.span('parse', {'http.request.body.size': 9}).end()\n"
+            "t.root.end()\n"
+            "tracing.shutdown()\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    spans = [json.loads(line) for line in out.splitlines()]
+    assert [s["name"] for s in spans] == ["parse", "gateway.request"]
+    assert spans[0]["attributes"] == {"http.request.body.size": 9}
+    assert spans[0]["parent_id"] == spans[1]["context"]["span_id"]
+    assert spans[1]["kind"] == "SpanKind.SERVER"

@@ -19,7 +19,9 @@ import pytest
 
 from tests.vllm.harness import (
     MODEL,
+    SHARED_STORAGE_CONNECTOR,
     Gateway,
+    PDPool,
     RealPool,
     VllmServer,
     local_servers,
@@ -95,6 +97,30 @@ def real(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     yield RealPool(servers, gateway, not urls, model, adapters, workdir, venv)
     gateway.stop()
     stop_vllm(servers)
+
+
+@pytest.fixture(scope="module")
+def real_pd(request: pytest.FixtureRequest, real: RealPool) -> Iterator[PDPool]:
+    """The P/D pair with the shared-storage KV connector behind a gateway of its own (see
+    :class:`tests.vllm.harness.PDPool`), started when the P/D check first asks for it."""
+    if not real.local or real.venv is None:
+        pytest.skip("local servers only: needs two vLLM servers started with the "
+                    "shared-storage KV connector (docs/real-vllm.md)")
+    pd = PDPool.local(real.workdir / "pd", real.model)
+    started = time.monotonic()
+    _print(request.config, "starting the P/D pair (vLLM prefiller + decoder with "
+                           f"{SHARED_STORAGE_CONNECTOR}, pd-sidecar)...")
+    try:
+        pd.start(real.venv, ROOT / ".cache" / "tiny-model")
+    except BaseException:
+        pd.stop()
+        raise
+    assert pd.gateway is not None
+    _print(request.config, f"P/D pair ready in {time.monotonic() - started:.0f}s: prefill="
+                           f"{pd.prefiller.url}, decode={pd.decoder.url} behind the sidecar "
+                           f"on {pd.decode_pod.url}; gateway on {pd.gateway.url}")
+    yield pd
+    pd.stop()
 
 
 _CONFIG: list[pytest.Config] = []

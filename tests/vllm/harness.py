@@ -18,6 +18,11 @@ default ``sha256`` pickles Python objects, which only Python can reproduce).
 Both listen on the same port, like the pods of one InferencePool. With ``--vllm-url`` the
 same gateway is put in front of servers the user already runs instead (see
 ``docs/real-vllm.md``).
+
+The P/D check starts a second pair (:func:`pd_servers`) with vLLM's shared-storage KV
+connector: a prefiller (127.0.19.3) and a decoder (127.0.19.4, behind a ``pd-sidecar`` in
+``shared-storage`` mode on the pool's port), with a gateway of their own whose EPP runs
+llm-d's P/D profile (:class:`PDPool`).
 """
 
 from __future__ import annotations
@@ -42,8 +47,17 @@ import yaml
 from devkit import envoy as e
 from devkit.manifests import pool_manifests, write_yaml
 from devkit.topology import Pool, Topology
+from shared.pd import ROLE_LABEL
 
 MODEL = "tiny"
+#: vLLM 0.32's shared-storage KV connector (``vllm/distributed/kv_transfer/kv_connector/v1/
+#: example_connector.py``; it was ``SharedStorageConnector`` before): KV of a prompt's
+#: block-aligned tokens goes to safetensors files under ``shared_storage_path``, one folder
+#: per prompt named by a hash of those tokens.
+SHARED_STORAGE_CONNECTOR = "ExampleConnector"
+#: llm-d's P/D EndpointPickerConfig for simulators (decode profile, then prefill when at least
+#: 16 prompt tokens are not cached on the decode pod), as the Envoy P/D test uses it.
+PD_EPP_CONFIG = Path(__file__).resolve().parents[1] / "epp/data/llm-d-sim-pd-epp-config.yaml"
 #: ``--prefix-caching-hash-algo`` of the local servers.
 HASH_ALGO = "sha256_cbor"
 POOL = "real"
@@ -62,6 +76,8 @@ class VllmServer:
     features: frozenset[str] = frozenset()
     #: ZMQ address the server's KV-event PUB socket binds (local servers only).
     kv_events_address: str | None = None
+    #: Folder of the shared-storage KV connector (P/D servers only).
+    kv_shared_dir: Path | None = None
     proc: subprocess.Popen[bytes] | None = None
     log: Path | None = None
 
@@ -108,6 +124,12 @@ def vllm_command(venv: Path, model_dir: Path, server: VllmServer) -> list[str]:
         args += ["--kv-events-config", json.dumps({
             "enable_kv_cache_events": True, "publisher": "zmq",
             "endpoint": server.kv_events_address, "topic": "kv-events"})]
+    if server.kv_shared_dir is not None:
+        # kv_both: each server writes the KV of prompts it computes and reads the KV of
+        # prompts it finds in the folder, whichever role the EPP gives it.
+        args += ["--kv-transfer-config", json.dumps({
+            "kv_connector": SHARED_STORAGE_CONNECTOR, "kv_role": "kv_both",
+            "kv_connector_extra_config": {"shared_storage_path": str(server.kv_shared_dir)}})]
     return args
 
 
@@ -118,6 +140,17 @@ def local_servers() -> list[VllmServer]:
         VllmServer("lora", "127.0.19.1", port, frozenset({"lora"})),
         VllmServer("small", "127.0.19.2", port, frozenset({"small-kv", "kv-events"}),
                    kv_events_address=f"ipc://{tempfile.mkdtemp(prefix='vllm-kv-')}/events"),
+    ]
+
+
+def pd_servers(port: int, shared_dir: Path) -> list[VllmServer]:
+    """The P/D pair: the prefiller on the pool's ``port``, the decoder's vLLM on another port
+    of its own IP (the pool's port there is its sidecar's); one shared KV folder."""
+    return [
+        VllmServer("pd-prefill", "127.0.19.3", port, frozenset({"kv-shared-storage"}),
+                   kv_shared_dir=shared_dir),
+        VllmServer("pd-decode", "127.0.19.4", e.free_port(), frozenset({"kv-shared-storage"}),
+                   kv_shared_dir=shared_dir),
     ]
 
 
@@ -256,6 +289,8 @@ class Gateway:
     adapters: list[str]
     #: The EPP's EndpointPickerConfig (:data:`EPP_CONFIG` or :data:`FLOW_CONTROL_CONFIG`).
     epp_config: str = EPP_CONFIG
+    #: ``llm-d.ai/role`` label per server name (P/D pools); no label otherwise.
+    roles: dict[str, str] = field(default_factory=dict)
     children: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     envoy: e.Envoy | None = None
     port: int = 0
@@ -264,6 +299,11 @@ class Gateway:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def manifests(self) -> Path:
+        """The pool, its pods and objectives, as the EPP reads them (``--manifests``)."""
+        return self.workdir / "pool.yaml"
 
     def epp_get(self, path: str) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.ports['epp_metrics']}{path}",
@@ -290,15 +330,18 @@ class Gateway:
              "spec": {"priority": priority, "poolRef": {"name": POOL}}}
             for name, priority in (("batch", -1), ("chat", 1))
         ]
-        manifests = self.workdir / "pool.yaml"
-        write_yaml(manifests, pool_manifests(
-            POOL, [(s.name, s.host) for s in self.servers], self.servers[0].port,
-            [rewrite, *objectives]))
+        docs = pool_manifests(POOL, [(s.name, s.host) for s in self.servers],
+                              self.servers[0].port, [rewrite, *objectives])
+        for doc in docs:
+            role = self.roles.get(doc["metadata"]["name"]) if doc["kind"] == "Pod" else None
+            if role is not None:
+                doc["metadata"]["labels"][ROLE_LABEL] = role
+        write_yaml(self.manifests, docs)
         config = self.workdir / "epp.yaml"
         config.write_text(self.epp_config)
         py = sys.executable
         p = self.ports
-        self._spawn("epp", [py, "-m", "epp.main", "--manifests", str(manifests),
+        self._spawn("epp", [py, "-m", "epp.main", "--manifests", str(self.manifests),
                             "--pool-name", POOL, "--config-file", str(config),
                             "--grpc-port", str(p["epp_grpc"]),
                             "--grpc-health-port", str(p["epp_health"]),
@@ -405,3 +448,89 @@ class RealPool:
     def server(self, feature: str) -> VllmServer:
         """The local server started with ``feature`` (``lora``, ``small-kv``, ...)."""
         return next(s for s in self.servers if feature in s.features)
+
+
+@dataclass
+class PDPool:
+    """Prefill/decode on real vLLM: the :func:`pd_servers` pair, a ``pd-sidecar``
+    (``--kv-connector shared-storage``) in front of the decoder on the pool's port, and a
+    gateway whose EPP runs llm-d's P/D profile over two pods, ``pd-prefill`` (role
+    ``prefill``) and ``pd-decode`` (role ``decode``, its target port the sidecar's)."""
+
+    workdir: Path
+    model: str
+    prefiller: VllmServer
+    decoder: VllmServer
+    #: The decode pod as the pool sees it: the sidecar's address.
+    decode_pod: VllmServer
+    shared_dir: Path
+    gateway: Gateway | None = None
+    sidecar: subprocess.Popen[bytes] | None = None
+    sidecar_metrics_port: int = 0
+
+    @classmethod
+    def local(cls, workdir: Path, model: str) -> PDPool:
+        shared = workdir / "kv-shared"
+        shared.mkdir(parents=True, exist_ok=True)
+        prefiller, decoder = pd_servers(e.free_port(), shared)
+        pod = VllmServer("pd-decode", decoder.host, prefiller.port)
+        return cls(workdir, model, prefiller, decoder, pod, shared)
+
+    def start(self, venv: Path, model_dir: Path) -> PDPool:
+        """Start both vLLM servers, then :meth:`start_gateway`."""
+        start_vllm(venv, model_dir, [self.prefiller, self.decoder], self.workdir)
+        return self.start_gateway()
+
+    def start_gateway(self) -> PDPool:
+        """The P/D gateway and the decoder's sidecar, in front of servers already running."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.gateway = Gateway(self.workdir / "gateway", [self.prefiller, self.decode_pod],
+                               self.model, [], epp_config=PD_EPP_CONFIG.read_text(),
+                               roles={self.prefiller.name: "prefill",
+                                      self.decode_pod.name: "decode"})
+        self.gateway.start()
+        self.sidecar_metrics_port = e.free_port()
+        log = self.workdir / "sidecar.log"
+        with log.open("wb") as out:
+            self.sidecar = subprocess.Popen(
+                [sys.executable, "-m", "sidecar.main", "--host", self.decode_pod.host,
+                 "--port", str(self.decode_pod.port), "--vllm-host", self.decoder.host,
+                 "--vllm-port", str(self.decoder.port), "--kv-connector", "shared-storage",
+                 "--manifests", str(self.gateway.manifests), "--inference-pool", POOL,
+                 "--metrics-port", str(self.sidecar_metrics_port)],
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        deadline = time.monotonic() + 60
+        while True:
+            if self.sidecar.poll() is not None:
+                raise RuntimeError(f"pd-sidecar exited {self.sidecar.returncode}:\n"
+                                   + log.read_text(errors="replace"))
+            try:
+                self.decode_pod.get("/health", timeout=2)
+                return self
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError("pd-sidecar not answering /health after 60s") from None
+                time.sleep(0.2)
+
+    def sidecar_metrics(self) -> str:
+        url = f"http://{self.decode_pod.host}:{self.sidecar_metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return str(r.read().decode())
+
+    def stop(self) -> None:
+        """Stop the gateway, the sidecar and both vLLM servers."""
+        self.stop_gateway()
+        stop_vllm([self.prefiller, self.decoder])
+
+    def stop_gateway(self) -> None:
+        """Stop the sidecar and the gateway (the servers keep running)."""
+        if self.sidecar is not None and self.sidecar.poll() is None:
+            self.sidecar.terminate()
+            try:
+                self.sidecar.wait(10)
+            except subprocess.TimeoutExpired:
+                self.sidecar.kill()
+                self.sidecar.wait()
+        if self.gateway is not None:
+            self.gateway.stop()

@@ -48,6 +48,7 @@ from tests.vllm.harness import (
     HASH_ALGO,
     SHEDDABLE_QUEUE,
     Gateway,
+    PDPool,
     RealPool,
     VllmServer,
     debug_pool,
@@ -835,3 +836,83 @@ def test_precise_index_agrees_with_what_vllm_reports_cached(real: RealPool) -> N
         predicted, cached = send(a_text, a)
         assert predicted < full and cached == predicted * bs, (predicted, cached)
     raw.close()
+
+
+# --- P/D: llm-d's shared-storage mode over vLLM's ExampleConnector -------------------------
+
+def labelled(page: Samples, name: str, **labels: str) -> float:
+    """``name`` summed over the series whose labels include ``labels``."""
+    return sum(v for lab, v in page.get(name, []) if labels.items() <= lab.items())
+
+
+def by_source(page: Samples) -> dict[str, float]:
+    """``vllm:prompt_tokens_by_source`` per source (``local_compute``, ``local_cache_hit``,
+    ``external_kv_transfer``: how each prompt token was obtained)."""
+    return {lab["source"]: v for lab, v in page.get("vllm:prompt_tokens_by_source_total", [])}
+
+
+def test_pd_shared_storage_decoder_loads_the_prompt_instead_of_computing_it(
+        real: RealPool, real_pd: PDPool) -> None:
+    """P/D: the decoder loads the prompt's KV from shared storage, answers as aggregated"""
+    pd = real_pd
+    assert pd.gateway is not None
+    model = pd.model
+    info = scrape(pd.decoder)["vllm:cache_config_info"][0][0]
+    bs = int(info["block_size"])
+    # ExampleConnector stores the whole blocks of a prompt's first n-1 tokens, (n-1)//bs*bs,
+    # in a folder named by them, and looks a prompt up by (n-2)//bs*bs tokens: the two differ
+    # (the prompt is never found) when n % bs == 1. n % bs == 0 would work but leaves a whole
+    # block to compute; both are avoided, so the decoder loads (n-2)//bs*bs tokens.
+    text = words(7000, 300)
+    tokens = tokenize(pd.prefiller, model, text)
+    while len(tokens) % bs in (0, 1):
+        text += " " + words(7001, 1)
+        tokens = tokenize(pd.prefiller, model, text)
+    n = len(tokens)
+    loaded = (n - 2) // bs * bs
+    assert loaded > 0, (n, bs)
+    body = {"model": model, "prompt": text, "max_tokens": 8, "temperature": 0}
+
+    # The aggregated run: the same request through the aggregated gateway (no connector).
+    agg = gw(real, "/v1/completions", body)
+    assert agg.status_code == 200, agg.text
+    want = agg.json()["choices"][0]["text"]
+
+    folders = set(pd.shared_dir.iterdir())
+    prefill0, decode0 = scrape(pd.prefiller), scrape(pd.decoder)
+    r = httpx.post(pd.gateway.url + "/v1/completions", json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    answer = r.json()
+
+    # The EPP named the prefiller; the sidecar's prefill leg succeeded (no fallback).
+    side = samples(pd.sidecar_metrics())
+    assert labelled(side, "pd_sidecar_requests_total", mode="disaggregated") == 1, side
+    assert total(side, "pd_sidecar_prefill_fallbacks_total") == 0, side
+    # The prefiller computed the whole prompt, generated the leg's one token, and wrote its
+    # KV to one new folder of the shared storage.
+    prefill = until("the prefiller's counters to show the prefill leg", lambda: (
+        p if by_source(p := scrape(pd.prefiller)).get("local_compute", 0)
+        - by_source(prefill0).get("local_compute", 0) >= n else None))
+    assert total(prefill, "vllm:generation_tokens_total") \
+        - total(prefill0, "vllm:generation_tokens_total") == 1
+    new = set(pd.shared_dir.iterdir()) - folders
+    assert len(new) == 1 and any(f.suffix == ".safetensors" for f in next(iter(new)).iterdir()), \
+        sorted(map(str, new))
+    # The decoder loaded the block-aligned prompt from the connector and computed only the
+    # rest: no local prefix-cache hit (it never saw the prompt), the connector's hits rise.
+    decode = until("the decoder's counters to show the decode leg", lambda: (
+        d if total(d := scrape(pd.decoder), "vllm:request_success_total")
+        > total(decode0, "vllm:request_success_total") else None))
+    moved = {k: by_source(decode).get(k, 0) - by_source(decode0).get(k, 0)
+             for k in ("local_compute", "local_cache_hit", "external_kv_transfer")}
+    assert moved == {"local_compute": n - loaded, "local_cache_hit": 0,
+                     "external_kv_transfer": loaded}, (n, bs, moved)
+    for name, rise in (("vllm:external_prefix_cache_hits_total", loaded),
+                       ("vllm:prefix_cache_hits_total", 0)):
+        assert total(decode, name) - total(decode0, name) == rise, name
+    usage = answer["usage"]
+    assert usage["prompt_tokens"] == n
+    assert usage["prompt_tokens_details"]["cached_tokens"] == loaded
+    # Same greedy answer as the aggregated run: the loaded KV is the prompt's.
+    assert answer["choices"][0]["text"] == want
+    assert usage["completion_tokens"] == agg.json()["usage"]["completion_tokens"]

@@ -94,15 +94,38 @@ second argument, else "". */}}
 {{- end -}}
 {{- end -}}
 
-{{/* The request parser plugin type, as upstream picks it: vLLM over gRPC →
-vllmgrpc-parser, else inferencePool.parser ("" = the EPP's default parsers: openai, anthropic, vllmhttp). */}}
-{{- define "inferencepool.parser" -}}
+{{/* The request parser plugin types (a JSON list), as upstream picks them: vLLM over gRPC →
+[vllmgrpc-parser], else inferencePool.parsers (llm-d v0.10's router.epp.parsers), else
+inferencePool.parser (GIE's one parser); [] = the EPP's default parsers (openai, anthropic,
+vllmhttp). */}}
+{{- define "inferencepool.parsers" -}}
 {{- $pool := .Values.inferencePool -}}
 {{- if eq (include "inferencepool.protocol" .) "grpc" -}}
-vllmgrpc-parser
+{{- list "vllmgrpc-parser" | toJson -}}
+{{- else if $pool.parsers -}}
+{{- $pool.parsers | toJson -}}
+{{- else if $pool.parser -}}
+{{- list $pool.parser | toJson -}}
 {{- else -}}
-{{- $pool.parser | default "" -}}
+{{- list | toJson -}}
 {{- end -}}
+{{- end -}}
+
+{{/* The parser section of a rendered EndpointPickerConfig: one parser as GIE's `parser:`
+(it reads every path), several as llm-d v0.10's `requestHandler.parsers` (the first whose
+path suffix matches reads the request). */}}
+{{- define "inferencepool.parserSection" -}}
+{{- $parsers := include "inferencepool.parsers" . | fromJsonArray -}}
+{{- if eq (len $parsers) 1 -}}
+parser:
+  pluginRef: {{ first $parsers }}
+{{- else if $parsers -}}
+requestHandler:
+  parsers:
+  {{- range $parsers }}
+  - pluginRef: {{ . }}
+  {{- end }}
+{{- end }}
 {{- end -}}
 
 {{/* inferencePool.modelServerProtocol: http, or grpc (vLLM's gRPC API only: the one gRPC
@@ -140,12 +163,12 @@ pd-plugins.yaml
 {{- end -}}
 
 {{/* The data-layer and parser plugins every rendered EndpointPickerConfig lists (scraping
-as metricsDataSource and the engine type say; the parser as inferencePool.parser says). */}}
+as metricsDataSource and the engine type say; the parsers as inferencepool.parsers says). */}}
 {{- define "inferencepool.dataLayerPlugins" -}}
 {{- $ie := .Values.inferenceExtension -}}
 {{- $type := include "inferencepool.modelServerType" . -}}
 {{- $mds := $ie.metricsDataSource | default dict -}}
-{{- $parser := include "inferencepool.parser" . -}}
+{{- $parsers := include "inferencepool.parsers" . | fromJsonArray -}}
 - type: metrics-data-source
   {{- /* A model-server-metrics-* entry in flags keeps working: its parameter is left
   out (an explicit parameter would win over the flag, as upstream's loader has it). */}}
@@ -171,7 +194,7 @@ as metricsDataSource and the engine type say; the parser as inferencePool.parser
   parameters:
     defaultEngine: {{ $type | quote }}
   {{- end }}
-{{- with $parser }}
+{{- range $parsers }}
 - type: {{ . }}
 {{- end }}
 {{- end -}}

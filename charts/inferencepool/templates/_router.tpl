@@ -27,12 +27,7 @@ adopted. What cannot be honoured is refused with the reason, never ignored.
 {{- if $epp.podAnnotations -}}
 {{- fail "router.epp.podAnnotations: this chart does not annotate the EPP pods yet; set them with a post-render (kustomize) or leave them out" -}}
 {{- end -}}
-{{- with $epp.parsers -}}
-{{- if gt (len .) 1 -}}
-{{- fail (printf "router.epp.parsers lists %d parsers: this EPP runs one parser per pool; give one (inferencePool.parser)" (len .)) -}}
-{{- end -}}
-{{- $_ := set $pool "parser" (first .) -}}
-{{- end -}}
+{{- with $epp.parsers }}{{ $_ := set $pool "parsers" . }}{{ end -}}
 {{- with $r.proxy }}{{ if .enabled -}}
 {{- fail "router.proxy.enabled: llm-d-router's standalone Envoy proxy is not part of this chart; use a Gateway (provider.name) or this project's local stack (docs/kubernetes.md)" -}}
 {{- end }}{{ end -}}

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from epp.datastore import EndpointView
+from epp.flowcontrol.metrics import stale_endpoints_gauge
 from epp.requestcontrol.plugin import SaturationDetector
 from epp.scheduling.plugin import Plugin
 from shared.plugins import Duration
@@ -39,6 +40,8 @@ class UtilizationDetector(Plugin, SaturationDetector):
     saturated when >= 1.
 
     ``queue`` is :attr:`EndpointView.queue`, so requests routed since the last scrape count.
+    Each reading sets ``llm_d_epp_flow_control_stale_endpoints{detector=<name>}`` to the
+    number of stale endpoints among ``views`` (0 for an empty pool).
     """
 
     type_name = "utilization-detector"
@@ -49,6 +52,7 @@ class UtilizationDetector(Plugin, SaturationDetector):
         if isinstance(name, SaturationDetectorConfig):  # UtilizationDetector(config)
             name, params = "", name
         super().__init__(name, params)
+        self._stale = stale_endpoints_gauge().labels(self.name)
 
     @property
     def config(self) -> SaturationDetectorConfig:
@@ -66,9 +70,19 @@ class UtilizationDetector(Plugin, SaturationDetector):
     def saturation(self, views: Sequence[EndpointView], now: float | None = None) -> float:
         """Mean utilisation of ``views`` (1.0 when there are none)."""
         if not views:
+            self._stale.set(0)
             return 1.0
         now = time.monotonic() if now is None else now
-        return sum(self.endpoint_saturation(v, now) for v in views) / len(views)
+        limit = self.params.metrics_staleness_threshold
+        total, stale = 0.0, 0
+        for v in views:
+            if v.age(now) > limit:
+                stale += 1
+                total += 1.0
+            else:
+                total += self.endpoint_saturation(v, now)
+        self._stale.set(stale)
+        return total / len(views)
 
     def is_saturated(self, views: Sequence[EndpointView], now: float | None = None) -> bool:
         return self.saturation(views, now) >= 1.0

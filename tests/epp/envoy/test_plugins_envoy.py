@@ -6,18 +6,13 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterator
 from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
 
-import httpx
-import orjson
 import pytest
 
-from devkit import envoy as e
-from devkit.manifests import pool_manifests, write_yaml
-from tests.support.picker import start_servers
-from tests.support.processes import BackgroundLoop, EppProcess, FakeModelServer, pool_gateway_config
+from tests.support.epp_gateway import EppGateway
+from tests.support.processes import BackgroundLoop, FakeModelServer
 
 pytestmark = pytest.mark.envoy
 
@@ -35,47 +30,11 @@ schedulingProfiles:
 """
 
 
-class Gateway:
-    """Envoy in front of one EPP started with ``config_args``."""
-
-    def __init__(self, bg: BackgroundLoop, tmp: Path, servers: list[FakeModelServer],
-                 *config_args: str) -> None:
-        manifests = tmp / "pool.yaml"
-        write_yaml(manifests, pool_manifests("pool", [(s.name, s.host) for s in servers],
-                                             servers[0].port))
-        self.epp = EppProcess(manifests, *config_args, log_path=tmp / "epp.log").wait_serving()
-        admin, self.port = e.free_port(), e.free_port()
-        self.envoy = e.Envoy(pool_gateway_config(self.epp.port, admin, self.port,
-                                                 endpoints=[s.key for s in servers]),
-                             admin_port=admin, workdir=tmp / "envoy").start()
-
-    def complete(self, prompt: str) -> httpx.Response:
-        body = orjson.dumps({"model": "base-model", "prompt": prompt, "max_tokens": 1})
-        return httpx.post(f"http://127.0.0.1:{self.port}/v1/completions", content=body,
-                          timeout=10)
-
-    def debug_pool(self) -> dict[str, dict[str, object]]:
-        r = httpx.get(f"http://127.0.0.1:{self.epp.metrics}/debug/pool", timeout=5)
-        return {ep["address"]: ep for ep in r.json()["endpoints"]}
-
-    def stop(self) -> None:
-        self.envoy.stop()
-        self.epp.stop()
-
-
-@pytest.fixture
-def servers(bg: BackgroundLoop) -> Iterator[list[FakeModelServer]]:
-    started = start_servers(bg, 3)
-    yield started
-    for s in started:
-        bg.run(s.stop())
-
-
 def test_upstream_v15_chart_config_scrapes_through_its_data_layer_and_routes(
         bg: BackgroundLoop, tmp_path: Path, servers: list[FakeModelServer]) -> None:
     busy = servers[0]
     busy.waiting = 50
-    gw = Gateway(bg, tmp_path, servers, "--config-file", str(UPSTREAM_V15))
+    gw = EppGateway(bg, tmp_path, servers, "--config-file", str(UPSTREAM_V15))
     try:
         deadline = time.monotonic() + 10
         while gw.debug_pool()[busy.key]["waiting"] != 50:
@@ -98,7 +57,7 @@ def test_example_plugin_package_schedules_real_requests(
         distribution("igw-example-plugins")
     except PackageNotFoundError:
         pytest.fail("examples/plugin-package is not installed: run `make venv`")
-    gw = Gateway(bg, tmp_path, servers, "--config-text", SPREAD_CONFIG)
+    gw = EppGateway(bg, tmp_path, servers, "--config-text", SPREAD_CONFIG)
     try:
         served = Counter(gw.complete(f"p{i}").json()["served_by"] for i in range(6))
     finally:

@@ -8,15 +8,13 @@ import base64
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import orjson
 import pytest
 
-from tests.epp.envoy.test_plugins_envoy import Gateway
-from tests.support.picker import start_servers
+from tests.support.epp_gateway import EppGateway
 from tests.support.processes import BackgroundLoop, FakeModelServer
 
 pytestmark = pytest.mark.envoy
@@ -35,15 +33,7 @@ schedulingProfiles:
 """
 
 
-@pytest.fixture
-def servers(bg: BackgroundLoop) -> Iterator[list[FakeModelServer]]:
-    started = start_servers(bg, 3)
-    yield started
-    for s in started:
-        bg.run(s.stop())
-
-
-def send(gw: Gateway, headers: dict[str, str]) -> httpx.Response:
+def send(gw: EppGateway, headers: dict[str, str]) -> httpx.Response:
     body = orjson.dumps({"model": "base-model", "prompt": "turn", "max_tokens": 1})
     r = httpx.post(f"http://127.0.0.1:{gw.port}/v1/completions", content=body,
                    headers=headers, timeout=10)
@@ -55,7 +45,7 @@ def test_a_session_token_brings_every_turn_back_to_the_server_that_served_the_fi
         bg: BackgroundLoop, tmp_path: Path, servers: list[FakeModelServer]) -> None:
     key = tmp_path / "session.key"
     key.write_text("a-secret-of-at-least-16-bytes\n")
-    gw = Gateway(bg, tmp_path, servers, "--config-text", CONFIG,
+    gw = EppGateway(bg, tmp_path, servers, "--config-text", CONFIG,
                  "--session-token-key-file", str(key), "--allow-experimental-plugins")
     try:
         first = send(gw, {})
@@ -72,7 +62,7 @@ def test_a_session_token_brings_every_turn_back_to_the_server_that_served_the_fi
 
 def test_forged_tokens_and_client_destinations_stay_in_the_pool(
         bg: BackgroundLoop, tmp_path: Path, servers: list[FakeModelServer]) -> None:
-    gw = Gateway(bg, tmp_path, servers, "--config-text", CONFIG,
+    gw = EppGateway(bg, tmp_path, servers, "--config-text", CONFIG,
                  "--allow-experimental-plugins")  # the scorer is Alpha upstream
     names = {s.name for s in servers}
     llm_d_style = base64.b64encode(b"default/pod-0-rank-0").decode()

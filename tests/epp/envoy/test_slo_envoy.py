@@ -11,8 +11,8 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.epp.envoy.test_plugins_envoy import Gateway
 from tests.epp.unit.test_slo import LATENCY_CONFIG
+from tests.support.epp_gateway import EppGateway
 from tests.support.picker import start_servers
 from tests.support.processes import BackgroundLoop, FakeModelServer
 
@@ -27,14 +27,14 @@ def servers(bg: BackgroundLoop) -> Iterator[list[FakeModelServer]]:
         bg.run(s.stop())
 
 
-def post(gw: Gateway, headers: dict[str, str], stream: bool = False) -> httpx.Response:
+def post(gw: EppGateway, headers: dict[str, str], stream: bool = False) -> httpx.Response:
     body = orjson.dumps({"model": "base-model", "prompt": "hi", "max_tokens": 3,
                          "stream": stream})
     return httpx.post(f"http://127.0.0.1:{gw.port}/v1/completions", content=body,
                       headers=headers, timeout=10)
 
 
-def samples(gw: Gateway, name: str) -> float:
+def samples(gw: EppGateway, name: str) -> float:
     text = httpx.get(f"http://127.0.0.1:{gw.epp.metrics}/metrics", timeout=5).text
     return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
                if s.name == name)
@@ -42,7 +42,7 @@ def samples(gw: Gateway, name: str) -> float:
 
 def test_slo_headers_bad_values_get_a_400_and_good_ones_route(
         bg: BackgroundLoop, tmp_path: Path, servers: list[FakeModelServer]) -> None:
-    gw = Gateway(bg, tmp_path, servers, "--config-text", LATENCY_CONFIG)
+    gw = EppGateway(bg, tmp_path, servers, "--config-text", LATENCY_CONFIG)
     try:
         bad = post(gw, {"x-slo-ttft-ms": "fast"})
         negative = post(gw, {"x-slo-tpot-ms": "-1"})

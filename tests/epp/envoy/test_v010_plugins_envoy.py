@@ -5,87 +5,35 @@ profile handler, producer, admitter, data source)."""
 from __future__ import annotations
 
 import time
-from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
-import orjson
 import pytest
 
 from devkit import envoy as e
-from devkit.manifests import pool_manifests, write_yaml
-from tests.support.picker import OBJECTIVES, start_servers
-from tests.support.processes import BackgroundLoop, EppProcess, FakeModelServer, pool_gateway_config
+from tests.support.epp_gateway import EppGateway
+from tests.support.picker import OBJECTIVES
+from tests.support.processes import BackgroundLoop, FakeModelServer
 
 pytestmark = pytest.mark.envoy
 
 HEAD = "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\n"
 
 
-class Gateway:
-    """Envoy in front of one EPP started with ``config``; pod ``i`` gets ``labels[i]``."""
-
-    def __init__(self, bg: BackgroundLoop, tmp: Path, servers: list[FakeModelServer],
-                 config: str, labels: list[dict[str, str]] | None = None,
-                 extra: list[dict[str, Any]] | None = None) -> None:
-        docs = pool_manifests("pool", [(s.name, s.host) for s in servers], servers[0].port,
-                              extra)
-        for doc, extra in zip(docs[1:], labels or [], strict=False):
-            doc["metadata"]["labels"].update(extra)
-        manifests = tmp / "pool.yaml"
-        write_yaml(manifests, docs)
-        # Most of these types are Alpha upstream: allowed, as upstream requires, by the flag.
-        self.epp = EppProcess(manifests, "--config-text", HEAD + config,
-                              "--allow-experimental-plugins",
-                              log_path=tmp / "epp.log").wait_serving()
-        admin, self.port = e.free_port(), e.free_port()
-        self.envoy = e.Envoy(pool_gateway_config(self.epp.port, admin, self.port,
-                                                 endpoints=[s.key for s in servers]),
-                             admin_port=admin, workdir=tmp / "envoy").start()
-
-    def complete(self, prompt: str, headers: dict[str, str] | None = None) -> httpx.Response:
-        body = orjson.dumps({"model": "base-model", "prompt": prompt, "max_tokens": 1})
-        return httpx.post(f"http://127.0.0.1:{self.port}/v1/completions", content=body,
-                          headers=headers or {}, timeout=10)
-
-    def served(self, n: int, headers: dict[str, str] | None = None) -> Counter[str]:
-        out: Counter[str] = Counter()
-        for i in range(n):
-            r = self.complete(f"request {i} " * 8, headers)
-            assert r.status_code == 200, r.text
-            out[r.headers["x-inference-pod"]] += 1
-        return out
-
-    def wait_scraped(self, key: str, field: str, value: Any) -> None:
-        deadline = time.monotonic() + 10
-        while True:
-            r = httpx.get(f"http://127.0.0.1:{self.epp.metrics}/debug/pool", timeout=5)
-            eps = {ep["address"]: ep for ep in r.json()["endpoints"]}
-            if eps[key][field] == value:
-                return
-            assert time.monotonic() < deadline, f"{key} never showed {field}={value}"
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        self.envoy.stop()
-        self.epp.stop()
-
-
-@pytest.fixture
-def servers(bg: BackgroundLoop) -> Iterator[list[FakeModelServer]]:
-    started = start_servers(bg, 3)
-    yield started
-    for s in started:
-        bg.run(s.stop())
+def v010_gateway(bg: BackgroundLoop, tmp: Path, servers: list[FakeModelServer], config: str,
+                 labels: list[dict[str, str]] | None = None,
+                 extra: list[dict[str, Any]] | None = None) -> EppGateway:
+    """The shared gateway with a v0.10 config; most of these types are Alpha upstream:
+    allowed, as upstream requires, by the flag."""
+    return EppGateway(bg, tmp, servers, "--config-text", HEAD + config,
+                      "--allow-experimental-plugins", labels=labels, extra=extra)
 
 
 def test_utilization_filter_keeps_requests_off_a_queued_server(
         bg: BackgroundLoop, tmp_path: Path, servers: list[FakeModelServer]) -> None:
     busy = servers[0]
     busy.waiting = 3
-    gw = Gateway(bg, tmp_path, servers, """\
+    gw = v010_gateway(bg, tmp_path, servers, """\
 plugins:
 - type: utilization-filter
   parameters: {conditions: [{metric: waiting-queue, maxValue: 0}]}
@@ -105,7 +53,7 @@ schedulingProfiles:
 
 def test_header_label_affinity_scorer_sends_the_request_to_the_labelled_pod(
         bg: BackgroundLoop, tmp_path: Path, servers: list[FakeModelServer]) -> None:
-    gw = Gateway(bg, tmp_path, servers, """\
+    gw = v010_gateway(bg, tmp_path, servers, """\
 plugins:
 - type: header-label-affinity-scorer
   parameters: {headerName: x-preferred-zone, labelKey: topology.kubernetes.io/zone}
@@ -124,7 +72,7 @@ schedulingProfiles:
 
 def test_header_profile_handler_runs_the_profile_the_header_names(
         bg: BackgroundLoop, tmp_path: Path, servers: list[FakeModelServer]) -> None:
-    gw = Gateway(bg, tmp_path, servers, """\
+    gw = v010_gateway(bg, tmp_path, servers, """\
 plugins:
 - type: header-profile-handler
 - {type: label-selector-filter, name: prefill-only, parameters: {matchLabels: {role: prefill}}}
@@ -148,7 +96,7 @@ schedulingProfiles:
 
 def test_session_affinity_filter_pins_a_session_through_the_gateway(
         bg: BackgroundLoop, tmp_path: Path, servers: list[FakeModelServer]) -> None:
-    gw = Gateway(bg, tmp_path, servers, """\
+    gw = v010_gateway(bg, tmp_path, servers, """\
 plugins:
 - type: session-affinity-filter
 - type: random-picker
@@ -167,7 +115,7 @@ schedulingProfiles:
 
 def test_session_id_producer_cookie_pins_a_session_through_the_gateway(
         bg: BackgroundLoop, tmp_path: Path, servers: list[FakeModelServer]) -> None:
-    gw = Gateway(bg, tmp_path, servers, """\
+    gw = v010_gateway(bg, tmp_path, servers, """\
 plugins:
 - type: session-id-producer
   parameters: {cookieName: llm-d-session}
@@ -207,7 +155,7 @@ def test_custom_metrics_feed_the_endpoint_attribute_plugins_through_the_gateway(
                for i in range(3)]
     servers[0].depth, servers[1].depth, servers[2].depth = 50.0, 2.0, 9.0
     engine = "inference.networking.k8s.io/engine-type"
-    gw = Gateway(bg, tmp_path, servers, """\
+    gw = v010_gateway(bg, tmp_path, servers, """\
 plugins:
 - type: metrics-data-source
 - type: core-metrics-extractor
@@ -255,7 +203,7 @@ def test_probabilistic_admitter_sheds_sheddable_requests_from_a_saturated_pool(
         bg: BackgroundLoop, tmp_path: Path, servers: list[FakeModelServer]) -> None:
     for s in servers:
         s.kv = 0.9  # past kvCacheUtilThreshold 0.8: saturation 1, shed probability 1
-    gw = Gateway(bg, tmp_path, servers, """\
+    gw = v010_gateway(bg, tmp_path, servers, """\
 plugins:
 - type: probabilistic-admitter
 - type: random-picker
@@ -280,7 +228,7 @@ def test_burst_prefix_cache_producer_colocates_a_burst_through_the_gateway(
         bg: BackgroundLoop, tmp_path: Path, servers: list[FakeModelServer]) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
-    gw = Gateway(bg, tmp_path, servers, """\
+    gw = v010_gateway(bg, tmp_path, servers, """\
 plugins:
 - type: burst-prefix-cache-producer
   parameters: {windowDurationMs: 300}
@@ -335,7 +283,7 @@ def test_dcgm_data_source_feeds_gpu_utilization_routing_through_the_gateway(
     dport = e.free_port()
     exporters = [bg.run(DcgmExporter(s.host, dport, s.name, util).start())
                  for s, util in zip(servers, (95.0, 20.0, 60.0), strict=True)]
-    gw = Gateway(bg, tmp_path, servers, f"""\
+    gw = v010_gateway(bg, tmp_path, servers, f"""\
 plugins:
 - type: metrics-data-source
 - type: core-metrics-extractor

@@ -102,7 +102,7 @@ class Gateway:
         text = httpx.get(f"http://127.0.0.1:{self.epp.metrics}/metrics", timeout=5).text
         total = 0.0
         for line in text.splitlines():
-            if line.startswith(name + "{") and all(f'{k}="{v}"' in line
+            if line.startswith((name + "{", name + " ")) and all(f'{k}="{v}"' in line
                                                    for k, v in labels.items()):
                 total += float(line.rsplit(" ", 1)[1])
         return total
@@ -332,3 +332,48 @@ def test_a_tenant_over_its_token_budget_gets_429_with_retry_after(
     assert 1 <= int(r.headers["retry-after"]) <= 61
     assert gw.send("standard", "other", tenant="quiet").status_code == 200
     assert [q["body"]["prompt"] for q in server.requests] == ["first", "other"]
+
+
+PROGRAM_AWARE = f"""\
+featureGates: [flowControl]
+plugins:
+- {SCRAPED_QUEUE}
+- {{type: program-aware-fairness, name: programs}}
+saturationDetector: {{pluginRef: detector}}
+flowControl:
+  priorityBands:
+  - {{priority: 10, fairnessPolicyRef: programs}}
+"""
+
+
+@pytest.mark.parametrize("gw", [{"config": PROGRAM_AWARE}], indirect=True)
+def test_program_aware_and_stale_endpoint_series_are_scraped_from_the_epp(
+        gw: Gateway, server: FakeModelServer) -> None:
+    """Issue 27's leftover v0.10 series on the running ``epp``'s ``/metrics``: the programs
+    that waited get their mean wait and attained service, Jain's index spans them, and the
+    utilization detector's stale count is 0 while scrapes work, 1 once they fail."""
+    gw.saturate(server)
+    futures = []
+    for program in ("agent-a", "agent-b"):
+        n = gw.debug()["queued"]
+        futures.append(gw.send_async("critical", program, tenant=program))
+        until(lambda n=n: gw.debug()["queued"] == n + 1, f"{program} queued")
+    time.sleep(0.2)  # both wait at least this long
+    server.waiting = 0
+    assert [f.result(timeout=20).status_code for f in futures] == [200, 200]
+    for program in ("agent-a", "agent-b"):
+        assert gw.metric("llm_d_epp_program_aware_avg_wait_time_milliseconds",
+                         program_id=program) >= 200
+        # the server's usage: 7 prompt + 2 x 3 completion tokens
+        assert gw.metric("llm_d_epp_program_aware_attained_service_tokens",
+                         program_id=program) == pytest.approx(13, rel=0.01)
+    assert 0.5 <= gw.metric("llm_d_epp_program_aware_jains_fairness_index") <= 1.0
+    assert gw.metric("llm_d_epp_flow_control_stale_endpoints", detector="detector") == 0
+    server.metrics_status = 500  # scrapes fail: the endpoint's metrics go stale ...
+    time.sleep(0.5)
+    stalled = gw.send_async("critical", "stalled", tenant="agent-a")  # ... and read as full
+    until(lambda: gw.metric("llm_d_epp_flow_control_stale_endpoints",
+                            detector="detector") == 1, "the stale endpoint to be counted")
+    assert not stalled.done()
+    server.metrics_status = 200
+    assert stalled.result(timeout=20).status_code == 200

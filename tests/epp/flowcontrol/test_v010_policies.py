@@ -7,6 +7,7 @@ import asyncio
 import itertools
 
 import pytest
+from prometheus_client import REGISTRY
 
 from epp.config import ConfigError, build, parse_config
 from epp.flowcontrol import FlowControlConfig, FlowControlRequest, PriorityBandConfig
@@ -160,6 +161,65 @@ async def test_program_aware_forgets_programs_after_the_eviction_ttl() -> None:
     now[0] = 61.0
     policy.pick(b)
     assert "gone" not in policy.programs
+
+
+def program_gauge(name: str, program: str | None = None) -> float | None:
+    labels = {} if program is None else {"program_id": program}
+    return REGISTRY.get_sample_value(f"llm_d_epp_program_aware_{name}", labels)
+
+
+async def test_program_aware_exports_each_programs_mean_wait_and_jains_index() -> None:
+    """v0.10's ``avg_wait_time_milliseconds{program_id}`` (running mean of the queue wait
+    of the requests the policy released) and ``jains_fairness_index`` over those means."""
+    policy = ProgramAwareFairness()
+    b = band(policy)
+    now = asyncio.get_running_loop().time()
+    a1, a2 = await item("wait-a", now - 0.100), await item("wait-a", now - 0.300)
+    b.flow("wait-a").push(a1)
+    b.flow("wait-a").push(a2)
+    c = await item("wait-c", now - 0.900)
+    b.flow("wait-c").push(c)
+    released = []
+    for _ in range(3):  # the flow controller releases the head of each picked flow
+        flow = policy.pick(b)
+        assert flow is not None
+        head = flow.head()
+        assert head is not None
+        released.append(head.request.fairness_id)
+        flow.remove(head)
+    assert sorted(released) == ["wait-a", "wait-a", "wait-c"]
+    # whole milliseconds; the loop clock moved a little between the picks
+    assert program_gauge("avg_wait_time_milliseconds", "wait-a") == pytest.approx(200, abs=15)
+    assert program_gauge("avg_wait_time_milliseconds", "wait-c") == pytest.approx(900, abs=15)
+    assert program_gauge("jains_fairness_index") == pytest.approx(
+        1100 ** 2 / (2 * (200 ** 2 + 900 ** 2)), abs=0.02)
+
+
+async def test_program_aware_with_one_waiting_program_is_perfectly_fair() -> None:
+    policy = ProgramAwareFairness()
+    b = band(policy)
+    b.flow("alone").push(await item("alone", asyncio.get_running_loop().time() - 0.5))
+    policy.pick(b)
+    assert program_gauge("jains_fairness_index") == 1.0
+
+
+async def test_program_aware_drops_a_forgotten_programs_wait_series() -> None:
+    policy = ProgramAwareFairness("p", ProgramAwareParameters(
+        eviction_ttl_seconds=60, eviction_sweep_seconds=1))
+    now = [0.0]
+    policy.clock = lambda: now[0]
+    b = band(policy)
+    q = await item("short-lived", asyncio.get_running_loop().time() - 0.05)
+    b.flow("short-lived").push(q)
+    flow = policy.pick(b)
+    assert flow is not None
+    flow.remove(q)
+    b.drop_if_empty(flow)
+    assert program_gauge("avg_wait_time_milliseconds", "short-lived") is not None
+    now[0] = 61.0
+    policy.pick(b)
+    assert "short-lived" not in policy.programs
+    assert program_gauge("avg_wait_time_milliseconds", "short-lived") is None
 
 
 def agent_request(headers: dict[str, str]) -> LLMRequest:

@@ -24,7 +24,12 @@ from epp.config import build, parse_config
 from epp.datastore import parse_object
 from epp.flowcontrol.eviction import default_eviction_metrics
 from epp.flowcontrol.metrics import default_metrics as default_flow_control_metrics
-from epp.flowcontrol.program_aware import attained_service_gauge
+from epp.flowcontrol.metrics import stale_endpoints_gauge
+from epp.flowcontrol.program_aware import (
+    attained_service_gauge,
+    avg_wait_gauge,
+    fairness_index_gauge,
+)
 from epp.main import metrics_hooks
 from epp.requestcontrol import Director
 from epp.requestcontrol.plugins.predicted_latency_producer import PredictedLatencyProducer
@@ -103,7 +108,10 @@ def exercise_both_services() -> list[object]:
     ev.issued.labels("pool", "10").inc()
     ev.outcomes.labels("pool", "confirmed").inc()
     ev.pending.labels("pool").set(0.1)
-    attained_service_gauge().labels("agent").set(1.0)
+    attained_service_gauge().labels("agent").set(1.0)  # tests/epp/flowcontrol drive these
+    avg_wait_gauge().labels("agent").set(1.0)
+    fairness_index_gauge().set(1.0)
+    stale_endpoints_gauge().labels("utilization-detector").set(0)
     asyncio.run(exercise_state_store())
     pool = m.PoolCollector("pool", runtime.datastore,
                            prefix_stats=lambda: runtime.scheduler.prefix_indexer_size,

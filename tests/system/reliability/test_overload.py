@@ -16,7 +16,7 @@ import pytest
 
 from devkit import envoy as e
 from devkit.overload import Limits
-from devkit.reliability.gateway import Gateway, PoolDef, start_gateway
+from devkit.reliability.gateway import Gateway, PoolDef, gateway_config, start_gateway
 from devkit.reliability.slowclients import legit_requests, open_slow, replies
 from tests.support.processes import BackgroundLoop, FakeModelServer
 
@@ -80,4 +80,66 @@ def test_overflow_is_a_json_503_and_slow_clients_are_shed(pool: Pool, tmp_path: 
         after = asyncio.run(legit_requests(gw.url(), 20, 4, model=MODEL))
         assert after.ok == 20, after.counts
     finally:
+        gw.stop()
+
+
+class SlowHandshakeRelay:
+    """A TCP relay to ``port`` that holds each new connection's bytes for ``delay`` seconds
+    before passing them on: the TLS handshake with the service behind it takes that long,
+    as with a service busy taking in a burst of streams."""
+
+    def __init__(self, port: int, delay: float) -> None:
+        self.target, self.delay = port, delay
+        self.port = e.free_port()
+        self.connections = 0
+        self._server: asyncio.AbstractServer | None = None
+
+    async def start(self) -> SlowHandshakeRelay:
+        self._server = await asyncio.start_server(self._relay, "127.0.0.1", self.port)
+        return self
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
+        await asyncio.sleep(self.delay)
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            except (ConnectionError, asyncio.CancelledError):
+                pass
+            finally:
+                dst.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+
+def test_streams_wait_for_a_slow_connection_to_bbr_instead_of_failing(
+        pool: Pool, tmp_path: Path, bg: BackgroundLoop) -> None:
+    """5,000 slow clients arriving at once (``python -m bench.overload``): Envoy opened more
+    HTTP/2 connections to BBR while BBR was busy taking in the streams, their handshakes
+    outlasted the cluster's 1 s connect timeout, and every stream waiting on them failed
+    together (~3,000, with JSON 503s to ordinary requests: 98% success). Here a relay makes
+    the handshake with BBR take 1.5 s: every request waits for it and succeeds."""
+    gw = start(tmp_path, pool, Limits())
+    relay = bg.run(SlowHandshakeRelay(gw.bbr.port, delay=1.5).start())
+    admin, listen = e.free_port(), e.free_port()
+    cfg = gateway_config([(pool.pool, gw.epps[pool.pool.name].port)], relay.port, admin, listen,
+                         mode="FULL_DUPLEX_STREAMED")
+    try:
+        with e.Envoy(cfg, admin_port=admin, workdir=tmp_path / "envoy-relay") as envoy:
+            out = asyncio.run(legit_requests(f"http://127.0.0.1:{listen}/v1/completions", 8, 8,
+                                             model=MODEL))
+            stats = envoy.stats("cluster.bbr.upstream_cx")
+        assert relay.connections >= 1
+        assert stats.get("cluster.bbr.upstream_cx_connect_timeout", 0) == 0, stats
+        assert out.ok == out.total == 8, out.counts
+    finally:
+        bg.run(relay.stop())
         gw.stop()

@@ -19,9 +19,9 @@ import pytest
 from cryptography import x509
 
 from devkit import envoy as e
-from devkit.reliability.gateway import ServiceProcess
+from devkit.reliability.gateway import PoolDef, ServiceProcess, gateway_config, start_gateway
 from shared.tls import self_signed
-from tests.support.processes import BackgroundLoop, EchoBackend
+from tests.support.processes import BackgroundLoop, EchoBackend, FakeModelServer
 from tests.support.two_pools import LLAMA, TwoPools
 
 pytestmark = pytest.mark.envoy
@@ -186,3 +186,48 @@ def test_client_ca_file_requires_a_client_certificate(tmp_path: Path) -> None:
         assert _health(svc.port, rogue) == "StatusCode.UNAVAILABLE"
     finally:
         svc.stop()
+
+
+@pytest.fixture
+def one_server(bg: BackgroundLoop) -> Iterator[FakeModelServer]:
+    server = bg.run(FakeModelServer("m0", "127.0.23.1", e.free_port()).start())
+    server.model = "llama-8b"
+    yield server
+    bg.run(server.stop())
+
+
+def test_envoy_presents_a_client_certificate_and_envoys_without_one_are_refused(
+        tmp_path: Path, one_server: FakeModelServer) -> None:
+    """Issue 31, item 11, through the real Envoy: BBR and the EPP started with
+    ``--client-ca-file`` take the streams of an Envoy presenting a certificate that CA
+    signed (every request served), and refuse at the TLS handshake an Envoy presenting none
+    or another one: its clients get a JSON 503 and no request reaches the model server."""
+    trusted, rogue = self_signed("gateway"), self_signed("rogue")
+    files = {}
+    for name, (key, cert) in (("trusted", trusted), ("rogue", rogue)):
+        (tmp_path / f"{name}.key").write_bytes(key)
+        (tmp_path / f"{name}.crt").write_bytes(cert)
+        files[name] = (str(tmp_path / f"{name}.crt"), str(tmp_path / f"{name}.key"))
+    ca = ("--client-ca-file", files["trusted"][0])
+    pool = PoolDef("llama", ["llama-8b"], [(one_server.name, one_server.host)],
+                   one_server.port)
+    gw = start_gateway(tmp_path / "gw", [pool], mode="FULL_DUPLEX_STREAMED", bbr_args=ca,
+                       epp_args=ca, client_cert=files["trusted"])
+    body = {"model": "llama-8b", "prompt": "hello"}
+    try:
+        answers = [httpx.post(gw.url(), json=body, timeout=30) for _ in range(5)]
+        assert [r.status_code for r in answers] == [200] * 5
+        assert len(one_server.requests) == 5
+        for run, client_cert in enumerate((None, files["rogue"])):
+            admin, listen = e.free_port(), e.free_port()
+            cfg = gateway_config([(pool, gw.epps["llama"].port)], gw.bbr.port, admin, listen,
+                                 mode="FULL_DUPLEX_STREAMED", client_cert=client_cert)
+            with e.Envoy(cfg, admin_port=admin, workdir=tmp_path / f"envoy-{run}"):
+                refused = httpx.post(f"http://127.0.0.1:{listen}/v1/completions", json=body,
+                                     timeout=30)
+            assert refused.status_code == 503, refused.text
+            assert refused.headers["content-type"] == "application/json"
+            assert refused.json()["error"]["code"] == "service_unavailable"
+        assert len(one_server.requests) == 5
+    finally:
+        gw.stop()

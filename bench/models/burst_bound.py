@@ -1,7 +1,7 @@
 """How far any dispatch order can take bursts' TTFT p90 below round-robin's: a prefill-only
 model of the fleet on the same seeded schedules as ``bench/scenarios/flowcontrol-bursts.yaml``.
 
-    python -m bench.flowcontrol_burst_bound             # seeds 0-4, bursts @ 0.75
+    python -m bench.models.burst_bound             # seeds 0-4, bursts @ 0.75
 
 Each server prefills one request at a time (the ``8b-h100`` profile's 30 ms + 0.25 ms per
 prompt token; decode ignored, which only adds to every order alike). TTFT = end of the

@@ -2,10 +2,10 @@
 critical TTFT p90 passes 1.3x its idle value: the simulator's engines in virtual time, no
 Envoy, EPP or load generator (so no CPU contention; no lock needed).
 
-    python -m bench.flowcontrol_ceiling_model        # N = 0..4, 8 servers, 5 seeds, 200 s each
-    python -m bench.flowcontrol_ceiling_model --sheddable 0,2,4 --seeds 0 --duration 60
+    python -m bench.models.ceiling        # N = 0..4, 8 servers, 5 seeds, 200 s each
+    python -m bench.models.ceiling --sheddable 0,2,4 --seeds 0 --duration 60
 
-``bench.flowcontrol_priority`` sends critical requests at 0.3x the fleet's capacity while a
+``bench/scenarios/priority-flood.yaml`` sends critical requests at 0.3x the fleet's capacity while a
 sheddable flood keeps the EPP's sheddable band full; flow control then keeps the pool's
 sheddable requests in flight at the band's usage ceiling (``priority-usage-limit-policy``
 threshold x ``maxConcurrency`` x servers: 0.5 x 8 x 8 = 32, about 4 per server). Critical
