@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 LINT_PATHS := shared bbr epp sim sidecar bench devkit tests examples/plugin-package
 
 .PHONY: venv run test test-vllm lint bench bench-cpu bench-quick bench-compare bench-compare-quick bench-twin \
-	bench-twin-quick bench-agreement bench-inference-perf bench-list bench-run bench-report clean
+	bench-advise bench-twin-quick bench-agreement bench-inference-perf bench-list bench-run bench-report clean
 
 # pip's output (index warnings, setuptools notices) goes to $(VENV)/install.log, so the
 # first screen of `make run` shows the stack, not the install; a failure prints its tail.
@@ -97,12 +97,20 @@ bench-compare-quick: venv
 ## bench-twin: the routing scenarios in virtual time, real EPP scheduler (4 workloads x 10 seeds
 ## x {8, 32} servers, saved and put in RESULTS.md); TWIN_ARGS="--contenders envoy-rr,epp-tuned"
 ## narrows every run. Your own config on your fleet: a scenario of your own (docs/benchmarks.md)
+## Then the P/D split advisor (bench-advise) answers "which P:D split for this workload and SLO".
 TWIN_SCENARIOS ?= shared-prefix lora sharegpt bursts
 bench-twin: venv
 	for s in $(TWIN_SCENARIOS); do for n in 8 32; do \
 	  $(PY) -m bench run $$s --virtual --seeds 10 --servers $$n --save $(TWIN_ARGS) || exit 1; \
 	done; done
 	$(PY) -m bench report
+	$(PY) -m bench advise $(ADVISE_SCENARIO) $(ADVISE_ARGS)
+
+## bench-advise: which prefill:decode split gives the most SLO goodput (docs/pd.md, "Which
+## split"); ADVISE_SCENARIO=my-scenario.yaml ADVISE_ARGS="--servers 8 --tpot-ms 25" for yours
+ADVISE_SCENARIO ?= pd-split
+bench-advise: venv
+	$(PY) -m bench advise $(ADVISE_SCENARIO) $(ADVISE_ARGS)
 
 bench-twin-quick: venv
 	$(PY) -m bench run shared-prefix --virtual --seeds 2 --duration 10

@@ -6,6 +6,7 @@
     python -m bench run pd --servers 32 --workload my-workload.yaml --seeds 3
     python -m bench run shared-prefix --real --save        # and keep it for RESULTS.md
     python -m bench report [--check]                       # RESULTS.md sections from bench/runs/
+    python -m bench advise pd-split                        # which P:D split for a workload+SLO
 
 A scenario is a file of ``bench/scenarios/`` (or any path); its schema is in
 :mod:`bench.scenario`, the runner in :mod:`bench.runner`, and docs/benchmarks.md explains the
@@ -112,6 +113,9 @@ def parser() -> argparse.ArgumentParser:
                           "scenario's (its own loads then, unless --loads)")
     run.add_argument("--loads", type=_floats, help="offered loads, comma-separated")
     run.add_argument("--duration", type=float, help="arrival window per run, model seconds")
+    run.add_argument("--profile",
+                     help="simulator profile of every server instead of the scenario's "
+                          "(sim/profiles.py; saved runs and their RESULTS.md headings name it)")
     run.add_argument("--time-scale", type=float,
                      help="real time: run the simulator N x slower than the model")
     run.add_argument("--contenders", help="only these of the scenario's, comma-separated")
@@ -126,6 +130,27 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--save", action="store_true",
                      help="keep the results as bench/runs/<scenario>-<mode>-<servers>.json, where "
                           "`bench report` makes RESULTS.md sections from")
+    adv = sub.add_parser("advise", help="which prefill:decode split meets an SLO at the highest "
+                                        "rate (a sweep in virtual time)")
+    adv.add_argument("scenario", type=_scenario_path,
+                     help="a scenario (its workload, fleet size and profile, seeds, loads, "
+                          "and the P/D variant of its first pd contender)")
+    adv.add_argument("--seeds", type=_seeds, help="a count or a list, as for run")
+    adv.add_argument("--servers", type=_positive, help="fleet size (default: the scenario's)")
+    adv.add_argument("--workload", type=_workload, help="instead of the scenario's")
+    adv.add_argument("--profile", help="simulator profile instead of the scenario's")
+    adv.add_argument("--loads", type=_floats, help="the loads to sweep (x nominal capacity)")
+    adv.add_argument("--duration", type=float, help="arrival window per run, model seconds")
+    adv.add_argument("--tpot-ms", type=_floats, default=[20.0, 30.0],
+                     help="TPOT bounds of the SLO, ms (default 20,30); the first decides")
+    adv.add_argument("--ttft-floor", type=float, default=0.5,
+                     help="TTFT bound floor, s (TTFT <= max(FLOOR, FACTOR x isolated prefill))")
+    adv.add_argument("--ttft-factor", type=float, default=2.0)
+    adv.add_argument("--attainment", type=float, default=0.9,
+                     help="share of requests that must meet the SLO")
+    adv.add_argument("--splits", help="prefill server counts to try, comma-separated (0: the "
+                                      "aggregated fleet, always added); default all")
+    adv.add_argument("--jobs", type=_positive, default=os.cpu_count() or 1)
     sub.add_parser("list", help="the scenarios of bench/scenarios/")
     rep = sub.add_parser("report", help="rewrite RESULTS.md's generated sections")
     rep.add_argument("--check", action="store_true",
@@ -148,14 +173,15 @@ def cmd_run(args: argparse.Namespace) -> int:
                     loads=args.loads, duration=args.duration,
                     contenders=args.contenders.split(",") if args.contenders else None,
                     jobs=args.jobs, router_cpus=args.router_cpus, epp_cost=args.epp_cost,
-                    time_scale=args.time_scale)
+                    time_scale=args.time_scale, profile=args.profile)
     run_dir = runner.run_dir_for(scn, mode)
     doc = runner.execute(p, run_dir)
     print((run_dir / "results.md").read_text())
     print(f"results: {run_dir / 'results.json'}", file=sys.stderr)
     if args.save:
         SAVED.mkdir(exist_ok=True)
-        dest = SAVED / f"{scn.name}-{mode}-{p.fleet.servers}.json"
+        other = f"-{p.fleet.profile}" if p.fleet.profile != scn.fleet.profile else ""
+        dest = SAVED / f"{scn.name}-{mode}-{p.fleet.servers}{other}.json"
         shutil.copyfile(run_dir / "results.json", dest)
         print(f"saved: {dest} (python -m bench report puts it in RESULTS.md)", file=sys.stderr)
     failed = [r for r in doc["results"]
@@ -164,6 +190,56 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"FAILED: load {r['load']:g} seed {r['seed']} {r['contender']}: "
               f"{r['skipped'] or r['error_samples']}", file=sys.stderr)
     return 1 if failed else 0
+
+
+def cmd_advise(args: argparse.Namespace) -> int:
+    """The split advisor's sweep and table (bench.twin.advisor)."""
+    from bench.scenario import PdVariant
+    from bench.twin import advisor
+    from sim.profiles import get_profile
+
+    scn = load_scenario(args.scenario)
+    seeds = args.seeds
+    if isinstance(seeds, int):
+        seeds = list(range(scn.seeds[0], scn.seeds[0] + seeds))
+    seeds = list(seeds or scn.seeds)
+    servers = args.servers or scn.fleet.servers
+    wl = args.workload or scn.workload
+    profile = args.profile or scn.fleet.profile
+    get_profile(profile)   # ValueError naming the known ones
+    loads = sorted(args.loads or (scn.loads if args.workload is None else wl.loads))
+    duration = args.duration or wl.duration
+    if not 0 < args.attainment <= 1:
+        raise ValueError(f"--attainment: expected a share in (0, 1], got {args.attainment:g}")
+    variant = next((c.pd for c in scn.contenders if c.pd is not None),
+                   PdVariant(threshold=1024, prefill_pick="tokens"))
+    slos = [advisor.Slo(tpot=t / 1000.0, ttft_floor=args.ttft_floor,
+                        ttft_factor=args.ttft_factor, attainment=args.attainment)
+            for t in args.tpot_ms]
+    rate_of = {load: load * wl.capacity(servers) for load in loads}
+    splits = None
+    if args.splits:
+        try:
+            splits = sorted({0, *(int(x) for x in args.splits.split(","))})
+        except ValueError:
+            raise ValueError(f"--splits: expected integers, got {args.splits!r}") from None
+        if not all(0 <= x < servers for x in splits):
+            raise ValueError(f"--splits: each must be in 0..{servers - 1}, got {args.splits!r}")
+    cells = advisor.sweep(wl, profile, servers, loads, seeds, duration, variant, slos,
+                          splits=splits, jobs=args.jobs)
+    rows, advised = advisor.summarize(cells, servers, slos, rate_of)
+    print(f"Split advisor: workload `{wl.name}` on {servers} x `{profile}`, P/D variant "
+          f"nonCachedTokens {variant.threshold}, prefill pick {variant.prefill_pick}, decode "
+          f"pick {variant.decode_pick}{', spill ' + variant.spill if variant.spill else ''}; "
+          f"SLO {slos[0].describe()} (also at "
+          f"{', '.join(f'{s.tpot * 1e3:g}' for s in slos[1:]) or '-'} ms); {len(seeds)} "
+          f"seeds x {duration:g} model s; rates swept (req/s): "
+          f"{', '.join(f'{r:.2f}' for r in rate_of.values())}. Goodput: median over seeds; "
+          "ratio: median of the per-seed ratios [95% CI of the geometric mean].\n")
+    print(advisor.table(rows, advised, servers, slos))
+    print(f"\nadvice: {advised}P+{servers - advised}D" if advised else
+          f"\nadvice: aggregated ({servers})")
+    return 0
 
 
 def cmd_list() -> int:
@@ -213,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "run":
             return cmd_run(args)
+        if args.command == "advise":
+            return cmd_advise(args)
         if args.command == "list":
             return cmd_list()
         return cmd_report(args)

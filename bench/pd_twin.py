@@ -1,13 +1,14 @@
-"""P/D splits and decider thresholds in virtual time: ``bench.pd_compare``'s fleets on the
-simulator's engine alone.
+"""P/D fleets in virtual time: ``bench.pd_compare``'s fleets on the simulator's engine alone,
+what ``python -m bench run`` plays for a P/D scenario and ``python -m bench advise`` sweeps
+(splits x rates). Its own command line (a table of split/threshold variants) was removed by
+issue #28: the split sweep is ``bench advise``, thresholds, picks and spill are ``pd``
+contenders of a scenario (``bench run pd --loads ...``).
 
-Run: ``python -m bench.pd_twin`` (a few seconds per variant; no lock needed: virtual time).
-
-The same schedules as ``bench.pd_compare`` (its ``workload`` per seed), served by
-:class:`sim.engine.Engine` instances (``8b-h100``) on one virtual clock: no HTTP, no Envoy, no
-EPP, no sidecar, no CPU contention. What is left is the engine's timing model, so the figures
-say what a split or a threshold can reach at best, and which part of a measured figure is the
-machine's own overhead.
+Schedules (``bench.pd_compare``'s ``workload`` per seed, or a scenario's) are served by
+:class:`sim.engine.Engine` instances (the fleet's profile) on one virtual clock: no HTTP, no
+Envoy, no EPP, no sidecar, no CPU contention. What is left is the engine's timing model, so
+the figures say what a split or a threshold can reach at best, and which part of a measured
+figure is the machine's own overhead.
 
 - **aggregated**: ``P + D`` servers, each request to the server with the fewest outstanding
   requests (a stand-in for a load-aware picker; ties to the first).
@@ -18,21 +19,15 @@ machine's own overhead.
   link; pulls do not queue here), and decoded there with only its last prompt token computed.
   Shorter prompts go to a decode server whole, as the decider keeps them local.
 
-``--prefill-pick`` / ``--decode-pick`` choose how each side picks: ``least`` (fewest
+``prefill_pick`` / ``decode_pick`` choose how each side picks: ``least`` (fewest
 outstanding requests, the default: what the EPP's ``active-request-scorer`` does now that the
 prefill pick counts in flight until the prefill ends), ``tokens`` (fewest outstanding prompt
 tokens: ``token-load-scorer``), ``random`` (what llm-d's sample scorers amount to on this
 workload: no prefix hits, and a waiting queue that chunked prefill keeps empty).
-``--spill TOKENS:REQUESTS`` models our ``load-aware-pd-decider`` (:class:`Spill`): a long
+``spill`` (``TOKENS:REQUESTS``) models our ``load-aware-pd-decider`` (:class:`Spill`): a long
 prompt stays on its decode server when every prefill server has ``TOKENS`` prompt tokens in
 flight and the decode server at most ``REQUESTS`` requests; the decode server is then picked
-at arrival, as the EPP does. ``--rate`` takes several rates (``0.36,0.48,0.6``) to sweep the
-offered load.
-
-Figures per variant: long-prompt TTFT p90, TPOT p90 and output tok/s and short-prompt TTFT
-p90 as paired ratios to the aggregated fleet of the same seed (the geometric-mean interval of
-``bench.pd_compare``) with issue #16's verdicts, the medians in model units, and the share
-of long prompts disaggregated.
+at arrival, as the EPP does.
 """
 
 from __future__ import annotations
@@ -41,25 +36,16 @@ import argparse
 import heapq
 import itertools
 import random
-import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.pd_compare import ratio_interval, verdict, workload
+from bench.pd_compare import workload
 from bench.workloads import RequestSpec
 from devkit.stats import percentile as pct
 from sim.engine import Engine, SimRequest
 from sim.pd import KV_BYTES_PER_TOKEN_8B, LINKS
-from sim.profiles import H100_8B
-
-#: The variants ``main`` runs: (label, prefill servers, decode servers, nonCachedTokens).
-VARIANTS = (("2P+2D, nonCachedTokens 1", 2, 2, 1),
-            ("2P+2D, nonCachedTokens 1024", 2, 2, 1024),
-            ("2P+2D, nonCachedTokens 8192", 2, 2, 8192),
-            ("3P+1D, nonCachedTokens 1", 3, 1, 1),
-            ("3P+1D, nonCachedTokens 1024", 3, 1, 1024),
-            ("1P+3D, nonCachedTokens 1024", 1, 3, 1024))
+from sim.profiles import H100_8B, Profile
 
 
 @dataclass(eq=False)
@@ -86,6 +72,7 @@ class Served:
     end: float = 0.0
     output: int = 0
     disaggregated: bool = False
+    prompt: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,20 +152,21 @@ def simulate(seed: int, prefill: int, decode: int, threshold: int | None, *,
              rate: float = 0.6, duration: float = 60.0, link: str = "rdma",
              prefill_pick: str = "least", decode_pick: str = "least",
              spill: Spill | None = None,
-             specs: Sequence[RequestSpec] | None = None) -> list[Served]:
+             specs: Sequence[RequestSpec] | None = None,
+             profile: Profile = H100_8B) -> list[Served]:
     """One run; ``threshold=None`` is the aggregated fleet of ``prefill + decode`` servers
     (always ``least``). With ``spill`` the decode server is picked at arrival, as the EPP
     does, and the :class:`Spill` decider may keep a long prompt there. ``specs``: play this
     schedule (a request tagged ``long`` is of the long class) instead of :func:`workload`'s
-    for ``seed``, ``rate`` and ``duration``."""
+    for ``seed``, ``rate`` and ``duration``. ``profile``: every server's (sim/profiles.py)."""
     fleet = _Fleet(seed, rng=random.Random(seed))
     bandwidth, latency = LINKS[link]
     if threshold is None:
-        decoders = [_Server(Engine(H100_8B, seed=i), i) for i in range(prefill + decode)]
+        decoders = [_Server(Engine(profile, seed=i), i) for i in range(prefill + decode)]
         prefillers: list[_Server] = []
     else:
-        decoders = [_Server(Engine(H100_8B, seed=i), i) for i in range(decode)]
-        prefillers = [_Server(Engine(H100_8B, seed=100 + i), i) for i in range(prefill)]
+        decoders = [_Server(Engine(profile, seed=i), i) for i in range(decode)]
+        prefillers = [_Server(Engine(profile, seed=100 + i), i) for i in range(prefill)]
     #: request id -> what its end means: a client's answer, or a prefill whose KV moves on
     #: (class, arrival, prompt, output, is_prefill, disaggregated, decode server or None).
     pending: dict[str, tuple[bool, float, int, int, bool, bool, _Server | None]] = {}
@@ -199,7 +187,7 @@ def simulate(seed: int, prefill: int, decode: int, threshold: int | None, *,
             served.append(Served(long, req.first_token_time - arrival,
                                  (req.finish_time - req.first_token_time)
                                  / max(1, req.generated - 1), arrival, req.finish_time,
-                                 req.generated, disagg))
+                                 req.generated, disagg, prompt))
         return hook
 
     for s in decoders + prefillers:
@@ -268,71 +256,3 @@ def parse_spill(text: str) -> Spill:
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"expected PREFILL_TOKENS:DECODE_REQUESTS (e.g. 8000:1), got {text!r}") from None
-
-
-#: The columns of a variant's row: figure key, unit, issue #16's bound and sense.
-COLUMNS = (("long_ttft_p90", "s", 1.3, "le"), ("long_tpot_p90", "ms", 0.6, "le"),
-           ("long_tps", "tok/s", 1.0, "ge"), ("short_ttft_p90", "s", None, ""))
-
-
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m bench.pd_twin", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seeds", type=int, default=20)
-    p.add_argument("--rate", default="0.6",
-                   help="requests per second; several separated by ',' sweep the load")
-    p.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals")
-    p.add_argument("--prefill-pick", choices=PICKS, default="least")
-    p.add_argument("--decode-pick", choices=PICKS, default="least")
-    p.add_argument("--spill", type=parse_spill,
-                   help="PREFILL_TOKENS:DECODE_REQUESTS: the load-aware decider "
-                        "(load-aware-pd-decider's prefillBacklogTokens:maxDecodeRequests)")
-    p.add_argument("--variants",
-                   help="labels of VARIANTS to run, separated by ';' (default: all)")
-    args = p.parse_args(argv)
-    seeds = range(args.seeds)
-    wanted = set(args.variants.split(";")) if args.variants else None
-    for rate in (float(r) for r in args.rate.split(",")):
-        base = {s: figures(simulate(s, 2, 2, None, rate=rate, duration=args.duration))
-                for s in seeds}
-        print(f"\n{args.seeds} seeds, {rate:g} req/s for {args.duration:g} s (model time); "
-              "ratio to aggregated: median of the per-seed ratios [95% CI of the geometric "
-              "mean] (model-time median), verdict against issue #16's bound")
-        print(f"P/D picks: prefill {args.prefill_pick}, decode {args.decode_pick}"
-              + (f", spill {args.spill}" if args.spill else ""))
-        print("\n| fleet | long TTFT p90 | long TPOT p90 | long tok/s | short TTFT p90 "
-              "| long prompts disaggregated |\n|---|---|---|---|---|---|")
-        print("| aggregated (4) | " + " | ".join(
-            f"{statistics.median(_scaled(b, key, unit) for b in base.values()):.2f} {unit}"
-            for key, unit, _, _ in COLUMNS) + " | |")
-        for label, prefill, decode, threshold in VARIANTS:
-            if wanted is not None and label not in wanted:
-                continue
-            runs = {s: figures(simulate(s, prefill, decode, threshold, rate=rate,
-                                        duration=args.duration,
-                                        prefill_pick=args.prefill_pick,
-                                        decode_pick=args.decode_pick, spill=args.spill))
-                    for s in seeds}
-            cells = []
-            for key, unit, bound, sense in COLUMNS:
-                ratios = [runs[s][key] / base[s][key] for s in seeds if base[s][key] > 0]
-                if not ratios:  # e.g. no short prompt in a very short run
-                    cells.append("n/a")
-                    continue
-                lo, hi = ratio_interval(ratios)
-                value = statistics.median(_scaled(r, key, unit) for r in runs.values())
-                cell = (f"{statistics.median(ratios):.2f}x [{lo:.2f}, {hi:.2f}] "
-                        f"({value:.2f} {unit})")
-                if bound is not None:
-                    cell += f" {verdict(lo, hi, bound, sense)}"
-                cells.append(cell)
-            share = statistics.median(r["long_disagg"] for r in runs.values())
-            print(f"| {label} | " + " | ".join(cells) + f" | {share:.0%} |")
-
-
-def _scaled(figs: dict[str, float], key: str, unit: str) -> float:
-    return figs[key] * (1000.0 if unit == "ms" else 1.0)
-
-
-if __name__ == "__main__":
-    main()

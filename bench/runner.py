@@ -66,6 +66,7 @@ class Plan:
         """What the figures depend on besides the seed (kept with the results)."""
         f = self.fleet
         return {"mode": self.mode, "servers": f.servers, "roles": f.roles, "profile": f.profile,
+                "profile_override": f.profile != self.scenario.fleet.profile,
                 **({"labels": f.pod_labels()} if f.labels else {}),
                 "time_scale": f.time_scale if self.mode == "real" else None,
                 "workload": self.workload.name, "generator": self.workload.generator,
@@ -96,7 +97,7 @@ def plan(scn: Scenario, *, mode: str = "virtual", seeds: Sequence[int] | None = 
          loads: Sequence[float] | None = None, duration: float | None = None,
          contenders: Sequence[str] | None = None, jobs: int = 1,
          router_cpus: float | None = None, epp_cost: Path = MEASURED_COST,
-         time_scale: float | None = None) -> Plan:
+         time_scale: float | None = None, profile: str | None = None) -> Plan:
     """``scn`` with overrides (None: the scenario's own). In virtual time a router CPU
     budget models the EPP's CPU at that budget from ``epp_cost`` (``bench.epp_cpu --save``);
     raises ValueError naming the file when those costs cannot be read."""
@@ -113,6 +114,11 @@ def plan(scn: Scenario, *, mode: str = "virtual", seeds: Sequence[int] | None = 
     fleet = scn.fleet.scaled(servers) if servers else scn.fleet
     if time_scale:
         fleet = dataclasses.replace(fleet, time_scale=time_scale)
+    if profile and profile != fleet.profile:
+        from sim.profiles import get_profile
+
+        get_profile(profile)   # ValueError naming the known ones
+        fleet = dataclasses.replace(fleet, profile=profile)
     cpus = scn.budget.router_cpus if router_cpus is None else router_cpus
     cpu = None
     if mode == "virtual" and cpus > 0:
@@ -304,13 +310,15 @@ def _flow_virtual(c: Contender, fleet: Fleet, seed: int,
 def _pd_virtual(fleet: Fleet, c: Contender, seed: int,
                 specs: list[RequestSpec]) -> list[Any] | None:
     from bench.pd_twin import parse_spill, simulate
+    from sim.profiles import get_profile
 
     prefill, decode = fleet.roles["prefill"], fleet.roles["decode"]
+    profile = get_profile(fleet.profile)
     if c.name == "aggregated":
-        served = simulate(seed, prefill, decode, None, specs=specs)
+        served = simulate(seed, prefill, decode, None, specs=specs, profile=profile)
     elif c.pd is not None:
         v = c.pd
-        served = simulate(seed, prefill, decode, v.threshold, specs=specs,
+        served = simulate(seed, prefill, decode, v.threshold, specs=specs, profile=profile,
                           prefill_pick=v.prefill_pick, decode_pick=v.decode_pick,
                           spill=parse_spill(v.spill) if v.spill else None)
     else:
@@ -525,7 +533,8 @@ def section(doc: dict[str, Any], source: str) -> str:
 def heading(doc: dict[str, Any]) -> str:
     """A saved run's RESULTS.md heading: the scenario's title and the mode."""
     s = doc["settings"]
-    return f"## {doc['title']} ({s['mode']} time, {s['servers']} servers)"
+    profile = f", `{s['profile']}`" if s.get("profile_override") else ""
+    return f"## {doc['title']} ({s['mode']} time, {s['servers']} servers{profile})"
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,9 +20,9 @@ Per step (vLLM's scheduler, simplified):
    line); with ``enable_chunked_prefill`` (vLLM V1's default) a prompt larger than what is
    left is split (its first token comes with its last chunk), without it admission stops
    at a prompt that does not fit;
-4. the step lasts ``factor * (ITL [if decoding] + overhead + prefill_tokens * per_token [if
-   prefilling]) + lora_load_time * loads`` with ``factor = 1 + (load_factor - 1) *
-   running / max_num_seqs``, all scaled by ``time_scale``.
+4. the step lasts :func:`sim.costs.step_time` (ITL plus the decodes' KV read, prefill overhead
+   plus linear and attention terms of the prompt chunks, times the load factor, over the
+   profile's ``speed``), scaled by ``time_scale``.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from sim.costs import step_time
 from sim.kvcache import REMOVED, STORED, BlockTable, KVCache
 from sim.lora import LoraSlots
 from sim.profiles import Profile
@@ -155,12 +156,6 @@ class Engine:
         self.kv_events = kv_events
         self.block_hasher = block_hasher
         self._lora_ids: dict[str, int] = {}
-        # Effective (scaled) timing, precomputed because it is used every step.
-        self._itl = profile.inter_token_latency * time_scale
-        self._overhead = profile.prefill_overhead * time_scale
-        self._per_token = profile.prefill_time_per_token * time_scale
-        self._lora_load = profile.lora_load_time * time_scale
-        self._load_slope = (profile.load_factor - 1.0) / profile.max_num_seqs
         self.reset()
 
     def reset(self) -> None:
@@ -337,15 +332,17 @@ class Engine:
         batch: list[SimRequest] = []
         partial: set[int] = set()
         decoding = 0
-        prefill_tokens = 0
+        decode_context = 0
+        #: (tokens already computed, chunk) of every prompt chunk of the step
+        chunks: list[tuple[int, int]] = []
         local_prefills = 0
         for req in running:
             if budget <= 0:
                 break
             if req.to_prefill:
                 chunk = min(req.to_prefill, budget)
+                chunks.append((req.prompt_tokens + req.generated - req.to_prefill, chunk))
                 req.to_prefill -= chunk
-                prefill_tokens += chunk
                 budget -= chunk
                 local_prefills += 1
                 if req.to_prefill:
@@ -353,6 +350,7 @@ class Engine:
             else:
                 budget -= 1
                 decoding += 1
+                decode_context += req.prompt_tokens + req.generated
             batch.append(req)
 
         # 3. Admit from the waiting queue while the budget lasts.
@@ -398,10 +396,10 @@ class Engine:
                 else:
                     local_prefills += 1
                 chunk = min(uncached, budget) if chunked else uncached
+                chunks.append((cached, chunk))
                 req.to_prefill = uncached - chunk
                 if req.to_prefill:
                     partial.add(id(req))
-                prefill_tokens += chunk
                 budget -= chunk
                 if req.lora is not None and self.loras.acquire(req.lora):
                     loads += 1
@@ -424,18 +422,13 @@ class Engine:
             if admitted or loads:
                 self.lora_version += 1
 
-        # 4. Duration.
-        factor = 1.0 + self._load_slope * len(running)
-        work = 0.0
-        if decoding:
-            work += self._itl
-        if prefill_tokens:
-            # A request whose KV was pulled only computes its last prompt token: it rides in
-            # the decode batch without the fixed cost of a prefill step.
-            work += prefill_tokens * self._per_token
-            if local_prefills:
-                work += self._overhead
-        duration = factor * work + loads * self._lora_load + encodes * self.time_scale
+        # 4. Duration: the one cost model (sim.costs), shared with the twin. A request whose
+        #    KV was pulled only computes its last prompt token: it rides in the decode batch
+        #    without the fixed cost of a prefill step.
+        duration = step_time(self.profile, decoding=decoding, decode_context=decode_context,
+                             chunks=chunks, local_prefills=local_prefills,
+                             running=len(running), lora_loads=loads,
+                             encode=encodes) * self.time_scale
         self._batch = batch
         self._partial = partial
         if kv.journal:

@@ -107,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="prefill cost per uncached prompt token")
     t.add_argument("--load-factor", type=_positive,
                    help="slowdown when the batch is full (1 = none)")
+    t.add_argument("--speed", type=_positive,
+                   help="relative speed of the server: every step takes 1/SPEED of the "
+                        "profile's time (0.5 = half as fast)")
     t.add_argument("--max-num-seqs", type=int, help="running batch size")
     t.add_argument("--max-waiting", type=int, help="waiting queue cap (429 beyond)")
     t.add_argument("--max-num-batched-tokens", type=int,
@@ -162,7 +165,7 @@ _INT_FIELDS = {"max_num_seqs", "max_waiting", "block_size", "num_gpu_blocks", "m
 def configs_from_args(args: argparse.Namespace) -> list[ServerConfig]:
     """Server configs for the parsed command line (raises ``ValueError`` on bad input)."""
     overrides: dict[str, Any] = {}
-    for name in _MS_FIELDS | _INT_FIELDS | {"load_factor", "enable_chunked_prefill"}:
+    for name in _MS_FIELDS | _INT_FIELDS | {"load_factor", "enable_chunked_prefill", "speed"}:
         value = getattr(args, name)
         if value is None:
             continue

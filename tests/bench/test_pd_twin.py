@@ -4,10 +4,12 @@ the engine's timing (a decode server that never prefills decodes at the profile'
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
 from bench.pd_compare import workload
-from bench.pd_twin import Spill, figures, main, parse_spill, simulate
+from bench.pd_twin import Spill, figures, parse_spill, simulate
 from sim.profiles import H100_8B
 
 
@@ -34,12 +36,6 @@ def test_short_prompts_below_the_threshold_skip_the_prefill_servers() -> None:
     local = [s for s in simulate(2, 2, 2, 1024, duration=30) if not s.long]
     remote = [s for s in simulate(2, 2, 2, 1, duration=30) if not s.long]
     assert local and sum(s.ttft for s in local) < sum(s.ttft for s in remote)
-
-
-def test_main_prints_one_row_per_variant(capsys: pytest.CaptureFixture[str]) -> None:
-    main(["--seeds", "2", "--duration", "10"])
-    out = capsys.readouterr().out
-    assert "| aggregated (4) |" in out and "| 3P+1D, nonCachedTokens 1024 |" in out
 
 
 def test_a_load_blind_prefill_pick_queues_long_prompts_on_one_prefiller() -> None:
@@ -77,17 +73,8 @@ def test_the_spill_decider_reads_both_bounds() -> None:
     assert str(s) == "8000:2" and str(Spill(decode_requests=1)) == "-:1"
 
 
-def test_spill_flag_parses_or_fails_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+def test_spill_parses_or_fails_in_one_line() -> None:
     assert parse_spill("8000:2") == Spill(8000, 2)
     assert parse_spill("-:1") == Spill(None, 1)
-    with pytest.raises(SystemExit):
-        main(["--spill", "8000"])
-    assert "expected PREFILL_TOKENS:DECODE_REQUESTS" in capsys.readouterr().err
-
-
-def test_main_sweeps_rates_with_tok_s_and_verdicts(capsys: pytest.CaptureFixture[str]) -> None:
-    main(["--seeds", "2", "--duration", "10", "--rate", "0.2,0.6", "--spill", "8000:2",
-          "--variants", "2P+2D, nonCachedTokens 1024"])
-    out = capsys.readouterr().out
-    assert "0.2 req/s" in out and "0.6 req/s" in out and "spill 8000:2" in out
-    assert out.count("| 2P+2D, nonCachedTokens 1024 |") == 2 and "tok/s" in out
+    with pytest.raises(argparse.ArgumentTypeError, match="expected PREFILL_TOKENS:DECODE_REQUESTS"):
+        parse_spill("8000")

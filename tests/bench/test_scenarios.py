@@ -341,6 +341,40 @@ def test_results_are_generated_from_saved_runs() -> None:
     assert proc.returncode == 0, proc.stderr
 
 
+def test_profile_override_reaches_the_fleet_the_saved_settings_and_the_heading() -> None:
+    from bench.runner import heading
+    from bench.scenario import SCENARIOS
+
+    scn = load_scenario(SCENARIOS / "pd.yaml")
+    p = plan(scn, profile="h100-llama8b")
+    assert p.fleet.profile == "h100-llama8b" and p.fleet.roles == scn.fleet.roles
+    settings = p.settings()
+    assert settings["profile"] == "h100-llama8b" and settings["profile_override"]
+    doc = {"title": scn.title, "settings": settings}
+    assert heading(doc).endswith("(virtual time, 4 servers, `h100-llama8b`)")
+    assert not plan(scn).settings()["profile_override"]
+    with pytest.raises(ValueError, match="unknown profile 'nope'"):
+        plan(scn, profile="nope")
+
+
+def test_a_pd_scenario_on_a_calibrated_profile_runs_its_engine_in_the_twin() -> None:
+    """The P/D twin serves the scenario's profile: the same schedule is faster on
+    ``h100-llama8b`` than on ``8b-h100`` (prefill 36 vs 250 us per token)."""
+    from bench.runner import _pd_virtual
+    from bench.scenario import SCENARIOS, Contender, PdVariant
+
+    scn = load_scenario(SCENARIOS / "pd.yaml")
+    specs = scn.workload.schedule(0.28, 20, 0, 4)
+    pd = Contender("pd", pd=PdVariant())
+    ttft = {}
+    for profile in ("8b-h100", "h100-llama8b"):
+        fleet = plan(scn, profile=profile).fleet
+        out = _pd_virtual(fleet, pd, 0, specs)
+        assert out is not None and len(out) == len(specs)
+        ttft[profile] = sorted(o.ttft for o in out)[len(out) // 2]
+    assert ttft["h100-llama8b"] < 0.5 * ttft["8b-h100"]
+
+
 def test_fleet_labels_reach_the_epp_in_virtual_time() -> None:
     """v010-context-length labels one pod of four for short contexts: with
     context-length-aware every short request lands on it, without it they spread."""

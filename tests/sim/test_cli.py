@@ -109,3 +109,14 @@ def test_token_budget_and_chunked_prefill_flags_reach_the_profile() -> None:
     assert default.profile.enable_chunked_prefill
     with pytest.raises(ValueError, match="max-num-batched-tokens"):
         configs("--port", "9000", "--max-num-batched-tokens", "0")
+
+
+def test_calibrated_profile_and_speed_from_flags_and_fleet_file(tmp_path: Path) -> None:
+    (cfg,) = configs("--port", "8001", "--profile", "h100-llama70b", "--speed", "0.5")
+    assert cfg.profile.name == "h100-llama70b" and cfg.profile.speed == 0.5
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text("servers:\n  - {port: 8001, profile: h100-llama8b}\n"
+                     "  - {port: 8002, profile: a100-llama8b, overrides: {speed: 0.8}}\n")
+    fast, slow = configs("--config", str(fleet))
+    assert (fast.profile.name, fast.profile.speed) == ("h100-llama8b", 1.0)
+    assert (slow.profile.name, slow.profile.speed) == ("a100-llama8b", 0.8)
