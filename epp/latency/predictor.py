@@ -7,10 +7,17 @@ match), uncached * (running + 1), waiting queue, running requests, KV-cache use,
 flight to the endpoint, prefill tokens in flight, requests in prefill; TPOT ← the same
 without the two prefix terms.
 
-Model: linear, fitted by scikit-learn's ``QuantileRegressor`` at the median with weights 1/y,
-which minimises exactly the mean absolute *relative* error (MAPE), the way the model is
-judged; a median fit is also not dragged by the minority of samples from a transient (a
-cold cache's backlog), as a least-squares fit is.
+Two models per latency, both linear and fitted by scikit-learn's ``QuantileRegressor``:
+
+- the *central* one, at the median with weights 1/y, which minimises exactly the mean
+  absolute *relative* error (MAPE), the way a point prediction is judged; a median fit is
+  also not dragged by the minority of samples from a transient (a cold cache's backlog), as
+  a least-squares fit is;
+- the *quantile* one (``quantile``, 0.9 by default; upstream's predictor's default), fitted
+  unweighted at that quantile: it minimises the pinball loss
+  mean(max(q·(y - ŷ), (q - 1)·(y - ŷ))), whose minimiser is the conditional q-quantile, so
+  about a fraction q of requests finish within it. The SLO-aware plugins compare it with
+  the SLO: "predicted to meet" then means "meets it 9 times in 10", not "half the time".
 Fitting is scheduled by a background thread every ``retrain_interval`` seconds on the latest
 ``max_samples`` completed requests and, given an executor (the plugin gives it a one-worker
 process pool), runs in another process, so it does not compete with the request path for
@@ -45,6 +52,12 @@ class PredictorConfig:
     retrain_interval: float = 1.0
     max_samples: int = 5000
     min_samples: int = 20
+    #: The quantile the second model of each latency is fitted at (None: central only).
+    quantile: float | None = 0.9
+
+    def __post_init__(self) -> None:
+        if self.quantile is not None and not 0 < self.quantile < 1:
+            raise ValueError(f"quantile must be in (0, 1), got {self.quantile!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,18 +144,53 @@ def fit_linear(xs: Sequence[Sequence[float]], ys: Sequence[float]) -> Linear:
                   max(float(y.min()), FLOOR), float(y.max()))
 
 
-class LatencyPredictor:
-    """Learns TTFT and TPOT from completed requests; predicts them for candidates.
+def fit_quantile(xs: Sequence[Sequence[float]], ys: Sequence[float], quantile: float,
+                 ) -> Linear:
+    """Fit a linear ``quantile`` regression (pinball loss, no weights) on standardised
+    features: the fitted line leaves about a fraction ``quantile`` of the samples at or
+    below it. Clipped to the range of the samples, like :func:`fit_linear`."""
+    import numpy as np
+    from sklearn.linear_model import QuantileRegressor
 
-    ``fit`` is the fitting function (tests wrap the real one to hold a retrain open); with
-    an ``executor`` it runs there (it must then be picklable, as :func:`fit_linear` is).
+    x = np.asarray(xs, dtype=float)
+    y = np.asarray(ys, dtype=float)
+    mean, std = x.mean(axis=0), x.std(axis=0)
+    std[std == 0] = 1.0
+    model = QuantileRegressor(quantile=quantile, alpha=0.0, solver="highs-ipm")
+    model.fit((x - mean) / std, y)
+    w = model.coef_ / std
+    return Linear(float(model.intercept_ - (w * mean).sum()), tuple(float(v) for v in w),
+                  max(float(y.min()), FLOOR), float(y.max()))
+
+
+def pinball(predicted: Sequence[float], actual: Sequence[float], quantile: float) -> float:
+    """Mean pinball (quantile) loss of ``predicted`` as ``quantile``-quantiles of
+    ``actual``: under-prediction costs ``quantile`` per second, over-prediction
+    1 - ``quantile``."""
+    total = 0.0
+    for p, a in zip(predicted, actual, strict=True):
+        d = a - p
+        total += quantile * d if d >= 0 else (quantile - 1.0) * d
+    return total / len(actual) if actual else float("nan")
+
+
+class LatencyPredictor:
+    """Learns TTFT and TPOT from completed requests; predicts them for candidates: the
+    central value (``predict``) and the configured quantile (``predict_quantile``).
+
+    ``fit`` / ``fit_q`` are the fitting functions (tests wrap the real ones to hold a
+    retrain open); with an ``executor`` they run there (they must then be picklable, as
+    :func:`fit_linear` and :func:`fit_quantile` are).
     """
 
     def __init__(self, config: PredictorConfig | None = None,
                  fit: Callable[[Sequence[Sequence[float]], Sequence[float]], Linear] = fit_linear,
-                 executor: Executor | None = None) -> None:
+                 executor: Executor | None = None,
+                 fit_q: Callable[[Sequence[Sequence[float]], Sequence[float], float],
+                                 Linear] = fit_quantile) -> None:
         self.config = config or PredictorConfig()
         self._fit = fit
+        self._fit_q = fit_q
         self.executor = executor
         n = self.config.max_samples
         # Ring buffers of the latest samples, as arrays: a retrain copies them out in one
@@ -154,6 +202,9 @@ class LatencyPredictor:
         #: The models in use (replaced whole by the trainer; None until trained).
         self.ttft_model: Linear | None = None
         self.tpot_model: Linear | None = None
+        #: The ``config.quantile`` models (None until trained, or without a quantile).
+        self.ttft_q_model: Linear | None = None
+        self.tpot_q_model: Linear | None = None
         self.retrains = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -166,13 +217,23 @@ class LatencyPredictor:
         return (ttft(state.ttft_x()) if ttft is not None else None,
                 tpot(state.tpot_x()) if tpot is not None else None)
 
-    def predict_rows(self, rows: Sequence[Sequence[float]],
+    def predict_quantile(self, state: EndpointState) -> tuple[float | None, float | None]:
+        """(TTFT, TPOT) ``config.quantile``-quantiles in seconds (None: no such model)."""
+        ttft, tpot = self.ttft_q_model, self.tpot_q_model
+        return (ttft(state.ttft_x()) if ttft is not None else None,
+                tpot(state.tpot_x()) if tpot is not None else None)
+
+    def predict_rows(self, rows: Sequence[Sequence[float]], quantile: bool = False,
                      ) -> tuple[list[float] | None, list[float] | None]:
         """(TTFTs, TPOTs) for many :meth:`EndpointState.ttft_x` rows at once (one matrix
-        product each; None for a model not trained yet)."""
+        product each; None for a model not trained yet); ``quantile``: the
+        ``config.quantile`` models' instead of the central ones."""
         import numpy as np
 
-        ttft, tpot = self.ttft_model, self.tpot_model
+        if quantile:
+            ttft, tpot = self.ttft_q_model, self.tpot_q_model
+        else:
+            ttft, tpot = self.ttft_model, self.tpot_model
         x = np.array(rows, dtype=float)
         return (ttft.many(x) if ttft is not None else None,
                 tpot.many(x[:, TPOT_COLUMNS]) if tpot is not None else None)
@@ -197,21 +258,30 @@ class LatencyPredictor:
             self._new_samples = 0
             ttft, tpot = self._ttft.copy(), self._tpot.copy()
         changed = False
-        n = self.config.min_samples
+        n, q = self.config.min_samples, self.config.quantile
         if len(ttft[1]) >= n:
             self.ttft_model = self._run_fit(*ttft)
+            if q is not None:
+                self.ttft_q_model = self._run_fit(*ttft, q)
             changed = True
         if len(tpot[1]) >= n:
             self.tpot_model = self._run_fit(*tpot)
+            if q is not None:
+                self.tpot_q_model = self._run_fit(*tpot, q)
             changed = True
         if changed:
             self.retrains += 1
         return changed
 
-    def _run_fit(self, xs: Any, ys: Any) -> Linear:
+    def _run_fit(self, xs: Any, ys: Any, quantile: float | None = None) -> Linear:
+        if quantile is None:
+            fn: Callable[..., Linear] = self._fit
+            args: tuple[Any, ...] = (xs, ys)
+        else:
+            fn, args = self._fit_q, (xs, ys, quantile)
         if self.executor is None:
-            return self._fit(xs, ys)
-        return self.executor.submit(self._fit, xs, ys).result()
+            return fn(*args)
+        return self.executor.submit(fn, *args).result()
 
     def start(self) -> None:
         """Retrain every ``retrain_interval`` seconds in a daemon thread."""
@@ -267,4 +337,4 @@ def _log_fit_failure(e: Exception) -> None:
 
 
 __all__ = ["FLOOR", "TPOT_FEATURES", "TTFT_FEATURES", "EndpointState", "LatencyPredictor",
-                      "Linear", "PredictorConfig", "fit_linear"]
+           "Linear", "PredictorConfig", "fit_linear", "fit_quantile", "pinball"]

@@ -1,5 +1,5 @@
 """``predicted-latency-producer`` (upstream v1.5): the request's SLO from its headers, a
-TTFT/TPOT prediction for every candidate before scheduling, and the training data after the
+TTFT/TPOT prediction (central and p90) for every candidate before scheduling, and the training data after the
 response. Also records the predicted series and SLO violations (``epp.telemetry``).
 
 Upstream trains in a sidecar; here the model lives in process (:mod:`epp.latency.predictor`),
@@ -45,7 +45,11 @@ class PredictedLatencyParameters:
     also predict again, from the endpoint's state then, at up to N streamed tokens spaced
     by a Poisson draw of mean ``samplingMean``, and report the mean of all; streaming mode
     only). Ours, for the in-process model: ``retrainInterval``, ``maxTrainingSamples``,
-    ``minTrainingSamples``. llm-d-router v0.10: ``predictInProduce`` is the new name of
+    ``minTrainingSamples``; ``objectiveType`` (``quantile``, the default: the headrooms the
+    SLO-aware plugins read are measured against the ``quantile`` prediction; ``mean``:
+    against the central one) and ``quantile`` (in (0, 1), default 0.9) - upstream sets both
+    on its predictor sidecars (``LATENCY_OBJECTIVE_TYPE``, quantile 0.9 by default), here
+    they are the plugin's. llm-d-router v0.10: ``predictInProduce`` is the new name of
     ``predictInPrepareData``; ``contextTTL`` is accepted and has nothing to bound here (the
     per-request context lives on the request and ends with it, upstream keeps it in a
     cache); ``endpointRoleLabel`` and the multimodal ``useEncoderCacheFeatures`` /
@@ -66,8 +70,15 @@ class PredictedLatencyParameters:
     endpoint_role_label: str = ""
     use_encoder_cache_features: bool = False
     encoder_cache_match_info_producer_name: str = ""
+    objective_type: str = "quantile"
+    quantile: float = 0.9
 
     def __post_init__(self) -> None:
+        if self.objective_type not in ("quantile", "mean"):
+            raise ValueError("objectiveType: must be 'quantile' or 'mean', got "
+                             f"{self.objective_type!r}")
+        if isinstance(self.quantile, bool) or not 0 < self.quantile < 1:
+            raise ValueError(f"quantile: must be in (0, 1), got {self.quantile!r}")
         if self.endpoint_role_label:
             raise ValueError("endpointRoleLabel: role-aware latency features are not built "
                              "yet; remove it")
@@ -107,7 +118,7 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseStreami
         p = self.params
         self.predictor = predictor or LatencyPredictor(PredictorConfig(
             retrain_interval=p.retrain_interval, max_samples=p.max_training_samples,
-            min_samples=p.min_training_samples))
+            min_samples=p.min_training_samples, quantile=p.quantile))
         self._handle = handle
         self._prefix: list[ApproxPrefixCacheProducer] | None = None  # looked up once
         #: Per endpoint key: prompt tokens dispatched there with no first token back yet.
@@ -164,13 +175,21 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseStreami
         started = time.perf_counter()
         ttfts, tpots = predictor.predict_rows(rows)
         assert ttfts is not None
+        ttfts_q, tpots_q = predictor.predict_rows(rows, quantile=True)
+        judge_q = self.params.objective_type == "quantile"
         ttft_slo, tpot_slo, any_slo = slo.ttft, slo.tpot, slo.any
         for i, (key, v) in enumerate(zip(keys, endpoints, strict=True)):
             ttft, tpot = ttfts[i], tpots[i] if tpots is not None else None
+            ttft_q = ttfts_q[i] if ttfts_q is not None else None
+            tpot_q = tpots_q[i] if tpots_q is not None else None
+            # The headroom is measured against the quantile when asked for (and trained).
+            jt = ttft_q if judge_q and ttft_q is not None else ttft
+            jp = tpot_q if judge_q and tpot_q is not None else tpot
             out.by_endpoint[key] = Prediction(
-                ttft, tpot, _headroom(ttft_slo, any_slo, ttft, factor),
-                _headroom(tpot_slo, any_slo, tpot, factor),
-                out.prefix_scores[key], v.inflight_requests, v.metrics.kv_usage, v.queue)
+                ttft, tpot, _headroom(ttft_slo, any_slo, jt, factor),
+                _headroom(tpot_slo, any_slo, jp, factor),
+                out.prefix_scores[key], v.inflight_requests, v.metrics.kv_usage, v.queue,
+                ttft_q, tpot_q)
         elapsed = time.perf_counter() - started
         pair = (request.client_model, request.target_model)
         me = (self.name, self.type_name, *pair)
