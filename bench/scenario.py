@@ -12,6 +12,8 @@ The schema (every key but ``title``, ``workload`` and ``contenders`` may be left
       servers: 8                          # aggregated fleet size
       roles: {prefill: 2, decode: 2}      # a P/D fleet instead (servers = their sum)
       profile: 8b-h100                    # the simulator profile (sim/profiles.py)
+      speeds: [1, 1, 0.6, 0.6]            # virtual time: per server, speed x the profile's
+                                          # (a heterogeneous pool; one per server)
       time_scale: 1.0                     # real time only: the simulator runs N x slower
     workload: shared-prefix               # bench/workloads/<name>.yaml, or a path
     # or, to change it for this scenario:
@@ -64,7 +66,7 @@ PEER_NAMES = ("vllm-router", "sglang-router")
 #: config, and vllm-router's PD mode.
 PD_CONTENDERS = ("aggregated", "vllm-router-pd")
 #: What a target may compare (``bench.report``'s metrics).
-METRICS = ("TTFT p90", "output tok/s", "TPOT p50", "cache hit")
+METRICS = ("TTFT p90", "output tok/s", "TPOT p50", "cache hit", "SLO attainment")
 #: P/D variants: the EPP config family ``bench.pd_compare`` builds, and the twin's picks.
 PD_CONFIGS = ("llm-d", "gie-scorers", "token-load", "spill")
 PD_PICKS = ("least", "tokens", "random")
@@ -83,15 +85,27 @@ class Fleet:
     roles: dict[str, int] = field(default_factory=dict)
     profile: str = "8b-h100"
     time_scale: float = 1.0
+    #: Per server, its speed relative to ``profile`` (virtual time; empty: all 1): a
+    #: heterogeneous pool, e.g. H100-like 1.0 and A100-like 0.6 pods.
+    speeds: tuple[float, ...] = ()
 
     @property
     def pd(self) -> bool:
         return bool(self.roles)
 
+    @property
+    def capacity_servers(self) -> float:
+        """What the fleet is worth in servers of its profile: a load is a fraction of this
+        many servers' nominal capacity (the sum of the speeds when they differ)."""
+        return sum(self.speeds) if self.speeds else float(self.servers)
+
     def scaled(self, servers: int) -> Fleet:
-        """The same fleet at ``servers`` servers (a P/D fleet keeps its prefill share)."""
+        """The same fleet at ``servers`` servers (a P/D fleet keeps its prefill share; per-
+        server speeds repeat their pattern)."""
         if not self.pd:
-            return Fleet(servers, {}, self.profile, self.time_scale)
+            speeds = tuple(self.speeds[i % len(self.speeds)] for i in range(servers)) \
+                if self.speeds else ()
+            return Fleet(servers, {}, self.profile, self.time_scale, speeds)
         prefill = max(1, round(servers * self.roles["prefill"] / self.servers))
         prefill = min(prefill, servers - 1)
         return Fleet(servers, {"prefill": prefill, "decode": servers - prefill}, self.profile,
@@ -268,7 +282,7 @@ def load_scenario(path: Path | str) -> Scenario:
 def _fleet(r: _Reader, raw: Any) -> Fleet:
     from sim.profiles import PROFILES
 
-    f = r.keys(raw, "fleet", {"servers", "roles", "profile", "time_scale"})
+    f = r.keys(raw, "fleet", {"servers", "roles", "profile", "time_scale", "speeds"})
     roles: dict[str, int] = {}
     if "roles" in f:
         roles_raw = r.keys(f["roles"], "fleet.roles", {"prefill", "decode"}, ("prefill", "decode"))
@@ -281,8 +295,17 @@ def _fleet(r: _Reader, raw: Any) -> Fleet:
     if profile not in PROFILES:
         raise r.fail("fleet.profile", f"unknown profile {profile!r} "
                      f"(known: {', '.join(sorted(PROFILES))})")
+    speeds: tuple[float, ...] = ()
+    if "speeds" in f:
+        if not isinstance(f["speeds"], list) or len(f["speeds"]) != servers:
+            raise r.fail("fleet.speeds", f"expected a list of {servers} speeds (one per "
+                         f"server), got {f['speeds']!r}")
+        if roles:
+            raise r.fail("fleet.speeds", "per-server speeds are for an aggregated fleet")
+        speeds = tuple(r.number(v, f"fleet.speeds[{i}]", positive=True)
+                       for i, v in enumerate(f["speeds"]))
     return Fleet(servers, roles, profile,
-                 r.number(f.get("time_scale", 1.0), "fleet.time_scale", positive=True))
+                 r.number(f.get("time_scale", 1.0), "fleet.time_scale", positive=True), speeds)
 
 
 def _workload(r: _Reader, raw: Any) -> Workload:

@@ -1,11 +1,11 @@
 """The online latency model: TTFT and TPOT of a request on an endpoint, learnt from what the
 servers actually did.
 
-Features (upstream's predictor's, plus the uncached prompt as a product with the batch and
-the count of requests in prefill): TTFT ← prompt tokens, uncached prompt tokens (prefix
-match), uncached * (running + 1), waiting queue, running requests, KV-cache use, tokens in
-flight to the endpoint, prefill tokens in flight, requests in prefill; TPOT ← the same
-without the two prefix terms.
+Features (upstream's predictor's, plus the uncached prompt as a product with the batch, the
+count of requests in prefill and the endpoint's recent TPOT): TTFT ← prompt tokens, uncached
+prompt tokens (prefix match), uncached * (running + 1), waiting queue, running requests,
+KV-cache use, tokens in flight to the endpoint, prefill tokens in flight, requests in
+prefill, recent TPOT there, uncached * recent TPOT; TPOT ← the same without the prefix terms.
 
 Two models per latency, both linear and fitted by scikit-learn's ``QuantileRegressor``:
 
@@ -36,13 +36,13 @@ from typing import Any
 
 TTFT_FEATURES = ("prompt_tokens", "uncached_tokens", "uncached_x_running", "waiting",
                  "running", "kv_usage", "inflight_tokens", "prefill_tokens",
-                 "prefill_requests")
+                 "prefill_requests", "recent_tpot", "uncached_x_recent_tpot")
 TPOT_FEATURES = ("prompt_tokens", "waiting", "running", "kv_usage", "inflight_tokens",
-                 "prefill_tokens", "prefill_requests")
+                 "prefill_tokens", "prefill_requests", "recent_tpot")
 #: Predictions never go below this (seconds): a linear model can extrapolate below zero.
 FLOOR = 1e-4
 #: Columns of a TTFT feature row that make the TPOT row.
-TPOT_COLUMNS = (0, 3, 4, 5, 6, 7, 8)
+TPOT_COLUMNS = (0, 3, 4, 5, 6, 7, 8, 9)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,21 +79,29 @@ class EndpointState:
     #: prefix index's hash window counts its unhashed tail as uncached even where the
     #: server has it cached).
     prefill_requests: float = 0.0
+    #: The TPOT requests that finished on this endpoint measured lately (an exponential
+    #: average, seconds; the pool's for an endpoint with none yet, 0 before any). What
+    #: tells a slow endpoint from a fast one in a heterogeneous pool: at the same load an
+    #: A100-like pod decodes (and prefills) slower than an H100-like one, and no other
+    #: input says which is which.
+    recent_tpot: float = 0.0
 
     def ttft_x(self) -> tuple[float, ...]:
         return (self.prompt_tokens, self.uncached_tokens,
                 self.uncached_tokens * (self.running + 1.0), self.waiting, self.running,
                 self.kv_usage, self.inflight_tokens, self.prefill_tokens,
-                self.prefill_requests)
+                self.prefill_requests, self.recent_tpot,
+                self.uncached_tokens * self.recent_tpot)
 
     @classmethod
     def from_ttft_row(cls, row: Sequence[float]) -> EndpointState:
         """The state a :meth:`ttft_x` row was made from."""
-        return cls(row[0], row[1], row[3], row[4], row[5], row[6], row[7], row[8])
+        return cls(row[0], row[1], row[3], row[4], row[5], row[6], row[7], row[8], row[9])
 
     def tpot_x(self) -> tuple[float, ...]:
         return (self.prompt_tokens, self.waiting, self.running, self.kv_usage,
-                self.inflight_tokens, self.prefill_tokens, self.prefill_requests)
+                self.inflight_tokens, self.prefill_tokens, self.prefill_requests,
+                self.recent_tpot)
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,10 +226,13 @@ class LatencyPredictor:
                 tpot(state.tpot_x()) if tpot is not None else None)
 
     def predict_quantile(self, state: EndpointState) -> tuple[float | None, float | None]:
-        """(TTFT, TPOT) ``config.quantile``-quantiles in seconds (None: no such model)."""
+        """(TTFT, TPOT) ``config.quantile``-quantiles in seconds (None: no such model),
+        never on the wrong side of the central prediction (:func:`_uncross`)."""
         ttft, tpot = self.ttft_q_model, self.tpot_q_model
-        return (ttft(state.ttft_x()) if ttft is not None else None,
-                tpot(state.tpot_x()) if tpot is not None else None)
+        centre = self.predict(state)
+        q = self.config.quantile or 0.5
+        return (_uncross(ttft(state.ttft_x()), centre[0], q) if ttft is not None else None,
+                _uncross(tpot(state.tpot_x()), centre[1], q) if tpot is not None else None)
 
     def predict_rows(self, rows: Sequence[Sequence[float]], quantile: bool = False,
                      ) -> tuple[list[float] | None, list[float] | None]:
@@ -230,13 +241,23 @@ class LatencyPredictor:
         ``config.quantile`` models' instead of the central ones."""
         import numpy as np
 
-        if quantile:
-            ttft, tpot = self.ttft_q_model, self.tpot_q_model
-        else:
-            ttft, tpot = self.ttft_model, self.tpot_model
         x = np.array(rows, dtype=float)
-        return (ttft.many(x) if ttft is not None else None,
-                tpot.many(x[:, TPOT_COLUMNS]) if tpot is not None else None)
+        ttft, tpot = self.ttft_model, self.tpot_model
+        central = (ttft.many(x) if ttft is not None else None,
+                   tpot.many(x[:, TPOT_COLUMNS]) if tpot is not None else None)
+        if not quantile:
+            return central
+        q = self.config.quantile or 0.5
+        out: list[list[float] | None] = []
+        for model, columns, centre in ((self.ttft_q_model, x, central[0]),
+                                       (self.tpot_q_model, x[:, TPOT_COLUMNS], central[1])):
+            if model is None:
+                out.append(None)
+                continue
+            ys = model.many(columns)
+            out.append(ys if centre is None else
+                       [_uncross(y, c, q) for y, c in zip(ys, centre, strict=True)])
+        return out[0], out[1]
 
     def observe(self, state: EndpointState, ttft: float | None, tpot: float | None) -> None:
         """A completed request: its endpoint's state at dispatch and what it measured."""
@@ -306,6 +327,16 @@ class LatencyPredictor:
     def samples(self) -> int:
         """TTFT samples held (at most ``max_samples``)."""
         return self._ttft.size
+
+
+def _uncross(y_q: float, centre: float | None, q: float) -> float:
+    """Two separately fitted linear quantile models can cross where their samples are thin
+    (a p90 below the median); sorting the two predictions (Chernozhukov et al.'s
+    rearrangement) puts a q > 0.5 quantile at or above the central value, a q < 0.5 one at
+    or below it."""
+    if centre is None:
+        return y_q
+    return max(y_q, centre) if q >= 0.5 else min(y_q, centre)
 
 
 class _Ring:

@@ -34,6 +34,11 @@ from epp.scheduling.request import LLMRequest
 from epp.scheduling.result import SchedulingResult
 from shared.plugins import Duration, Handle
 
+#: Weight of the newest TPOT in an endpoint's recent average (about its last 50 requests:
+#: long enough to say how fast the endpoint is rather than how loaded it was a moment ago;
+#: the pool's average moves 4x slower).
+RECENT_WEIGHT = 0.02
+
 
 @dataclass(frozen=True, slots=True)
 class PredictedLatencyParameters:
@@ -125,6 +130,9 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseStreami
         self._prefilling: dict[str, int] = {}
         #: Per endpoint key: requests dispatched there with no first token back yet.
         self._prefill_requests: dict[str, int] = {}
+        #: Per endpoint key, and over the pool: exponential average of measured TPOTs.
+        self._recent_tpot: dict[str, float] = {}
+        self._pool_tpot = 0.0
 
     @classmethod
     def create(cls, name: str, params: Any, handle: Handle) -> PredictedLatencyProducer:
@@ -202,10 +210,11 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseStreami
     def _row(self, tokens: float, uncached: float, v: EndpointView) -> tuple[float, ...]:
         """The model's input row (:meth:`EndpointState.ttft_x`) for endpoint ``v`` now."""
         running = float(v.metrics.running)
+        recent = self._recent_tpot.get(v.key, self._pool_tpot)
         return (tokens, uncached, uncached * (running + 1.0), float(v.queue), running,
                 v.metrics.kv_usage, float(v.inflight_tokens),
                 float(self._prefilling.get(v.key, 0)),
-                float(self._prefill_requests.get(v.key, 0)))
+                float(self._prefill_requests.get(v.key, 0)), recent, uncached * recent)
 
     def pre_request(self, request: LLMRequest, result: SchedulingResult) -> None:
         out = request.plugin_state.get(PREDICTIONS_KEY)
@@ -269,9 +278,17 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseStreami
             take(self._prefill_requests, key)
 
     def retain_endpoints(self, keys: frozenset[str]) -> None:
-        for counts in (self._prefilling, self._prefill_requests):
+        for counts in (self._prefilling, self._prefill_requests, self._recent_tpot):
             for key in [k for k in counts if k not in keys]:
                 del counts[key]
+
+    def _record_tpot(self, key: str, tpot: float) -> None:
+        """Fold a measured TPOT into the endpoint's and the pool's recent averages (the
+        model's ``recent_tpot`` input); the first one sets them."""
+        old = self._recent_tpot.get(key)
+        self._recent_tpot[key] = tpot if old is None else old + RECENT_WEIGHT * (tpot - old)
+        pool = self._pool_tpot
+        self._pool_tpot = tpot if pool == 0 else pool + RECENT_WEIGHT * (tpot - pool) / 4
 
     def response_complete(self, request: LLMRequest, response: Response,
                           endpoint: EndpointView) -> None:
@@ -288,6 +305,8 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseStreami
         row = out.states.get(endpoint.key)
         if row is not None:
             self.predictor.observe(EndpointState.from_ttft_row(row), ttft, tpot)
+        if tpot is not None and tpot > 0:
+            self._record_tpot(endpoint.key, tpot)
         slo, pair = out.slo, (request.client_model, request.target_model)
         me = (self.name, self.type_name, *pair)
         if (predicted := predicted_tpot(out)) is not None and response.tpot is not None:

@@ -210,3 +210,58 @@ def test_the_quantile_parameter_reaches_the_predictor() -> None:
     finally:
         for p in rt.handle.find(PredictedLatencyProducer):
             p.predictor.stop()
+
+
+# -- a heterogeneous pool: the endpoint's recent TPOT -----------------------------------------
+
+
+def test_the_producer_tells_a_slow_endpoint_from_a_fast_one_by_its_recent_tpot() -> None:
+    """Two endpoints in the same scraped state, one decoding at 10 ms a token and one at
+    25 ms (an H100-like and an A100-like pod): nothing the scrape says tells them apart, the
+    TPOT they measured lately does, and the p90 the SLO filter reads follows it."""
+    from epp.requestcontrol.plugin import Response
+    from epp.scheduling.result import ProfileResult, SchedulingResult
+
+    fast, slow = build_view(0, running=4, kv=0.2), build_view(1, running=4, kv=0.2)
+    producer = PredictedLatencyProducer(params=PredictedLatencyParameters(
+        streaming_mode=True, min_training_samples=20))
+    rng = random.Random(8)
+    for i in range(200):
+        v = (fast, slow)[i % 2]
+        r = _request(None)
+        producer.produce(r, [v])
+        producer.pre_request(r, SchedulingResult({"default": ProfileResult("default", [v])},
+                                                 "default"))
+        base = 0.010 if v is fast else 0.025
+        tpot = base * rng.uniform(0.9, 1.1)
+        producer.response_complete(r, Response("r", 200, completed=True, streamed=True,
+                                               completion_tokens=50, ttft=0.1, tpot=tpot), v)
+    assert producer.predictor.retrain()
+    r = LLMRequest(request_id="r", target_model="m", client_model="m", prompt=b"p" * 640,
+                   prompt_tokens=200, headers={"x-slo-ttft-ms": "2000", "x-slo-tpot-ms": "20"})
+    producer.produce(r, [fast, slow])
+    preds = predictions_of(r)
+    assert preds is not None
+    p_fast, p_slow = preds.by_endpoint[fast.key], preds.by_endpoint[slow.key]
+    assert p_fast.tpot_q is not None and p_slow.tpot_q is not None
+    assert p_fast.tpot_q < 0.015 < 0.022 < p_slow.tpot_q
+    keep = SloHeadroomTierFilter(params=TierFilterParameters(0.0)).filter(r, [fast, slow])
+    assert [v.key for v in keep] == [fast.key]
+
+
+def test_a_quantile_model_never_predicts_below_the_central_one() -> None:
+    """Fitted apart, two linear quantile models can cross where samples are thin; the p90
+    served is never below the central prediction."""
+    p = LatencyPredictor(PredictorConfig(min_samples=5, quantile=0.9))
+    rng = random.Random(9)
+    for _ in range(8):   # few samples: an unconstrained p90 line may cross the median one
+        s = EndpointState(200.0, rng.uniform(0, 2000), 0.0, float(rng.randint(0, 20)), 0.2,
+                          0.0)
+        p.observe(s, 0.05 + rng.random(), 0.01 + 0.02 * rng.random())
+    assert p.retrain()
+    rows = [EndpointState(200.0, u, 0.0, float(n), 0.2, 0.0).ttft_x()
+            for u in (0, 1000, 2000) for n in (0, 10, 20)]
+    central, quant = p.predict_rows(rows), p.predict_rows(rows, quantile=True)
+    for c, q in zip(central, quant, strict=True):
+        assert c is not None and q is not None
+        assert all(b >= a for a, b in zip(c, q, strict=True))
