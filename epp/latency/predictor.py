@@ -2,10 +2,11 @@
 servers actually did.
 
 Features (upstream's predictor's, plus the uncached prompt as a product with the batch, the
-count of requests in prefill and the endpoint's recent TPOT): TTFT ← prompt tokens, uncached
+count of requests in prefill and the endpoint's relative speed): TTFT ← prompt tokens, uncached
 prompt tokens (prefix match), uncached * (running + 1), waiting queue, running requests,
 KV-cache use, tokens in flight to the endpoint, prefill tokens in flight, requests in
-prefill, recent TPOT there, uncached * recent TPOT; TPOT ← the same without the prefix terms.
+prefill, the endpoint's recent TPOT relative to the pool's, uncached * that; TPOT ← the same
+without the prefix terms.
 
 Two models per latency, both linear and fitted by scikit-learn's ``QuantileRegressor``:
 
@@ -36,9 +37,9 @@ from typing import Any
 
 TTFT_FEATURES = ("prompt_tokens", "uncached_tokens", "uncached_x_running", "waiting",
                  "running", "kv_usage", "inflight_tokens", "prefill_tokens",
-                 "prefill_requests", "recent_tpot", "uncached_x_recent_tpot")
+                 "prefill_requests", "relative_tpot", "uncached_x_relative_tpot")
 TPOT_FEATURES = ("prompt_tokens", "waiting", "running", "kv_usage", "inflight_tokens",
-                 "prefill_tokens", "prefill_requests", "recent_tpot")
+                 "prefill_tokens", "prefill_requests", "relative_tpot")
 #: Predictions never go below this (seconds): a linear model can extrapolate below zero.
 FLOOR = 1e-4
 #: Columns of a TTFT feature row that make the TPOT row.
@@ -80,18 +81,20 @@ class EndpointState:
     #: server has it cached).
     prefill_requests: float = 0.0
     #: The TPOT requests that finished on this endpoint measured lately (an exponential
-    #: average, seconds; the pool's for an endpoint with none yet, 0 before any). What
-    #: tells a slow endpoint from a fast one in a heterogeneous pool: at the same load an
-    #: A100-like pod decodes (and prefills) slower than an H100-like one, and no other
-    #: input says which is which.
-    recent_tpot: float = 0.0
+    #: average) over the mean of the same across the pool's endpoints (1 when unknown).
+    #: What tells a slow endpoint from a fast one in a heterogeneous pool: at the same load
+    #: an A100-like pod decodes (and prefills) slower than an H100-like one, and no other
+    #: input says which is which. A ratio, not the average itself: the average drifts with
+    #: the pool's load over time, and a fit on it learns that drift (seen: TPOT p90
+    #: coverage 0.91 -> 0.84 on a homogeneous pool); the ratio to the pool does not drift.
+    relative_tpot: float = 1.0
 
     def ttft_x(self) -> tuple[float, ...]:
         return (self.prompt_tokens, self.uncached_tokens,
                 self.uncached_tokens * (self.running + 1.0), self.waiting, self.running,
                 self.kv_usage, self.inflight_tokens, self.prefill_tokens,
-                self.prefill_requests, self.recent_tpot,
-                self.uncached_tokens * self.recent_tpot)
+                self.prefill_requests, self.relative_tpot,
+                self.uncached_tokens * self.relative_tpot)
 
     @classmethod
     def from_ttft_row(cls, row: Sequence[float]) -> EndpointState:
@@ -101,7 +104,7 @@ class EndpointState:
     def tpot_x(self) -> tuple[float, ...]:
         return (self.prompt_tokens, self.waiting, self.running, self.kv_usage,
                 self.inflight_tokens, self.prefill_tokens, self.prefill_requests,
-                self.recent_tpot)
+                self.relative_tpot)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,7 @@
 """``predicted-latency-producer`` (upstream v1.5): the request's SLO from its headers, a
-TTFT/TPOT prediction (central and p90) for every candidate before scheduling, and the training data after the
-response. Also records the predicted series and SLO violations (``epp.telemetry``).
+TTFT/TPOT prediction (central and p90) for every candidate before scheduling, and the
+training data after the response. Also records the predicted series and SLO violations
+(``epp.telemetry``).
 
 Upstream trains in a sidecar; here the model lives in process (:mod:`epp.latency.predictor`),
 retrained in a background thread, served as a dot product.
@@ -34,10 +35,9 @@ from epp.scheduling.request import LLMRequest
 from epp.scheduling.result import SchedulingResult
 from shared.plugins import Duration, Handle
 
-#: Weight of the newest TPOT in an endpoint's recent average (about its last 50 requests:
-#: long enough to say how fast the endpoint is rather than how loaded it was a moment ago;
-#: the pool's average moves 4x slower).
-RECENT_WEIGHT = 0.02
+#: Weight of the newest TPOT in an endpoint's recent average (about its last 20 requests:
+#: long enough to say how fast the endpoint is rather than how loaded it was a moment ago).
+RECENT_WEIGHT = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,9 +130,9 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseStreami
         self._prefilling: dict[str, int] = {}
         #: Per endpoint key: requests dispatched there with no first token back yet.
         self._prefill_requests: dict[str, int] = {}
-        #: Per endpoint key, and over the pool: exponential average of measured TPOTs.
+        #: Per endpoint key: exponential average of measured TPOTs.
         self._recent_tpot: dict[str, float] = {}
-        self._pool_tpot = 0.0
+        self._pool_mean: float | None = None  # of ``_recent_tpot`` (None: recompute)
 
     @classmethod
     def create(cls, name: str, params: Any, handle: Handle) -> PredictedLatencyProducer:
@@ -210,7 +210,7 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseStreami
     def _row(self, tokens: float, uncached: float, v: EndpointView) -> tuple[float, ...]:
         """The model's input row (:meth:`EndpointState.ttft_x`) for endpoint ``v`` now."""
         running = float(v.metrics.running)
-        recent = self._recent_tpot.get(v.key, self._pool_tpot)
+        recent = self._relative_tpot(v.key)
         return (tokens, uncached, uncached * (running + 1.0), float(v.queue), running,
                 v.metrics.kv_usage, float(v.inflight_tokens),
                 float(self._prefilling.get(v.key, 0)),
@@ -281,14 +281,23 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseStreami
         for counts in (self._prefilling, self._prefill_requests, self._recent_tpot):
             for key in [k for k in counts if k not in keys]:
                 del counts[key]
+        self._pool_mean = None
 
     def _record_tpot(self, key: str, tpot: float) -> None:
-        """Fold a measured TPOT into the endpoint's and the pool's recent averages (the
-        model's ``recent_tpot`` input); the first one sets them."""
+        """Fold a measured TPOT into the endpoint's recent average; the first sets it."""
         old = self._recent_tpot.get(key)
         self._recent_tpot[key] = tpot if old is None else old + RECENT_WEIGHT * (tpot - old)
-        pool = self._pool_tpot
-        self._pool_tpot = tpot if pool == 0 else pool + RECENT_WEIGHT * (tpot - pool) / 4
+        self._pool_mean = None
+
+    def _relative_tpot(self, key: str) -> float:
+        """The model's ``relative_tpot``: the endpoint's recent TPOT over the mean of the
+        pool's endpoints' (1 for an endpoint with none yet)."""
+        mine = self._recent_tpot.get(key)
+        if mine is None:
+            return 1.0
+        if self._pool_mean is None:
+            self._pool_mean = sum(self._recent_tpot.values()) / len(self._recent_tpot)
+        return mine / self._pool_mean if self._pool_mean > 0 else 1.0
 
     def response_complete(self, request: LLMRequest, response: Response,
                           endpoint: EndpointView) -> None:
