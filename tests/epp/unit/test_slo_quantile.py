@@ -265,3 +265,32 @@ def test_a_quantile_model_never_predicts_below_the_central_one() -> None:
     for c, q in zip(central, quant, strict=True):
         assert c is not None and q is not None
         assert all(b >= a for a, b in zip(c, q, strict=True))
+
+
+@pytest.mark.parametrize(("rate", "low", "high"), [(0.02, 0.86, 0.94), (0.0, 0.0, 0.6)])
+def test_the_online_correction_keeps_coverage_when_latencies_drift_after_the_fit(
+        rate: float, low: float, high: float) -> None:
+    """Fitted on one regime, served on a slower one (every TPOT 1.4x, no refit in
+    between): the coverage correction brings the served p90 back to covering about 90%
+    (without it, rate 0, coverage collapses)."""
+    rng = random.Random(10)
+    p = LatencyPredictor(PredictorConfig(min_samples=20, max_samples=3000,
+                                         calibration_rate=rate))
+    for _ in range(3000):
+        s, ttft, tpot = _sample(rng)
+        p.observe(s, ttft, tpot)
+    assert p.retrain()
+    hits = []
+    for _ in range(3000):
+        s, ttft, tpot = _sample(rng)
+        served = p.predict_quantile(s)[1]
+        assert served is not None
+        hits.append(1.4 * tpot <= served)
+        p.observe(s, ttft, 1.4 * tpot)
+    late = hits[1000:]
+    assert low <= sum(late) / len(late) <= high
+
+
+def test_a_bad_calibration_rate_is_refused() -> None:
+    with pytest.raises(ValueError, match="calibration_rate"):
+        PredictorConfig(calibration_rate=-0.1)
