@@ -279,16 +279,21 @@ class LatencyPredictor:
                        [_uncross(y, c, q) for y, c in zip(ys, centre, strict=True)])
         return out[0], out[1]
 
-    def observe(self, state: EndpointState, ttft: float | None, tpot: float | None) -> None:
+    def observe(self, state: EndpointState, ttft: float | None, tpot: float | None,
+                served: tuple[float | None, float | None] | None = None) -> None:
         """A completed request: its endpoint's state at dispatch and what it measured. Also
         moves each quantile's coverage correction (:attr:`PredictorConfig.calibration_rate`):
-        up when the measured value exceeded the quantile served for that state, down
-        otherwise, so that in the long run a fraction ``quantile`` of requests is covered
-        even while latencies drift away from what the last fit saw (adaptive conformal
-        inference, Gibbs & Candes 2021, on the log scale)."""
+        up when the measured value exceeded the quantile ``served`` for it at the pick (the
+        (TTFT, TPOT) quantiles the request was judged by; None: what the models say for
+        ``state`` now), down otherwise, so that in the long run a fraction ``quantile`` of
+        requests is covered even while latencies drift away from what the last fit saw
+        (adaptive conformal inference, Gibbs & Candes 2021, on the log scale). The values
+        served at the pick, not recomputed ones: a model refitted since on later samples
+        fits this request better than the one that judged it did."""
         rate, q = self.config.calibration_rate, self.config.quantile
         if rate and q is not None:
-            served = self.predict_quantile(state)
+            if served is None:
+                served = self.predict_quantile(state)
             if ttft is not None and ttft > 0 and served[0] is not None:
                 self.ttft_offset += rate * ((ttft > served[0]) - (1.0 - q))
             if tpot is not None and tpot > 0 and served[1] is not None:

@@ -313,7 +313,9 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseStreami
             ttft, tpot = response.elapsed, None
         row = out.states.get(endpoint.key)
         if row is not None:
-            self.predictor.observe(EndpointState.from_ttft_row(row), ttft, tpot)
+            picked = out.by_endpoint.get(endpoint.key)
+            self.predictor.observe(EndpointState.from_ttft_row(row), ttft, tpot,
+                                   (picked.ttft_q, picked.tpot_q) if picked else (None, None))
         if tpot is not None and tpot > 0:
             self._record_tpot(endpoint.key, tpot)
         slo, pair = out.slo, (request.client_model, request.target_model)
