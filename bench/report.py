@@ -85,6 +85,14 @@ class RunResult:
     jain: float = 0.0
     error_samples: list[str] = field(default_factory=list)
     skipped: str = ""
+    #: Warm requests that carried an SLO header, and the share of them that met every
+    #: target they set (TTFT and/or TPOT; an error misses).
+    slo_requests: int = 0
+    slo_attainment: float = 0.0
+    #: The EPP's predictions for the picked endpoint against what was measured (warm
+    #: requests that had a prediction; empty without a latency model): see
+    #: :func:`calibration`.
+    calibration: dict[str, float] = field(default_factory=dict)
 
     @property
     def error_rate(self) -> float:
@@ -132,7 +140,78 @@ def summarize(res: RunResult, outcomes: Sequence[OutcomeLike], time_scale: float
     for o in ok:
         pods[o.pod] = pods.get(o.pod, 0) + 1
     res.pods = dict(sorted(pods.items()))
+    _slo(res, warm, time_scale)
+    res.calibration = calibration(ok, time_scale)
     return res
+
+
+def _tpot(o: OutcomeLike, time_scale: float) -> float | None:
+    if o.e2e is None or o.ttft is None or o.output_tokens < 2:
+        return None
+    return (o.e2e - o.ttft) / (o.output_tokens - 1) / time_scale
+
+
+def _slo(res: RunResult, warm: Sequence[OutcomeLike], time_scale: float) -> None:
+    """SLO attainment of the warm requests that set an SLO (``slo_ttft`` / ``slo_tpot``
+    attributes of an outcome, seconds)."""
+    met = n = 0
+    for o in warm:
+        ttft_slo, tpot_slo = getattr(o, "slo_ttft", None), getattr(o, "slo_tpot", None)
+        if ttft_slo is None and tpot_slo is None:
+            continue
+        n += 1
+        if not o.ok or o.ttft is None:
+            continue
+        tpot = _tpot(o, time_scale)
+        if ttft_slo is not None and o.ttft / time_scale > ttft_slo:
+            continue
+        if tpot_slo is not None and tpot is not None and tpot > tpot_slo:
+            continue
+        met += 1
+    res.slo_requests = n
+    res.slo_attainment = met / n if n else 0.0
+
+
+#: The quantile the EPP's quantile predictions are judged at (its default).
+CALIBRATION_QUANTILE = 0.9
+
+
+def calibration(ok: Sequence[OutcomeLike], time_scale: float = 1.0,
+                q: float = CALIBRATION_QUANTILE) -> dict[str, float]:
+    """How well the EPP's predictions for the picked endpoints (``predicted_*``
+    attributes) matched what the requests measured: ``tpot_coverage`` = share of TPOTs at
+    or below their predicted ``q``-quantile, ``tpot_coverage_t1..3`` the same per tercile
+    of the predicted value (low, middle, high), ``tpot_pinball`` the mean pinball loss of
+    the quantile predictions and ``tpot_pinball_const`` that of the best constant (the
+    ``q``-quantile of the measured TPOTs themselves, an oracle: it knows the run's
+    distribution), ``ttft_mape`` (%) of the central TTFT, ``ttft_coverage`` of the TTFT
+    quantile. Empty when nothing was predicted."""
+    from epp.latency.predictor import pinball
+
+    out: dict[str, float] = {}
+    pairs = [(p, t) for o in ok if (p := getattr(o, "predicted_tpot_q", None)) is not None
+             and (t := _tpot(o, time_scale)) is not None]
+    if pairs:
+        pairs.sort()
+        actual = [t for _, t in pairs]
+        out["tpot_n"] = float(len(pairs))
+        out["tpot_coverage"] = sum(t <= p for p, t in pairs) / len(pairs)
+        k = len(pairs) // 3
+        for i, part in enumerate((pairs[:k], pairs[k:2 * k], pairs[2 * k:]), 1):
+            if part:
+                out[f"tpot_coverage_t{i}"] = sum(t <= p for p, t in part) / len(part)
+        out["tpot_pinball"] = pinball([p for p, _ in pairs], actual, q)
+        const = quantile(actual, q)
+        out["tpot_pinball_const"] = pinball([const] * len(actual), actual, q)
+    ttft = [(p, o.ttft / time_scale) for o in ok
+            if (p := getattr(o, "predicted_ttft", None)) is not None and o.ttft]
+    if ttft:
+        out["ttft_mape"] = 100 * statistics.fmean(abs(p - a) / a for p, a in ttft)
+    ttft_q = [(p, o.ttft / time_scale) for o in ok
+              if (p := getattr(o, "predicted_ttft_q", None)) is not None and o.ttft]
+    if ttft_q:
+        out["ttft_coverage"] = sum(a <= p for p, a in ttft_q) / len(ttft_q)
+    return out
 
 
 def _classes(outcomes: Sequence[OutcomeLike], tags: Sequence[str], time_scale: float,
@@ -330,7 +409,7 @@ TARGETS = (
 )
 _METRICS: dict[str, Callable[[RunResult], float]] = {
     "TTFT p90": _ttft90, "output tok/s": _tps, "TPOT p50": lambda r: r.tpot_p50,
-    "cache hit": lambda r: r.cache_hit}
+    "cache hit": lambda r: r.cache_hit, "SLO attainment": lambda r: r.slo_attainment}
 
 
 def target_lines(results: Sequence[RunResult], targets: Sequence[Target] = TARGETS) -> list[str]:
@@ -394,7 +473,65 @@ def point_sections(results: Sequence[RunResult], workloads: dict[str, Any],
                 lines += ["Jain's index of the tenants' goodput (output tokens within the "
                           "arrival window over max-min fair shares; 1 = fair), median [95% "
                           "interval] over seeds: " + "; ".join(fair) + ".", ""]
+            if any(r.slo_requests or r.calibration for r in rows):
+                lines += [*slo_table(rows, order, baseline), ""]
     return lines
+
+
+def _cal(rows: Sequence[RunResult], name: str, key: str, scale: float = 1.0,
+         fmt: str = ".3f") -> str:
+    """Median [95% interval] over seeds of one calibration figure ("n/a": none)."""
+    vals = [r.calibration[key] * scale for r in rows
+            if r.contender == name and r.usable and key in r.calibration]
+    if not vals:
+        return "n/a"
+    iv = bootstrap_median(vals)
+    return f"{iv.median:{fmt}} [{iv.lo:{fmt}}, {iv.hi:{fmt}}]"
+
+
+def slo_table(rows: Sequence[RunResult], order: Sequence[str],
+              baseline: str = BASELINE) -> list[str]:
+    """SLO attainment (median [95% interval] over seeds, and its paired ratio to
+    ``baseline`` and to every other contender of the point) and, for contenders with a
+    latency model, the calibration of its predictions (:func:`calibration`)."""
+    names = list(dict.fromkeys([*(n for n in order if any(r.contender == n for r in rows)),
+                                *(r.contender for r in rows)]))
+    names = [n for n in names if any(r.contender == n and r.usable for r in rows)]
+    out: list[str] = []
+    if any(r.slo_requests for r in rows):
+        out += ["SLO attainment (share of the warm requests with an SLO header that met every "
+                "target they set; an error misses), median [95% interval] over seeds, and "
+                "paired ratios:", "",
+                "| contender | SLO attainment | " + " | ".join(f"/ {n}" for n in names) + " |",
+                "|---|---:|" + "---:|" * len(names)]
+        att = _METRICS["SLO attainment"]
+        for name in names:
+            vals = list(per_seed(rows, name, att).values())
+            iv = bootstrap_median(vals) if vals else None
+            cells = [_iv(ratio(rows, name, other, att)) if other != name else "-"
+                     for other in names]
+            out.append(f"| {name} | {_iv(iv)} | " + " | ".join(cells) + " |")
+        out.append("")
+    if any(r.calibration for r in rows):
+        out += [f"Predictions for the picked endpoint (warm requests): TPOT "
+                f"p{100 * CALIBRATION_QUANTILE:g} coverage overall and per tercile of the "
+                "predicted value, pinball loss (ms) of the quantile and of the best constant "
+                "(the run's own quantile), TTFT MAPE of the central prediction and TTFT "
+                "quantile coverage; median [95% interval] over seeds:", "",
+                "| contender | TPOT coverage | low / mid / high tercile | pinball ms | best "
+                "constant ms | TTFT MAPE % | TTFT coverage |",
+                "|---|---:|---:|---:|---:|---:|---:|"]
+        for name in names:
+            if not any(r.calibration for r in rows if r.contender == name):
+                continue
+            terciles = " / ".join(_cal(rows, name, f"tpot_coverage_t{i}", fmt=".2f")
+                                  for i in (1, 2, 3))
+            out.append(f"| {name} | {_cal(rows, name, 'tpot_coverage')} | {terciles} "
+                       f"| {_cal(rows, name, 'tpot_pinball', 1e3, '.2f')} "
+                       f"| {_cal(rows, name, 'tpot_pinball_const', 1e3, '.2f')} "
+                       f"| {_cal(rows, name, 'ttft_mape', fmt='.1f')} "
+                       f"| {_cal(rows, name, 'ttft_coverage')} |")
+    return out
 
 
 def class_table(rows: Sequence[RunResult], order: Sequence[str]) -> list[str]:

@@ -37,7 +37,15 @@ from bench import report as rp
 from bench.report import RunResult, summarize
 from bench.scenario import Contender, Fleet, PdVariant, Scenario
 from bench.twin.cpu import MEASURED_COST, ProcessCpu
-from bench.workloads import MODEL, WORKLOADS, RequestSpec, Workload, write_specs
+from bench.workloads import (
+    MODEL,
+    SLO_TPOT_HEADER,
+    SLO_TTFT_HEADER,
+    WORKLOADS,
+    RequestSpec,
+    Workload,
+    write_specs,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = ROOT / ".cache" / "bench-runs"
@@ -80,7 +88,8 @@ class Plan:
                 "epp_cpu": self.epp_cpu_statement(),
                 **({"faults": [f"{f.action} at {f.at:g} s" + (
                     "" if self.mode == "real" else " (not modelled in virtual time)")
-                    for f in self.scenario.faults]} if self.scenario.faults else {})}
+                    for f in self.scenario.faults]} if self.scenario.faults else {}),
+                **({"speeds": list(f.speeds)} if f.speeds else {})}
 
     def epp_cpu_statement(self) -> str | None:
         """How the twin models the EPP's CPU (None: free)."""
@@ -112,6 +121,9 @@ def plan(scn: Scenario, *, mode: str = "virtual", seeds: Sequence[int] | None = 
         chosen = tuple(known[n] for n in contenders)
     _check_configs(scn, chosen)
     fleet = scn.fleet.scaled(servers) if servers else scn.fleet
+    if mode == "real" and fleet.speeds:
+        raise ValueError(f"{scn.path}: fleet.speeds: per-server speeds are modelled in "
+                         "virtual time only (run without --real)")
     if time_scale:
         fleet = dataclasses.replace(fleet, time_scale=time_scale)
     if profile and profile != fleet.profile:
@@ -196,7 +208,7 @@ def _virtual(job: _Job) -> list[RunResult]:
     from bench.twin.loop import TwinConfig, run
 
     p, wl = job.plan, job.plan.workload
-    specs = wl.schedule(job.load, p.duration, job.seed, p.fleet.servers)
+    specs = wl.schedule(job.load, p.duration, job.seed, p.fleet.capacity_servers)
     tags = [s.tag for s in specs] if wl.by_class else None
     out = []
     for c in p.contenders:
@@ -204,11 +216,11 @@ def _virtual(job: _Job) -> list[RunResult]:
         started = time.monotonic()
         if p.fleet.pd:
             outcomes = _pd_virtual(p.fleet, c, job.seed, specs)
-        elif _flow_controlled(c):
-            outcomes = _flow_virtual(c, p.fleet, job.seed, specs)
+        elif _runtime_twin(c, p.fleet):
+            outcomes = _runtime_virtual(c, p.fleet, job.seed, specs)
         else:
             cfg = TwinConfig(servers=p.fleet.servers, seed=job.seed, profile=p.fleet.profile,
-                             model=MODEL)
+                             model=MODEL, speeds=p.fleet.speeds)
             router = _twin_router(c, cfg.keys(), job.seed, p.epp_cpu,
                                   p.fleet.pod_labels(), specs)
             outcomes = None if router is None else run(specs, router, cfg)
@@ -261,49 +273,75 @@ class _Served:
     pod: str = ""
     error: str = ""
     itl: list[float] = field(default_factory=list)
+    #: The EPP's predictions for the picked endpoint (central and quantile) and the
+    #: request's SLO, seconds (None: none); :func:`bench.report.summarize` judges them.
+    predicted_ttft: float | None = None
+    predicted_ttft_q: float | None = None
+    predicted_tpot: float | None = None
+    predicted_tpot_q: float | None = None
+    slo_ttft: float | None = None
+    slo_tpot: float | None = None
 
     @property
     def ok(self) -> bool:
         return self.status == 200 and self.ttft is not None
 
 
-def _flow_controlled(c: Contender) -> bool:
-    """An EPP config with the ``flowControl`` feature gate: its admitter awaits, so the
-    twin runs it on an asyncio loop in virtual time."""
+def _runtime_twin(c: Contender, fleet: Fleet) -> bool:
+    """Contenders the twin plays on the whole EPP runtime (:class:`bench.slo_twin.Twin`)
+    rather than the director alone (:mod:`bench.twin.loop`): an EPP config with the
+    ``flowControl`` feature gate (its admitter awaits: an asyncio loop in virtual time) or a
+    ``predicted-latency-producer`` (it learns from streamed first tokens and retrains on the
+    virtual clock), and every EPP contender of a fleet with per-server speeds."""
     import yaml
 
     if c.epp_config is None:
-        return False
-    gates = (yaml.safe_load(c.epp_config.read_text()) or {}).get("featureGates") or []
-    return "flowControl" in gates
+        return bool(fleet.speeds) and c.name in ("epp-default", "epp-tuned")
+    doc = yaml.safe_load(c.epp_config.read_text()) or {}
+    types = {p.get("type") for p in doc.get("plugins") or [] if isinstance(p, dict)}
+    return (bool(fleet.speeds) or "flowControl" in (doc.get("featureGates") or [])
+            or "predicted-latency-producer" in types)
 
 
-def _flow_virtual(c: Contender, fleet: Fleet, seed: int,
-                  specs: list[RequestSpec]) -> list[Any]:
-    """The real EPP runtime with its flow controller (``bench.slo_twin.Twin`` on
-    :mod:`bench.twin.vtime`'s clock); a request it refused, or that did not finish, is an
-    error outcome."""
-    from bench.twin.flow import TimedTwin
-    from bench.twin.vtime import run_in_virtual_time
+def _runtime_virtual(c: Contender, fleet: Fleet, seed: int,
+                     specs: list[RequestSpec]) -> list[Any]:
+    """The real EPP runtime, flow controller and latency model included
+    (``bench.slo_twin.Twin``, on :mod:`bench.twin.vtime`'s clock when it has flow control);
+    a request it refused, or that did not finish, is an error outcome. Each outcome also
+    carries the producer's predictions for the picked endpoint and the request's SLO."""
+    from bench.contenders import TUNED_CONFIG
+    from bench.slo_twin import Twin
+    from sim.profiles import get_profile
 
-    assert c.epp_config is not None
-    twin = TimedTwin(c.epp_config.read_text(), seed, fleet.servers)
+    if c.epp_config is not None:
+        config: str | None = c.epp_config.read_text()
+    else:
+        config = TUNED_CONFIG if c.name == "epp-tuned" else None
+    twin = Twin(config, seed, fleet.servers, get_profile(fleet.profile), fleet.speeds)
     for spec in specs:
         twin.add(spec.at, spec.body, dict(spec.headers), spec.tag)
-    run_in_virtual_time(twin.run_async())
-    served: dict[tuple[str, float], list[Any]] = {}
-    for s in twin.served:
-        served.setdefault((s.tag, s.arrival), []).append(s)
+    twin.run()
+    done: dict[tuple[str, float], list[Any]] = {}
+    for d in twin.done:
+        done.setdefault((d.tag, d.arrival), []).append(d)
     out: list[Any] = []
     for spec in specs:
-        mine = served.get((spec.tag, spec.at))
+        slo_ttft = spec.headers.get(SLO_TTFT_HEADER)
+        slo_tpot = spec.headers.get(SLO_TPOT_HEADER)
+        slo = (float(slo_ttft) / 1000 if slo_ttft else None,
+               float(slo_tpot) / 1000 if slo_tpot else None)
+        mine = done.get((spec.tag, spec.at))
         if not mine:
             out.append(_Served(spec.at, None, None, 0, status=429,
-                               error="refused by flow control (or not finished)"))
+                               error="refused by the EPP (or not finished)",
+                               slo_ttft=slo[0], slo_tpot=slo[1]))
             continue
-        s = mine.pop()
-        out.append(_Served(s.arrival, s.first_token - s.arrival, s.finish - s.arrival,
-                           s.tokens))
+        d = mine.pop()
+        out.append(_Served(d.arrival, d.ttft, d.finish - d.arrival, d.out_tokens,
+                           pod=f"server-{d.engine}", predicted_ttft=d.predicted_ttft,
+                           predicted_ttft_q=d.predicted_ttft_q,
+                           predicted_tpot=d.predicted_tpot, predicted_tpot_q=d.predicted_tpot_q,
+                           slo_ttft=slo[0], slo_tpot=slo[1]))
     return out
 
 
@@ -399,7 +437,8 @@ def _pd_real(p: Plan, load: float, seed: int, c: Contender, workdir: Path) -> Ru
 
 
 def _result(p: Plan, load: float, seed: int, c: Contender) -> RunResult:
-    return RunResult(p.workload.name, load, load * p.workload.capacity(p.fleet.servers),
+    return RunResult(p.workload.name, load,
+                     load * p.workload.capacity(p.fleet.capacity_servers),
                      c.name, c.kind, seed=seed, servers=p.fleet.servers)
 
 

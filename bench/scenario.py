@@ -12,6 +12,8 @@ The schema (every key but ``title``, ``workload`` and ``contenders`` may be left
       servers: 8                          # aggregated fleet size
       roles: {prefill: 2, decode: 2}      # a P/D fleet instead (servers = their sum)
       profile: 8b-h100                    # the simulator profile (sim/profiles.py)
+      speeds: [1, 1, 0.6, 0.6]            # virtual time: per server, speed x the profile's
+                                          # (a heterogeneous pool; one per server)
       time_scale: 1.0                     # real time only: the simulator runs N x slower
       labels: [{tier: short}, {}, {}, {}]  # more pod labels, one mapping per server (a
                                           # scaled fleet keeps the pattern's proportions)
@@ -74,7 +76,7 @@ PEER_NAMES = ("vllm-router", "sglang-router")
 #: config, and vllm-router's PD mode.
 PD_CONTENDERS = ("aggregated", "vllm-router-pd")
 #: What a target may compare (``bench.report``'s metrics).
-METRICS = ("TTFT p90", "output tok/s", "TPOT p50", "cache hit")
+METRICS = ("TTFT p90", "output tok/s", "TPOT p50", "cache hit", "SLO attainment")
 #: What a fault step does (``bench.contenders.Contender.fault``).
 FAULTS = ("kill-replica", "kill-store", "restart-store")
 #: P/D variants: the EPP config family ``bench.pd_compare`` builds, and the twin's picks.
@@ -97,6 +99,9 @@ class Fleet:
     time_scale: float = 1.0
     #: more pod labels, one mapping per server (empty: none)
     labels: tuple[dict[str, str], ...] = ()
+    #: Per server, its speed relative to ``profile`` (virtual time; empty: all 1): a
+    #: heterogeneous pool, e.g. H100-like 1.0 and A100-like 0.6 pods.
+    speeds: tuple[float, ...] = ()
 
     @property
     def pd(self) -> bool:
@@ -109,10 +114,19 @@ class Fleet:
         return [dict(self.labels[i * n // self.servers]) if n else {}
                 for i in range(self.servers)]
 
+    @property
+    def capacity_servers(self) -> float:
+        """What the fleet is worth in servers of its profile: a load is a fraction of this
+        many servers' nominal capacity (the sum of the speeds when they differ)."""
+        return sum(self.speeds) if self.speeds else float(self.servers)
+
     def scaled(self, servers: int) -> Fleet:
-        """The same fleet at ``servers`` servers (a P/D fleet keeps its prefill share)."""
+        """The same fleet at ``servers`` servers (a P/D fleet keeps its prefill share; per-
+        server speeds repeat their pattern)."""
         if not self.pd:
-            return Fleet(servers, {}, self.profile, self.time_scale, self.labels)
+            speeds = tuple(self.speeds[i % len(self.speeds)] for i in range(servers)) \
+                if self.speeds else ()
+            return Fleet(servers, {}, self.profile, self.time_scale, self.labels, speeds)
         prefill = max(1, round(servers * self.roles["prefill"] / self.servers))
         prefill = min(prefill, servers - 1)
         return Fleet(servers, {"prefill": prefill, "decode": servers - prefill}, self.profile,
@@ -317,7 +331,8 @@ def _fault(r: _Reader, raw: Any, where: str) -> Fault:
 def _fleet(r: _Reader, raw: Any) -> Fleet:
     from sim.profiles import PROFILES
 
-    f = r.keys(raw, "fleet", {"servers", "roles", "profile", "time_scale", "labels"})
+    f = r.keys(raw, "fleet", {"servers", "roles", "profile", "time_scale", "labels",
+                              "speeds"})
     roles: dict[str, int] = {}
     if "roles" in f:
         roles_raw = r.keys(f["roles"], "fleet.roles", {"prefill", "decode"}, ("prefill", "decode"))
@@ -338,9 +353,18 @@ def _fleet(r: _Reader, raw: Any) -> Fleet:
                      "(one per server)")
     if labels and roles:
         raise r.fail("fleet.labels", "labels are for an aggregated fleet")
+    speeds: tuple[float, ...] = ()
+    if "speeds" in f:
+        if not isinstance(f["speeds"], list) or len(f["speeds"]) != servers:
+            raise r.fail("fleet.speeds", f"expected a list of {servers} speeds (one per "
+                         f"server), got {f['speeds']!r}")
+        if roles:
+            raise r.fail("fleet.speeds", "per-server speeds are for an aggregated fleet")
+        speeds = tuple(r.number(v, f"fleet.speeds[{i}]", positive=True)
+                       for i, v in enumerate(f["speeds"]))
     return Fleet(servers, roles, profile,
                  r.number(f.get("time_scale", 1.0), "fleet.time_scale", positive=True),
-                 tuple(labels))
+                 tuple(labels), speeds)
 
 
 def _workload(r: _Reader, raw: Any) -> Workload:

@@ -34,7 +34,7 @@ import math
 import random
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,7 +65,7 @@ from epp.requestcontrol.plugins.predicted_latency_producer import (
 )
 from shared.errors import GatewayError
 from sim.engine import Engine, SimRequest
-from sim.profiles import H100_8B
+from sim.profiles import H100_8B, Profile
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 
@@ -258,6 +258,10 @@ class Done:
     arrival: float = 0.0
     #: The predicted TPOT the producer reports (the pick's and the in-stream ones' mean).
     reported_tpot: float | None = None
+    #: The producer's quantile (p90) predictions for the picked endpoint, and the TPOT SLO.
+    predicted_ttft_q: float | None = None
+    predicted_tpot_q: float | None = None
+    slo_tpot: float | None = None
 
 
 @dataclass(order=True, slots=True)
@@ -274,8 +278,13 @@ class Arrival:
 class Twin:
     """A fleet of engines on one virtual clock behind a real EPP runtime."""
 
-    def __init__(self, config: str | None, seed: int, fleet: int = FLEET) -> None:
-        self.engines = [Engine(H100_8B, seed=seed * 100 + i) for i in range(fleet)]
+    def __init__(self, config: str | None, seed: int, fleet: int = FLEET,
+                 profile: Profile = H100_8B, speeds: Sequence[float] = ()) -> None:
+        """``speeds``: per server, its speed relative to ``profile`` (0.5: every step takes
+        twice as long; the engine's ``time_scale`` is 1 / speed); empty: all 1."""
+        self.engines = [Engine(profile, seed=seed * 100 + i,
+                               time_scale=1.0 / speeds[i] if speeds else 1.0)
+                        for i in range(fleet)]
         pods = [(f"pod-{i}", f"10.9.0.{i + 1}") for i in range(fleet)]
         objects = [parse_object(d) for d in pool_manifests("pool", pods, 8000,
                                                              objective_manifests("pool"))]
@@ -340,12 +349,15 @@ class Twin:
         preds = predictions_of(routed.request)
         p = preds.by_endpoint.get(routed.endpoint.key) if preds is not None else None
         slo = arrival.headers.get("x-slo-ttft-ms")
+        slo_tpot = arrival.headers.get("x-slo-tpot-ms")
         done = Done(arrival.tag, ttft, r.tpot, req.generated,
                     float(slo) / 1000 if slo else None,
                     p.ttft if p else None, p.tpot if p else None, t,
                     r.set_headers.get("x-session-token"), self.by_key[routed.endpoint.key],
                     arrival.at + ttft, arrival.at,
-                    predicted_tpot(preds) if preds is not None else None)
+                    predicted_tpot(preds) if preds is not None else None,
+                    p.ttft_q if p else None, p.tpot_q if p else None,
+                    float(slo_tpot) / 1000 if slo_tpot else None)
         self.done.append(done)
         if arrival.then is not None:
             arrival.then(done)

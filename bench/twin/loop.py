@@ -101,6 +101,9 @@ class TwinConfig:
     model: str = "meta-llama/Llama-3.1-8B-Instruct"
     #: Model seconds a scrape takes to come back (the reading is from its start).
     scrape_latency: float = 0.002
+    #: Per server, its speed relative to ``profile`` (the engine's ``time_scale`` is
+    #: 1 / speed: 0.5 = every step takes twice as long); empty: all 1.
+    speeds: tuple[float, ...] = ()
 
     def keys(self) -> list[str]:
         """Endpoint keys, the same addresses ``bench.compare``'s fleet uses."""
@@ -120,7 +123,9 @@ def run(specs: Sequence[RequestSpec], router: Router, config: TwinConfig) -> lis
     one :class:`bench.openloop.Outcome` per request (times in model seconds)."""
     profile: Profile = get_profile(config.profile)
     keys = config.keys()
-    engines = {k: Engine(profile, seed=config.seed + i) for i, k in enumerate(keys)}
+    speeds = config.speeds or (1.0,) * len(keys)
+    engines = {k: Engine(profile, seed=config.seed + i, time_scale=1.0 / speeds[i])
+               for i, k in enumerate(keys)}
     busy: dict[str, bool] = dict.fromkeys(keys, False)
     outcomes = [Outcome(index=i, start=s.at) for i, s in enumerate(specs)]
     owner: dict[int, tuple[int, str]] = {}   # id(SimRequest) -> (request index, server)

@@ -38,6 +38,11 @@ HERE = Path(__file__).resolve().parent
 #: upstream v1.5 reads priorities.
 OBJECTIVES = {"interactive": 10, "standard": 0, "sheddable": -1}
 OBJECTIVE_HEADER = "x-gateway-inference-objective"
+#: Upstream's SLO request headers (milliseconds; epp.latency.slo reads them).
+SLO_TTFT_HEADER = "x-slo-ttft-ms"
+SLO_TPOT_HEADER = "x-slo-tpot-ms"
+#: Optional keys of a tenant (``share`` and ``objective`` are required).
+TENANT_OPTIONAL = frozenset({"slo_ttft_ms", "slo_tpot_ms", "output_scale"})
 FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
 
 # 8b-h100 timing (sim/profiles.py), used only to state nominal capacities.
@@ -162,16 +167,27 @@ def tenants(rng: random.Random, p: Params, times: list[float]) -> list[RequestSp
     """The ShareGPT-like lengths from several tenants: each request belongs to a tenant
     drawn by its ``share``, names it in ``x-gateway-inference-fairness-id`` and the tenant's
     InferenceObjective (priority) in ``x-gateway-inference-objective``; tagged
-    ``tenant/objective`` for the per-class table."""
+    ``tenant/objective`` for the per-class table. Optional per tenant: ``slo_ttft_ms`` /
+    ``slo_tpot_ms`` (sent as ``x-slo-ttft-ms`` / ``x-slo-tpot-ms``, upstream's SLO headers)
+    and ``output_scale`` (its output lengths x this, still clipped at ``output_max`` x it:
+    a tenant of long decodes)."""
     names = list(p["tenants"])
     shares = [float(p["tenants"][t]["share"]) for t in names]
     specs = []
     for spec in lengths(rng, p, times):
         tenant = rng.choices(names, shares)[0]
-        objective = str(p["tenants"][tenant]["objective"])
-        specs.append(RequestSpec(spec.at, spec.path, spec.body, tag=f"{tenant}/{objective}",
-                                 headers={FAIRNESS_HEADER: tenant,
-                                          OBJECTIVE_HEADER: objective}))
+        t = p["tenants"][tenant]
+        objective = str(t["objective"])
+        headers = {FAIRNESS_HEADER: tenant, OBJECTIVE_HEADER: objective}
+        for key, header in (("slo_ttft_ms", SLO_TTFT_HEADER), ("slo_tpot_ms", SLO_TPOT_HEADER)):
+            if key in t:
+                headers[header] = f"{float(t[key]):g}"
+        body = spec.body
+        if "output_scale" in t:
+            body = {**body, "max_tokens": max(1, round(body["max_tokens"] *
+                                                       float(t["output_scale"])))}
+        specs.append(RequestSpec(spec.at, spec.path, body, tag=f"{tenant}/{objective}",
+                                 headers=headers))
     return specs
 
 
@@ -372,12 +388,13 @@ class Workload:
         """Nominal req/s of one server."""
         return GENERATORS[self.generator][1](self.parameters)
 
-    def capacity(self, servers: int = FLEET_SIZE) -> float:
-        """Nominal req/s of ``servers`` servers."""
+    def capacity(self, servers: float = FLEET_SIZE) -> float:
+        """Nominal req/s of ``servers`` servers (a heterogeneous fleet: the sum of their
+        speeds)."""
         return servers * self.per_server
 
     def schedule(self, load: float, duration: float, seed: int = 0,
-                 servers: int = FLEET_SIZE) -> list[RequestSpec]:
+                 servers: float = FLEET_SIZE) -> list[RequestSpec]:
         """The schedule at ``load`` x capacity over about ``duration`` seconds."""
         rng = random.Random(f"{self.name}:{seed}")
         rate = load * self.capacity(servers)
@@ -413,10 +430,14 @@ def _check_tenants(path: Path, tenants: Any) -> None:
         raise WorkloadError(f"{path}: parameters.tenants: expected a mapping of tenant names")
     for name, t in tenants.items():
         where = f"{path}: parameters.tenants.{name}"
-        if not isinstance(t, dict) or set(t) != {"share", "objective"}:
-            raise WorkloadError(f"{where}: expected exactly {{share, objective}}")
-        if not isinstance(t["share"], int | float) or t["share"] <= 0:
-            raise WorkloadError(f"{where}.share: expected a positive number")
+        if not isinstance(t, dict) or not {"share", "objective"} <= set(t) or \
+                set(t) - {"share", "objective"} - TENANT_OPTIONAL:
+            raise WorkloadError(f"{where}: expected {{share, objective}} and optionally "
+                                f"{', '.join(sorted(TENANT_OPTIONAL))}")
+        for key in ("share", *sorted(TENANT_OPTIONAL & set(t))):
+            v = t[key]
+            if isinstance(v, bool) or not isinstance(v, int | float) or not v > 0:
+                raise WorkloadError(f"{where}.{key}: expected a positive number")
         if t["objective"] not in OBJECTIVES:
             raise WorkloadError(f"{where}.objective: {t['objective']!r} is not one of "
                                 f"{sorted(OBJECTIVES)}")

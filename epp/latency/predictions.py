@@ -15,10 +15,13 @@ PREDICTIONS_KEY = "predicted-latency"
 
 @dataclass(slots=True)
 class Prediction:
-    """One candidate's prediction. Headroom = SLO * sloBufferFactor - predicted (seconds);
-    without any SLO it is -predicted (lower latency = closer to 0); a dimension without an
-    SLO or without a trained model is neutral (0). ``dispatched``: requests in flight there
-    from this EPP."""
+    """One candidate's prediction. ``ttft`` / ``tpot``: the central (least-MAPE) values;
+    ``ttft_q`` / ``tpot_q``: the producer's ``quantile`` (p90 by default; None without a
+    quantile model). Headroom = SLO * sloBufferFactor - the judged prediction (seconds: the
+    quantile with ``objectiveType: quantile``, the default, else the central value); without
+    any SLO it is -predicted (lower latency = closer to 0); a dimension without an SLO or
+    without a trained model is neutral (0). ``dispatched``: requests in flight there from
+    this EPP."""
 
     ttft: float | None
     tpot: float | None
@@ -28,6 +31,8 @@ class Prediction:
     dispatched: int
     kv_usage: float
     waiting: int
+    ttft_q: float | None = None
+    tpot_q: float | None = None
 
     @property
     def valid(self) -> bool:

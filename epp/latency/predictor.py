@@ -1,16 +1,24 @@
 """The online latency model: TTFT and TPOT of a request on an endpoint, learnt from what the
 servers actually did.
 
-Features (upstream's predictor's, plus the uncached prompt as a product with the batch and
-the count of requests in prefill): TTFT ← prompt tokens, uncached prompt tokens (prefix
-match), uncached * (running + 1), waiting queue, running requests, KV-cache use, tokens in
-flight to the endpoint, prefill tokens in flight, requests in prefill; TPOT ← the same
-without the two prefix terms.
+Features (upstream's predictor's, plus the uncached prompt as a product with the batch, the
+count of requests in prefill and the endpoint's relative speed): TTFT ← prompt tokens, uncached
+prompt tokens (prefix match), uncached * (running + 1), waiting queue, running requests,
+KV-cache use, tokens in flight to the endpoint, prefill tokens in flight, requests in
+prefill, the endpoint's recent TPOT relative to the pool's, uncached * that; TPOT ← the same
+without the prefix terms.
 
-Model: linear, fitted by scikit-learn's ``QuantileRegressor`` at the median with weights 1/y,
-which minimises exactly the mean absolute *relative* error (MAPE), the way the model is
-judged; a median fit is also not dragged by the minority of samples from a transient (a
-cold cache's backlog), as a least-squares fit is.
+Two models per latency, both linear and fitted by scikit-learn's ``QuantileRegressor``:
+
+- the *central* one, at the median with weights 1/y, which minimises exactly the mean
+  absolute *relative* error (MAPE), the way a point prediction is judged; a median fit is
+  also not dragged by the minority of samples from a transient (a cold cache's backlog), as
+  a least-squares fit is;
+- the *quantile* one (``quantile``, 0.9 by default; upstream's predictor's default), fitted
+  unweighted at that quantile: it minimises the pinball loss
+  mean(max(q·(y - ŷ), (q - 1)·(y - ŷ))), whose minimiser is the conditional q-quantile, so
+  about a fraction q of requests finish within it. The SLO-aware plugins compare it with
+  the SLO: "predicted to meet" then means "meets it 9 times in 10", not "half the time".
 Fitting is scheduled by a background thread every ``retrain_interval`` seconds on the latest
 ``max_samples`` completed requests and, given an executor (the plugin gives it a one-worker
 process pool), runs in another process, so it does not compete with the request path for
@@ -21,6 +29,7 @@ and a prediction is a dot product (microseconds, no scikit-learn call on the hot
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
@@ -29,13 +38,13 @@ from typing import Any
 
 TTFT_FEATURES = ("prompt_tokens", "uncached_tokens", "uncached_x_running", "waiting",
                  "running", "kv_usage", "inflight_tokens", "prefill_tokens",
-                 "prefill_requests")
+                 "prefill_requests", "relative_tpot", "uncached_x_relative_tpot")
 TPOT_FEATURES = ("prompt_tokens", "waiting", "running", "kv_usage", "inflight_tokens",
-                 "prefill_tokens", "prefill_requests")
+                 "prefill_tokens", "prefill_requests", "relative_tpot")
 #: Predictions never go below this (seconds): a linear model can extrapolate below zero.
 FLOOR = 1e-4
 #: Columns of a TTFT feature row that make the TPOT row.
-TPOT_COLUMNS = (0, 3, 4, 5, 6, 7, 8)
+TPOT_COLUMNS = (0, 3, 4, 5, 6, 7, 8, 9)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +54,19 @@ class PredictorConfig:
     retrain_interval: float = 1.0
     max_samples: int = 5000
     min_samples: int = 20
+    #: The quantile the second model of each latency is fitted at (None: central only).
+    quantile: float | None = 0.9
+    #: Step of the online coverage correction of the quantile predictions, on the log
+    #: scale (0: served as fitted). 0.02: one miss raises them ~1.8%, one hit lowers them
+    #: ~0.2%, in balance at a miss rate of 1 - quantile.
+    calibration_rate: float = 0.02
+
+    def __post_init__(self) -> None:
+        if self.quantile is not None and not 0 < self.quantile < 1:
+            raise ValueError(f"quantile must be in (0, 1), got {self.quantile!r}")
+        if not 0 <= self.calibration_rate < 1:
+            raise ValueError(f"calibration_rate must be in [0, 1), got "
+                             f"{self.calibration_rate!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,21 +88,31 @@ class EndpointState:
     #: prefix index's hash window counts its unhashed tail as uncached even where the
     #: server has it cached).
     prefill_requests: float = 0.0
+    #: The TPOT requests that finished on this endpoint measured lately (an exponential
+    #: average) over the mean of the same across the pool's endpoints (1 when unknown).
+    #: What tells a slow endpoint from a fast one in a heterogeneous pool: at the same load
+    #: an A100-like pod decodes (and prefills) slower than an H100-like one, and no other
+    #: input says which is which. A ratio, not the average itself: the average drifts with
+    #: the pool's load over time, and a fit on it learns that drift (seen: TPOT p90
+    #: coverage 0.91 -> 0.84 on a homogeneous pool); the ratio to the pool does not drift.
+    relative_tpot: float = 1.0
 
     def ttft_x(self) -> tuple[float, ...]:
         return (self.prompt_tokens, self.uncached_tokens,
                 self.uncached_tokens * (self.running + 1.0), self.waiting, self.running,
                 self.kv_usage, self.inflight_tokens, self.prefill_tokens,
-                self.prefill_requests)
+                self.prefill_requests, self.relative_tpot,
+                self.uncached_tokens * self.relative_tpot)
 
     @classmethod
     def from_ttft_row(cls, row: Sequence[float]) -> EndpointState:
         """The state a :meth:`ttft_x` row was made from."""
-        return cls(row[0], row[1], row[3], row[4], row[5], row[6], row[7], row[8])
+        return cls(row[0], row[1], row[3], row[4], row[5], row[6], row[7], row[8], row[9])
 
     def tpot_x(self) -> tuple[float, ...]:
         return (self.prompt_tokens, self.waiting, self.running, self.kv_usage,
-                self.inflight_tokens, self.prefill_tokens, self.prefill_requests)
+                self.inflight_tokens, self.prefill_tokens, self.prefill_requests,
+                self.relative_tpot)
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,18 +163,53 @@ def fit_linear(xs: Sequence[Sequence[float]], ys: Sequence[float]) -> Linear:
                   max(float(y.min()), FLOOR), float(y.max()))
 
 
-class LatencyPredictor:
-    """Learns TTFT and TPOT from completed requests; predicts them for candidates.
+def fit_quantile(xs: Sequence[Sequence[float]], ys: Sequence[float], quantile: float,
+                 ) -> Linear:
+    """Fit a linear ``quantile`` regression (pinball loss, no weights) on standardised
+    features: the fitted line leaves about a fraction ``quantile`` of the samples at or
+    below it. Clipped to the range of the samples, like :func:`fit_linear`."""
+    import numpy as np
+    from sklearn.linear_model import QuantileRegressor
 
-    ``fit`` is the fitting function (tests wrap the real one to hold a retrain open); with
-    an ``executor`` it runs there (it must then be picklable, as :func:`fit_linear` is).
+    x = np.asarray(xs, dtype=float)
+    y = np.asarray(ys, dtype=float)
+    mean, std = x.mean(axis=0), x.std(axis=0)
+    std[std == 0] = 1.0
+    model = QuantileRegressor(quantile=quantile, alpha=0.0, solver="highs-ipm")
+    model.fit((x - mean) / std, y)
+    w = model.coef_ / std
+    return Linear(float(model.intercept_ - (w * mean).sum()), tuple(float(v) for v in w),
+                  max(float(y.min()), FLOOR), float(y.max()))
+
+
+def pinball(predicted: Sequence[float], actual: Sequence[float], quantile: float) -> float:
+    """Mean pinball (quantile) loss of ``predicted`` as ``quantile``-quantiles of
+    ``actual``: under-prediction costs ``quantile`` per second, over-prediction
+    1 - ``quantile``."""
+    total = 0.0
+    for p, a in zip(predicted, actual, strict=True):
+        d = a - p
+        total += quantile * d if d >= 0 else (quantile - 1.0) * d
+    return total / len(actual) if actual else float("nan")
+
+
+class LatencyPredictor:
+    """Learns TTFT and TPOT from completed requests; predicts them for candidates: the
+    central value (``predict``) and the configured quantile (``predict_quantile``).
+
+    ``fit`` / ``fit_q`` are the fitting functions (tests wrap the real ones to hold a
+    retrain open); with an ``executor`` they run there (they must then be picklable, as
+    :func:`fit_linear` and :func:`fit_quantile` are).
     """
 
     def __init__(self, config: PredictorConfig | None = None,
                  fit: Callable[[Sequence[Sequence[float]], Sequence[float]], Linear] = fit_linear,
-                 executor: Executor | None = None) -> None:
+                 executor: Executor | None = None,
+                 fit_q: Callable[[Sequence[Sequence[float]], Sequence[float], float],
+                                 Linear] = fit_quantile) -> None:
         self.config = config or PredictorConfig()
         self._fit = fit
+        self._fit_q = fit_q
         self.executor = executor
         n = self.config.max_samples
         # Ring buffers of the latest samples, as arrays: a retrain copies them out in one
@@ -154,6 +221,13 @@ class LatencyPredictor:
         #: The models in use (replaced whole by the trainer; None until trained).
         self.ttft_model: Linear | None = None
         self.tpot_model: Linear | None = None
+        #: The ``config.quantile`` models (None until trained, or without a quantile).
+        self.ttft_q_model: Linear | None = None
+        self.tpot_q_model: Linear | None = None
+        #: Log of the factor the quantile models' values are served times (moved by
+        #: :meth:`observe`; 0 = as fitted).
+        self.ttft_offset = 0.0
+        self.tpot_offset = 0.0
         self.retrains = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -166,19 +240,64 @@ class LatencyPredictor:
         return (ttft(state.ttft_x()) if ttft is not None else None,
                 tpot(state.tpot_x()) if tpot is not None else None)
 
-    def predict_rows(self, rows: Sequence[Sequence[float]],
+    def predict_quantile(self, state: EndpointState) -> tuple[float | None, float | None]:
+        """(TTFT, TPOT) ``config.quantile``-quantiles in seconds (None: no such model):
+        the quantile model's value times its online coverage correction, never on the
+        wrong side of the central prediction (:func:`_uncross`)."""
+        ttft, tpot = self.ttft_q_model, self.tpot_q_model
+        centre = self.predict(state)
+        q = self.config.quantile or 0.5
+        return (_uncross(ttft(state.ttft_x()) * math.exp(self.ttft_offset), centre[0], q)
+                if ttft is not None else None,
+                _uncross(tpot(state.tpot_x()) * math.exp(self.tpot_offset), centre[1], q)
+                if tpot is not None else None)
+
+    def predict_rows(self, rows: Sequence[Sequence[float]], quantile: bool = False,
                      ) -> tuple[list[float] | None, list[float] | None]:
         """(TTFTs, TPOTs) for many :meth:`EndpointState.ttft_x` rows at once (one matrix
-        product each; None for a model not trained yet)."""
+        product each; None for a model not trained yet); ``quantile``: the
+        ``config.quantile`` models' instead of the central ones."""
         import numpy as np
 
-        ttft, tpot = self.ttft_model, self.tpot_model
         x = np.array(rows, dtype=float)
-        return (ttft.many(x) if ttft is not None else None,
-                tpot.many(x[:, TPOT_COLUMNS]) if tpot is not None else None)
+        ttft, tpot = self.ttft_model, self.tpot_model
+        central = (ttft.many(x) if ttft is not None else None,
+                   tpot.many(x[:, TPOT_COLUMNS]) if tpot is not None else None)
+        if not quantile:
+            return central
+        q = self.config.quantile or 0.5
+        out: list[list[float] | None] = []
+        for model, columns, centre, offset in (
+                (self.ttft_q_model, x, central[0], self.ttft_offset),
+                (self.tpot_q_model, x[:, TPOT_COLUMNS], central[1], self.tpot_offset)):
+            if model is None:
+                out.append(None)
+                continue
+            factor = math.exp(offset)
+            ys = [y * factor for y in model.many(columns)]
+            out.append(ys if centre is None else
+                       [_uncross(y, c, q) for y, c in zip(ys, centre, strict=True)])
+        return out[0], out[1]
 
-    def observe(self, state: EndpointState, ttft: float | None, tpot: float | None) -> None:
-        """A completed request: its endpoint's state at dispatch and what it measured."""
+    def observe(self, state: EndpointState, ttft: float | None, tpot: float | None,
+                served: tuple[float | None, float | None] | None = None) -> None:
+        """A completed request: its endpoint's state at dispatch and what it measured. Also
+        moves each quantile's coverage correction (:attr:`PredictorConfig.calibration_rate`):
+        up when the measured value exceeded the quantile ``served`` for it at the pick (the
+        (TTFT, TPOT) quantiles the request was judged by; None: what the models say for
+        ``state`` now), down otherwise, so that in the long run a fraction ``quantile`` of
+        requests is covered even while latencies drift away from what the last fit saw
+        (adaptive conformal inference, Gibbs & Candes 2021, on the log scale). The values
+        served at the pick, not recomputed ones: a model refitted since on later samples
+        fits this request better than the one that judged it did."""
+        rate, q = self.config.calibration_rate, self.config.quantile
+        if rate and q is not None:
+            if served is None:
+                served = self.predict_quantile(state)
+            if ttft is not None and ttft > 0 and served[0] is not None:
+                self.ttft_offset += rate * ((ttft > served[0]) - (1.0 - q))
+            if tpot is not None and tpot > 0 and served[1] is not None:
+                self.tpot_offset += rate * ((tpot > served[1]) - (1.0 - q))
         with self._lock:
             if ttft is not None and ttft > 0:
                 self._ttft.add(state.ttft_x(), ttft)
@@ -197,21 +316,30 @@ class LatencyPredictor:
             self._new_samples = 0
             ttft, tpot = self._ttft.copy(), self._tpot.copy()
         changed = False
-        n = self.config.min_samples
+        n, q = self.config.min_samples, self.config.quantile
         if len(ttft[1]) >= n:
             self.ttft_model = self._run_fit(*ttft)
+            if q is not None:
+                self.ttft_q_model = self._run_fit(*ttft, q)
             changed = True
         if len(tpot[1]) >= n:
             self.tpot_model = self._run_fit(*tpot)
+            if q is not None:
+                self.tpot_q_model = self._run_fit(*tpot, q)
             changed = True
         if changed:
             self.retrains += 1
         return changed
 
-    def _run_fit(self, xs: Any, ys: Any) -> Linear:
+    def _run_fit(self, xs: Any, ys: Any, quantile: float | None = None) -> Linear:
+        if quantile is None:
+            fn: Callable[..., Linear] = self._fit
+            args: tuple[Any, ...] = (xs, ys)
+        else:
+            fn, args = self._fit_q, (xs, ys, quantile)
         if self.executor is None:
-            return self._fit(xs, ys)
-        return self.executor.submit(self._fit, xs, ys).result()
+            return fn(*args)
+        return self.executor.submit(fn, *args).result()
 
     def start(self) -> None:
         """Retrain every ``retrain_interval`` seconds in a daemon thread."""
@@ -236,6 +364,16 @@ class LatencyPredictor:
     def samples(self) -> int:
         """TTFT samples held (at most ``max_samples``)."""
         return self._ttft.size
+
+
+def _uncross(y_q: float, centre: float | None, q: float) -> float:
+    """Two separately fitted linear quantile models can cross where their samples are thin
+    (a p90 below the median); sorting the two predictions (Chernozhukov et al.'s
+    rearrangement) puts a q > 0.5 quantile at or above the central value, a q < 0.5 one at
+    or below it."""
+    if centre is None:
+        return y_q
+    return max(y_q, centre) if q >= 0.5 else min(y_q, centre)
 
 
 class _Ring:
@@ -267,4 +405,4 @@ def _log_fit_failure(e: Exception) -> None:
 
 
 __all__ = ["FLOOR", "TPOT_FEATURES", "TTFT_FEATURES", "EndpointState", "LatencyPredictor",
-                      "Linear", "PredictorConfig", "fit_linear"]
+           "Linear", "PredictorConfig", "fit_linear", "fit_quantile", "pinball"]

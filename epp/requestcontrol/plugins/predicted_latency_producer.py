@@ -1,6 +1,7 @@
 """``predicted-latency-producer`` (upstream v1.5): the request's SLO from its headers, a
-TTFT/TPOT prediction for every candidate before scheduling, and the training data after the
-response. Also records the predicted series and SLO violations (``epp.telemetry``).
+TTFT/TPOT prediction (central and p90) for every candidate before scheduling, and the
+training data after the response. Also records the predicted series and SLO violations
+(``epp.telemetry``).
 
 Upstream trains in a sidecar; here the model lives in process (:mod:`epp.latency.predictor`),
 retrained in a background thread, served as a dot product.
@@ -34,6 +35,10 @@ from epp.scheduling.request import LLMRequest
 from epp.scheduling.result import SchedulingResult
 from shared.plugins import Duration, Handle
 
+#: Weight of the newest TPOT in an endpoint's recent average (about its last 20 requests:
+#: long enough to say how fast the endpoint is rather than how loaded it was a moment ago).
+RECENT_WEIGHT = 0.05
+
 
 @dataclass(frozen=True, slots=True)
 class PredictedLatencyParameters:
@@ -45,7 +50,11 @@ class PredictedLatencyParameters:
     also predict again, from the endpoint's state then, at up to N streamed tokens spaced
     by a Poisson draw of mean ``samplingMean``, and report the mean of all; streaming mode
     only). Ours, for the in-process model: ``retrainInterval``, ``maxTrainingSamples``,
-    ``minTrainingSamples``. llm-d-router v0.10: ``predictInProduce`` is the new name of
+    ``minTrainingSamples``; ``objectiveType`` (``quantile``, the default: the headrooms the
+    SLO-aware plugins read are measured against the ``quantile`` prediction; ``mean``:
+    against the central one) and ``quantile`` (in (0, 1), default 0.9) - upstream sets both
+    on its predictor sidecars (``LATENCY_OBJECTIVE_TYPE``, quantile 0.9 by default), here
+    they are the plugin's. llm-d-router v0.10: ``predictInProduce`` is the new name of
     ``predictInPrepareData``; ``contextTTL`` is accepted and has nothing to bound here (the
     per-request context lives on the request and ends with it, upstream keeps it in a
     cache); ``endpointRoleLabel`` and the multimodal ``useEncoderCacheFeatures`` /
@@ -66,8 +75,15 @@ class PredictedLatencyParameters:
     endpoint_role_label: str = ""
     use_encoder_cache_features: bool = False
     encoder_cache_match_info_producer_name: str = ""
+    objective_type: str = "quantile"
+    quantile: float = 0.9
 
     def __post_init__(self) -> None:
+        if self.objective_type not in ("quantile", "mean"):
+            raise ValueError("objectiveType: must be 'quantile' or 'mean', got "
+                             f"{self.objective_type!r}")
+        if isinstance(self.quantile, bool) or not 0 < self.quantile < 1:
+            raise ValueError(f"quantile: must be in (0, 1), got {self.quantile!r}")
         if self.endpoint_role_label:
             raise ValueError("endpointRoleLabel: role-aware latency features are not built "
                              "yet; remove it")
@@ -107,13 +123,16 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseStreami
         p = self.params
         self.predictor = predictor or LatencyPredictor(PredictorConfig(
             retrain_interval=p.retrain_interval, max_samples=p.max_training_samples,
-            min_samples=p.min_training_samples))
+            min_samples=p.min_training_samples, quantile=p.quantile))
         self._handle = handle
         self._prefix: list[ApproxPrefixCacheProducer] | None = None  # looked up once
         #: Per endpoint key: prompt tokens dispatched there with no first token back yet.
         self._prefilling: dict[str, int] = {}
         #: Per endpoint key: requests dispatched there with no first token back yet.
         self._prefill_requests: dict[str, int] = {}
+        #: Per endpoint key: exponential average of measured TPOTs.
+        self._recent_tpot: dict[str, float] = {}
+        self._pool_mean: float | None = None  # of ``_recent_tpot`` (None: recompute)
 
     @classmethod
     def create(cls, name: str, params: Any, handle: Handle) -> PredictedLatencyProducer:
@@ -164,13 +183,21 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseStreami
         started = time.perf_counter()
         ttfts, tpots = predictor.predict_rows(rows)
         assert ttfts is not None
+        ttfts_q, tpots_q = predictor.predict_rows(rows, quantile=True)
+        judge_q = self.params.objective_type == "quantile"
         ttft_slo, tpot_slo, any_slo = slo.ttft, slo.tpot, slo.any
         for i, (key, v) in enumerate(zip(keys, endpoints, strict=True)):
             ttft, tpot = ttfts[i], tpots[i] if tpots is not None else None
+            ttft_q = ttfts_q[i] if ttfts_q is not None else None
+            tpot_q = tpots_q[i] if tpots_q is not None else None
+            # The headroom is measured against the quantile when asked for (and trained).
+            jt = ttft_q if judge_q and ttft_q is not None else ttft
+            jp = tpot_q if judge_q and tpot_q is not None else tpot
             out.by_endpoint[key] = Prediction(
-                ttft, tpot, _headroom(ttft_slo, any_slo, ttft, factor),
-                _headroom(tpot_slo, any_slo, tpot, factor),
-                out.prefix_scores[key], v.inflight_requests, v.metrics.kv_usage, v.queue)
+                ttft, tpot, _headroom(ttft_slo, any_slo, jt, factor),
+                _headroom(tpot_slo, any_slo, jp, factor),
+                out.prefix_scores[key], v.inflight_requests, v.metrics.kv_usage, v.queue,
+                ttft_q, tpot_q)
         elapsed = time.perf_counter() - started
         pair = (request.client_model, request.target_model)
         me = (self.name, self.type_name, *pair)
@@ -183,10 +210,11 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseStreami
     def _row(self, tokens: float, uncached: float, v: EndpointView) -> tuple[float, ...]:
         """The model's input row (:meth:`EndpointState.ttft_x`) for endpoint ``v`` now."""
         running = float(v.metrics.running)
+        recent = self._relative_tpot(v.key)
         return (tokens, uncached, uncached * (running + 1.0), float(v.queue), running,
                 v.metrics.kv_usage, float(v.inflight_tokens),
                 float(self._prefilling.get(v.key, 0)),
-                float(self._prefill_requests.get(v.key, 0)))
+                float(self._prefill_requests.get(v.key, 0)), recent, uncached * recent)
 
     def pre_request(self, request: LLMRequest, result: SchedulingResult) -> None:
         out = request.plugin_state.get(PREDICTIONS_KEY)
@@ -250,9 +278,26 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseStreami
             take(self._prefill_requests, key)
 
     def retain_endpoints(self, keys: frozenset[str]) -> None:
-        for counts in (self._prefilling, self._prefill_requests):
+        for counts in (self._prefilling, self._prefill_requests, self._recent_tpot):
             for key in [k for k in counts if k not in keys]:
                 del counts[key]
+        self._pool_mean = None
+
+    def _record_tpot(self, key: str, tpot: float) -> None:
+        """Fold a measured TPOT into the endpoint's recent average; the first sets it."""
+        old = self._recent_tpot.get(key)
+        self._recent_tpot[key] = tpot if old is None else old + RECENT_WEIGHT * (tpot - old)
+        self._pool_mean = None
+
+    def _relative_tpot(self, key: str) -> float:
+        """The model's ``relative_tpot``: the endpoint's recent TPOT over the mean of the
+        pool's endpoints' (1 for an endpoint with none yet)."""
+        mine = self._recent_tpot.get(key)
+        if mine is None:
+            return 1.0
+        if self._pool_mean is None:
+            self._pool_mean = sum(self._recent_tpot.values()) / len(self._recent_tpot)
+        return mine / self._pool_mean if self._pool_mean > 0 else 1.0
 
     def response_complete(self, request: LLMRequest, response: Response,
                           endpoint: EndpointView) -> None:
@@ -268,7 +313,11 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseStreami
             ttft, tpot = response.elapsed, None
         row = out.states.get(endpoint.key)
         if row is not None:
-            self.predictor.observe(EndpointState.from_ttft_row(row), ttft, tpot)
+            picked = out.by_endpoint.get(endpoint.key)
+            self.predictor.observe(EndpointState.from_ttft_row(row), ttft, tpot,
+                                   (picked.ttft_q, picked.tpot_q) if picked else (None, None))
+        if tpot is not None and tpot > 0:
+            self._record_tpot(endpoint.key, tpot)
         slo, pair = out.slo, (request.client_model, request.target_model)
         me = (self.name, self.type_name, *pair)
         if (predicted := predicted_tpot(out)) is not None and response.tpot is not None:
