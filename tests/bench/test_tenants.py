@@ -39,7 +39,8 @@ def test_every_request_names_its_tenant_and_objective_in_the_shares_given() -> N
      r"parameters.tenants.chat.objective: 'urgent' is not one of"),
     ("tenants: {chat: {share: 0, objective: standard}}",
      r"parameters.tenants.chat.share: expected a positive number"),
-    ("tenants: {chat: {share: 1}}", r"parameters.tenants.chat: expected {share, objective} and optionally"),
+    ("tenants: {chat: {share: 1}}",
+     r"parameters.tenants.chat: expected {share, objective} and optionally"),
     ("tenants: []", r"parameters.tenants: expected a mapping"),
 ])
 def test_a_bad_tenant_is_named_with_its_file_and_field(tmp_path: Path, tenants: str,
