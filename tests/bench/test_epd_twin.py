@@ -55,6 +55,9 @@ def test_an_image_is_encoded_once_per_encoder() -> None:
                      key=lambda s: s.arrival)
     assert a.ttft > 0.5 and b.ttft > 0.5
     assert c.ttft < 0.5 - 0.1
+    # The encode leg is a step of its own before the prefill (not the server's own encode).
+    alone = simulate(0, 2, 0, None, profile=PROFILE, specs=[chat(0, url)])[0]
+    assert a.ttft > alone.ttft + PROFILE.prefill_overhead
     # A new image on the same, now idle, fleet pays the encoder again.
     d = simulate(0, 2, 0, None, encode=2, profile=PROFILE,
                  specs=[chat(0, url), chat(10, "https://i.example/z.png")])[1]
