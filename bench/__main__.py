@@ -148,8 +148,9 @@ def parser() -> argparse.ArgumentParser:
     adv.add_argument("--ttft-factor", type=float, default=2.0)
     adv.add_argument("--attainment", type=float, default=0.9,
                      help="share of requests that must meet the SLO")
-    adv.add_argument("--splits", help="prefill server counts to try, comma-separated (0: the "
-                                      "aggregated fleet, always added); default all")
+    adv.add_argument("--splits", help="fleets to try, comma-separated: P (prefill servers; 0: "
+                                      "the aggregated fleet, always added) or E/P (E encode "
+                                      "servers, P prefill; E/0 is E/PD); default all")
     adv.add_argument("--jobs", type=_positive, default=os.cpu_count() or 1)
     sub.add_parser("list", help="the scenarios of bench/scenarios/")
     rep = sub.add_parser("report", help="rewrite RESULTS.md's generated sections")
@@ -220,11 +221,15 @@ def cmd_advise(args: argparse.Namespace) -> int:
     splits = None
     if args.splits:
         try:
-            splits = sorted({0, *(int(x) for x in args.splits.split(","))})
-        except ValueError:
-            raise ValueError(f"--splits: expected integers, got {args.splits!r}") from None
-        if not all(0 <= x < servers for x in splits):
-            raise ValueError(f"--splits: each must be in 0..{servers - 1}, got {args.splits!r}")
+            splits = sorted({(0, 0), *(
+                (int(x.split("/")[0]), int(x.split("/")[1])) if "/" in x else (0, int(x))
+                for x in args.splits.split(","))})
+        except (ValueError, IndexError):
+            raise ValueError(f"--splits: expected P or E/P integers, got {args.splits!r}") \
+                from None
+        if not all(e >= 0 and p >= 0 and e + p < servers for e, p in splits):
+            raise ValueError(f"--splits: each needs E + P in 0..{servers - 1}, got "
+                             f"{args.splits!r}")
     cells = advisor.sweep(wl, profile, servers, loads, seeds, duration, variant, slos,
                           splits=splits, jobs=args.jobs)
     rows, advised = advisor.summarize(cells, servers, slos, rate_of)
@@ -237,8 +242,7 @@ def cmd_advise(args: argparse.Namespace) -> int:
           f"{', '.join(f'{r:.2f}' for r in rate_of.values())}. Goodput: median over seeds; "
           "ratio: median of the per-seed ratios [95% CI of the geometric mean].\n")
     print(advisor.table(rows, advised, servers, slos))
-    print(f"\nadvice: {advised}P+{servers - advised}D" if advised else
-          f"\nadvice: aggregated ({servers})")
+    print(f"\nadvice: {next(r for r in rows if r.fleet == advised).name(servers)}")
     return 0
 
 

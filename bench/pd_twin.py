@@ -28,6 +28,16 @@ workload: no prefix hits, and a waiting queue that chunked prefill keeps empty).
 prompt stays on its decode server when every prefill server has ``TOKENS`` prompt tokens in
 flight and the decode server at most ``REQUESTS`` requests; the decode server is then picked
 at arrival, as the EPP does.
+
+``encode`` (E/PD, E/P/D; issue #29): that many **encode** servers more. A chat request with
+multimodal items sends each unique item, as the sidecar does, to an encoder (the least-loaded
+one, a stand-in for the encode profile's ``queue-scorer``) as a one-item chat with one output
+token: the encoder's engine runs the vision encoder (``encode_time_per_image``) unless the
+item is in its encoder cache, and prefills the item's placeholders. When every item is
+encoded the request goes on (prefill then decode, or decode alone) with its items loaded
+from the shared store (``ec_load_time_per_image`` each) instead of encoded, as
+``sim.encoder``'s consumers do. Without encoders a server encodes the items itself, in its
+step. TTFT counts from arrival, so it includes the encode leg.
 """
 
 from __future__ import annotations
@@ -40,12 +50,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from bench.pd_compare import workload
 from bench.workloads import RequestSpec
 from devkit.stats import percentile as pct
+from shared.multimodal import mm_items, unique_items
 from sim.engine import Engine, SimRequest
+from sim.openai import parse_request
 from sim.pd import KV_BYTES_PER_TOKEN_8B, LINKS
 from sim.profiles import H100_8B, Profile
+from sim.tokenizer import count_tokens
 
 
 @dataclass(eq=False)
@@ -128,8 +143,10 @@ class _Fleet:
         return min(servers, key=lambda x: (x.outstanding + x.reserved, x.index))
 
     def submit(self, servers: list[_Server], prompt: int, out: int, arrival: float, now: float,
-               remote: int = 0, pick: str = "least", on: _Server | None = None) -> SimRequest:
-        """Queue a request on ``on``, else on the server ``pick`` chooses."""
+               remote: int = 0, pick: str = "least", on: _Server | None = None,
+               items: tuple[str, ...] = (), loaded: bool = False) -> SimRequest:
+        """Queue a request on ``on``, else on the server ``pick`` chooses. ``items``: its
+        multimodal item hashes; ``loaded``: an encode server made them (EC load, no encode)."""
         s = on if on is not None else self.choose(servers, pick)
         rid = next(self.ids)
         req = SimRequest(id=str(rid), prompt_tokens=prompt,
@@ -137,6 +154,9 @@ class _Fleet:
                          max_tokens=out, output_tokens=out, lora=None, arrival=arrival,
                          text_seed=rid, stream=False)
         req.remote_tokens = remote
+        req.mm_hashes = items
+        if loaded:
+            req.remote_mm = frozenset(items)
         s.engine.add(req)
         s.outstanding += 1
         s.tokens += prompt
@@ -148,17 +168,46 @@ class _Fleet:
 PICKS = ("least", "tokens", "random")
 
 
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    """What the twin needs of a request: its class, prompt tokens (the simulator's count:
+    chat template, image placeholders), output tokens, and its unique multimodal items as
+    (hash, prompt tokens of the sidecar's one-item encode request)."""
+
+    long: bool
+    prompt: int
+    out: int
+    items: tuple[tuple[str, int], ...] = ()
+
+
+def shape(spec: RequestSpec) -> _Shape:
+    """A completion's prompt is 4 bytes a token; a chat is parsed as the simulator does."""
+    body = spec.body
+    if "messages" not in body:
+        return _Shape(spec.tag == "long", len(body["prompt"]) // 4, body["max_tokens"])
+    parsed = parse_request(orjson.dumps(body), chat=True)
+    items = tuple(
+        (item.hash, max(1, count_tokens(parse_request(orjson.dumps(
+            {"model": body.get("model", ""), "max_tokens": 1,
+             "messages": [{"role": "user", "content": [item.block]}]}),
+            chat=True).prompt)))
+        for item in unique_items(mm_items(body["messages"])))
+    return _Shape(spec.tag == "long", max(1, count_tokens(parsed.prompt)),
+                  int(body.get("max_tokens") or 16), items)
+
+
 def simulate(seed: int, prefill: int, decode: int, threshold: int | None, *,
              rate: float = 0.6, duration: float = 60.0, link: str = "rdma",
              prefill_pick: str = "least", decode_pick: str = "least",
              spill: Spill | None = None,
              specs: Sequence[RequestSpec] | None = None,
-             profile: Profile = H100_8B) -> list[Served]:
+             profile: Profile = H100_8B, encode: int = 0) -> list[Served]:
     """One run; ``threshold=None`` is the aggregated fleet of ``prefill + decode`` servers
     (always ``least``). With ``spill`` the decode server is picked at arrival, as the EPP
     does, and the :class:`Spill` decider may keep a long prompt there. ``specs``: play this
     schedule (a request tagged ``long`` is of the long class) instead of :func:`workload`'s
-    for ``seed``, ``rate`` and ``duration``. ``profile``: every server's (sim/profiles.py)."""
+    for ``seed``, ``rate`` and ``duration``. ``profile``: every server's (sim/profiles.py).
+    ``encode``: encode servers in front (E/PD with ``threshold=None``, else E/P/D)."""
     fleet = _Fleet(seed, rng=random.Random(seed))
     bandwidth, latency = LINKS[link]
     if threshold is None:
@@ -167,6 +216,12 @@ def simulate(seed: int, prefill: int, decode: int, threshold: int | None, *,
     else:
         decoders = [_Server(Engine(profile, seed=i), i) for i in range(decode)]
         prefillers = [_Server(Engine(profile, seed=100 + i), i) for i in range(prefill)]
+    encoders = [_Server(Engine(profile, seed=200 + i), i) for i in range(encode)]
+    #: encode leg's request id -> its client request (shape, arrival); and per client
+    #: request, the encode legs still running.
+    encoding: dict[str, int] = {}
+    legs_left: dict[int, int] = {}
+    held: dict[int, tuple[_Shape, float]] = {}
     #: request id -> what its end means: a client's answer, or a prefill whose KV moves on
     #: (class, arrival, prompt, output, is_prefill, disaggregated, decode server or None).
     pending: dict[str, tuple[bool, float, int, int, bool, bool, _Server | None]] = {}
@@ -177,6 +232,14 @@ def simulate(seed: int, prefill: int, decode: int, threshold: int | None, *,
             if kind != "finish":
                 return
             server.outstanding -= 1
+            if req.id in encoding:   # an encode leg: the client request goes on after its last
+                server.tokens -= req.prompt_tokens
+                parent = encoding.pop(req.id)
+                legs_left[parent] -= 1
+                if legs_left[parent] == 0:
+                    del legs_left[parent]
+                    fleet.push(t, "encoded", held.pop(parent))
+                return
             long, arrival, prompt, out, is_prefill, disagg, target = pending.pop(req.id)
             server.tokens -= prompt
             if is_prefill:
@@ -190,18 +253,29 @@ def simulate(seed: int, prefill: int, decode: int, threshold: int | None, *,
                                  req.generated, disagg, prompt))
         return hook
 
-    for s in decoders + prefillers:
+    for s in decoders + prefillers + encoders:
         s.engine.on_event = finished(s)
     for spec in (workload(seed, rate, duration) if specs is None else specs):
-        fleet.push(spec.at, "arrive", (spec.tag == "long", len(spec.body["prompt"]) // 4,
-                                       spec.body["max_tokens"]))
+        fleet.push(spec.at, "arrive", (shape(spec), spec.at))
+    parents = itertools.count()
     while fleet.events:
         now, _, kind, payload = heapq.heappop(fleet.events)
         if kind == "step":
             payload.engine.finish_step()
             fleet.kick(payload, now)
-        elif kind == "arrive":
-            long, prompt, out = payload
+        elif kind == "arrive" and encoders and payload[0].items:
+            # E/PD, E/P/D: each unique item to an encoder first (the sidecar, all at once).
+            parent = next(parents)
+            held[parent] = payload
+            legs_left[parent] = len(payload[0].items)
+            for item, tokens in payload[0].items:
+                leg = fleet.submit(encoders, tokens, 1, now, now, items=(item,))
+                encoding[leg.id] = parent
+        elif kind in ("arrive", "encoded"):
+            shp, arrival = payload
+            long, prompt, out = shp.long, shp.prompt, shp.out
+            items = tuple(h for h, _ in shp.items)
+            loaded = kind == "encoded"
             target = None
             if spill is not None and threshold is not None:
                 target = fleet.choose(decoders, decode_pick)
@@ -214,15 +288,16 @@ def simulate(seed: int, prefill: int, decode: int, threshold: int | None, *,
             else:
                 prompt_local = threshold is None or prompt < threshold
             if prompt_local:
-                req = fleet.submit(decoders, prompt, out, now, now,
+                req = fleet.submit(decoders, prompt, out, arrival, now,
                                    pick="least" if threshold is None else decode_pick,
-                                   on=target)
-                pending[req.id] = (long, now, prompt, out, False, False, None)
+                                   on=target, items=items, loaded=loaded)
+                pending[req.id] = (long, arrival, prompt, out, False, False, None)
             else:
                 if target is not None:
                     target.reserved += 1
-                req = fleet.submit(prefillers, prompt, 1, now, now, pick=prefill_pick)
-                pending[req.id] = (long, now, prompt, out, True, True, target)
+                req = fleet.submit(prefillers, prompt, 1, arrival, now, pick=prefill_pick,
+                                   items=items, loaded=loaded)
+                pending[req.id] = (long, arrival, prompt, out, True, True, target)
         else:  # "decode": the KV has arrived at a decode server
             long, arrival, prompt, out, target = payload
             if target is not None:

@@ -15,9 +15,14 @@ which every rate had at least ``attainment`` of its requests meeting the SLO (0 
 lowest fails). Per split: the median goodput over seeds, and the paired ratio to the
 aggregated fleet (median, and the 95% interval of the geometric mean); the split with the
 highest median goodput at the first TPOT bound is the advice (ties: the larger goodput at the
-next bound, then more decode servers), unless the aggregated fleet's is higher. Output tok/s
-is compared where both keep up: at the rates where both fleets meet the SLO at the loosest
-bound, per seed.
+next bound, then fewer encode and more decode servers), unless the aggregated fleet's is
+higher. Output tok/s is compared where both keep up: at the rates where both fleets meet the
+SLO at the loosest bound, per seed.
+
+A workload with multimodal items (``multimodal``) also gets **encode** splits (issue #29):
+``E`` encode servers + ``N - E`` prefill-decode servers (E/PD) and ``E + P + D = N``
+(E/P/D), ``E >= 1``; :func:`bench.pd_twin.simulate`'s encode stage plays them. A fleet is
+the pair ``(E, P)``: ``(0, 0)`` aggregated, ``(0, P)`` P/D, ``(E, 0)`` E/PD.
 """
 
 from __future__ import annotations
@@ -55,11 +60,17 @@ class Slo:
 class Cell:
     """One fleet at one load and seed: the share meeting each SLO, and output tok/s."""
 
-    prefill: int          # 0: the aggregated fleet
+    prefill: int          # 0: the aggregated fleet (or E/PD when ``encode``)
     load: float
     seed: int
     met: tuple[float, ...]
     tps: float
+    encode: int = 0       # encode servers (E/PD, E/P/D)
+
+    @property
+    def fleet(self) -> tuple[int, int]:
+        """(encode, prefill) servers: which fleet this cell measured."""
+        return self.encode, self.prefill
 
 
 @functools.lru_cache(maxsize=65536)
@@ -89,6 +100,7 @@ class _Job:
     duration: float
     variant: PdVariant
     slos: tuple[Slo, ...]
+    encode: int = 0
 
 
 def _cell(job: _Job) -> Cell:
@@ -97,29 +109,41 @@ def _cell(job: _Job) -> Cell:
     specs = job.workload.schedule(job.load, job.duration, job.seed, job.servers)
     v = job.variant
     profile = get_profile(job.profile)
+    rest = job.servers - job.encode
     if job.prefill == 0:
-        served = simulate(job.seed, job.servers, 0, None, specs=specs, profile=profile)
+        served = simulate(job.seed, rest, 0, None, specs=specs, profile=profile,
+                          encode=job.encode)
     else:
         spill: Spill | None = parse_spill(v.spill) if v.spill else None
-        served = simulate(job.seed, job.prefill, job.servers - job.prefill, v.threshold,
+        served = simulate(job.seed, job.prefill, rest - job.prefill, v.threshold,
                           specs=specs, profile=profile, prefill_pick=v.prefill_pick,
-                          decode_pick=v.decode_pick, spill=spill)
+                          decode_pick=v.decode_pick, spill=spill, encode=job.encode)
     span = max(s.end for s in served) - min(s.arrival for s in served)
     return Cell(job.prefill, job.load, job.seed,
                 tuple(met_share(served, job.profile, slo) for slo in job.slos),
-                sum(s.output for s in served) / span if span > 0 else 0.0)
+                sum(s.output for s in served) / span if span > 0 else 0.0, job.encode)
+
+
+def fleets(servers: int, encode: bool) -> list[tuple[int, int]]:
+    """Every (encode, prefill) fleet of ``servers``: aggregated, P/D splits, and with
+    ``encode`` the E/PD and E/P/D ones (at least one server left to decode)."""
+    out = [(0, p) for p in range(servers)]
+    if encode:
+        out += [(e, p) for e in range(1, servers) for p in range(servers - e)]
+    return out
 
 
 def sweep(workload: Workload, profile: str, servers: int, loads: Sequence[float],
           seeds: Sequence[int], duration: float, variant: PdVariant, slos: Sequence[Slo],
-          splits: Sequence[int] | None = None, jobs: int = 1) -> list[Cell]:
-    """Every (split, load, seed) cell; ``splits``: prefill counts (0 = aggregated; default
-    all of 0 .. servers-1)."""
+          splits: Sequence[tuple[int, int]] | None = None, jobs: int = 1) -> list[Cell]:
+    """Every (split, load, seed) cell; ``splits``: (encode, prefill) fleets (default
+    :func:`fleets`, with encode splits when the workload is multimodal)."""
     if servers < 2:
         raise ValueError("a split needs at least 2 servers")
-    chosen = list(range(servers)) if splits is None else list(splits)
-    todo = [_Job(workload, profile, servers, p, load, seed, duration, variant, tuple(slos))
-            for p in chosen for load in loads for seed in seeds]
+    chosen = (fleets(servers, workload.generator == "multimodal") if splits is None
+              else list(splits))
+    todo = [_Job(workload, profile, servers, p, load, seed, duration, variant, tuple(slos), e)
+            for e, p in chosen for load in loads for seed in seeds]
     if jobs > 1:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
             return list(pool.map(_cell, todo, chunksize=4))
@@ -127,10 +151,10 @@ def sweep(workload: Workload, profile: str, servers: int, loads: Sequence[float]
 
 
 def goodput(cells: Sequence[Cell], prefill: int, seed: int, bound: int, slo: Slo,
-            rate_of: dict[float, float]) -> float:
+            rate_of: dict[float, float], encode: int = 0) -> float:
     """The highest rate up to which every swept load met ``slo`` (index ``bound``)."""
     best = 0.0
-    for c in sorted((c for c in cells if c.prefill == prefill and c.seed == seed),
+    for c in sorted((c for c in cells if c.fleet == (encode, prefill) and c.seed == seed),
                     key=lambda c: c.load):
         if c.met[bound] < slo.attainment:
             break
@@ -146,21 +170,34 @@ class Row:
     goodput: tuple[float, ...]                      # median over seeds, per SLO
     ratio: tuple[tuple[float, float, float], ...]   # median, CI low, CI high, per SLO
     tps_ratio: tuple[float, float, float, int]      # median, low, high, pairs
+    encode: int = 0
+
+    @property
+    def fleet(self) -> tuple[int, int]:
+        """(encode, prefill) servers."""
+        return self.encode, self.prefill
+
+    def name(self, servers: int) -> str:
+        """``aggregated (N)``, ``PP+DD``, ``EE+NPD`` (E/PD) or ``EE+PP+DD``."""
+        e, p = self.fleet
+        if e == 0:
+            return f"aggregated ({servers})" if p == 0 else f"{p}P+{servers - p}D"
+        return (f"{e}E+{servers - e}PD" if p == 0 else f"{e}E+{p}P+{servers - e - p}D")
 
 
 def summarize(cells: Sequence[Cell], servers: int, slos: Sequence[Slo],
-              rate_of: dict[float, float]) -> tuple[list[Row], int]:
-    """Rows per fleet (aggregated first) and the advised prefill count."""
+              rate_of: dict[float, float]) -> tuple[list[Row], tuple[int, int]]:
+    """Rows per fleet (aggregated first) and the advised (encode, prefill) fleet."""
     seeds = sorted({c.seed for c in cells})
-    fleets = sorted({c.prefill for c in cells})
+    measured = sorted({c.fleet for c in cells})
     base = {(s, b): goodput(cells, 0, s, b, slos[b], rate_of)
             for s in seeds for b in range(len(slos))}
-    by = {(c.prefill, c.load, c.seed): c for c in cells}
+    by = {(c.fleet, c.load, c.seed): c for c in cells}
     rows = []
-    for p in fleets:
+    for e, p in measured:
         gp, ratios = [], []
         for b, slo in enumerate(slos):
-            mine = {s: goodput(cells, p, s, b, slo, rate_of) for s in seeds}
+            mine = {s: goodput(cells, p, s, b, slo, rate_of, e) for s in seeds}
             gp.append(statistics.median(mine.values()))
             paired = [mine[s] / base[s, b] for s in seeds if base[s, b] > 0]
             # A seed where this fleet met the SLO at no swept rate has ratio 0, which has no
@@ -169,38 +206,38 @@ def summarize(cells: Sequence[Cell], servers: int, slos: Sequence[Slo],
                       else (math.nan, math.nan))
             ratios.append((statistics.median(paired) if paired else math.nan, lo, hi))
         loose = len(slos) - 1
-        tps = [by[p, c.load, c.seed].tps / c.tps for c in cells
-               if c.prefill == 0 and c.tps > 0 and (p, c.load, c.seed) in by
+        tps = [by[(e, p), c.load, c.seed].tps / c.tps for c in cells
+               if c.fleet == (0, 0) and c.tps > 0 and ((e, p), c.load, c.seed) in by
                and c.met[loose] >= slos[loose].attainment
-               and by[p, c.load, c.seed].met[loose] >= slos[loose].attainment]
+               and by[(e, p), c.load, c.seed].met[loose] >= slos[loose].attainment]
         tlo, thi = ratio_interval(tps) if len(tps) > 1 else (math.nan, math.nan)
         rows.append(Row(p, tuple(gp), tuple(ratios),
-                        (statistics.median(tps) if tps else math.nan, tlo, thi, len(tps))))
-    splits = [r for r in rows if r.prefill > 0]
-    advised = max(splits, key=lambda r: (*r.goodput, -r.prefill)).prefill if splits else 0
-    aggregated = next((r for r in rows if r.prefill == 0), None)
-    if advised and aggregated is not None and aggregated.goodput > next(
-            r for r in rows if r.prefill == advised).goodput:
-        advised = 0   # no split beats the aggregated fleet
+                        (statistics.median(tps) if tps else math.nan, tlo, thi, len(tps)), e))
+    splits = [r for r in rows if r.fleet != (0, 0)]
+    advised = (max(splits, key=lambda r: (*r.goodput, -r.encode, -r.prefill)).fleet
+               if splits else (0, 0))
+    aggregated = next((r for r in rows if r.fleet == (0, 0)), None)
+    if advised != (0, 0) and aggregated is not None and aggregated.goodput > next(
+            r for r in rows if r.fleet == advised).goodput:
+        advised = (0, 0)   # no split beats the aggregated fleet
     return rows, advised
 
 
-def table(rows: Sequence[Row], advised: int, servers: int, slos: Sequence[Slo]) -> str:
+def table(rows: Sequence[Row], advised: tuple[int, int], servers: int,
+          slos: Sequence[Slo]) -> str:
     """The advice as a Markdown table."""
     head = "| fleet | " + " | ".join(
         f"SLO goodput @ TPOT {s.tpot * 1e3:g} ms (req/s) | ratio to aggregated"
         for s in slos) + " | output tok/s ratio where both keep up |"
     lines = [head, "|" + "---|" * (2 + 2 * len(slos))]
     for r in rows:
-        name = (f"aggregated ({servers})" if r.prefill == 0 else
-                f"{r.prefill}P+{servers - r.prefill}D")
-        name += " **advised**" if r.prefill == advised else ""
+        name = r.name(servers) + (" **advised**" if r.fleet == advised else "")
         cells = []
         for g, (m, lo, hi) in zip(r.goodput, r.ratio, strict=True):
             cells.append(f"{g:.2f}")
-            cells.append("1" if r.prefill == 0 else _ratio(m, lo, hi))
+            cells.append("1" if r.fleet == (0, 0) else _ratio(m, lo, hi))
         m, lo, hi, n = r.tps_ratio
-        cells.append("1" if r.prefill == 0 else
+        cells.append("1" if r.fleet == (0, 0) else
                      f"{_ratio(m, lo, hi)} ({n} runs)" if n else "no rate where both keep up")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

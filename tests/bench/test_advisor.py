@@ -50,7 +50,7 @@ def test_summary_advises_the_split_with_the_highest_goodput() -> None:
                   Cell(1, 1.0, seed, (0.95,), 99.0), Cell(1, 2.0, seed, (0.95,), 190.0),
                   Cell(2, 1.0, seed, (0.5,), 60.0), Cell(2, 2.0, seed, (0.5,), 80.0)]
     rows, advised = summarize(cells, 3, [slo], rate_of)
-    assert advised == 1
+    assert advised == (0, 1)
     by = {r.prefill: r for r in rows}
     assert by[1].goodput == (2.0,) and by[1].ratio[0][0] == pytest.approx(2.0)
     # tok/s is compared only where both kept up: load 1.0 (99 / 100).
@@ -59,7 +59,7 @@ def test_summary_advises_the_split_with_the_highest_goodput() -> None:
     assert by[2].ratio[0][0] == 0 and all(math.isnan(x) for x in by[2].ratio[0][1:])
     # Without that split, no split beats the aggregated fleet: the advice is aggregated.
     rows, advised = summarize([c for c in cells if c.prefill != 1], 3, [slo], rate_of)
-    assert advised == 0
+    assert advised == (0, 0)
 
 
 def test_advise_prints_goodput_per_split_on_a_tiny_sweep(
