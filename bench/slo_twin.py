@@ -3,19 +3,14 @@ scheduler, every plugin, the latency model) in front of a fleet of the simulator
 (:class:`sim.engine.Engine`) that run in virtual time, scraped every 50 ms. Nothing sleeps,
 so one run of thousands of requests takes seconds and every seed is reproducible.
 
-Run: ``python -m bench.slo_twin`` (all four measurements, 5 seeds; a few minutes) or
+Run: ``python -m bench.slo_twin`` (prediction error and multi-turn, 5 seeds; a few minutes) or
 ``python -m bench.slo_twin --seeds 2 --quick``. Results: stdout and the "## SLO and session
 affinity" section of ``bench/RESULTS.md``.
 
 1. prediction error (MAPE of the picked endpoint's predicted TTFT/TPOT vs measured, after
    warm-up: the first 30% of requests) on the ShareGPT-like and shared-prefix workloads;
-2. mixed SLO at load 0.9 of what the fleet sustains (``SG_SUSTAINABLE``, measured with
-   ``--only capacity``): half interactive (``x-slo-ttft-ms``), half batch (no SLO); the
-   fraction of interactive requests meeting their SLO and batch goodput (output tokens/s of
-   completed batch requests), upstream's latency profile (as its chart ships it, and with
-   upstream's other ``headroomSelectionStrategy``, ``most``) and flow control (priority
-   bands or SLO-deadline ordering; the EPP's real flow controller on a virtual-time event
-   loop, :mod:`bench.twin.vtime`) vs the default profile;
+2. mixed SLO: now the ``slo-routing`` scenario (``python -m bench run slo-routing``); the
+   mixed-SLO rows in ``bench/RESULTS.md`` were this script's ``--only slo`` (removed);
 3. multi-turn conversations (each turn re-sends the history): TTFT p90 with the default
    load scorers alone, with the approximate prefix scorer (the default profile), and with
    ``session-affinity-scorer``;
@@ -44,7 +39,6 @@ import orjson
 from bench.stats import bootstrap_median
 from bench.twin.vtime import RESOLUTION, run_in_virtual_time
 from bench.workloads import (
-    OBJECTIVE_HEADER,
     RequestSpec,
     _completion,
     _words,
@@ -82,12 +76,6 @@ def _prefill(tokens: float) -> float:
 
 SP_CAPACITY = 4 / _prefill(SP_QUESTION + SP_SYSTEM / SP_PER_GROUP)
 SG_CAPACITY = 4 / _prefill(SG_IN_MEDIAN * math.exp(SG_IN_SIGMA ** 2 / 2))
-#: The fraction of ``SG_CAPACITY`` (prefill work only) the 4 engines sustain under the
-#: default profile: decode steps and the load factor take the rest. Measured with
-#: ``--only capacity``: at 0.80 the requests in the system stay flat over 120 s (seeds 1, 2),
-#: at 0.85 they grow on seed 2 and at 0.90 on every seed (past saturation).
-SG_SUSTAINABLE = 0.82
-MIXED_LOAD = 0.9
 
 
 def shared_prefix(rng: random.Random, rate: float, duration: float) -> list[RequestSpec]:
@@ -143,63 +131,6 @@ schedulingProfiles:
   - pluginRef: loose-affinity-filter
   - pluginRef: latency-scorer
   - pluginRef: weighted-random-picker
-"""
-# The same with upstream's other documented strategy: most headroom first.
-LATENCY_MOST = LATENCY.replace(
-    "- type: latency-scorer\n",
-    "- type: latency-scorer\n  parameters: {headroomSelectionStrategy: most}\n")
-assert LATENCY_MOST != LATENCY
-# Flow control, the way upstream v1.5 / llm-d users give interactive traffic priority: the
-# interactive requests name the ``interactive`` InferenceObjective (priority 10; batch has
-# none: priority 0), the ``flowControl`` gate holds requests in the EPP by priority band,
-# ``concurrency-detector`` (the dispatch signal and a filter) keeps each server's batch at
-# ``maxConcurrency`` so the waiting happens in the EPP where priority applies (the engines'
-# own queues stay empty: ``max_num_seqs`` 256), and ``priority-usage-limit-policy`` stops
-# releasing batch at 70% of that, so an interactive request finds a free slot at once.
-_FLOW = """\
-- {type: concurrency-detector, parameters: {maxConcurrency: %(n)d}}
-- type: priority-usage-limit-policy
-  name: reserve
-  parameters: {threshold: 1.0, bands: [{priority: 0, threshold: %(reserve)s}]}
-"""
-_FLOW_TAIL = """\
-saturationDetector: {pluginRef: concurrency-detector}
-featureGates: [flowControl]
-flowControl: {usageLimitPolicyPluginRef: reserve}
-"""
-FLOW_DEFAULT = """\
-plugins:
-- type: queue-scorer
-- type: kv-cache-utilization-scorer
-- type: prefix-cache-scorer
-""" + _FLOW % {"n": 12, "reserve": 0.7} + """\
-schedulingProfiles:
-- name: default
-  plugins:
-  - {pluginRef: concurrency-detector}
-  - {pluginRef: queue-scorer, weight: 2}
-  - {pluginRef: kv-cache-utilization-scorer, weight: 2}
-  - {pluginRef: prefix-cache-scorer, weight: 3}
-""" + _FLOW_TAIL
-FLOW_LATENCY = LATENCY_MOST.replace(
-    "schedulingProfiles:", (_FLOW % {"n": 16, "reserve": 0.7}) + "schedulingProfiles:").replace(
-    "  - pluginRef: predicted-latency-producer\n",
-    "  - pluginRef: predicted-latency-producer\n  - pluginRef: concurrency-detector\n",
-) + _FLOW_TAIL
-# One band for everyone, ordered by SLO deadline (arrival + ``x-slo-ttft-ms``; none sorts
-# last): interactive overtakes batch from the SLO header alone, no objective needed (the
-# usage limit cannot tell them apart then, so nothing is reserved).
-FLOW_DEADLINE = LATENCY_MOST.replace(
-    "schedulingProfiles:",
-    "- {type: concurrency-detector, parameters: {maxConcurrency: 16}}\n"
-    "schedulingProfiles:").replace(
-    "  - pluginRef: predicted-latency-producer\n",
-    "  - pluginRef: predicted-latency-producer\n  - pluginRef: concurrency-detector\n",
-) + """\
-saturationDetector: {pluginRef: concurrency-detector}
-featureGates: [flowControl]
-flowControl:
-  defaultPriorityBand: {orderingPolicyRef: slo-deadline-ordering-policy}
 """
 # Prediction only: the default profile schedules, the producer predicts and learns.
 PREDICT_ONLY = """\
@@ -619,56 +550,6 @@ def _predicted_pairs(done: list[Done]) -> tuple[list[tuple[float, float]],
     return ttft, tpot
 
 
-# -- 2. mixed SLO ---------------------------------------------------------------------------------
-
-
-def mixed_slo(config: str | None, seed: int, duration: float, slo_ms: int,
-              objective: bool = True) -> tuple[float, float]:
-    """(fraction of interactive requests whose TTFT met ``slo_ms``, batch output tokens/s).
-    Every config gets the same requests and headers (interactive: ``x-slo-ttft-ms`` and,
-    unless ``objective`` is False, the ``interactive`` objective; batch: neither) and runs on
-    the virtual-time event loop, so the ratios compare schedulers, not drivers (the
-    objective's priority changes nothing without flow control: it is not sheddable)."""
-    rng = random.Random(seed)
-    specs = sharegpt_like(rng, MIXED_LOAD * SG_SUSTAINABLE * SG_CAPACITY, duration)
-    twin = Twin(config, seed)
-    interactive_headers = {"x-slo-ttft-ms": str(slo_ms)}
-    if objective:
-        interactive_headers[OBJECTIVE_HEADER] = "interactive"
-    for i, s in enumerate(specs):
-        interactive = i % 2 == 0
-        twin.add(s.at, s.body, interactive_headers if interactive else {},
-                 "interactive" if interactive else "batch")
-    run_in_virtual_time(twin.run_async())
-    inter = [d for d in twin.done if d.tag == "interactive"]
-    n_inter = sum(1 for i in range(len(specs)) if i % 2 == 0)
-    met = sum(1 for d in inter if d.ttft <= slo_ms / 1000) / n_inter
-    batch = [d for d in twin.done if d.tag == "batch"]
-    end = max(d.finish for d in twin.done)
-    return met, sum(d.out_tokens for d in batch) / end
-
-
-def in_system(load: float, seed: int, duration: float) -> tuple[int, int]:
-    """Requests waiting or running in the fleet half-way and at the end of the arrivals,
-    ShareGPT-like at ``load`` x ``SG_CAPACITY`` under the default profile: flat = stable,
-    growing = past saturation."""
-    rng = random.Random(seed)
-    twin = Twin(DEFAULT, seed)
-    for s in sharegpt_like(rng, load * SG_CAPACITY, duration):
-        twin.add(s.at, s.body)
-    marks, counts = [duration / 2, duration - 1], []
-    scrape = twin._scrape
-
-    def count() -> None:
-        scrape()
-        if marks and twin.now >= marks[0]:
-            marks.pop(0)
-            counts.append(sum(e.num_waiting + e.num_running for e in twin.engines))
-    twin._scrape = count  # type: ignore[method-assign]
-    twin.run()
-    return counts[0], counts[1]
-
-
 # -- 3. multi-turn ------------------------------------------------------------------------------
 
 
@@ -701,7 +582,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--only", choices=("mape", "slo", "multiturn", "capacity"), default=None)
+    ap.add_argument("--only", choices=("mape", "multiturn"), default=None)
     ap.add_argument("--write", action="store_true", help="print the RESULTS.md section")
     ap.add_argument("--tpot-samples", type=int, default=0, metavar="N",
                     help="mape: the producer's maxDecodeTokenSamplesForPrediction (default 0)")
@@ -729,29 +610,6 @@ def main() -> None:
                 f"{fmt([r[5] for r in res], 1)} % | reported TPOT (in-stream samples "
                 f"{args.tpot_samples}, mean {args.sampling_mean:g}): "
                 f"{fmt([r[6] for r in res], 1)} % |")
-    if args.only == "capacity":
-        for load in (0.75, 0.8, 0.85, 0.9):
-            say(f"| load {load} x SG_CAPACITY | in system at {dur / 2:.0f} s / {dur - 1:.0f} s: "
-                + ", ".join(f"seed {s}: {a} / {b}" for s in seeds
-                            for a, b in [in_system(load, s, dur)]) + " |")
-    if args.only in (None, "slo"):
-        slo_ms = 400
-        base = [mixed_slo(DEFAULT, s, dur, slo_ms) for s in seeds]
-        say(f"| mixed SLO (TTFT {slo_ms} ms, load {MIXED_LOAD} x {SG_SUSTAINABLE} x "
-            f"SG_CAPACITY) | default: met {fmt([b[0] for b in base])}, batch tok/s "
-            f"{fmt([b[1] for b in base], 0)} |")
-        for name, cfg in (("latency profile (chart)", LATENCY), ("latency, most", LATENCY_MOST),
-                          ("default + flow control (priority)", FLOW_DEFAULT),
-                          ("latency, most + flow control (priority)", FLOW_LATENCY),
-                          ("latency, most + flow control (SLO deadline)", FLOW_DEADLINE)):
-            # The deadline ordering alone: interactive names no objective (one band).
-            lat = [mixed_slo(cfg, s, dur, slo_ms, objective=cfg is not FLOW_DEADLINE)
-                   for s in seeds]
-            met = [x[0] / b[0] for x, b in zip(lat, base, strict=True)]
-            goodput = [x[1] / b[1] for x, b in zip(lat, base, strict=True)]
-            say(f"| {name} | met {fmt([x[0] for x in lat])}, batch tok/s "
-                f"{fmt([x[1] for x in lat], 0)}; ratios per seed: met {fmt(met)}, "
-                f"batch goodput {fmt(goodput)} |")
     if args.only in (None, "multiturn"):
         conv, turns = (40, 5) if args.quick else (80, 6)
         turn_p90 = {name: [multi_turn(cfg, s, conv, turns) for s in seeds]

@@ -93,12 +93,6 @@ def test_a_deadlocked_twin_fails_instead_of_hanging() -> None:
         run_in_virtual_time(main())
 
 
-@pytest.mark.parametrize("name", ["FLOW_DEFAULT", "FLOW_LATENCY", "FLOW_DEADLINE"])
-def test_the_mixed_slo_flow_control_configs_build_with_flow_control_on(name: str) -> None:
-    twin = Twin(getattr(slo_twin, name), seed=1, fleet=2)
-    assert twin.runtime.flow_control is not None
-
-
 def test_tpot_is_explained_by_the_prefills_that_reach_the_engine_after_the_pick() -> None:
     """The diagnostic behind the TPOT row: knowing the later prefills beats any constant."""
     _ttft, tpot, constant, post_pick, *model_warm, reported = slo_twin.prediction_error(
