@@ -587,17 +587,5 @@ class _Named:
         object.__setattr__(self, "title", self.title or self.name)
 
 
-def newest_run(scenario: str, runs: Path = RUNS) -> Path | None:
-    """The newest saved run directory of ``scenario`` (a path as saved), if any."""
-    found = []
-    for path in runs.glob("*/results.json"):
-        try:
-            if json.loads(path.read_text()).get("scenario") == scenario:
-                found.append(path.parent)
-        except (OSError, ValueError):
-            continue
-    return max(found, key=lambda d: d.name) if found else None
-
-
 def run_dir_for(scn: Scenario, mode: str) -> Path:
     return RUNS / f"{time.strftime('%Y%m%d-%H%M%S')}-{scn.name}-{mode}-{os.getpid()}"

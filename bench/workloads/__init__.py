@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -81,11 +81,6 @@ def poisson_arrivals(rng: random.Random, rate: float, n: int) -> list[float]:
         out.append(t)
         t += rng.expovariate(rate)
     return out
-
-
-def constant_arrivals(rate: float, n: int) -> list[float]:
-    """``n`` arrivals exactly ``1 / rate`` apart."""
-    return [i / rate for i in range(n)]
 
 
 def burst_arrivals(rng: random.Random, rate: float, n: int, *, period: float = 6.0,
@@ -529,8 +524,3 @@ def write_specs(specs: list[RequestSpec], path: Path) -> None:
     path.write_bytes(b"".join(orjson.dumps(
         {"at": s.at, "path": s.path, "body": s.body, "tag": s.tag, "headers": s.headers})
         + b"\n" for s in specs))
-
-
-def iter_tags(specs: list[RequestSpec]) -> Iterator[str]:
-    """The tag of every request, in order (for per-class breakdowns)."""
-    return (s.tag for s in specs)
