@@ -75,18 +75,23 @@ def run(n_endpoints: int, n_requests: int, config_text: str | None,
     return p50, p99
 
 
-def director() -> Director:
-    """The default runtime over a 3-endpoint pool with idle metrics that never go stale."""
-    pods = [(f"pod-{i}", f"10.1.0.{i + 1}") for i in range(3)]
+def director(n: int = 3, config: str | None = None,
+             rng: random.Random | None = None) -> Director:
+    """The runtime of ``config`` (default profile if None) over an ``n``-endpoint pool whose
+    metrics never go stale: idle, or random load drawn from ``rng`` when one is given."""
+    pods = [(f"pod-{i}", f"10.8.{i // 256}.{i % 256}") for i in range(n)]
     objects = [parse_object(d) for d in pool_manifests("pool", pods, 8000)]
     store = Datastore()
     store.replace(build_snapshot([o for o in objects if o is not None], pool_name="pool",
                                  pool_namespace="default"))
     for view in store.views():
         view.begin_scrape()
-        store.record_scrape(view, EndpointMetrics(waiting=0, running=0, kv_usage=0.0,
+        load = ((rng.randrange(0, 5), rng.randrange(0, 64), rng.random()) if rng
+                else (0, 0, 0.0))
+        store.record_scrape(view, EndpointMetrics(waiting=load[0], running=load[1],
+                                                  kv_usage=load[2],
                                                   updated_at=time.monotonic() + 3600))
-    return Director.of(build(datastore=store, rng=random.Random(0)))
+    return Director.of(build(parse_config(config), store, rng=rng or random.Random(0)))
 
 
 def route_rounds(requests: int, rounds: int) -> list[float]:

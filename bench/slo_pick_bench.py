@@ -19,12 +19,8 @@ import time
 
 import orjson
 
+from bench import epp_pick_bench
 from bench.slo_twin import LATENCY
-from devkit.manifests import pool_manifests
-from epp.config import build, parse_config
-from epp.datastore import Datastore, EndpointMetrics
-from epp.datastore.objects import parse_object
-from epp.datastore.snapshot import build_snapshot
 from epp.latency.predictor import EndpointState
 from epp.requestcontrol import Director
 from epp.requestcontrol.plugins.predicted_latency_producer import PredictedLatencyProducer
@@ -32,19 +28,10 @@ from epp.requestcontrol.plugins.predicted_latency_producer import PredictedLaten
 
 def director(n: int, rng: random.Random, config: str | None = LATENCY,
              ) -> tuple[Director, PredictedLatencyProducer | None]:
-    pods = [(f"pod-{i}", f"10.8.{i // 256}.{i % 256}") for i in range(n)]
-    objects = [parse_object(d) for d in pool_manifests("pool", pods, 8000)]
-    ds = Datastore()
-    ds.replace(build_snapshot([o for o in objects if o is not None], pool_name="pool",
-                              pool_namespace="default"))
-    for v in ds.views():
-        v.begin_scrape()
-        ds.record_scrape(v, EndpointMetrics(waiting=rng.randrange(0, 5),
-                                            running=rng.randrange(0, 64), kv_usage=rng.random(),
-                                            updated_at=time.monotonic() + 3600))
-    runtime = build(parse_config(config), ds, rng=rng)
+    d = epp_pick_bench.director(n, config, rng)
+    runtime = d.runtime
     if config is None:
-        return Director.of(runtime), None
+        return d, None
     (producer,) = runtime.handle.find(PredictedLatencyProducer)
     producer.predictor.stop()  # this bench schedules the fits itself (every 100 ms)
     for _ in range(5000):
@@ -53,7 +40,7 @@ def director(n: int, rng: random.Random, config: str | None = LATENCY,
                           rng.uniform(0, 1e4))
         producer.predictor.observe(s, 0.05 + s.uncached_tokens * 2.5e-4, 0.012 + s.running * 1e-4)
     producer.predictor.retrain()
-    return Director.of(runtime), producer
+    return d, producer
 
 
 def measure(d: Director, n: int, rng: random.Random) -> list[float]:
