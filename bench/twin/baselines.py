@@ -63,8 +63,3 @@ class LeastRequest(_Baseline):
     def choose(self) -> str:
         a, b = self.rng.sample(self.keys, 2) if len(self.keys) > 1 else (self.keys[0],) * 2
         return b if self.inflight[b] < self.inflight[a] else a
-
-
-BASELINES: dict[str, type[_Baseline]] = {
-    "round-robin": RoundRobin, "random": Random, "least-request": LeastRequest,
-}
