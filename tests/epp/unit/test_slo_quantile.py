@@ -294,3 +294,40 @@ def test_the_online_correction_keeps_coverage_when_latencies_drift_after_the_fit
 def test_a_bad_calibration_rate_is_refused() -> None:
     with pytest.raises(ValueError, match="calibration_rate"):
         PredictorConfig(calibration_rate=-0.1)
+
+
+@pytest.mark.parametrize(("buckets", "low_tercile_at_least", "low_tercile_below"),
+                         [(3, 0.85, 1.01), (1, 0.0, 0.80)])
+def test_the_correction_per_bucket_covers_each_tercile_when_drift_differs_by_level(
+        buckets: int, low_tercile_at_least: float, low_tercile_below: float) -> None:
+    """Fitted on one regime, served on one where only the lightly loaded requests got
+    slower (TPOT 1.5x at 0-6 running, as before above): one correction for all requests
+    evens out coverage overall but leaves the lowest tercile of the served p90
+    under-covered (buckets 1); a correction per tercile of the prediction covers it."""
+    rng = random.Random(11)
+    p = LatencyPredictor(PredictorConfig(min_samples=20, max_samples=3000,
+                                         calibration_buckets=buckets))
+    for _ in range(3000):
+        s, ttft, tpot = _sample(rng)
+        p.observe(s, ttft, tpot)
+    assert p.retrain()
+    served_and_hit: list[tuple[float, bool]] = []
+    for _ in range(4000):
+        s, ttft, tpot = _sample(rng)
+        if s.running <= 6:
+            tpot *= 1.5
+        served = p.predict_quantile(s)[1]
+        assert served is not None
+        served_and_hit.append((served, tpot <= served))
+        p.observe(s, ttft, tpot)
+    late = sorted(served_and_hit[1500:])
+    overall = sum(h for _, h in late) / len(late)
+    low = late[: len(late) // 3]
+    low_coverage = sum(h for _, h in low) / len(low)
+    assert 0.86 <= overall <= 0.95
+    assert low_tercile_at_least <= low_coverage < low_tercile_below
+
+
+def test_a_bad_bucket_count_is_refused() -> None:
+    with pytest.raises(ValueError, match="calibration_buckets"):
+        PredictorConfig(calibration_buckets=0)
