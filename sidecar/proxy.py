@@ -346,12 +346,7 @@ class Sidecar:
         leg_headers["x-request-id"] = request_id
         url = f"{self.cfg.prefiller_scheme}://{encoder}/v1/chat/completions"
         try:
-            async with self.session.post(
-                    url, data=orjson.dumps(leg), headers=leg_headers,
-                    timeout=aiohttp.ClientTimeout(total=self.cfg.prefill_timeout)) as resp:
-                status = resp.status
-                data = await resp.read()
-                content_type = resp.headers.get("content-type", "application/json")
+            status, data, content_type = await self._post_leg(url, leg, leg_headers)
         except TimeoutError:
             return "timeout"
         except (aiohttp.ClientError, OSError):
@@ -360,6 +355,16 @@ class Sidecar:
             return _ClientError(web.Response(body=data, status=status, headers={
                 "content-type": content_type}))
         return "encoded" if 200 <= status < 300 else "error_status"
+
+    async def _post_leg(self, url: str, leg: dict[str, Any],
+                        headers: CIMultiDict[str]) -> tuple[int, bytes, str]:
+        """POST one stage's leg (encode or prefill) and read its whole answer: status, body,
+        content type. Raises what aiohttp raises (the callers decide what a failure means)."""
+        async with self.session.post(
+                url, data=orjson.dumps(leg), headers=headers,
+                timeout=aiohttp.ClientTimeout(total=self.cfg.prefill_timeout)) as resp:
+            return (resp.status, await resp.read(),
+                    resp.headers.get("content-type", "application/json"))
 
     def _choose(self, wanted: list[str], request: web.Request) -> str | None:
         if not wanted:
@@ -413,12 +418,7 @@ class Sidecar:
         elif source is not None:
             leg[KV_TRANSFER_PARAMS] = {**leg[KV_TRANSFER_PARAMS], REMOTE_KV_SOURCE: source}
         try:
-            async with self.session.post(
-                    url, data=orjson.dumps(leg), headers=leg_headers,
-                    timeout=aiohttp.ClientTimeout(total=self.cfg.prefill_timeout)) as resp:
-                status = resp.status
-                data = await resp.read()
-                content_type = resp.headers.get("content-type", "application/json")
+            status, data, content_type = await self._post_leg(url, leg, leg_headers)
         except TimeoutError:
             raise _Fallback("timeout") from None
         except (aiohttp.ClientError, OSError):

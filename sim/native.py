@@ -19,6 +19,7 @@ from sim.openai import (
     SseWriter,
     _prompt_bytes,
     full_response,
+    json_object,
     new_id,
     output_text,
     parse_request,
@@ -58,16 +59,6 @@ class Api(Protocol):
 
     def error(self, exc: ApiError) -> bytes:
         """An error body in this API's shape."""
-
-
-def _object(raw: bytes) -> dict[str, Any]:
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise ApiError(400, f"Invalid JSON body: {exc}") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, "Request body must be a JSON object")
-    return body
 
 
 def _positive(value: Any, name: str) -> int | None:
@@ -170,7 +161,7 @@ class AnthropicApi:
     ``content_block_stop`` → ``message_delta`` (stop reason, usage) → ``message_stop``."""
 
     def parse(self, raw: bytes) -> ParsedRequest:
-        body = _object(raw)
+        body = json_object(raw)
         model = _model(body, required=True)
         prompt = messages_prompt(body)
         if body.get("max_tokens") is None:
@@ -253,7 +244,7 @@ class VllmGenerateApi:
     ``stream_options.include_usage``, then ``[DONE]``."""
 
     def parse(self, raw: bytes) -> ParsedRequest:
-        body = _object(raw)
+        body = json_object(raw)
         ids = _token_ids(body.get("token_ids"), "token_ids")
         sp = body.get("sampling_params")
         if not isinstance(sp, dict):
@@ -344,7 +335,7 @@ class SglangGenerateApi:
     batches)."""
 
     def parse(self, raw: bytes) -> ParsedRequest:
-        body = _object(raw)
+        body = json_object(raw)
         text, ids = body.get("text"), body.get("input_ids")
         if (text is None) == (ids is None):
             raise ApiError(400, "Either text or input_ids should be provided.")
@@ -409,7 +400,7 @@ class SglangWriter:
 def count_tokens_body(raw: bytes) -> dict[str, Any]:
     """``/v1/messages/count_tokens``'s body, checked as a Messages body (without
     ``max_tokens``)."""
-    body = _object(raw)
+    body = json_object(raw)
     _model(body, required=True)
     messages_prompt(body)
     return body

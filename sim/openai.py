@@ -52,17 +52,23 @@ class ParsedRequest:
     request_id: str | None = None
 
 
-def parse_request(raw: bytes, *, chat: bool) -> ParsedRequest:
-    """Validate a ``/v1/completions`` or ``/v1/chat/completions`` body.
-
-    Raises :class:`ApiError` (400) for malformed JSON or a wrong shape.
-    """
+def json_object(raw: bytes) -> dict[str, Any]:
+    """A request body that must be a JSON object, or :class:`ApiError` (400)."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise ApiError(400, f"Invalid JSON body: {exc}") from None
     if not isinstance(body, dict):
         raise ApiError(400, "Request body must be a JSON object")
+    return body
+
+
+def parse_request(raw: bytes, *, chat: bool) -> ParsedRequest:
+    """Validate a ``/v1/completions`` or ``/v1/chat/completions`` body.
+
+    Raises :class:`ApiError` (400) for malformed JSON or a wrong shape.
+    """
+    body = json_object(raw)
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise ApiError(400, "'model' must be a string")
