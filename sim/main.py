@@ -9,7 +9,8 @@ import json
 import logging
 import signal
 import sys
-from typing import Any, NoReturn
+from collections.abc import Callable
+from typing import Any, NoReturn, TypeVar
 
 from sim.config import (
     DEFAULT_MODEL,
@@ -26,6 +27,7 @@ from sim.pd import parse_kv_transfer_config
 from sim.profiles import PROFILES, get_profile
 
 log = logging.getLogger("sim")
+T = TypeVar("T")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -162,6 +164,17 @@ _INT_FIELDS = {"max_num_seqs", "max_waiting", "block_size", "num_gpu_blocks", "m
                "max_loras", "default_max_tokens", "max_num_batched_tokens"}
 
 
+def _json_flag(flag: str, text: str | None, parse: Callable[[Any], T]) -> T | None:
+    """A flag whose value is a JSON document read by ``parse`` (None when not given)."""
+    if text is None:
+        return None
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"{flag}: not valid JSON: {exc}") from None
+    return parse(doc)
+
+
 def configs_from_args(args: argparse.Namespace) -> list[ServerConfig]:
     """Server configs for the parsed command line (raises ``ValueError`` on bad input)."""
     overrides: dict[str, Any] = {}
@@ -178,20 +191,10 @@ def configs_from_args(args: argparse.Namespace) -> list[ServerConfig]:
                     added_latency=args.added_latency / 1000.0, hang=args.hang,
                     metrics_hang=args.metrics_hang, metrics_delay=args.metrics_delay / 1000.0,
                     kill_after=args.kill_after, revive_after=args.revive_after)
-    kv_transfer = None
-    if args.kv_transfer_config is not None:
-        try:
-            kv_json = json.loads(args.kv_transfer_config)
-        except ValueError as exc:
-            raise ValueError(f"--kv-transfer-config: not valid JSON: {exc}") from None
-        kv_transfer = parse_kv_transfer_config(kv_json)
-    ec_transfer = None
-    if args.ec_transfer_config is not None:
-        try:
-            ec_json = json.loads(args.ec_transfer_config)
-        except ValueError as exc:
-            raise ValueError(f"--ec-transfer-config: not valid JSON: {exc}") from None
-        ec_transfer = parse_ec_transfer_config(ec_json)
+    kv_transfer = _json_flag("--kv-transfer-config", args.kv_transfer_config,
+                             parse_kv_transfer_config)
+    ec_transfer = _json_flag("--ec-transfer-config", args.ec_transfer_config,
+                             parse_ec_transfer_config)
     base = ServerConfig(host=args.host, name=args.name, model=args.model,
                         served_model_names=list(args.served_model_name), engine=args.engine,
                         profile=get_profile(args.profile).with_overrides(overrides),

@@ -155,23 +155,11 @@ _H100_PREFILL_8B = 2.95e-5    # 2 x 8.03e9 FLOP / (0.55 x 989e12 FLOP/s)
 _H100_ATTN_8B = 6.63e-10      # 2 x 32 x 4096 FLOP / (0.40 x 989e12 FLOP/s), per token^2
 
 #: Llama-3.1-8B (BF16) on one H100 80GB, vLLM V1 defaults; capacity as ``8b-h100``.
-H100_LLAMA8B = Profile(
-    name="h100-llama8b",
-    inter_token_latency=_H100_ITL_8B,
+H100_LLAMA8B = dataclasses.replace(
+    H100_8B, name="h100-llama8b", inter_token_latency=_H100_ITL_8B,
     prefill_overhead=_H100_ITL_8B,   # a prefill step reads the weights once, as a decode does
-    prefill_time_per_token=_H100_PREFILL_8B,
-    load_factor=2.0,
-    max_num_seqs=256,
-    max_waiting=4096,
-    block_size=16,
-    num_gpu_blocks=28_000,
-    max_model_len=32_768,
-    max_loras=4,
-    lora_load_time=0.050,
-    default_max_tokens=128,
-    kv_read_time_per_token=_H100_KV_8B,
-    prefill_attention_time=_H100_ATTN_8B,
-)
+    prefill_time_per_token=_H100_PREFILL_8B, kv_read_time_per_token=_H100_KV_8B,
+    prefill_attention_time=_H100_ATTN_8B)
 
 #: Llama-3.1-70B, FP8 weights, tensor-parallel over 2 x H100 80GB (NIM's published setup).
 #: ITL 17.9 ms and 69.5 us per prompt token reproduce NIM's 18.58 ms ITL and 406.77 ms TTFT
