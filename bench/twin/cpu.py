@@ -20,7 +20,7 @@ This module adds what it leaves out, the EPP's CPU, as a queueing model:
   bench. Valkey's CPU is reported by the real bench (~0.06 ms per request, a core for
   ~16,000 req/s) and not modelled.
 
-The inputs are measured on the real EPP: ``python -m bench.active_active_throughput --save
+The inputs are measured on the real EPP: ``python -m bench.micro active-active --save
 FILE`` writes per round the CPU per request of a store-less EPP and of the serving replica of
 a sharing pair (each process's own CPU over the round). The twin's seed ``k``
 takes round ``k mod R`` (the two figures of a round stay together), so the interval over seeds
@@ -238,14 +238,14 @@ class Measured:
 
 
 def load_rounds(path: Path) -> tuple[list[Measured], dict[str, object]]:
-    """The rounds ``bench.active_active_throughput --save`` wrote, and the file's header."""
+    """The rounds ``bench.micro active-active --save`` wrote, and the file's header."""
     try:
         doc = json.loads(path.read_text())
         rounds = [Measured(CpuCost(r["none_ms"] / 1000), CpuCost(r["shared_ms"] / 1000))
                   for r in doc["rounds"]]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise SystemExit(
-            f"{path}: not a bench.active_active_throughput --save file ({exc})") from None
+            f"{path}: not a bench.micro active-active --save file ({exc})") from None
     if not rounds:
         raise SystemExit(f"{path}: rounds: empty")
     return rounds, {k: v for k, v in doc.items() if k != "rounds"}
@@ -319,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.twin.cpu", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cpu", type=Path, default=MEASURED,
-                   help="a bench.active_active_throughput --save file (default: the committed "
+                   help="a bench.micro active-active --save file (default: the committed "
                         "measurement)")
     p.add_argument("--replicas", default="1,2,3", help="comma-separated replica counts")
     p.add_argument("--seeds", type=int, default=16, help="seeds 0..N-1")

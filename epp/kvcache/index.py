@@ -17,7 +17,7 @@ over-scored; salts are rare in routing).
 
 Memory is bounded: at most ``max_keys`` request keys (least recently stored evicted first),
 each naming at most ``max_endpoints_per_key`` endpoints (oldest dropped first), and at most
-``max_keys`` engine hashes per endpoint. Measured worst case (``bench/kv_index_bench.py``,
+``max_keys`` engine hashes per endpoint. Measured worst case (``python -m bench.micro kv-index``,
 nothing ever removed): about 310 bytes per request key plus 130 bytes per engine hash, i.e.
 ``max_keys * (310 + 130 * endpoints)`` bytes; in practice an endpoint's engine hashes stay
 near its real cache size, since its ``BlockRemoved`` events remove them.

@@ -1,5 +1,5 @@
 """Issue 18's benchmarks: fault steps of a real-time scenario run (bench.compare._faults;
-the scenarios active-active-kill-*), bench.active_active_throughput; the routing figure is
+the scenarios active-active-kill-*), ``python -m bench.micro active-active``; the routing figure is
 bench/scenarios/active-active.yaml.
 Figures come from bench/ runs; here only the arithmetic and one short real run."""
 
@@ -61,7 +61,7 @@ def test_a_contender_without_replicas_says_a_fault_has_nothing_to_act_on() -> No
 def test_the_throughput_bench_runs_its_three_contenders_on_one_envoy(tmp_path: Path) -> None:
     saved = tmp_path / "cpu.json"
     done = subprocess.run(
-        [sys.executable, "-m", "bench.active_active_throughput", "--seconds", "0.5",
+        [sys.executable, "-m", "bench.micro", "active-active", "--seconds", "0.5",
          "--rounds", "1", "--concurrency", "4", "--save", str(saved)],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr

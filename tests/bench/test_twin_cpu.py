@@ -89,7 +89,7 @@ def test_the_saved_rounds_load_and_bad_files_say_why(tmp_path: Path) -> None:
     assert all(r.alone.per_request > 0 and 0 <= r.shared.background < 1 for r in rounds)
     bad = tmp_path / "cpu.json"
     bad.write_text(json.dumps({"rounds": [{"none_ms": 1.0}]}))
-    with pytest.raises(SystemExit, match=r"cpu\.json: not a bench\.active_active_throughput"):
+    with pytest.raises(SystemExit, match=r"cpu\.json: not a bench\.micro active-active"):
         load_rounds(bad)
     with pytest.raises(ValueError):
         CpuCost(0.0)

@@ -1,0 +1,546 @@
+"""Micro-benchmarks with no simulated fleet: one subcommand each (figures in the docs named).
+
+    python -m bench.micro kv-index [--quick] [--memory-only] [--central]
+    python -m bench.micro statestore [--ops 20000] [--repeats 7] [--quick] [--json]
+    python -m bench.micro active-active [--seconds 5] [--rounds 5] [--concurrency 32]
+                                        [--save FILE]
+
+``kv-index`` (docs/precise-prefix.md, "Measured here"): ``epp.kvcache`` on one core. The
+index's memory against ``max_keys`` (4 endpoints each storing 3 x ``max_keys`` distinct blocks,
+nothing removed: the worst case; ``tracemalloc``); decode + apply of vLLM-shaped msgpack
+batches without sockets (block events/s); the score of a 4,096-token prompt over 8 endpoints;
+then through a real PUB socket (a thread of this process) into a subscriber, as fast as it
+can (the subscriber thread's CPU) and paced at 20,000 block events/s (publish-to-indexed lag
+from its histogram). ``--central``: the sockets part in llm-d's centralized mode (the PUB
+socket connects to a bound ``KVEventCollector``, the endpoint taken from the topic).
+
+``statestore`` (docs/active-active.md, "Measurements"): its own Valkey; median over repeats
+[min-max]. Each synchronous call of a pick on ``memory://`` and ``valkey://`` (a pick writes
+one in-flight count and 16 prefix blocks); one ``HINCRBY`` / pipelined ``HGETALL`` round trip
+(what an op would cost if the pick waited on Valkey: it does not); one background ``sync()``
+carrying 0 / 10 / 100 picks (wall, this process's CPU, Valkey's CPU per pick from ``/proc``);
+a pull of another replica's 100 endpoints; propagation from A's ``sync()`` to B's index.
+
+``active-active`` (bench/RESULTS.md, "Throughput"): one Envoy (``devkit.topology``), three
+listeners, echo pods answering at once, closed loop, rounds interleaved: ``1 replica, no
+store``; ``1 replica + Valkey`` (a sharing replica whose peer syncs but gets no traffic);
+``2 replicas + Valkey`` (both in one ext_proc cluster). Per round: req/s and CPU ms per
+request of the EPPs and of Valkey, ratios paired by round (``bench.stats``). ``--save FILE``:
+per round what the replica twin's CPU model reads (``bench.twin.cpu.load_rounds``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import gc
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import tracemalloc
+from array import array
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+BS = 16
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+# -- kv-index ----------------------------------------------------------------------------------
+def _stored(hashes: list[int | bytes], toks: list[int]) -> Any:
+    from shared.kvevents import BlockStored
+
+    return BlockStored(block_hashes=hashes, parent_block_hash=None, token_ids=toks,
+                       block_size=BS, lora_id=None, medium="GPU", lora_name=None)
+
+
+def kv_batches(n: int, endpoints: int, seed: int) -> list[tuple[str, bytes]]:
+    """Per batch (8 blocks): one new prompt's blocks stored, the endpoint's previous prompt's
+    blocks removed; encoded as a server's PUB socket sends them."""
+    from shared.kvevents import BlockRemoved, EventBatch, encode_batch
+
+    rng, out = random.Random(seed), []
+    last: dict[str, list[int | bytes]] = {}
+    for i in range(n):
+        ep = f"10.0.0.{i % endpoints}:8000"
+        toks = [rng.randrange(128_000) for _ in range(8 * BS)]
+        hashes: list[int | bytes] = [rng.getrandbits(64) for _ in range(8)]
+        events: list[Any] = [BlockRemoved(block_hashes=last[ep], medium="GPU")] \
+            if ep in last else []
+        events.append(_stored(hashes, toks))
+        last[ep] = hashes
+        out.append((ep, encode_batch(EventBatch(ts=time.time(), events=events,
+                                                data_parallel_rank=0))))
+    return out
+
+
+def kv_memory(quick: bool) -> None:
+    from epp.kvcache import IndexConfig, KVBlockIndex
+
+    for max_keys in ((2_000, 8_000) if quick else (10_000, 40_000)):
+        gc.collect()
+        tracemalloc.start()
+        base = tracemalloc.get_traced_memory()[0]
+        index = KVBlockIndex(IndexConfig(block_size=BS, max_keys=max_keys))
+        stored = sum(index.apply(f"10.0.0.{ep}:8000", _stored(
+            [random.getrandbits(64) for _ in range(8)],
+            array("I", os.urandom(8 * BS * 4)).tolist()), MODEL)
+            for ep in range(4) for _ in range(3 * max_keys // 8))
+        gc.collect()
+        used = tracemalloc.get_traced_memory()[0] - base
+        tracemalloc.stop()
+        engine = max(index.endpoint_blocks().values())
+        print(f"memory: max_keys {max_keys:,}: {stored:,} blocks stored over 4 endpoints -> "
+              f"{len(index):,} keys (<= max_keys), <= {engine:,} engine hashes per endpoint; "
+              f"{used / 2**20:.1f} MiB ({used / max_keys:.0f} B per max_key)")
+
+
+def kv_index(quick: bool) -> None:
+    from epp.kvcache import IndexConfig, KVBlockIndex
+    from shared.kvevents import decode_batch
+
+    n = 2_000 if quick else 20_000
+    index = KVBlockIndex(IndexConfig(block_size=BS))
+    batches = kv_batches(n, 8, seed=1)
+    t0 = time.process_time()
+    blocks = sum(index.apply(ep, ev, MODEL) for ep, payload in batches
+                 for ev in decode_batch(payload).events)
+    cpu = time.process_time() - t0
+    print(f"indexed {blocks} block events from {n} batches in {cpu:.2f} CPU s: "
+          f"{blocks / cpu:,.0f} block events/s on one core; index keys {len(index)}")
+    # 8 endpoints each holding a prefix (32 x (e + 1) blocks) of one 256-block prompt.
+    rng = random.Random(2)
+    prompt = [rng.randrange(128_000) for _ in range(256 * BS)]
+    for e in range(8):
+        held = 32 * (e + 1)
+        index.apply(f"p{e}", _stored([rng.getrandbits(64) for _ in range(held)],
+                                     prompt[: held * BS]), MODEL)
+    reps, times = (200 if quick else 2_000), []
+    c0 = time.process_time()
+    for _ in range(reps):
+        t = time.perf_counter()
+        scores = index.score(prompt, MODEL)
+        times.append(time.perf_counter() - t)
+    assert scores["p7"] == 256
+    times.sort()
+    print(f"score of a 4,096-token prompt over 8 endpoints: median "
+          f"{statistics.median(times) * 1e6:.0f} us, p99 {times[int(len(times) * 0.99)] * 1e6:.0f}"
+          f" us wall (p99 is the machine's load), "
+          f"{(time.process_time() - c0) / reps * 1e6:.0f} us CPU each")
+
+
+async def kv_sockets(quick: bool, central: bool) -> None:
+    import zmq
+    from prometheus_client import CollectorRegistry
+
+    from epp.kvcache import (
+        IndexConfig,
+        KVBlockIndex,
+        KVEventCollector,
+        KVEventMetrics,
+        KVEventSource,
+        KVEventSubscriptions,
+    )
+    from shared.kvevents import decode_batch, encode_batch
+
+    n = 2_000 if quick else 20_000
+    payloads = [p for _, p in kv_batches(n, 1, seed=3)]
+    pub: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.PUB)
+    pub.setsockopt(zmq.SNDHWM, 0)
+    registry = CollectorRegistry()
+    metrics, index, ep = KVEventMetrics(registry), KVBlockIndex(IndexConfig(block_size=BS)), \
+        "10.0.0.1:8000"
+    subs = KVEventSubscriptions(index, metrics)
+    collector = KVEventCollector("tcp://127.0.0.1:*", index, metrics, topic_filter="kv@")
+    if central:
+        collector.bind()
+        assert collector.bound is not None
+        await collector.sync([KVEventSource(ep, collector.address, MODEL)])
+        collector.start()
+        pub.connect(collector.bound)
+        topic = f"kv@10.0.0.1@{MODEL}".encode()
+    else:
+        pub.bind("tcp://127.0.0.1:*")
+        await subs.sync([KVEventSource(ep, pub.getsockopt_string(zmq.LAST_ENDPOINT), MODEL)])
+        topic = b"kv"
+
+    def applied() -> int:
+        if central:
+            stream = collector.streams.get(ep)
+            return stream.batches if stream is not None else 0
+        return subs.subscribers[ep].batches
+
+    def send(start: int, rate: float | None, restamp: bool) -> None:
+        t0 = time.perf_counter()
+        for i, payload in enumerate(payloads):
+            if rate is not None and (delay := t0 + i / rate - time.perf_counter()) > 0:
+                time.sleep(delay)
+            if restamp:  # a fresh publish time, so the lag histogram means something
+                batch = decode_batch(payload)
+                batch.ts = time.time()
+                payload = encode_batch(batch)
+            pub.send_multipart([topic, (start + i).to_bytes(8, "big"), payload])
+
+    def lag_buckets() -> list[tuple[float, float]]:
+        fam = next(m for m in registry.collect() if m.name.endswith("lag_seconds"))
+        return [(float(x.labels["le"]), x.value) for x in fam.samples
+                if x.name.endswith("_bucket")]
+
+    seq = 0
+    while applied() == 0:  # the slow joiner
+        pub.send_multipart([topic, seq.to_bytes(8, "big"), payloads[0]])
+        seq += 1
+        await asyncio.sleep(0.05)
+    lag_before: list[tuple[float, float]] = []
+    for label, rate, restamp in (("as fast as possible", None, False),
+                                 ("paced at 20,000 block events/s", 20_000 / 16, True)):
+        lag_before, before = lag_buckets(), applied()
+        c0, w0 = time.thread_time(), time.perf_counter()
+        t = threading.Thread(target=send, args=(seq, rate, restamp))
+        t.start()
+        while applied() - before < n:
+            await asyncio.sleep(0.01)
+        t.join()
+        seq += n
+        print(f"sockets{' (centralized)' if central else ''}, {label}: {n} batches "
+              f"(~{16 * n} block events) indexed in {time.perf_counter() - w0:.2f} s; "
+              f"subscriber's thread {time.thread_time() - c0:.2f} CPU s")
+    paced = [(le, v - v0) for (le, v), (_, v0) in zip(lag_buckets(), lag_before, strict=True)]
+    p50, p99 = (next(le for le, v in paced if v >= q * paced[-1][1]) for q in (0.5, 0.99))
+    print(f"paced run, publish-to-indexed lag: p50 <= {p50 * 1000:g} ms, "
+          f"p99 <= {p99 * 1000:g} ms (histogram bucket bounds)")
+    await subs.stop()
+    await collector.stop()
+    pub.close(linger=0)
+
+
+# -- statestore --------------------------------------------------------------------------------
+BLOCKS, ENDPOINTS = 16, 100  # prefix blocks per pick (a ~1,000-token prompt); endpoints
+
+
+def _summary(samples: list[float], cpu: list[float] | None = None) -> dict[str, float]:
+    """Median and range in microseconds (and the median CPU time of this process)."""
+    out = {"median_us": statistics.median(samples) * 1e6, "min_us": min(samples) * 1e6,
+           "max_us": max(samples) * 1e6}
+    if cpu:
+        out["cpu_median_us"] = statistics.median(cpu) * 1e6
+    return out
+
+
+def _pick_ops(store: Any) -> dict[str, Callable[[int], object]]:
+    """The synchronous calls of one pick, each as ``f(i)`` (chain k lands on endpoint k, as
+    prefix-aware routing makes it)."""
+    chains = [[(k << 20) + b for b in range(BLOCKS)] for k in range(64)]
+    for k, chain in enumerate(chains):
+        store.prefix_add(f"10.0.0.{k}:8000", chain, 31_250)
+    ep = lambda i: f"10.0.0.{i % ENDPOINTS}:8000"  # noqa: E731
+    return {"add_inflight": lambda i: store.add_inflight(ep(i), 1, 500),
+            "inflight": lambda i: store.inflight(ep(i)),
+            "prefix_add_16": lambda i: store.prefix_add(f"10.0.0.{i % 64}:8000",
+                                                        chains[i % 64], 31_250),
+            "prefix_match_16": lambda i: store.prefix_match(chains[i % 64]),
+            "session_set": lambda i: store.session_set(f"s{i % 1000}", "10.0.0.1:8000"),
+            "session_get": lambda i: store.session_get(f"s{i % 1000}")}
+
+
+def _loop(fn: Callable[[int], object], ops: int) -> None:
+    for i in range(ops):
+        fn(i)
+
+
+async def _timed(samples: list[float], cpu: list[float] | None, fn: Callable[[], Any],
+                 per: int = 1) -> None:
+    t0, c0 = time.perf_counter(), time.process_time()
+    result = fn()
+    if asyncio.iscoroutine(result):
+        await result
+    samples.append((time.perf_counter() - t0) / per)
+    if cpu is not None:
+        cpu.append(time.process_time() - c0)
+
+
+async def statestore(ops: int, repeats: int) -> dict[str, Any]:
+    import valkey.asyncio as avalkey
+
+    from bench.cpubudget import cpu_seconds
+    from devkit.valkey import ValkeyServer
+    from epp.statestore import MemoryStateStore, ValkeyStateStore, parse_store_url
+
+    with ValkeyServer() as server:
+        url = server.url
+        out: dict[str, Any] = {}
+        # Request path: the stores alternate within a repeat (order swapped every repeat) so
+        # other processes' load falls on both columns alike.
+        path: dict[str, dict[str, list[float]]] = {"memory": {}, "valkey": {}}
+        for r in range(repeats):
+            for kind in (("memory", "valkey") if r % 2 == 0 else ("valkey", "memory")):
+                store: Any = MemoryStateStore()
+                if kind == "valkey":
+                    store = ValkeyStateStore(parse_store_url(url), pool="bench")
+                    await store.start()
+                for name, fn in _pick_ops(store).items():
+                    await _timed(path[kind].setdefault(name, []), None,
+                                 functools.partial(_loop, fn, ops), ops)
+                    if kind == "valkey":
+                        await store.sync()  # keep the queue from growing across op kinds
+                await store.close()
+        out["request_path"] = {k: {n: _summary(s) for n, s in v.items()} for k, v in path.items()}
+        client, n = avalkey.Valkey(port=server.port), max(ops // 20, 50)
+        rt: dict[str, list[float]] = {}
+
+        async def incr() -> None:
+            for i in range(n):
+                await client.execute_command("HINCRBY", "bench:rt", f"r:{i % ENDPOINTS}", 1)
+
+        async def getall() -> None:
+            for _ in range(n):
+                pipe = client.pipeline(transaction=False)
+                pipe.hgetall("bench:rt")
+                await pipe.execute()
+
+        for _ in range(repeats):
+            for name, op in (("hincrby", incr), ("hgetall_100_fields", getall)):
+                await _timed(rt.setdefault(name, []), None, op, n)
+        await client.aclose()
+        out["round_trip"] = {k: _summary(v) for k, v in rt.items()}
+        stores = [ValkeyStateStore(parse_store_url(url + "?sync_interval=3600"),
+                                   pool="bench-sync", replica=r) for r in "ab"]
+        a, b = stores
+        await a.start()  # alone: b's subscriber would share this process's CPU
+        bg: dict[str, Any] = {}
+        for picks in (0, 10, 100):
+            samples: list[float] = []
+            cpu: list[float] = []
+            valkey0 = cpu_seconds(server.pid or 0)
+            for r in range(max(repeats * 10, 4)):
+                for i in range(picks):
+                    a.add_inflight(f"10.0.0.{i}:8000", 1, 500)
+                    a.prefix_add(f"10.0.0.{i}:8000",
+                                 [(r << 40) + (i << 20) + k for k in range(BLOCKS)], 31_250)
+                await _timed(samples, cpu, a.sync)
+            bg[f"sync_{picks}_picks"] = _summary(samples, cpu)
+            if picks:
+                bg[f"sync_{picks}_picks"]["valkey_cpu_per_pick_us"] = 1e6 * (
+                    cpu_seconds(server.pid or 0) - valkey0) / (len(samples) * picks)
+        await b.start()
+        while not b.shared:
+            await asyncio.sleep(0.01)
+        delays: list[float] = []
+        for r in range(max(repeats * 4, 4)):
+            chain = [(1 << 60) + (r << 8) + k for k in range(BLOCKS)]
+            a.prefix_add("10.0.0.1:8000", chain, 31_250)
+
+            async def propagate(chain: list[int] = chain) -> None:
+                await a.sync()
+                while not b.prefix_match(chain[:1]):
+                    await asyncio.sleep(0)
+
+            await _timed(delays, None, propagate)
+        bg["propagation"] = _summary(delays)
+        for i in range(ENDPOINTS):  # the pull: a reads b's in-flight hash on every sync
+            b.add_inflight(f"10.0.0.{i}:8000", 1, 500)
+        await b.sync()
+        samples, cpu = [], []  # the pull
+        for _ in range(max(repeats * 10, 4)):
+            await _timed(samples, cpu, a.sync)
+        bg[f"sync_pull_{ENDPOINTS}_endpoints"] = _summary(samples, cpu)
+        for s in stores:
+            await s.close()
+        return {**out, "background": bg, "ops": ops, "repeats": repeats}
+
+
+def _fmt(s: dict[str, float]) -> str:
+    text = f"{s['median_us']:9.2f} us  [{s['min_us']:.2f}-{s['max_us']:.2f}]"
+    if "cpu_median_us" in s:
+        text += f"  client cpu {s['cpu_median_us']:.0f} us"
+    if "valkey_cpu_per_pick_us" in s:
+        text += f"  valkey cpu/pick {s['valkey_cpu_per_pick_us']:.0f} us"
+    return text
+
+
+def statestore_report(res: dict[str, Any]) -> None:
+    rp = res["request_path"]
+    print(f"request path, per call (median of {res['repeats']} batches of {res['ops']}; "
+          f"[min-max])\n{'op':18s} {'memory://':>32s} {'valkey://':>32s}")
+    for name in rp["memory"]:
+        print(f"{name:18s} {_fmt(rp['memory'][name]):>32s} {_fmt(rp['valkey'][name]):>32s}")
+    for title, key in (("\nnetwork round trip to Valkey on loopback, per op", "round_trip"),
+                       ("\nbackground (never on the request path)", "background")):
+        print(title)
+        for name, s in res[key].items():
+            print(f"{name:18s} {_fmt(s)}")
+
+
+# -- active-active -----------------------------------------------------------------------------
+ONE, SHARED, PAIR = "1 replica, no store", "1 replica + Valkey", "2 replicas + Valkey"
+
+
+def active_active(seconds: float, rounds: int, concurrency: int) -> dict[str, Any]:
+    """The rounds: per contender a list of ``{rps, errors, requests, wall, epp_cpu: [s per
+    watched EPP], valkey_cpu}``, and the load averages seen."""
+    from bench.cpubudget import cpu_seconds
+    from bench.epp_overhead import PODS, echo_pool
+    from bench.harness import load, start, stop
+    from devkit import envoy as e
+    from devkit.topology import Pool, Topology, bootstrap
+    from devkit.valkey import ValkeyServer
+
+    work = Path(tempfile.mkdtemp(prefix="bench-aa-"))
+    res: dict[str, list[dict[str, Any]]] = {ONE: [], SHARED: [], PAIR: []}
+    loads: list[float] = []
+    with ValkeyServer() as valkey:
+        body, port, backend = echo_pool(work)
+        procs, eps = [backend], []
+        try:
+            for name, store in (("alone", None), ("shared-0", valkey.url),
+                                ("shared-1", valkey.url)):
+                grpc, health, metrics = e.free_port(), e.free_port(), e.free_port()
+                ha = ["--ha-mode", "active-active", "--state-store", store] if store else []
+                procs.append(start([sys.executable, "-m", "epp.main", "--secure-serving=false",
+                                    "--manifests", str(work / "pool.yaml"), "--grpc-port",
+                                    str(grpc), "--grpc-health-port", str(health),
+                                    "--metrics-port", str(metrics), *ha],
+                                   work / f"epp-{name}.log"))
+                eps.append((grpc, health))
+            for grpc, _ in eps:
+                e.wait_for_port(grpc, timeout=60)
+            e.wait_for_port(port, timeout=60, host=PODS[0])
+            admin, listen = e.free_port(), {name: e.free_port() for name in res}
+            layouts: Any = ((ONE, "one", eps[0], []), (SHARED, "shared", eps[1], []),
+                       (PAIR, "pair", eps[1], eps[1:]))
+            cfg = bootstrap([Topology(listen=listen[n], admin=admin, name=k, pools=[Pool(
+                k, cluster="pool", epp_cluster=f"epp-{k}", epp_port=ep[0],
+                endpoints=[(ip, port) for ip in PODS], epp_replicas=reps)])
+                for n, k, ep, reps in layouts])
+            pids = {ONE: [procs[1].pid], SHARED: [procs[2].pid, procs[3].pid],
+                    PAIR: [procs[2].pid, procs[3].pid]}
+            with e.Envoy(cfg, admin_port=admin, workdir=work / "envoy"):
+                for rnd in range(rounds):
+                    for name in (list(res) if rnd % 2 == 0 else list(reversed(res))):
+                        watched = (*pids[name], valkey.pid)
+                        before = [cpu_seconds(p) if p else 0.0 for p in watched]
+                        t0 = time.monotonic()
+                        stats = load(f"http://127.0.0.1:{listen[name]}/v1/chat/completions",
+                                     body, concurrency, seconds)
+                        used = [(cpu_seconds(p) if p else 0.0) - b
+                                for p, b in zip(watched, before, strict=True)]
+                        loads.append(os.getloadavg()[0])
+                        n = max(1, stats["requests"])
+                        r = {"rps": stats["requests"] / stats["seconds"],
+                             "errors": stats["errors"], "requests": stats["requests"],
+                             "wall": time.monotonic() - t0, "epp_cpu": used[:-1],
+                             "epp_ms": 1000 * sum(used[:-1]) / n, "valkey_ms": 1000 * used[-1] / n}
+                        res[name].append(r)
+                        print(f"round {rnd + 1} {name:22s} {r['rps']:7.0f} req/s, EPP CPU "
+                              f"{r['epp_ms']:.3f} ms/req, Valkey {r['valkey_ms']:.3f} ms/req, "
+                              f"errors {r['errors']}, load {loads[-1]:.1f}", file=sys.stderr,
+                              flush=True)
+        finally:
+            stop(procs)
+    return {"rounds": res, "loads": loads}
+
+
+def active_active_report(out: dict[str, Any], a: argparse.Namespace) -> list[str]:
+    from bench.stats import bootstrap_median, verdict
+
+    res, loads = out["rounds"], out["loads"]
+    lines = [f"Closed loop, {a.concurrency} connections, {a.seconds:g} s x {a.rounds} rounds "
+             "per contender (interleaved), 0.9 KB chat body, 4 pods answering at once; 1-min "
+             f"load average during the rounds {min(loads):.1f}-{max(loads):.1f}.", "",
+             "| contender | req/s | EPP CPU ms / request | Valkey CPU ms / request | errors |",
+             "|---|---|---|---|---:|"]
+    for name, rs in res.items():
+        lines.append(f"| {name} | " + " | ".join(str(bootstrap_median([r[k] for r in rs]))
+                                                  for k in ("rps", "epp_ms", "valkey_ms"))
+                     + f" | {sum(r['errors'] for r in rs)} |")
+
+    def paired(x: str, y: str, k: str) -> Any:
+        return bootstrap_median([p[k] / q[k] for p, q in zip(res[x], res[y], strict=True)
+                                 if q[k] > 0])
+
+    rps, cpu, pair = paired(SHARED, ONE, "rps"), paired(SHARED, ONE, "epp_ms"), \
+        paired(PAIR, ONE, "rps")
+    return [
+        *lines, "", "Paired by round (median [95% bootstrap interval]):", "",
+        f"- req/s, 1 replica + Valkey / no store: {rps} (cost <= 10%: target >= 0.9): "
+        f"**{verdict(rps, 0.9, at_most=False)}**",
+        f"- EPP CPU per request, + Valkey / no store (both replicas' CPU, the idle one "
+        f"syncing): {cpu} (target <= 1.1): **{verdict(cpu, 1.1, at_most=True)}**",
+        f"- req/s, 2 replicas / 1 replica without store: {pair} (target >= 1.7 where the "
+        f"cores exist; this machine has {os.cpu_count()}): "
+        f"**{verdict(pair, 1.7, at_most=False)}**"]
+
+
+def active_active_rounds(out: dict[str, Any], a: argparse.Namespace) -> dict[str, Any]:
+    """What ``bench.twin.cpu.load_rounds`` reads: per round the store-less EPP's and the
+    serving sharing replica's CPU ms per request (their background work included), and for
+    the record the idle peer's CPU per wall second and the pair's."""
+    res, loads = out["rounds"], out["loads"]
+    rounds = [{"none_ms": round(1000 * one["epp_cpu"][0] / max(1, one["requests"]), 4),
+               "shared_ms": round(1000 * sh["epp_cpu"][0] / max(1, sh["requests"]), 4),
+               "idle_peer_core": round(sh["epp_cpu"][1] / sh["wall"], 5),
+               "pair_ms": round(pair["epp_ms"], 4),
+               "rps": {ONE: round(one["rps"], 1), SHARED: round(sh["rps"], 1),
+                       PAIR: round(pair["rps"], 1)}}
+              for one, sh, pair in zip(res[ONE], res[SHARED], res[PAIR], strict=True)]
+    return {"command": f"python -m bench.micro active-active --seconds {a.seconds:g} "
+                       f"--rounds {a.rounds} --concurrency {a.concurrency}",
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "load_average": [round(min(loads), 1), round(max(loads), 1)],
+            "cpus": os.cpu_count(), "rounds": rounds}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.micro", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    kv = sub.add_parser("kv-index", help="epp.kvcache: indexing, score, sockets, memory")
+    kv.add_argument("--quick", action="store_true")
+    kv.add_argument("--memory-only", action="store_true", help="only the memory bound")
+    kv.add_argument("--central", action="store_true",
+                    help="the sockets part in llm-d's centralized mode (a bound collector)")
+    st = sub.add_parser("statestore", help="state store: request path, round trip, sync")
+    st.add_argument("--ops", type=int, default=20_000, help="calls per timed batch")
+    st.add_argument("--repeats", type=int, default=7, help="batches per figure")
+    st.add_argument("--quick", action="store_true", help="--ops 2000 --repeats 3")
+    st.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    aa = sub.add_parser("active-active", help="req/s and CPU of 1 vs 1 sharing vs 2 replicas")
+    aa.add_argument("--seconds", type=float, default=5.0)
+    aa.add_argument("--rounds", type=int, default=5)
+    aa.add_argument("--concurrency", type=int, default=32)
+    aa.add_argument("--save", type=Path, default=None, metavar="FILE",
+                    help="write the CPU figures per round for the twin (bench.twin.cpu)")
+    a = ap.parse_args(argv)
+    if a.cmd == "kv-index":
+        kv_memory(a.quick)
+        if not a.memory_only:
+            kv_index(a.quick)
+            asyncio.run(kv_sockets(a.quick, a.central))
+    elif a.cmd == "statestore":
+        import structlog
+
+        # the stores' join/leave lines go to stderr so stdout is only the report
+        structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+        res = asyncio.run(statestore(*((2000, 3) if a.quick else (a.ops, a.repeats))))
+        if a.json:
+            print(json.dumps(res, indent=2))
+        else:
+            statestore_report(res)
+    else:
+        out = active_active(a.seconds, a.rounds, a.concurrency)
+        print("\n".join(active_active_report(out, a)))
+        if a.save is not None:
+            a.save.write_text(json.dumps(active_active_rounds(out, a), indent=1) + "\n")
+        return 1 if any(r["errors"] for rs in out["rounds"].values() for r in rs) else 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
