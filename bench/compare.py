@@ -35,11 +35,13 @@ def run_one(workload: Workload, load: float, contender: Contender, *, duration: 
             seed: int, servers: int, time_scale: float, workdir: Path, progress: bool,
             timeout: float, fleet_cpus: float = 0.0, client_cpus: float = 0.0,
             profile: str = PROFILE, labels: list[dict[str, str]] | None = None,
-            faults: Sequence[Fault] = ()) -> RunResult:
+            faults: Sequence[Fault] = (), kv_blocks: int = 0,
+            kv_events: bool = False) -> RunResult:
     """One run: fresh fleet, contender in front, the seed's schedule played open-loop;
     ``fleet_cpus`` / ``client_cpus``: CPU budgets of the simulator and the client (0: none);
     ``labels``: each server's extra pod labels; ``faults``: steps done at their model time
-    from the client's start (what each did goes to ``faults.txt`` in ``workdir``)."""
+    from the client's start (what each did goes to ``faults.txt`` in ``workdir``);
+    ``kv_blocks``, ``kv_events``: :class:`SimFleet`'s."""
     specs = workload.schedule(load, duration, seed, servers)
     res = RunResult(workload.name, load, load * workload.capacity(servers), contender.name,
                     contender.kind, seed=seed, servers=servers)
@@ -53,7 +55,8 @@ def run_one(workload: Workload, load: float, contender: Contender, *, duration: 
     write_specs(specs, workdir / "requests.jsonl")
     started = time.monotonic()
     with SimFleet(workdir / "fleet", size=servers, time_scale=time_scale, seed=seed,
-                  cpus=fleet_cpus, profile=profile, labels=labels or []) as fleet, \
+                  cpus=fleet_cpus, profile=profile, labels=labels or [], kv_blocks=kv_blocks,
+                  kv_events=kv_events) as fleet, \
             contender.running(fleet, workdir) as url:
         cmd = [sys.executable, "-m", "bench.openloop", "--url", url,
                "--requests", str(workdir / "requests.jsonl"),
@@ -64,7 +67,7 @@ def run_one(workload: Workload, load: float, contender: Contender, *, duration: 
             client = subprocess.Popen(cmd)
             stack.callback(client.kill)   # only if this block fails before it ends
             if faults:
-                stack.enter_context(_faults(contender, faults, time_scale, workdir))
+                stack.enter_context(_faults(contender, faults, time_scale, workdir, fleet))
             if client_cpus:
                 stack.enter_context(cpubudget.CpuBudget(client_cpus)).add(client.pid)
             if client.wait() != 0:
@@ -85,16 +88,19 @@ def run_one(workload: Workload, load: float, contender: Contender, *, duration: 
 
 @contextlib.contextmanager
 def _faults(contender: Contender, faults: Sequence[Fault], time_scale: float,
-            workdir: Path) -> Iterator[None]:
+            workdir: Path, fleet: SimFleet | None = None) -> Iterator[None]:
     """The fault steps on a thread, timed from now (the client's start, within its import
-    time: a fraction of a second)."""
+    time: a fraction of a second); ``restart-server`` acts on ``fleet``, the rest on the
+    contender."""
     t0, stop, done = time.monotonic(), threading.Event(), []
 
     def steps() -> None:
         for f in sorted(faults, key=lambda f: f.at):
             if stop.wait(max(0.0, t0 + f.at * time_scale - time.monotonic())):
                 return
-            done.append(f"{time.monotonic() - t0:.2f} s: {contender.fault(f.action)}")
+            did = (fleet.restart(0) if f.action == "restart-server" and fleet is not None
+                   else contender.fault(f.action))
+            done.append(f"{time.monotonic() - t0:.2f} s: {did}")
 
     thread = threading.Thread(target=steps, daemon=True)
     thread.start()

@@ -19,6 +19,7 @@ Contenders (each is a context manager yielding the base URL the client talks to)
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import subprocess
@@ -37,6 +38,8 @@ from bench.peers import PEERS, peer_env
 from bench.workloads import FLEET_SIZE, LORA_ADAPTERS, PROFILE, objective_manifests
 from devkit import envoy as e
 from devkit.manifests import pool_manifests as devkit_pool_manifests
+from devkit.manifests import ports_pool_manifests
+from devkit.net import free_port_run
 from devkit.topology import Pool, Topology
 
 # The best EndpointPickerConfig found (see docs/benchmarks.md, "Tuning the EPP profile").
@@ -124,12 +127,19 @@ def wait_router_ready(proc: subprocess.Popen[Any], port: int, name: str, log: Pa
 
 
 # -- the fleet ---------------------------------------------------------------------------------
+#: A fleet with KV events: server i publishes on its port + this (the EPP's
+#: ``podDiscoveryConfig.socketPortOffset``).
+KV_EVENTS_OFFSET = 1000
+
+
 @dataclass
 class SimFleet:
     """``vllm-sim`` serving ``size`` servers of the fixed profile on 127.0.10.x:port.
 
     The profile is ``8b-h100`` unchanged (ITL 12 ms, 30 ms + 250 µs/token prefill, 256 seqs,
-    28,000 KV blocks, 4 LoRA slots), with the workload's adapters registered.
+    28,000 KV blocks, 4 LoRA slots), with the workload's adapters registered. With
+    ``kv_events`` the servers share 127.0.0.1, a port each, and publish vLLM KV events on
+    port + :data:`KV_EVENTS_OFFSET` (a publisher binds every address, so one port per server).
     """
 
     workdir: Path
@@ -145,26 +155,56 @@ class SimFleet:
     profile: str = PROFILE
     #: more pod labels per server (the scenario's ``fleet.labels``)
     labels: list[dict[str, str]] = field(default_factory=list)
+    #: each server's KV cache in blocks (0: the profile's)
+    kv_blocks: int = 0
+    #: the servers publish KV events (see the class docstring)
+    kv_events: bool = False
     _budget: CpuBudget | None = None
 
     @property
+    def ports(self) -> list[int]:
+        return [self.port + i if self.kv_events else self.port for i in range(self.size)]
+
+    @property
     def urls(self) -> list[str]:
-        return [f"http://{h}:{self.port}" for h in self.hosts]
+        return [f"http://{h}:{p}" for h, p in self.endpoints]
 
     @property
     def endpoints(self) -> list[tuple[str, int]]:
-        return [(h, self.port) for h in self.hosts]
+        return list(zip(self.hosts, self.ports, strict=True))
+
+    def restart(self, index: int = 0, after: float = 1.0) -> str:
+        """Kill server ``index`` (it asks itself: ``POST /sim/kill``) and revive it ``after``
+        seconds later with a cold cache."""
+        body = json.dumps({"revive_after": after}).encode()
+        req = urllib.request.Request(f"{self.urls[index]}/sim/kill", body,
+                                     {"content-type": "application/json"})
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            resp.read()
+        return f"restart-server: sim-{index} killed, revived {after:g} s later"
 
     def start(self) -> SimFleet:
         """Start the simulator process and wait for its ready line."""
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.port = e.free_port()
-        self.hosts = [f"127.0.10.{i + 1}" for i in range(self.size)]
+        if self.kv_events:
+            self.port = free_port_run(self.size, KV_EVENTS_OFFSET)
+            self.hosts = ["127.0.0.1"] * self.size
+        else:
+            self.port = e.free_port()
+            self.hosts = [f"127.0.10.{i + 1}" for i in range(self.size)]
+        defaults: dict[str, Any] = {"profile": self.profile, "time_scale": self.time_scale,
+                                    "seed": self.seed, "lora_modules": list(LORA_ADAPTERS)}
+        if self.kv_blocks:
+            defaults["overrides"] = {"num_gpu_blocks": self.kv_blocks}
+        if self.kv_events:  # server i binds port + offset + i (sim.kvevents.for_server)
+            defaults["kv_events_config"] = {
+                "enable_kv_cache_events": True, "publisher": "zmq",
+                "endpoint": f"tcp://*:{self.port + KV_EVENTS_OFFSET}",
+                "topic": "kv@{host}@{model}"}
         config = {
-            "defaults": {"profile": self.profile, "time_scale": self.time_scale, "seed": self.seed,
-                         "lora_modules": list(LORA_ADAPTERS)},
-            "servers": [{"host": h, "port": self.port, "name": f"sim-{i}", "seed": self.seed + i}
-                        for i, h in enumerate(self.hosts)],
+            "defaults": defaults,
+            "servers": [{"host": h, "port": p, "name": f"sim-{i}", "seed": self.seed + i}
+                        for i, (h, p) in enumerate(self.endpoints)],
         }
         path = self.workdir / "fleet.yaml"
         path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -285,6 +325,9 @@ EXPERIMENTAL = ("--allow-experimental-plugins",)
 def pool_manifests(pool: str, fleet: SimFleet) -> list[dict[str, Any]]:
     """An InferencePool selecting ``app: <pool>``, one ready Pod per simulated server and the
     benchmark's InferenceObjectives (what ``--manifests`` reads instead of the Kubernetes API)."""
+    if fleet.kv_events:  # one host, a port per server: an endpoint per target port
+        return ports_pool_manifests(pool, fleet.hosts[0], fleet.ports) + objective_manifests(
+            pool)
     docs = devkit_pool_manifests(pool, [(f"sim-{i}", h) for i, h in enumerate(fleet.hosts)],
                                  fleet.port, objective_manifests(pool))
     for doc, extra in zip(docs[1:], fleet.labels, strict=False):
@@ -359,8 +402,6 @@ class Epp(Contender):
         raise TimeoutError(f"epp not ready: {_tail(log)}")
 
     def debug(self) -> dict[str, Any]:
-        import json
-
         try:
             url = f"http://127.0.0.1:{self._metrics_port}/debug/pool"
             with urllib.request.urlopen(url, timeout=2) as resp:

@@ -220,7 +220,7 @@ def _virtual(job: _Job) -> list[RunResult]:
             outcomes = _runtime_virtual(c, p.fleet, job.seed, specs)
         else:
             cfg = TwinConfig(servers=p.fleet.servers, seed=job.seed, profile=p.fleet.profile,
-                             model=MODEL, speeds=p.fleet.speeds)
+                             model=MODEL, speeds=p.fleet.speeds, kv_blocks=p.fleet.kv_blocks)
             router = _twin_router(c, cfg.keys(), job.seed, p.epp_cpu,
                                   p.fleet.pod_labels(), specs)
             outcomes = None if router is None else run(specs, router, cfg)
@@ -396,7 +396,7 @@ def _real(p: Plan, load: float, seed: int, c: Contender, workdir: Path) -> RunRe
         servers=p.fleet.servers, time_scale=p.fleet.time_scale, workdir=workdir,
         progress=False, timeout=p.scenario.timeout, fleet_cpus=b.fleet_cpus,
         client_cpus=b.client_cpus, profile=p.fleet.profile, labels=p.fleet.pod_labels(),
-        faults=p.scenario.faults)
+        faults=p.scenario.faults, kv_blocks=p.fleet.kv_blocks, kv_events=p.fleet.kv_events)
     res.contender, res.kind = c.name, c.kind
     return res
 

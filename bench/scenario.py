@@ -17,6 +17,10 @@ The schema (every key but ``title``, ``workload`` and ``contenders`` may be left
       time_scale: 1.0                     # real time only: the simulator runs N x slower
       labels: [{tier: short}, {}, {}, {}]  # more pod labels, one mapping per server (a
                                           # scaled fleet keeps the pattern's proportions)
+      kv_blocks: 300                      # each server's KV cache in blocks (the profile's)
+      kv_events: true                     # real time: servers publish vLLM KV events, each
+                                          # on its own port + KV_EVENTS_OFFSET (1000; EPP:
+                                          # podDiscoveryConfig.socketPortOffset: 1000)
     workload: shared-prefix               # bench/workloads/<name>.yaml, or a path
     # or, to change it for this scenario:
     # workload: {use: tenants, arrivals: {bursts: {period: 6, width: 0.5}},
@@ -38,6 +42,7 @@ The schema (every key but ``title``, ``workload`` and ``contenders`` may be left
     - {at: 8, action: kill-replica}       # SIGKILL the first EPP replica (replicas contenders)
     - {at: 6, action: kill-store}         # SIGKILL the replicas' Valkey ...
     - {at: 12, action: restart-store}     # ... and start it again, empty
+    - {at: 16, action: restart-server}    # kill server 0, revived 1 s later with a cold cache
     targets:
     - {ours: epp-tuned, against: envoy-rr, metric: TTFT p90, at_most: 0.5}
     - {ours: epp-tuned, against: best-peer, metric: output tok/s, at_least: 1.0}
@@ -78,7 +83,7 @@ PD_CONTENDERS = ("aggregated", "vllm-router-pd")
 #: What a target may compare (``bench.report``'s metrics).
 METRICS = ("TTFT p90", "output tok/s", "TPOT p50", "cache hit", "SLO attainment")
 #: What a fault step does (``bench.contenders.Contender.fault``).
-FAULTS = ("kill-replica", "kill-store", "restart-store")
+FAULTS = ("kill-replica", "kill-store", "restart-store", "restart-server")
 #: P/D variants: the EPP config family ``bench.pd_compare`` builds, and the twin's picks.
 PD_CONFIGS = ("llm-d", "gie-scorers", "token-load", "spill")
 PD_PICKS = ("least", "tokens", "random")
@@ -102,6 +107,10 @@ class Fleet:
     #: Per server, its speed relative to ``profile`` (virtual time; empty: all 1): a
     #: heterogeneous pool, e.g. H100-like 1.0 and A100-like 0.6 pods.
     speeds: tuple[float, ...] = ()
+    #: each server's KV cache in blocks (0: the profile's)
+    kv_blocks: int = 0
+    #: real time: the servers publish KV events (``bench.contenders.KV_EVENTS_OFFSET``)
+    kv_events: bool = False
 
     @property
     def pd(self) -> bool:
@@ -126,11 +135,12 @@ class Fleet:
         if not self.pd:
             speeds = tuple(self.speeds[i % len(self.speeds)] for i in range(servers)) \
                 if self.speeds else ()
-            return Fleet(servers, {}, self.profile, self.time_scale, self.labels, speeds)
+            return Fleet(servers, {}, self.profile, self.time_scale, self.labels, speeds,
+                         self.kv_blocks, self.kv_events)
         prefill = max(1, round(servers * self.roles["prefill"] / self.servers))
         prefill = min(prefill, servers - 1)
         return Fleet(servers, {"prefill": prefill, "decode": servers - prefill}, self.profile,
-                     self.time_scale)
+                     self.time_scale, kv_blocks=self.kv_blocks)
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,7 +342,7 @@ def _fleet(r: _Reader, raw: Any) -> Fleet:
     from sim.profiles import PROFILES
 
     f = r.keys(raw, "fleet", {"servers", "roles", "profile", "time_scale", "labels",
-                              "speeds"})
+                              "speeds", "kv_blocks", "kv_events"})
     roles: dict[str, int] = {}
     if "roles" in f:
         roles_raw = r.keys(f["roles"], "fleet.roles", {"prefill", "decode"}, ("prefill", "decode"))
@@ -362,9 +372,16 @@ def _fleet(r: _Reader, raw: Any) -> Fleet:
             raise r.fail("fleet.speeds", "per-server speeds are for an aggregated fleet")
         speeds = tuple(r.number(v, f"fleet.speeds[{i}]", positive=True)
                        for i, v in enumerate(f["speeds"]))
+    kv_events = f.get("kv_events", False)
+    if not isinstance(kv_events, bool):
+        raise r.fail("fleet.kv_events", f"expected true or false, got {kv_events!r}")
+    if kv_events and (roles or labels):
+        raise r.fail("fleet.kv_events", "KV events are for an aggregated fleet without labels "
+                     "(its servers share one address, a port each)")
     return Fleet(servers, roles, profile,
                  r.number(f.get("time_scale", 1.0), "fleet.time_scale", positive=True),
-                 tuple(labels), speeds)
+                 tuple(labels), speeds,
+                 r.positive_int(f.get("kv_blocks", 0), "fleet.kv_blocks", 0), kv_events)
 
 
 def _workload(r: _Reader, raw: Any) -> Workload:

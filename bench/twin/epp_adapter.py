@@ -25,6 +25,7 @@ import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -38,6 +39,10 @@ from epp.datastore.endpoint_state import LoraInfo
 from epp.handle import Settings
 from epp.requestcontrol import Director
 from epp.requestcontrol.director import DESTINATION, Routed
+from epp.scheduling.plugins.prefix.precise_prefix_cache_scorer import (
+    BASE_MODEL_KEY,
+    PrecisePrefixCacheScorer,
+)
 from epp.sources.manifests import load_snapshot
 from epp.statestore import StateStore
 from shared.errors import GatewayError
@@ -95,6 +100,19 @@ class EppRouter:
         self.director = Director.of(runtime)
         self.views: dict[str, EndpointView] = {v.key: v for v in self.datastore.views()}
         self._routed: dict[int, Routed] = {}
+        #: the precise prefix scorers' indexes, fed the engines' KV events by the loop
+        #: (:attr:`kv_events`; None without such a scorer)
+        precise = runtime.handle.find(PrecisePrefixCacheScorer)
+        for scorer in precise:  # no sockets here: every server's events arrive, in-process
+            scorer.live = lambda key: True  # type: ignore[method-assign]
+        self.indexes = [p.index for p in precise]
+        self.kv_events = self._index_events if self.indexes else None
+
+    def _index_events(self, key: str, events: list[Any]) -> None:
+        """One engine step's KV events of server ``key``, as a subscriber applies them."""
+        for index in self.indexes:
+            for event in events:
+                index.apply(key, event, BASE_MODEL_KEY)
 
     def route(self, index: int, path: str, body: bytes, now: float,
               headers: Mapping[str, str]) -> str:
@@ -129,6 +147,10 @@ class EppRouter:
             models=frozenset({self.model}) if self.model else frozenset(),
             updated_at=time.monotonic())
         self.datastore.record_scrape(self.views[key], metrics)
+        # The director keeps the served models for SERVED_TTL wall seconds; a twin run can
+        # be shorter, so a cache filled before the first scrape (the base model unknown,
+        # every request taken for an adapter) would hold: read them afresh after a scrape.
+        self.director._served_until = 0.0
 
 
 __all__ = ["SCRAPE_INTERVAL", "ConfigError", "EppRouter"]

@@ -22,11 +22,13 @@ seconds; nothing sleeps, so one seed gives the same outcomes every time.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import heapq
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import orjson
 
@@ -34,6 +36,7 @@ from bench.openloop import Outcome
 from bench.twin.cpu import ProcessCpu
 from bench.workloads import RequestSpec
 from sim.engine import Engine, QueueFull, SimRequest
+from sim.kvevents import BlockHasher, KVEventRecorder
 from sim.openai import ApiError, parse_request
 from sim.profiles import Profile, get_profile
 
@@ -104,6 +107,8 @@ class TwinConfig:
     #: Per server, its speed relative to ``profile`` (the engine's ``time_scale`` is
     #: 1 / speed: 0.5 = every step takes twice as long); empty: all 1.
     speeds: tuple[float, ...] = ()
+    #: each server's KV cache in blocks (0: the profile's)
+    kv_blocks: int = 0
 
     def keys(self) -> list[str]:
         """Endpoint keys, the same addresses ``bench.compare``'s fleet uses."""
@@ -122,9 +127,16 @@ def run(specs: Sequence[RequestSpec], router: Router, config: TwinConfig) -> lis
     """Play ``specs`` (arrival times in model seconds) through ``router`` onto the fleet;
     one :class:`bench.openloop.Outcome` per request (times in model seconds)."""
     profile: Profile = get_profile(config.profile)
+    if config.kv_blocks:
+        profile = dataclasses.replace(profile, num_gpu_blocks=config.kv_blocks)
     keys = config.keys()
     speeds = config.speeds or (1.0,) * len(keys)
-    engines = {k: Engine(profile, seed=config.seed + i, time_scale=1.0 / speeds[i])
+    # A router with a precise prefix scorer reads each engine step's KV events at its end.
+    sink: Callable[[str, list[Any]], None] | None = getattr(router, "kv_events", None)
+    engines = {k: Engine(profile, seed=config.seed + i, time_scale=1.0 / speeds[i],
+                         kv_events=None if sink is None else KVEventRecorder(
+                             functools.partial(sink, k)),
+                         block_hasher=None if sink is None else BlockHasher("sha256"))
                for i, k in enumerate(keys)}
     busy: dict[str, bool] = dict.fromkeys(keys, False)
     outcomes = [Outcome(index=i, start=s.at) for i, s in enumerate(specs)]

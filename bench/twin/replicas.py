@@ -40,6 +40,7 @@ import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from bench.twin.cpu import Cores, CpuCost
 from bench.twin.epp_adapter import SCRAPE_INTERVAL, EppRouter
@@ -212,6 +213,12 @@ class Replicas:
         self._costs = random.Random(f"pick-cost:{seed}")
         #: read by the twin's loop: None while picks are instant
         self.pick_done = self._pick_done if cpu is not None else None
+        #: KV events reach every replica (each subscribes to every server)
+        self.kv_events = self._kv_events if self.replicas[0].kv_events else None
+
+    def _kv_events(self, key: str, events: list[Any]) -> None:
+        for r in self.replicas:
+            r._index_events(key, events)
 
     def _pick_done(self, index: int, now: float) -> float:
         """Envoy sends request ``index`` to a replica at ``now``; when its pick is done

@@ -127,6 +127,26 @@ def _sp_capacity(p: Params) -> float:
     return 1 / _prefill(p["question_tokens"] + p["system_tokens"] / p["per_group"])
 
 
+def prefix_pool(rng: random.Random, p: Params, times: list[float]) -> list[RequestSpec]:
+    """A fixed pool of ``prefixes`` shared ``prefix_tokens`` prompts, each request one of
+    them (Zipf weights ``1 / (k + 1) ** zipf``) + a unique ``question_tokens`` question,
+    ``output_tokens`` out: a working set that may exceed the fleet's KV cache."""
+    pool = [_words(rng, int(p["prefix_tokens"])) for _ in range(int(p["prefixes"]))]
+    weights = [1 / (k + 1) ** float(p["zipf"]) for k in range(len(pool))]
+    specs = []
+    for t in times:
+        k = rng.choices(range(len(pool)), weights)[0]
+        specs.append(RequestSpec(t, "/v1/completions", _completion(
+            pool[k] + _words(rng, int(p["question_tokens"])), int(p["output_tokens"])),
+            tag=f"prefix-{k}"))
+    return specs
+
+
+def _pool_capacity(p: Params) -> float:
+    # Ideal routing prefills each shared prompt once: the question alone per request.
+    return 1 / _prefill(p["question_tokens"])
+
+
 def lora_mix(rng: random.Random, p: Params, times: list[float]) -> list[RequestSpec]:
     """``adapters`` adapters (Zipf popularity), unique ``prompt_tokens`` prompts,
     ``output_tokens`` out."""
@@ -329,6 +349,9 @@ GENERATORS: dict[str, tuple[Generator, Callable[[Params], float], frozenset[str]
     "shared-prefix": (shared_prefix, _sp_capacity,
                       frozenset({"system_tokens", "question_tokens", "output_tokens",
                                  "per_group"})),
+    "prefix-pool": (prefix_pool, _pool_capacity,
+                    frozenset({"prefixes", "prefix_tokens", "question_tokens", "output_tokens",
+                               "zipf"})),
     "lora": (lora_mix, _lora_capacity,
              frozenset({"adapters", "zipf", "prompt_tokens", "output_tokens"})),
     "lengths": (lengths, _lengths_capacity,

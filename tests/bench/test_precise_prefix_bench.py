@@ -1,88 +1,90 @@
-"""``bench.precise_prefix_compare``: its flags, the pooled lag quantile, and a short run with
-two EPP replicas behind a real Envoy (the streams reach both; the precise ones read events,
-the sharing ones a real Valkey)."""
+"""Issue 15's figure as a scenario (``bench/scenarios/precise-prefix.yaml``): a fleet with
+``kv_events: true`` publishes vLLM KV events that every precise EPP replica reads, the
+``restart-server`` fault step kills and revives a server, and in virtual time the engines'
+KV events reach every precise replica's index."""
 
 from __future__ import annotations
 
-import math
+import json
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 
-from bench.peers import PEERS
-from bench.precise_prefix_compare import Run, main, pooled_lag
+from bench.contenders import KV_EVENTS_OFFSET, SimFleet
+from bench.scenario import ScenarioError, load_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = ROOT / "bench" / "scenarios" / "configs"
+
+SCENARIO = f"""\
+title: Precise replicas on a small KV-event fleet
+fleet: {{servers: 2, kv_blocks: 300, kv_events: true}}
+workload: {{use: prefix-pool, duration: 4, parameters: {{prefixes: 6}}}}
+contenders:
+- {{name: precise, epp_config: {CONFIGS / 'precise-prefix.yaml'},
+   replicas: {{count: 2, store: memory}}}}
+seeds: [1]
+loads: [0.2]
+timeout: 30
+faults:
+- {{at: 2, action: restart-server}}
+"""
 
 
-def test_sharing_needs_a_second_replica(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exc:
-        main(["--contenders", "approximate-shared"])
-    assert exc.value.code == 2
-    assert "approximate-shared needs --epp-replicas 2 or more" in capsys.readouterr().err
-
-
-def test_the_lag_quantile_is_taken_over_every_runs_batches() -> None:
-    def run(le_counts: dict[str, float]) -> Run:
-        return Run([], 0, 0, 0, epp={f"lag_le_{k}": v for k, v in le_counts.items()})
-
-    # One run alone: its one slow batch of 60 is its p99; with four quick runs it is not.
-    slow = run({"0.01": 59, "0.5": 60, "inf": 60})
-    quick = run({"0.01": 60, "0.5": 60, "inf": 60})
-    assert pooled_lag([slow], 0.99) == 0.5
-    assert pooled_lag([slow, quick, quick, quick, quick], 0.99) == 0.01
-    assert math.isnan(pooled_lag([Run([], 0, 0, 0)], 0.99))  # no EPP, no figure
-
-
-def bench(tmp_path: Path, *args: str) -> tuple[str, dict[str, Any]]:
-    """One seed of the benchmark with ``args``; its standard output and its figures."""
-    out = tmp_path / "figures.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.precise_prefix_compare", "--seeds", "1", *args,
-         "--workdir", str(tmp_path), "--json", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=230)
+def run(scenario: Path, *args: str) -> tuple[dict[str, Any], Path]:
+    proc = subprocess.run([sys.executable, "-m", "bench", "run", str(scenario), *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=230)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stdout, orjson.loads(out.read_bytes())
+    line = next(ln for ln in proc.stderr.splitlines() if ln.startswith("results: "))
+    path = Path(line.removeprefix("results: "))
+    return json.loads(path.read_text()), path.parent
 
 
 @pytest.mark.timeout(240)
-def test_two_replicas_each_pick_and_the_report_compares_sharing(tmp_path: Path) -> None:
-    stdout, figures = bench(tmp_path, "--requests", "12", "--epp-replicas", "2",
-                            "--contenders", "precise,approximate-shared")
-    assert figures["epp_replicas"] == 2
-    for name in ("precise", "approximate-shared"):
-        epp = figures["per_seed"][name]["1"]["epp"]
-        assert epp["picks_0"] > 0 and epp["picks_1"] > 0, (name, epp)  # Envoy spreads
-        assert epp["picks_0"] + epp["picks_1"] == 12
-    assert figures["per_seed"]["precise"]["1"]["epp"]["lag_count"] > 0  # both subscribed
-    assert "2 active-active replicas" in stdout
-    assert "| hit rate precise / approximate-shared |" in stdout
-    assert "KV-event lag p99 over all seeds'" in stdout
+def test_every_precise_replica_reads_every_servers_kv_events(tmp_path: Path) -> None:
+    scenario = tmp_path / "precise.yaml"
+    scenario.write_text(SCENARIO)
+    doc, run_dir = run(scenario, "--real")
+    (row,) = doc["results"]
+    assert row["ok"] > 0 and row["cache_hit"] > 0.5, row
+    debug = json.loads(next(run_dir.rglob("debug.json")).read_text())
+    held = [[ep["kv_cached_blocks"] for ep in r["endpoints"]] for r in debug["replicas"]]
+    # Both replicas index both servers from their events (server 1 never restarted, so it
+    # still holds blocks), and they index the same blocks: they read the same streams.
+    assert len(held) == 2 and held[0] == held[1] and held[0][1] > 0, held
+    faults = next(run_dir.rglob("faults.txt")).read_text()
+    assert "restart-server: sim-0 killed, revived 1 s later" in faults
 
 
-def test_peer_replicas_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exc:
-        main(["--peer-replicas", "0"])
-    assert exc.value.code == 2
-    assert "--peer-replicas: at least 1" in capsys.readouterr().err
+def test_in_the_twin_every_precise_replica_reads_the_engines_kv_events() -> None:
+    # The scenario itself, one seed, 8 model seconds: without the engines' events reaching
+    # the precise scorers (or with every request taken for an adapter: the director's
+    # served-model cache filled before the first scrape) precise replicas route like
+    # round-robin (~55% hit), below the approximate ones (~70%).
+    doc, _ = run(ROOT / "bench" / "scenarios" / "precise-prefix.yaml", "--virtual",
+                 "--seeds", "1", "--duration", "8", "--contenders", "approximate,precise")
+    hit = {r["contender"]: r["cache_hit"] for r in doc["results"]}
+    assert hit["precise"] >= 0.85 and hit["precise"] > hit["approximate"] + 0.1, hit
 
 
-@pytest.mark.timeout(240)
-def test_a_peer_scaled_out_runs_as_copies_behind_envoy(tmp_path: Path) -> None:
-    if not PEERS["sglang-router"].installed():
-        pytest.skip("sglang-router is not installed in .cache/peers (python -m bench.peers "
-                    "install needs PyPI; CI does not install the peers)")
-    stdout, figures = bench(tmp_path, "--requests", "8", "--peer-replicas", "2",
-                            "--contenders", "sglang-router:cache_aware")
-    run = tmp_path / "seed1" / "sglang-router-cache_aware"
-    assert len((run / "command.txt").read_text().splitlines()) == 2  # two copies started
-    assert figures["peer_replicas"] == 2
-    run1 = figures["per_seed"]["sglang-router:cache_aware"]["1"]
-    # Requests went through Envoy to the copies (only those in flight to the server killed
-    # mid-run may fail).
-    assert run1["failures"] < 8 and run1["ttft_p90_s"] > 0
-    assert "peers: 2 processes each behind Envoy's round-robin" in stdout
+def test_kv_events_give_each_server_a_port_and_a_publisher_offset(tmp_path: Path) -> None:
+    fleet = SimFleet(tmp_path, size=3, kv_events=True)
+    fleet.port = 20_000
+    fleet.hosts = ["127.0.0.1"] * 3
+    assert fleet.endpoints == [("127.0.0.1", 20_000), ("127.0.0.1", 20_001),
+                               ("127.0.0.1", 20_002)]
+    assert KV_EVENTS_OFFSET == 1000  # configs/precise-prefix.yaml's socketPortOffset
+
+
+def test_kv_events_are_for_an_aggregated_fleet_without_labels(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(SCENARIO.replace("kv_events: true", "kv_events: true, labels: [{a: b}, {}]"))
+    with pytest.raises(ScenarioError, match=r"fleet\.kv_events: KV events are for an "
+                                            r"aggregated fleet without labels"):
+        load_scenario(bad)
+    bad.write_text(SCENARIO.replace("kv_events: true", "kv_events: yes please"))
+    with pytest.raises(ScenarioError, match=r"fleet\.kv_events: expected true or false"):
+        load_scenario(bad)
