@@ -72,6 +72,7 @@ def run_one(workload: Workload, load: float, contender: Contender, *, duration: 
                 stack.enter_context(cpubudget.CpuBudget(client_cpus)).add(client.pid)
             if client.wait() != 0:
                 raise subprocess.CalledProcessError(client.returncode, cmd)
+        res.evictions, res.kv_lag = fleet.evictions(), contender.kv_lag()
         debug = contender.debug()
         if debug:
             (workdir / "debug.json").write_text(json.dumps(debug, indent=1))

@@ -183,6 +183,16 @@ class SimFleet:
             resp.read()
         return f"restart-server: sim-{index} killed, revived {after:g} s later"
 
+    def evictions(self) -> int:
+        """Blocks the servers evicted, from their own counters (``GET /sim/state``; a
+        revived server counts from 0 again); 0 for a server that does not answer."""
+        total = 0
+        for url in self.urls:
+            with contextlib.suppress(OSError, ValueError, KeyError), \
+                    urllib.request.urlopen(f"{url}/sim/state", timeout=5) as resp:
+                total += int(json.loads(resp.read())["evictions"])
+        return total
+
     def start(self) -> SimFleet:
         """Start the simulator process and wait for its ready line."""
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -270,6 +280,11 @@ class Contender:
         was done, or why nothing was (a contender without what the step acts on)."""
         return f"{action}: nothing to act on in {self.name}"
 
+    def kv_lag(self) -> dict[str, float]:
+        """While running: the EPPs' KV-event lag histogram (``le`` -> cumulative batches,
+        summed over replicas); empty for a router without one."""
+        return {}
+
     @contextlib.contextmanager
     def _gateway(self, config: dict[str, Any], admin: int, workdir: Path) -> Iterator[e.Envoy]:
         """The gateway's Envoy, under :attr:`gateway_cpus`."""
@@ -316,6 +331,9 @@ class EnvoyLB(Contender):
         with self._gateway(cfg, admin, workdir):
             yield f"http://127.0.0.1:{listen}"
 
+
+#: The EPP's KV-event lag histogram's buckets (publish to indexed).
+LAG_BUCKETS = "inference_extension_kv_events_lag_seconds_bucket"
 
 #: A scenario may name upstream's Alpha plugin types (v010-burst-prefix): the benchmark's EPP
 #: takes them, as the twin does.
@@ -401,6 +419,18 @@ class Epp(Contender):
             time.sleep(0.1)
         raise TimeoutError(f"epp not ready: {_tail(log)}")
 
+    def kv_lag(self) -> dict[str, float]:
+        from prometheus_client.parser import text_string_to_metric_families
+
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self._metrics_port}/metrics",
+                                        timeout=5) as resp:
+                text = resp.read().decode()
+        except OSError:
+            return {}
+        return {s.labels["le"]: s.value for fam in text_string_to_metric_families(text)
+                for s in fam.samples if s.name == LAG_BUCKETS}
+
     def debug(self) -> dict[str, Any]:
         try:
             url = f"http://127.0.0.1:{self._metrics_port}/debug/pool"
@@ -468,6 +498,13 @@ class EppReplicas(Contender):
 
     def debug(self) -> dict[str, Any]:
         return {"replicas": [r.debug() for r in self._replicas]}
+
+    def kv_lag(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for r in self._replicas:
+            for le, n in r.kv_lag().items():
+                out[le] = out.get(le, 0.0) + n
+        return out
 
     def fault(self, action: str) -> str:
         if action == "kill-replica" and self.procs:

@@ -93,6 +93,11 @@ class RunResult:
     #: requests that had a prediction; empty without a latency model): see
     #: :func:`calibration`.
     calibration: dict[str, float] = field(default_factory=dict)
+    #: Blocks the servers evicted over the run (their own counters; 0: not read)
+    evictions: int = 0
+    #: The EPPs' KV-event lag histogram, bucket bound -> cumulative batches, summed over
+    #: replicas (real time, a precise prefix scorer; empty otherwise)
+    kv_lag: dict[str, float] = field(default_factory=dict)
 
     @property
     def error_rate(self) -> float:
@@ -473,9 +478,34 @@ def point_sections(results: Sequence[RunResult], workloads: dict[str, Any],
                 lines += ["Jain's index of the tenants' goodput (output tokens within the "
                           "arrival window over max-min fair shares; 1 = fair), median [95% "
                           "interval] over seeds: " + "; ".join(fair) + ".", ""]
+            lines += kv_lines(rows, order)
             if any(r.slo_requests or r.calibration for r in rows):
                 lines += [*slo_table(rows, order, baseline), ""]
     return lines
+
+
+def kv_lines(rows: Sequence[RunResult], order: Sequence[str]) -> list[str]:
+    """Blocks the servers evicted per run (median over seeds) and the EPPs' KV-event lag p99
+    over every seed's and replica's batches (one run's p99 is its worst few batches)."""
+    names, out = list(dict.fromkeys([*order, *(r.contender for r in rows)])), []
+    ev = [f"{n} {statistics.median(xs):,.0f}" for n in names if (
+        xs := [r.evictions for r in rows if r.contender == n and r.usable and r.evictions])]
+    if ev:
+        out.append("Blocks the servers evicted per run (their own counters), median over "
+                   "seeds: " + "; ".join(ev) + ".")
+    lag = []
+    for n in names:
+        pooled: dict[float, float] = {}
+        for r in rows:
+            for le, count in (r.kv_lag.items() if r.contender == n and r.usable else ()):
+                pooled[float(le)] = pooled.get(float(le), 0.0) + count
+        if (ordered := sorted(pooled.items())) and (total := ordered[-1][1]):
+            p99 = next(le for le, c in ordered if c >= 0.99 * total)
+            lag.append(f"{n} <= {p99 * 1000:g} ms over {total:,.0f} batches")
+    if lag:
+        out.append("KV-event lag p99, publish to indexed (the EPPs' histogram over every "
+                   "seed and replica; a bucket bound): " + "; ".join(lag) + ".")
+    return [*out, ""] if out else []
 
 
 def _cal(rows: Sequence[RunResult], name: str, key: str, scale: float = 1.0,

@@ -223,7 +223,9 @@ def _virtual(job: _Job) -> list[RunResult]:
                              model=MODEL, speeds=p.fleet.speeds, kv_blocks=p.fleet.kv_blocks)
             router = _twin_router(c, cfg.keys(), job.seed, p.epp_cpu,
                                   p.fleet.pod_labels(), specs)
-            outcomes = None if router is None else run(specs, router, cfg)
+            stats: dict[str, float] = {}
+            outcomes = None if router is None else run(specs, router, cfg, stats)
+            res.evictions = int(stats.get("evictions", 0))
         if outcomes is None:
             res.skipped = "not modelled in virtual time (run with --real)"
         else:

@@ -123,9 +123,11 @@ def server_state(engine: Engine) -> ServerState:
                        frozenset(engine.waiting_adapters), p.block_size, p.num_gpu_blocks)
 
 
-def run(specs: Sequence[RequestSpec], router: Router, config: TwinConfig) -> list[Outcome]:
+def run(specs: Sequence[RequestSpec], router: Router, config: TwinConfig,
+        stats: dict[str, float] | None = None) -> list[Outcome]:
     """Play ``specs`` (arrival times in model seconds) through ``router`` onto the fleet;
-    one :class:`bench.openloop.Outcome` per request (times in model seconds)."""
+    one :class:`bench.openloop.Outcome` per request (times in model seconds). ``stats``
+    gets the fleet's figures (``evictions``: blocks the servers evicted)."""
     profile: Profile = get_profile(config.profile)
     if config.kv_blocks:
         profile = dataclasses.replace(profile, num_gpu_blocks=config.kv_blocks)
@@ -238,6 +240,8 @@ def run(specs: Sequence[RequestSpec], router: Router, config: TwinConfig) -> lis
                 router.done(i, 0, 0)
             elif not busy[key]:
                 start_step(key, t)
+    if stats is not None:
+        stats["evictions"] = sum(e.kv.evictions for e in engines.values())
     return outcomes
 
 
