@@ -308,9 +308,9 @@ class Contender:
                 budget.add(proc.pid)
             try:
                 yield proc
-            finally:
-                self.cpu_used = cpu_seconds(proc.pid)
-                self.throttled = budget.throttled_seconds() if budget is not None else 0.0
+            finally:  # summed: a peer's copies enter (and reset) before any exits
+                self.cpu_used += cpu_seconds(proc.pid)
+                self.throttled += budget.throttled_seconds() if budget is not None else 0.0
 
 
 class EnvoyLB(Contender):
@@ -521,14 +521,18 @@ class EppReplicas(Contender):
 
 
 class PeerRouter(Contender):
-    """A peer router (vllm-router / sglang-router) pointed at the fleet's URLs."""
+    """A peer router (vllm-router / sglang-router) pointed at the fleet's URLs; ``copies``
+    processes behind Envoy's round robin when more than one (neither peer shares its cache
+    tree between processes: this is how a user scales one out)."""
 
     kind = "peer"
 
-    def __init__(self, peer: str, policy: str, extra: tuple[str, ...] = ()) -> None:
+    def __init__(self, peer: str, policy: str, extra: tuple[str, ...] = (),
+                 copies: int = 1) -> None:
         self.peer = PEERS[peer]
         self.policy = policy
         self.extra = extra
+        self.copies = copies
         self.name = f"{peer}:{policy}"
 
     def unavailable(self) -> str | None:
@@ -540,14 +544,28 @@ class PeerRouter(Contender):
     @contextlib.contextmanager
     def running(self, fleet: SimFleet, workdir: Path) -> Iterator[str]:
         workdir.mkdir(parents=True, exist_ok=True)
-        port, prom = e.free_port(), e.free_port()
-        log = workdir / f"{self.peer.name}.log"
-        cmd = self.peer.command(policy=self.policy, port=port, prometheus_port=prom,
-                                workers=fleet.urls, extra=self.extra)
-        (workdir / "command.txt").write_text(" ".join(cmd) + "\n")
-        with self._process(cmd, log, env=peer_env()) as proc:
-            wait_router_ready(proc, port, self.name, log)
-            yield f"http://127.0.0.1:{port}"
+        (workdir / "command.txt").write_text("")
+        with contextlib.ExitStack() as stack:
+            ports = []
+            for i in range(self.copies):
+                port, prom = e.free_port(), e.free_port()
+                log = workdir / f"{self.peer.name}{f'-{i}' if self.copies > 1 else ''}.log"
+                cmd = self.peer.command(policy=self.policy, port=port, prometheus_port=prom,
+                                        workers=fleet.urls, extra=self.extra)
+                with (workdir / "command.txt").open("a") as f:
+                    f.write(" ".join(cmd) + "\n")
+                proc = stack.enter_context(self._process(cmd, log, env=peer_env()))
+                wait_router_ready(proc, port, self.name, log)
+                ports.append(port)
+            if self.copies == 1:
+                yield f"http://127.0.0.1:{ports[0]}"
+                return
+            admin, listen = e.free_port(), e.free_port()
+            cluster = e.static_cluster("peers", [("127.0.0.1", p) for p in ports],
+                                       lb_policy="ROUND_ROBIN")
+            cfg = e.bootstrap(admin, [e.listener(listen, [e.route("peers")], [])], [cluster])
+            with self._gateway(cfg, admin, workdir):
+                yield f"http://127.0.0.1:{listen}"
 
 
 def all_contenders() -> dict[str, Contender]:

@@ -176,6 +176,8 @@ def _twin_router(c: Contender, keys: list[str], seed: int, cpu: ProcessCpu | Non
     from bench.twin.baselines import LeastRequest, Random, RoundRobin
     from bench.twin.epp_adapter import EppRouter
 
+    if c.kind == "peer":
+        return None   # not modelled in virtual time
     if c.name == "envoy-rr":
         return RoundRobin(c.name, keys, seed)
     if c.name == "envoy-random":
@@ -373,14 +375,14 @@ def _pd_virtual(fleet: Fleet, c: Contender, seed: int,
 def _real_contender(c: Contender, p: Plan) -> Any:
     from bench.contenders import Epp, EppReplicas, PeerRouter, all_contenders
 
-    if c.replicas:
-        obj: Any = EppReplicas(c.name, c.replicas, c.store,
-                               c.epp_config.read_text() if c.epp_config else None)
+    if ":" in c.name:
+        peer, _, policy = c.name.partition(":")
+        obj: Any = PeerRouter(peer, policy, copies=c.replicas or 1)
+    elif c.replicas:
+        obj = EppReplicas(c.name, c.replicas, c.store,
+                          c.epp_config.read_text() if c.epp_config else None)
     elif c.epp_config is not None:
         obj = Epp(c.name, c.epp_config.read_text())
-    elif ":" in c.name:
-        peer, _, policy = c.name.partition(":")
-        obj = PeerRouter(peer, policy)
     else:
         obj = all_contenders()[c.name]
     obj.cpus, obj.gateway_cpus = p.router_cpus, p.scenario.budget.gateway_cpus

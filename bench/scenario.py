@@ -33,6 +33,8 @@ The schema (every key but ``title``, ``workload`` and ``contenders`` may be left
     - {name: epp-2-shared, replicas: {count: 2, store: valkey}}  # active-active replicas
       # (store: valkey = one shared Valkey; memory = replicas that share nothing); with
       # epp_config or without (the EPP's default config)
+    - {name: sglang-router:cache_aware, replicas: {count: 4}}  # a peer as 4 processes behind
+      # Envoy's round robin, each with its own cache tree (how a peer is scaled out)
     baseline: envoy-rr                    # the contender the tables' ratios are to
     seeds: {first: 0, count: 5}           # or a list: [0, 1, 101]
     loads: [0.75]                         # offered load / the workload's nominal capacity
@@ -164,7 +166,8 @@ class Contender:
     name: str
     epp_config: Path | None = None
     pd: PdVariant | None = None
-    #: active-active EPP replicas behind one Envoy (0: one EPP, as built in)
+    #: active-active EPP replicas behind one Envoy, or a peer's processes behind Envoy's
+    #: round robin (0: one process, as built in)
     replicas: int = 0
     #: their state store: ``valkey`` (one shared Valkey) or ``memory`` (nothing shared)
     store: str = ""
@@ -430,7 +433,14 @@ def _contenders(r: _Reader, raw: list[Any], fleet: Fleet) -> tuple[Contender, ..
         name = r.text(c["name"], f"{where}.name")
         if "epp_config" in c and "pd" in c:
             raise r.fail(where, "give epp_config or pd, not both")
-        if "replicas" in c:
+        peer, _, policy = name.partition(":")
+        if "replicas" in c and peer in PEER_NAMES and policy and not fleet.pd:
+            if "epp_config" in c:
+                raise r.fail(f"{where}.epp_config", "a peer router takes no EPP config")
+            rep = r.keys(c["replicas"], f"{where}.replicas", {"count"}, ("count",))
+            out.append(Contender(name, replicas=r.positive_int(
+                rep["count"], f"{where}.replicas.count")))
+        elif "replicas" in c:
             if fleet.pd or "pd" in c:
                 raise r.fail(f"{where}.replicas", "replicas are for an aggregated fleet")
             rep = r.keys(c["replicas"], f"{where}.replicas", {"count", "store"},
@@ -453,7 +463,6 @@ def _contenders(r: _Reader, raw: list[Any], fleet: Fleet) -> tuple[Contender, ..
             out.append(Contender(name, pd=_pd(r, c["pd"] or {}, f"{where}.pd")))
         else:
             known = PD_CONTENDERS if fleet.pd else CONTENDERS
-            peer, _, policy = name.partition(":")
             if name not in known and not (not fleet.pd and peer in PEER_NAMES and policy):
                 extra = "" if fleet.pd else ", vllm-router:<policy>, sglang-router:<policy>"
                 raise r.fail(f"{where}.name", f"unknown contender {name!r} (built in: "

@@ -93,3 +93,34 @@ def test_kv_events_are_for_an_aggregated_fleet_without_labels(tmp_path: Path) ->
     bad.write_text(SCENARIO.replace("kv_events: true", "kv_events: yes please"))
     with pytest.raises(ScenarioError, match=r"fleet\.kv_events: expected true or false"):
         load_scenario(bad)
+
+
+def test_a_peer_scaled_out_is_a_count_of_processes_without_a_store(tmp_path: Path) -> None:
+    scn = tmp_path / "peers.yaml"
+    scn.write_text(SCENARIO.replace("- {name: precise",
+                                    "- {name: sglang-router:cache_aware, replicas: {count: 3}}"
+                                    "\n- {name: precise"))
+    peer = load_scenario(scn).contenders[0]
+    assert (peer.name, peer.kind, peer.replicas, peer.store) == (
+        "sglang-router:cache_aware", "peer", 3, "")
+    scn.write_text(SCENARIO.replace("- {name: precise", "- {name: vllm-router:cache_aware, "
+                                    "replicas: {count: 2, store: valkey}}\n- {name: precise"))
+    with pytest.raises(ScenarioError, match=r"contenders\[0\]\.replicas\.store: unknown key"):
+        load_scenario(scn)
+
+
+@pytest.mark.timeout(240)
+def test_a_peer_scaled_out_runs_as_copies_behind_envoy(tmp_path: Path) -> None:
+    from bench.peers import PEERS
+
+    if not PEERS["sglang-router"].installed():
+        pytest.skip("sglang-router is not installed in .cache/peers (python -m bench.peers "
+                    "install needs PyPI; CI does not install the peers)")
+    scn = tmp_path / "peers.yaml"
+    scn.write_text(SCENARIO.replace("- {name: precise", "- {name: sglang-router:cache_aware, "
+                                    "replicas: {count: 2}}\n- {name: precise"))
+    doc, run_dir = run(scn, "--real", "--contenders", "sglang-router:cache_aware")
+    (row,) = doc["results"]
+    assert row["ok"] > 0 and not row["skipped"], row
+    commands = next(run_dir.rglob("command.txt")).read_text().splitlines()
+    assert len(commands) == 2 and commands[0] != commands[1]  # two copies, own ports
