@@ -52,9 +52,11 @@ def test_every_precise_replica_reads_every_servers_kv_events(tmp_path: Path) -> 
     assert row["ok"] > 0 and row["cache_hit"] > 0.5, row
     debug = json.loads(next(run_dir.rglob("debug.json")).read_text())
     held = [[ep["kv_cached_blocks"] for ep in r["endpoints"]] for r in debug["replicas"]]
-    # Both replicas index both servers from their events (server 1 never restarted, so it
-    # still holds blocks), and they index the same blocks: they read the same streams.
-    assert len(held) == 2 and held[0] == held[1] and held[0][1] > 0, held
+    # Both replicas index server 1 from its events (it never restarted, so it still holds
+    # blocks), and about the same blocks: they read the same streams (read one after the
+    # other, a last batch may reach one replica first).
+    assert len(held) == 2 and held[0][1] > 0 and held[1][1] > 0, held
+    assert abs(sum(held[0]) - sum(held[1])) <= 0.1 * max(sum(held[0]), sum(held[1])), held
     faults = next(run_dir.rglob("faults.txt")).read_text()
     assert "restart-server: sim-0 killed, revived 1 s later" in faults
     # 12 prefixes of 48 blocks on 300-block servers: they evict, and say so; the replicas'
