@@ -307,6 +307,15 @@ def _runtime_twin(c: Contender, fleet: Fleet) -> bool:
             or "predicted-latency-producer" in types)
 
 
+def _profile(fleet: Fleet) -> Any:
+    """The fleet's simulator profile, with its KV cache size when it sets one."""
+    from sim.profiles import get_profile
+
+    profile = get_profile(fleet.profile)
+    return dataclasses.replace(profile, num_gpu_blocks=fleet.kv_blocks) if fleet.kv_blocks \
+        else profile
+
+
 def _runtime_virtual(c: Contender, fleet: Fleet, seed: int,
                      specs: list[RequestSpec]) -> list[Any]:
     """The real EPP runtime, flow controller and latency model included
@@ -315,13 +324,12 @@ def _runtime_virtual(c: Contender, fleet: Fleet, seed: int,
     carries the producer's predictions for the picked endpoint and the request's SLO."""
     from bench.contenders import TUNED_CONFIG
     from bench.slo_twin import Twin
-    from sim.profiles import get_profile
 
     if c.epp_config is not None:
         config: str | None = c.epp_config.read_text()
     else:
         config = TUNED_CONFIG if c.name == "epp-tuned" else None
-    twin = Twin(config, seed, fleet.servers, get_profile(fleet.profile), fleet.speeds)
+    twin = Twin(config, seed, fleet.servers, _profile(fleet), fleet.speeds)
     for spec in specs:
         twin.add(spec.at, spec.body, dict(spec.headers), spec.tag)
     twin.run()

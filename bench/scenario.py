@@ -142,7 +142,7 @@ class Fleet:
         prefill = max(1, round(servers * self.roles["prefill"] / self.servers))
         prefill = min(prefill, servers - 1)
         return Fleet(servers, {"prefill": prefill, "decode": servers - prefill}, self.profile,
-                     self.time_scale, kv_blocks=self.kv_blocks)
+                     self.time_scale)
 
 
 @dataclass(frozen=True, slots=True)
@@ -378,6 +378,8 @@ def _fleet(r: _Reader, raw: Any) -> Fleet:
     kv_events = f.get("kv_events", False)
     if not isinstance(kv_events, bool):
         raise r.fail("fleet.kv_events", f"expected true or false, got {kv_events!r}")
+    if "kv_blocks" in f and roles:
+        raise r.fail("fleet.kv_blocks", "a KV cache size is for an aggregated fleet")
     if kv_events and (roles or labels):
         raise r.fail("fleet.kv_events", "KV events are for an aggregated fleet without labels "
                      "(its servers share one address, a port each)")

@@ -126,3 +126,12 @@ def test_a_peer_scaled_out_runs_as_copies_behind_envoy(tmp_path: Path) -> None:
     assert row["ok"] > 0 and not row["skipped"], row
     commands = next(run_dir.rglob("command.txt")).read_text().splitlines()
     assert len(commands) == 2 and commands[0] != commands[1]  # two copies, own ports
+
+
+def test_a_kv_cache_size_is_for_an_aggregated_fleet(tmp_path: Path) -> None:
+    bad = tmp_path / "pd.yaml"
+    bad.write_text("title: t\nfleet: {roles: {prefill: 1, decode: 1}, kv_blocks: 300}\n"
+                   "workload: pd-mix\ncontenders: [aggregated]\n")
+    with pytest.raises(ScenarioError, match=r"fleet\.kv_blocks: a KV cache size is for an "
+                                            r"aggregated fleet"):
+        load_scenario(bad)
