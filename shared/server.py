@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -161,6 +162,11 @@ async def serve(
     await health.start()
     await server.start()
     await health_server.start()
+    # What start-up built (config, plugins, protobuf descriptors) lives as long as the process:
+    # frozen, a full collection walks only what the requests made (measured: a third of the
+    # full collections' CPU, more with tracing's spans waiting for their batch).
+    gc.collect()
+    gc.freeze()
     log.info("serving ext_proc", address=address, tls=opts.secure, health_port=opts.health_port)
 
     stop = stop or asyncio.Event()

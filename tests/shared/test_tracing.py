@@ -8,6 +8,7 @@ import random
 import secrets
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -178,3 +179,54 @@ def test_console_export_writes_one_json_line_per_span() -> None:
     assert spans[0]["attributes"] == {"http.request.body.size": 9}
     assert spans[0]["parent_id"] == spans[1]["context"]["span_id"]
     assert spans[1]["kind"] == "SpanKind.SERVER"
+
+
+@pytest.mark.parametrize("sampler", ["traceidratio", "parentbased_traceidratio"])
+def test_a_new_trace_is_kept_as_the_ratio_sampler_keeps_its_id(receiver: OtlpReceiver,
+                                                                sampler: str) -> None:
+    """Without a parent, the ratio decision is taken on the drawn id's low 64 bits before
+    anything is built: the kept share is the ratio, and every kept id is one the SDK's own
+    sampler keeps."""
+    configure(receiver, OTEL_TRACES_SAMPLER=sampler, OTEL_TRACES_SAMPLER_ARG="0.25")
+    sdk = tracing.sampler_from_env({"OTEL_TRACES_SAMPLER": "traceidratio",
+                                    "OTEL_TRACES_SAMPLER_ARG": "0.25"})
+    kept = [t for _ in range(4000) if (t := tracing.start_request("r", {})) is not None]
+    assert 0.21 < len(kept) / 4000 < 0.29
+    ids = [t.root.context.trace_id for t in kept]
+    assert all(sdk.should_sample(None, i, "r").decision.is_sampled() for i in ids)
+    assert len(set(ids)) == len(ids) and all(i >> 64 for i in ids)  # valid, distinct ids
+    configure(receiver, OTEL_TRACES_SAMPLER=sampler, OTEL_TRACES_SAMPLER_ARG="0")
+    assert all(tracing.start_request("r", {}) is None for _ in range(1000))
+
+
+def test_a_full_batch_is_exported_without_waiting_for_the_delay(receiver: OtlpReceiver) -> None:
+    configure(receiver, OTEL_TRACES_SAMPLER="always_on", OTEL_BSP_SCHEDULE_DELAY="600000",
+              OTEL_BSP_MAX_EXPORT_BATCH_SIZE="4")
+    for _ in range(2):
+        tracing.start_request("r", {}).root.end()  # type: ignore[union-attr]
+    time.sleep(0.3)
+    assert receiver.spans == []  # half a batch waits (for 10 minutes)
+    for _ in range(2):
+        tracing.start_request("r", {}).root.end()  # type: ignore[union-attr]
+    assert len(receiver.wait_for(lambda s: len(s) >= 4, timeout=5)) == 4
+
+
+def test_spans_past_the_queue_limit_are_dropped_counted_and_warned_once(
+        receiver: OtlpReceiver, capsys: pytest.CaptureFixture[str]) -> None:
+    configure(receiver, OTEL_TRACES_SAMPLER="always_on", OTEL_BSP_SCHEDULE_DELAY="600000",
+              OTEL_BSP_MAX_QUEUE_SIZE="3")
+    for _ in range(5):
+        tracing.start_request("r", {}).root.end()  # type: ignore[union-attr]
+    flush()
+    assert len(receiver.wait_for(lambda s: len(s) >= 3)) == 3
+    warned = [line for line in capsys.readouterr().out.splitlines() if "spans dropped" in line]
+    assert len(warned) == 1 and "dropped=2" in warned[0]
+
+
+@pytest.mark.parametrize("name", ["OTEL_BSP_SCHEDULE_DELAY", "OTEL_BSP_MAX_QUEUE_SIZE",
+                                  "OTEL_BSP_MAX_EXPORT_BATCH_SIZE"])
+@pytest.mark.parametrize("value", ["soon", "0"])
+def test_a_bad_batch_setting_is_an_error_naming_the_variable(receiver: OtlpReceiver, name: str,
+                                                             value: str) -> None:
+    with pytest.raises(tracing.TracingConfigError, match=name):
+        configure(receiver, **{name: value})
