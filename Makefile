@@ -53,7 +53,7 @@ bench: venv
 	$(PY) -m bench.bbr_overhead
 	$(PY) -m bench.epp_overhead
 	$(PY) -m bench.epp_cpu
-	$(PY) -m bench.epp_pick_bench
+	$(PY) -m bench.micro pick
 	$(PY) -m bench run sim-saturation --real
 	$(PY) -m bench run sim-prefix --real
 
