@@ -69,3 +69,10 @@ def test_rewrite_reports_both_rewriters_on_three_streams() -> None:
     rows = micro("rewrite", "--events", "400", "--rounds", "1").splitlines()[1:]
     assert [r[:20].strip() for r in rows] == ["compact (vLLM)", "spaced", "nothing to rename"]
     assert all(float(r.split()[-2]) > 0 and float(r.split()[-1]) > 0 for r in rows)
+
+
+def test_rss_queued_holds_every_request_and_reads_the_epps_rss() -> None:
+    res = json.loads(micro("rss", "--queued", "200", timeout=300))
+    assert res["queued_seen"] == 200 and res["streams_ended_early"] == 0
+    assert res["rss_queued_mib"] > 0 and res["second_round"]["queued_seen"] == 200
+    assert res["alive"]
