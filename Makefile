@@ -50,10 +50,10 @@ lint: venv
 ## bench: gateway overhead, the EPP's CPU cost and pick latency (a few minutes); copy figures
 ## into bench/RESULTS.md
 bench: venv
-	$(PY) -m bench.bbr_overhead
+	$(PY) -m bench.micro bbr
 	$(PY) -m bench.epp_overhead
 	$(PY) -m bench.epp_cpu
-	$(PY) -m bench.epp_pick_bench
+	$(PY) -m bench.micro pick
 	$(PY) -m bench run sim-saturation --real
 	$(PY) -m bench run sim-prefix --real
 
@@ -63,7 +63,7 @@ bench-cpu: venv
 	$(PY) -m bench.epp_cpu --split $(CPU_ARGS)
 
 bench-quick: venv
-	$(PY) -m bench.bbr_overhead --quick
+	$(PY) -m bench.micro bbr --quick
 	$(PY) -m bench.epp_overhead --quick
 
 ## bench-list / bench-run / bench-report: the scenario toolkit (docs/benchmarks.md, top).

@@ -4,6 +4,13 @@
     python -m bench.micro statestore [--ops 20000] [--repeats 7] [--quick] [--json]
     python -m bench.micro active-active [--seconds 5] [--rounds 5] [--concurrency 32]
                                         [--save FILE]
+    python -m bench.micro pick [--requests N] [--config FILE] [--clock wall|cpu]
+    python -m bench.micro pick --route [--rounds 7]
+    python -m bench.micro slo-pick [--requests 3000] [--endpoints 100] [--fits 10]
+    python -m bench.micro rewrite [--events 20000] [--rounds 7]
+    python -m bench.micro rss [--seconds 60] [--concurrency 32]
+    python -m bench.micro rss --queued 10000 [--body-bytes 3200]
+    python -m bench.micro bbr [--seconds 5] [--rounds 3] [--concurrency 32] [--quick]
 
 ``kv-index`` (docs/precise-prefix.md, "Measured here"): ``epp.kvcache`` on one core. The
 index's memory against ``max_keys`` (4 endpoints each storing 3 x ``max_keys`` distinct blocks,
@@ -27,12 +34,43 @@ store``; ``1 replica + Valkey`` (a sharing replica whose peer syncs but gets no 
 ``2 replicas + Valkey`` (both in one ext_proc cluster). Per round: req/s and CPU ms per
 request of the EPPs and of Valkey, ratios paired by round (``bench.stats``). ``--save FILE``:
 per round what the replica twin's CPU model reads (``bench.twin.cpu.load_rounds``).
+
+``pick`` (bench/RESULTS.md, "Overhead"): the scheduler alone (``schedule``) at 10 / 100 /
+1,000 endpoints; ``--route``: one request's CPU through the director in process (every
+request-control plugin, no Envoy). ``slo-pick`` (RESULTS.md, "SLO"): the director's request
+path at 100 endpoints with upstream's predicted-latency profile, idle and while it refits.
+``rewrite`` (docs/compatibility.md): CPU per SSE event to rename ``model`` back in a stream.
+Each prints its own lines; percentiles are ``bench.stats.quantile``'s. ``bbr`` (RESULTS.md,
+"Overhead"): BBR's cost, the same POST through Envoy direct, Envoy + a no-op ext_proc on the
+same stack (the floor) and Envoy + BBR, BUFFERED and FULL_DUPLEX_STREAMED, rounds interleaved,
+medians over rounds with BBR / floor ratios (``bench.harness``).
+
+``rss`` (docs/reliability.md, RESULTS.md "Reliability"): resident memory each request leaves
+behind in BBR and the EPP, through the real gateway (Envoy → BBR → EPP → ``vllm-sim``, 4 pods),
+with Envoy's default ext_proc stream close (a
+half-close then an immediate reset) and with graceful close (``devkit.envoy.GRACEFUL_CLOSE``:
+Envoy half-closes and waits for the service's status).
+
+grpc.aio leaks the native memory of a batch that a stream reset fails or cancels
+(grpc/grpc#43360); the services end their streams themselves to stay out of that race
+(``shared/extproc.py``), and graceful close removes it. The figure is RSS growth over the
+measured run divided by its requests, after a warm-up run of a quarter of its length. The
+graceful-close run is the baseline; each run starts fresh processes.
+
+``--queued N`` (issue #14's "10,000 queued"): a running ``epp`` process (flow control on, its
+one endpoint a small HTTP server whose metrics say the pool is saturated, so everything
+waits) gets N ext_proc streams straight from this process (gRPC, as Envoy would send them;
+Envoy's default circuit breaker allows 1,024 concurrent streams to one cluster, so a single
+default Envoy could not queue this many), all opened at once. Its RSS (``/proc``) is read
+before, with all N queued, and after they are cancelled; then a second round of N shows
+whether the memory freed by the first is reused.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import gc
 import json
@@ -497,49 +535,551 @@ def active_active_rounds(out: dict[str, Any], a: argparse.Namespace) -> dict[str
             "cpus": os.cpu_count(), "rounds": rounds}
 
 
+# -- pick, slo-pick ---------------------------------------------------------------------------
+def _pcts(xs: list[float], digits: int = 0) -> str:
+    """p50 and p99 of ``xs`` (seconds) in microseconds (``bench.stats.quantile``)."""
+    from bench.stats import quantile
+
+    return ", ".join(f"p{q:g} {quantile(xs, q / 100) * 1e6:.{digits}f} us" for q in (50, 99))
+
+
+def director(n: int = 3, config: str | None = None, rng: random.Random | None = None) -> Any:
+    """The runtime of ``config`` (default profile if None) over an ``n``-endpoint pool whose
+    metrics never go stale: idle, or random load drawn from ``rng`` when one is given."""
+    from devkit.manifests import pool_manifests
+    from epp.config import build, parse_config
+    from epp.datastore import Datastore, EndpointMetrics
+    from epp.datastore.objects import parse_object
+    from epp.datastore.snapshot import build_snapshot
+    from epp.requestcontrol import Director
+
+    pods = [(f"pod-{i}", f"10.8.{i // 256}.{i % 256}") for i in range(n)]
+    objects = [parse_object(d) for d in pool_manifests("pool", pods, 8000)]
+    store = Datastore()
+    store.replace(build_snapshot([o for o in objects if o is not None], pool_name="pool",
+                                 pool_namespace="default"))
+    for view in store.views():
+        view.begin_scrape()
+        w, r, kv = (rng.randrange(0, 5), rng.randrange(0, 64), rng.random()) if rng else (0, 0, 0.0)
+        store.record_scrape(view, EndpointMetrics(waiting=w, running=r, kv_usage=kv,
+                                                  updated_at=time.monotonic() + 3600))
+    return Director.of(build(parse_config(config), store, rng=rng or random.Random(0)))
+
+
+def pick_samples(n: int, requests: int, config: str | None, clock: str) -> list[float]:
+    """Seconds per ``schedule`` over ``n`` endpoints with random load (``clock``: ``wall`` or
+    ``cpu``, this process's CPU time, which other work inflates far less); ~2 KB prompts from
+    50 shared prefixes, each pick followed by ``post_pick`` and an in-flight start."""
+    from epp.config import build_scheduler, parse_config
+    from epp.datastore import Endpoint, EndpointMetrics, EndpointView
+    from epp.scheduling import LLMRequest
+
+    now = time.perf_counter if clock == "wall" else time.process_time
+    rng = random.Random(1)
+    views = []
+    for i in range(n):
+        v = EndpointView(Endpoint(name=f"pod-{i}-rank-0", pod_name=f"pod-{i}",
+                                  namespace="default", port=8000, rank=0, labels={"app": "vllm"},
+                                  address=f"10.{i // 65536}.{i // 256 % 256}.{i % 256}"))
+        v.apply_scrape(EndpointMetrics(waiting=rng.randrange(0, 10), running=rng.randrange(0, 64),
+                                       kv_usage=rng.random(), updated_at=time.monotonic()))
+        views.append(v)
+    scheduler = build_scheduler(parse_config(config), rng=random.Random(2))
+    prefixes = [(f"system prompt {k} " * 60).encode()[:1500] for k in range(50)]
+    samples: list[float] = []
+    for i in range(requests):
+        prompt = rng.choice(prefixes) + f" question {i} ".encode() * 30
+        req = LLMRequest(request_id=str(i), target_model="m", client_model="m", prompt=prompt,
+                         prompt_tokens=len(prompt) // 4)
+        t0 = now()
+        result = scheduler.schedule(req, views)
+        samples.append(now() - t0)
+        scheduler.post_pick(req, result)
+        result.endpoints[0].start_request(req.prompt_tokens)
+        if i % 4 == 0:  # keep the in-flight counts bounded, as responses would
+            rng.choice(views).end_request(0)
+    return samples
+
+
+def route_samples(d: Any, n: int, rng: random.Random | None = None,
+                  clock: Callable[[], float] = time.perf_counter) -> list[float]:
+    """Seconds per ``route`` of ``n`` requests through director ``d`` (each then finished);
+    with ``rng``, ~1.6 KB prompts from 50 prefixes with a random SLO header, else ~1 KB."""
+    import orjson
+
+    out = []
+    for i in range(n):
+        headers = {":path": "/v1/completions"}
+        if rng:
+            headers |= {"x-request-id": f"r{i}",
+                        "x-slo-ttft-ms": str(rng.choice((200, 500, 2000)))}
+        prompt = f"{i % 50} " * 400 if rng else f"shared system prompt {i % 50} " * 40
+        t0 = clock()
+        _, routed = d.route(headers, orjson.dumps({"model": "m", "prompt": prompt}), {})
+        out.append(clock() - t0)
+        d.finish(routed, completed=True, status=200, response_size=100, prompt_tokens=10,
+                 completion_tokens=5)
+    return out
+
+
+def pick(a: argparse.Namespace) -> int:
+    """p50/p99 of a pick at 10 / 100 / 1,000 endpoints; ``--route``: the director's CPU time
+    per request (route + finish, 3 idle endpoints), best of the rounds."""
+    if a.route:
+        d = director()
+        rounds = [sum(route_samples(d, a.requests or 3000, clock=time.process_time))
+                  / (a.requests or 3000) * 1e6 for _ in range(a.rounds)]
+        print(f"route+finish CPU time: best {min(rounds):.1f} us/request "
+              f"(rounds {', '.join(f'{r:.1f}' for r in rounds)})")
+        return 0
+    text = None
+    if a.config:
+        from epp.config import load_config_file
+
+        load_config_file(a.config)  # validate with a clear error first
+        text = Path(a.config).read_text()
+    for n in (10, 100, 1000):
+        print(f"endpoints={n:5d}  "
+              + _pcts(pick_samples(n, a.requests or 5000, text, a.clock), 1))
+    return 0
+
+
+def slo_pick(a: argparse.Namespace) -> int:
+    """The director's whole request path at ``--endpoints``: default profile; upstream's
+    predicted-latency profile with its model idle, then while it refits on 5,000 samples every
+    100 ms (10x the default schedule; the fit in the plugin's worker process) until ``--fits``
+    fits have run beside the picks."""
+    from bench.slo_twin import LATENCY
+    from epp.latency.predictor import EndpointState
+    from epp.requestcontrol.plugins.predicted_latency_producer import PredictedLatencyProducer
+
+    rng = random.Random(0)
+    base = director(a.endpoints, None, rng)
+    route_samples(base, 300, rng)
+    default = route_samples(base, a.requests, rng)
+    d = director(a.endpoints, LATENCY, rng)
+    (producer,) = d.runtime.handle.find(PredictedLatencyProducer)
+    p = producer.predictor
+    p.stop()  # this bench schedules the fits itself
+    for _ in range(5000):
+        s = EndpointState(rng.uniform(10, 4000), rng.uniform(0, 4000), rng.randrange(5),
+                          rng.randrange(64), rng.random(), rng.uniform(0, 1e5),
+                          rng.uniform(0, 1e4))
+        p.observe(s, 0.05 + s.uncached_tokens * 2.5e-4, 0.012 + s.running * 1e-4)
+    p.retrain()
+    route_samples(d, 300, rng)  # warm-up
+    idle = route_samples(d, a.requests, rng)
+    stop, before = threading.Event(), p.retrains
+
+    def trainer() -> None:
+        while not stop.wait(0.1):  # 10x the default schedule (retrainInterval 1s)
+            p.observe(EndpointState(100, 100, 0, 1, 0.1, 100, 0), 0.08, 0.013)
+            p.retrain()
+
+    t = threading.Thread(target=trainer, daemon=True)
+    t.start()
+    busy = route_samples(d, a.requests, rng)  # and on until --fits fits ran beside the picks
+    while p.retrains - before < a.fits:
+        busy += route_samples(d, 200, rng)
+    stop.set()
+    t.join()
+    print(f"{a.endpoints} endpoints, route() in process: default profile {_pcts(default)}; "
+          f"latency profile, model idle {_pcts(idle)}; "
+          f"retraining ({p.retrains - before} fits during the phase) {_pcts(busy)}")
+    return 0
+
+
+# -- rewrite -----------------------------------------------------------------------------------
+REWRITE_TARGET, REWRITE_CLIENT = "food-review-v1", "food-review"
+
+
+def sse_chunks(n: int, *, spaced: bool, model: str = REWRITE_TARGET) -> list[bytes]:
+    """``n`` vLLM-shaped chat chunk events (~330 B), 4 per Envoy chunk; ``spaced``: JSON with
+    spaces (``"model": "x"``) instead of vLLM's compact JSON."""
+    import orjson
+
+    events = []
+    for i in range(n):
+        text = orjson.dumps({"id": "chatcmpl-6f1c", "object": "chat.completion.chunk",
+                             "created": 1767225600, "model": model, "choices": [{
+                                 "index": 0, "delta": {"content": f" token{i}"},
+                                 "logprobs": None, "finish_reason": None}]})
+        if spaced:
+            text = text.replace(b'":', b'": ').replace(b',"', b', "')
+        events.append(b"data: " + text + b"\n\n")
+    return [b"".join(events[i:i + 4]) for i in range(0, n, 4)]
+
+
+class CompactOnly:
+    """The baseline: the rewriter before it understood JSON spacing, its ``chunk()`` step for
+    step (complete lines only, one compact pattern, a byte replace)."""
+
+    def __init__(self, client_model: str, target_model: str) -> None:
+        import orjson
+
+        self.first_token_seen, self._carry = False, b""
+        self._from = b'"model":' + orjson.dumps(target_model)
+        self._to = b'"model":' + orjson.dumps(client_model)
+        self.renames = client_model != target_model
+
+    def chunk(self, chunk: bytes, end_of_stream: bool) -> bytes:
+        data = self._carry + chunk if self._carry else chunk
+        cut = len(data) if end_of_stream else data.rfind(b"\n") + 1
+        complete, self._carry = data[:cut], data[cut:]
+        if not complete:
+            return b""
+        if not self.first_token_seen and b"data:" in complete:
+            self.first_token_seen = True
+        if self.renames and self._from in complete:
+            complete = complete.replace(self._from, self._to)
+        return complete
+
+
+def rewrite(a: argparse.Namespace) -> int:
+    """CPU time (best round) per event to rename ``model`` back in an SSE stream: the EPP's
+    ``ResponseRewriter`` against the compact-only baseline, on compact, spaced and
+    nothing-to-rename streams."""
+    from epp.requestcontrol.response import ResponseRewriter
+
+    def best_us(cls: Any, stream: list[bytes]) -> float:
+        best = float("inf")
+        for _ in range(a.rounds):
+            rw, t0 = cls(REWRITE_CLIENT, REWRITE_TARGET), time.process_time()
+            for chunk in stream:
+                rw.chunk(chunk, False)
+            best = min(best, time.process_time() - t0)
+        return best / a.events * 1e6
+
+    print(f"{'stream':<20} {'compact-only us/event':>22} {'current us/event':>17}")
+    for name, stream in (("compact (vLLM)", sse_chunks(a.events, spaced=False)),
+                         ("spaced", sse_chunks(a.events, spaced=True)),
+                         ("nothing to rename", sse_chunks(a.events, spaced=False,
+                                                          model="other-model"))):
+        print(f"{name:<20} {best_us(CompactOnly, stream):>22.3f} "
+              f"{best_us(ResponseRewriter, stream):>17.3f}")
+    return 0
+
+
+# -- rss ---------------------------------------------------------------------------------------
+def rss_measure(runtime: dict[str, Any] | None, seconds: float, concurrency: int
+            ) -> dict[str, Any]:
+    """Bytes of RSS per request for each service, and the run's request and error counts."""
+    import orjson
+
+    from bench.harness import load
+    from devkit.reliability.faultkit import MODEL, SimFleet, start_sim_gateway
+    from devkit.reliability.gateway import rss_kb
+
+    workdir = Path(tempfile.mkdtemp(prefix="rss-per-request-"))
+    body = workdir / "body.json"
+    body.write_bytes(orjson.dumps({"model": MODEL, "max_tokens": 2, "prompt": "leak probe"}))
+    fleet = SimFleet(4, workdir).start()
+    gw = start_sim_gateway(workdir, fleet, runtime=runtime)
+    procs = {"bbr": gw.bbr.proc, "epp": gw.epps["sim"].proc}
+    pids = {name: proc.pid for name, proc in procs.items() if proc is not None}
+    try:
+        load(gw.url(), body, concurrency, seconds / 4)
+        before = {name: rss_kb(pid) for name, pid in pids.items()}
+        stats = load(gw.url(), body, concurrency, seconds)
+        after = {name: rss_kb(pid) for name, pid in pids.items()}
+    finally:
+        gw.stop()
+        fleet.stop()
+    n = max(1, stats["requests"])
+    return {"requests": stats["requests"], "errors": stats["errors"],
+            **{name: (after[name] - before[name]) * 1024 / n for name in pids}}
+
+
+SATURATED_METRICS = (b"vllm:num_requests_waiting{model_name=\"m\"} 100\n"
+                     b"vllm:num_requests_running{model_name=\"m\"} 8\n"
+                     b"vllm:kv_cache_usage_perc{model_name=\"m\"} 0.9\n")
+
+
+async def _metrics_server() -> tuple[asyncio.AbstractServer, int]:
+    """A tiny real HTTP server answering every GET with saturated vLLM metrics."""
+    async def handle(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        # CancelledError: the server closes with the loop at the end
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError,
+                                 asyncio.CancelledError):
+            while True:
+                head = await r.readuntil(b"\r\n\r\n")
+                if not head:
+                    break
+                w.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: "
+                        + str(len(SATURATED_METRICS)).encode() + b"\r\n\r\n"
+                        + SATURATED_METRICS)
+                await w.drain()
+        w.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]
+
+
+async def queued_rss(n: int, body_bytes: int, workdir: Path) -> dict[str, Any]:
+    """The EPP's RSS before, with ``n`` ext_proc streams queued by flow control (its one
+    endpoint reports saturation, so all wait), and after they are cancelled; twice, so the
+    second round shows whether the memory freed by the first is reused."""
+    import grpc
+    import orjson
+    from envoy.config.core.v3 import base_pb2
+    from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+    from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+
+    from devkit.manifests import pool_manifests, write_yaml
+    from devkit.reliability.gateway import ServiceProcess, rss_kb
+
+    server, port = await _metrics_server()
+    workdir.mkdir(parents=True, exist_ok=True)
+    manifests = workdir / "pool.yaml"
+    write_yaml(manifests, pool_manifests("pool", [("pod-0", "127.0.0.1")], port))
+    config = (f"featureGates: [flowControl]\nflowControl: {{maxRequests: {n * 2}}}\n")
+    epp = ServiceProcess("epp.main", "--manifests", str(manifests), "--secure-serving=false",
+                         "--config-text", config, log_path=workdir / "epp.log").start()
+    try:
+        await asyncio.to_thread(epp.wait_serving)
+        assert epp.proc is not None
+        pid = epp.proc.pid
+
+        async def queued() -> int:
+            status, body = await asyncio.to_thread(epp.get, "/debug/pool")
+            return int(orjson.loads(body).get("flowControl", {}).get("queued", -1)) \
+                if status == 200 else -1
+
+        prompt = ("abc " * (body_bytes // 4))[:body_bytes]
+        payload = orjson.dumps({"model": "m", "prompt": prompt, "max_tokens": 16})
+        # 20 connections (no shared subchannel), as several Envoys would open. All 10,000
+        # streams are opened at once: before shared.server raised gRPC core's backlog of
+        # streams not yet taken up by the server's loop (PENDING_STREAMS_SOFT), core
+        # cancelled 10-25% of them and the queue stopped at 6-9k.
+        channels = [grpc.aio.insecure_channel(f"127.0.0.1:{epp.port}",
+                                              options=[("grpc.use_local_subchannel_pool", 1)])
+                    for _ in range(20)]
+
+        def messages(i: int) -> list[Any]:
+            hdrs = [(":method", "POST"), (":path", "/v1/completions"),
+                    ("content-type", "application/json"), ("x-request-id", f"q{i}")]
+            return [pb.ProcessingRequest(request_headers=pb.HttpHeaders(
+                        headers=base_pb2.HeaderMap(headers=[
+                            base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in hdrs]))),
+                    pb.ProcessingRequest(request_body=pb.HttpBody(body=payload,
+                                                                  end_of_stream=True))]
+
+        await asyncio.sleep(1.0)
+        before = rss_kb(pid)
+        rounds = []
+        for r in range(2):  # the second round shows whether freed memory is reused
+            calls = []
+            for i in range(n):
+                stub = pb_grpc.ExternalProcessorStub(channels[i % len(channels)])
+                calls.append(stub.Process(iter(messages(r * n + i))))
+                if i % 500 == 499:
+                    await asyncio.sleep(0)
+            deadline = time.monotonic() + 300
+            while (q := await queued()) < n and time.monotonic() < deadline:
+                await asyncio.sleep(0.5)
+            await asyncio.sleep(2.0)
+            with_queue = rss_kb(pid)
+            failed = sum(1 for c in calls if c.done())  # ended while all should wait
+            for c in calls:
+                c.cancel()
+            deadline = time.monotonic() + 120
+            while await queued() > 0 and time.monotonic() < deadline:
+                await asyncio.sleep(0.5)
+            await asyncio.sleep(2.0)
+            rounds.append({"queued_seen": q, "streams_ended_early": failed,
+                           "rss_queued_mib": with_queue / 1024,
+                           "rss_after_cancel_mib": rss_kb(pid) / 1024,
+                           "queued_after_cancel": await queued()})
+        for ch in channels:
+            await ch.close()
+        first = rounds[0]
+        return {"requests": n, "body_bytes": len(payload), "rss_before_mib": before / 1024,
+                **first, "kib_per_queued": (first["rss_queued_mib"] * 1024 - before)
+                / max(1, first["queued_seen"]), "second_round": rounds[1],
+                "alive": epp.proc.poll() is None}
+    finally:
+        epp.stop()
+        server.close()
+
+
+def rss(a: argparse.Namespace) -> int:
+    """RSS per request of BBR and the EPP, Envoy's default close against graceful close;
+    ``--queued N``: the EPP's RSS with N requests queued by flow control."""
+    from devkit.envoy import GRACEFUL_CLOSE
+
+    if a.queued:
+        res = asyncio.run(queued_rss(a.queued, a.body_bytes,
+                                     Path(tempfile.mkdtemp(prefix="epp-queued-rss-"))))
+        print(json.dumps(res, indent=1))
+        return 0
+    default = rss_measure(None, a.seconds, a.concurrency)
+    graceful = rss_measure(GRACEFUL_CLOSE, a.seconds, a.concurrency)
+    print(f"Closed loop, {a.concurrency} connections, {a.seconds:g} s measured after "
+          f"{a.seconds / 4:g} s of warm-up; requests: {default['requests']} (Envoy default), "
+          f"{graceful['requests']} (graceful close); errors: {default['errors']}, "
+          f"{graceful['errors']}.\n")
+    print("| service | Envoy default, B/request | graceful close, B/request |")
+    print("|---|---:|---:|")
+    for name in ("bbr", "epp"):
+        print(f"| {name} | {default[name]:.0f} | {graceful[name]:.0f} |")
+    return 1 if default["errors"] or graceful["errors"] else 0
+
+
+# -- bbr ---------------------------------------------------------------------------------------
+BBR_MODES = ("BUFFERED", "FULL_DUPLEX_STREAMED")
+
+
+def bbr(args: argparse.Namespace) -> int:
+    """BBR's cost: the same POST through Envoy direct, Envoy + a no-op ext_proc (the floor)
+    and Envoy + BBR, BUFFERED and FULL_DUPLEX_STREAMED, rounds interleaved; medians."""
+    from bench.harness import had_errors, medians, ratio_row, run_rounds, start, stop, table
+    from devkit import envoy as e
+
+    if args.quick:
+        args.seconds, args.rounds = 1.0, 1
+    direct = {"match": {"prefix": "/"},
+              "direct_response": {"status": 200, "body": {"inline_string": '{"ok":true}'}}}
+
+    work = Path(tempfile.mkdtemp(prefix="bench-bbr-"))
+    body = work / "body.json"
+    body.write_bytes(json.dumps({
+        "model": "meta-llama/Llama-3.1-8B-Instruct",
+        "messages": [{"role": "user", "content": "Tell me about Envoy. " * 40}],
+        "max_tokens": 64, "stream": False}).encode())
+
+    ports = {name: e.free_port() for name in ("noop", "noop_h", "bbr", "bbr_h", "bbr_m")}
+    py = sys.executable
+    procs = [
+        start([py, "-m", "bench.noop_extproc", "--grpc-port", str(ports["noop"]),
+               "--grpc-health-port", str(ports["noop_h"])], work / "noop.log"),
+        start([py, "-m", "bbr.main", "--secure-serving=false",
+               "--grpc-port", str(ports["bbr"]), "--grpc-health-port", str(ports["bbr_h"]),
+               "--metrics-port", str(ports["bbr_m"])], work / "bbr.log"),
+    ]
+    listeners, contenders = [], {}
+    for mode in BBR_MODES:
+        for svc in ("noop", "bbr"):
+            port = e.free_port()
+            listeners.append(e.listener(port, [direct],
+                                        [e.ext_proc_filter(svc, request_body_mode=mode)],
+                                        name=f"{svc}_{mode}"))
+            contenders[f"{svc} {mode}"] = f"http://127.0.0.1:{port}/v1/chat/completions"
+    port = e.free_port()
+    listeners.append(e.listener(port, [direct], [], name="direct"))
+    contenders["envoy direct"] = f"http://127.0.0.1:{port}/v1/chat/completions"
+    admin = e.free_port()
+    cfg = e.bootstrap(admin, listeners, [e.grpc_cluster("noop", ports["noop"], tls=False),
+                                         e.grpc_cluster("bbr", ports["bbr"], tls=False)])
+    try:
+        e.wait_for_port(ports["noop"])
+        e.wait_for_port(ports["bbr"])
+        with e.Envoy(cfg, admin_port=admin, workdir=work / "envoy"):
+            results = run_rounds(contenders, body, args.concurrency, args.seconds, args.rounds)
+    finally:
+        stop(procs)
+    med = medians(results)
+    print("\n".join([
+        f"Workload: closed loop, {args.concurrency} connections, {args.seconds:g} s x "
+        f"{args.rounds} rounds per contender, 1.3 KB chat body, Envoy answers directly "
+        "(no model server), services plaintext.", "", *table(med), "",
+        "| mode | BBR / floor throughput | BBR / floor p50 | BBR / floor p99 |",
+        "|---|---:|---:|---:|",
+        *(ratio_row(mode, med[f"bbr {mode}"], med[f"noop {mode}"]) for mode in BBR_MODES),
+    ]))
+    return 1 if had_errors(results) else 0
+
+
+def kv_index_cmd(a: argparse.Namespace) -> int:
+    kv_memory(a.quick)
+    if not a.memory_only:
+        kv_index(a.quick)
+        asyncio.run(kv_sockets(a.quick, a.central))
+    return 0
+
+
+def statestore_cmd(a: argparse.Namespace) -> int:
+    import structlog
+
+    # the stores' join/leave lines go to stderr so stdout is only the report
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+    res = asyncio.run(statestore(*((2000, 3) if a.quick else (a.ops, a.repeats))))
+    if a.json:
+        print(json.dumps(res, indent=2))
+    else:
+        statestore_report(res)
+    return 0
+
+
+def active_active_cmd(a: argparse.Namespace) -> int:
+    out = active_active(a.seconds, a.rounds, a.concurrency)
+    print("\n".join(active_active_report(out, a)))
+    if a.save is not None:
+        a.save.write_text(json.dumps(active_active_rounds(out, a), indent=1) + "\n")
+    return 1 if any(r["errors"] for rs in out["rounds"].values() for r in rs) else 0
+
+
+#: subcommand -> (help, its flags as (flag, add_argument keywords), what runs it)
+Flags = tuple[tuple[str, dict[str, Any]], ...]
+_QUICK: Flags = (("--quick", {"action": "store_true"}),)
+COMMANDS: dict[str, tuple[str, Flags, Callable[[argparse.Namespace], int]]] = {
+    "kv-index": ("epp.kvcache: indexing, score, sockets, memory", (*_QUICK, (
+        "--memory-only", {"action": "store_true", "help": "only the memory bound"}), (
+        "--central", {"action": "store_true", "help": "the sockets part in llm-d's "
+                      "centralized mode (a bound collector)"})), kv_index_cmd),
+    "statestore": ("state store: request path, round trip, sync", (
+        ("--ops", {"type": int, "default": 20_000, "help": "calls per timed batch"}),
+        ("--repeats", {"type": int, "default": 7, "help": "batches per figure"}),
+        ("--quick", {"action": "store_true", "help": "--ops 2000 --repeats 3"}),
+        ("--json", {"action": "store_true", "help": "print JSON instead of a table"})),
+        statestore_cmd),
+    "active-active": ("req/s and CPU of 1 vs 1 sharing vs 2 replicas", (
+        ("--seconds", {"type": float, "default": 5.0}),
+        ("--rounds", {"type": int, "default": 5}),
+        ("--concurrency", {"type": int, "default": 32}),
+        ("--save", {"type": Path, "default": None, "metavar": "FILE", "help": "write the CPU "
+                    "figures per round for the twin (bench.twin.cpu)"})), active_active_cmd),
+    "pick": ("pick latency at 10/100/1,000 endpoints; --route: the director's CPU", (
+        ("--requests", {"type": int, "default": None,
+                        "help": "picks per pool size (5000), with --route per round (3000)"}),
+        ("--route", {"action": "store_true", "help": "time route + finish instead"}),
+        ("--rounds", {"type": int, "default": 7, "help": "with --route"}),
+        ("--config", {"help": "EndpointPickerConfig file (default profile if absent)"}),
+        ("--clock", {"choices": ("wall", "cpu"), "default": "wall",
+                     "help": "time picks by wall clock or by this process's CPU time"})), pick),
+    "slo-pick": ("route() with the predicted-latency profile, idle and refitting", (
+        ("--requests", {"type": int, "default": 3000}),
+        ("--endpoints", {"type": int, "default": 100}),
+        ("--fits", {"type": int, "default": 10,
+                    "help": "keep picking while refitting until this many fits ran"})),
+        slo_pick),
+    "rewrite": ("CPU per SSE event to rename the model back", (
+        ("--events", {"type": int, "default": 20000}),
+        ("--rounds", {"type": int, "default": 7})), rewrite),
+    "rss": ("RSS per request through the gateway; --queued N: the EPP with N queued", (
+        ("--seconds", {"type": float, "default": 60.0}),
+        ("--concurrency", {"type": int, "default": 32}),
+        ("--queued", {"type": int, "default": 0, "help": "measure the EPP with N queued"}),
+        ("--body-bytes", {"type": int, "default": 3200,
+                          "help": "--queued: prompt bytes per queued request (~800 tokens)"})),
+        rss),
+    "bbr": ("BBR's overhead against the no-op ext_proc floor and Envoy direct", (
+        ("--seconds", {"type": float, "default": 5.0}),
+        ("--rounds", {"type": int, "default": 3}),
+        ("--concurrency", {"type": int, "default": 32}),
+        ("--quick", {"action": "store_true", "help": "one short round (CI smoke)"})), bbr),
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.micro", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    kv = sub.add_parser("kv-index", help="epp.kvcache: indexing, score, sockets, memory")
-    kv.add_argument("--quick", action="store_true")
-    kv.add_argument("--memory-only", action="store_true", help="only the memory bound")
-    kv.add_argument("--central", action="store_true",
-                    help="the sockets part in llm-d's centralized mode (a bound collector)")
-    st = sub.add_parser("statestore", help="state store: request path, round trip, sync")
-    st.add_argument("--ops", type=int, default=20_000, help="calls per timed batch")
-    st.add_argument("--repeats", type=int, default=7, help="batches per figure")
-    st.add_argument("--quick", action="store_true", help="--ops 2000 --repeats 3")
-    st.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    aa = sub.add_parser("active-active", help="req/s and CPU of 1 vs 1 sharing vs 2 replicas")
-    aa.add_argument("--seconds", type=float, default=5.0)
-    aa.add_argument("--rounds", type=int, default=5)
-    aa.add_argument("--concurrency", type=int, default=32)
-    aa.add_argument("--save", type=Path, default=None, metavar="FILE",
-                    help="write the CPU figures per round for the twin (bench.twin.cpu)")
+    for name, (text, flags, _) in COMMANDS.items():
+        p = sub.add_parser(name, help=text)
+        for flag, kw in flags:
+            p.add_argument(flag, **kw)
     a = ap.parse_args(argv)
-    if a.cmd == "kv-index":
-        kv_memory(a.quick)
-        if not a.memory_only:
-            kv_index(a.quick)
-            asyncio.run(kv_sockets(a.quick, a.central))
-    elif a.cmd == "statestore":
-        import structlog
-
-        # the stores' join/leave lines go to stderr so stdout is only the report
-        structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
-        res = asyncio.run(statestore(*((2000, 3) if a.quick else (a.ops, a.repeats))))
-        if a.json:
-            print(json.dumps(res, indent=2))
-        else:
-            statestore_report(res)
-    else:
-        out = active_active(a.seconds, a.rounds, a.concurrency)
-        print("\n".join(active_active_report(out, a)))
-        if a.save is not None:
-            a.save.write_text(json.dumps(active_active_rounds(out, a), indent=1) + "\n")
-        return 1 if any(r["errors"] for rs in out["rounds"].values() for r in rs) else 0
-    return 0
+    return COMMANDS[a.cmd][2](a)
 
 
 if __name__ == "__main__":

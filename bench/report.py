@@ -73,7 +73,7 @@ class RunResult:
     cold_ttft_p90: float = 0.0
     wall_seconds: float = 0.0
     #: CPU seconds the router's own process used over the run (0: it has none, or the twin),
-    #: and how long its CPU budget held it back (``bench.compare --router-cpus``)
+    #: and how long its CPU budget held it back (``bench run --router-cpus``)
     router_cpu: float = 0.0
     router_throttled: float = 0.0
     pods: dict[str, int] = field(default_factory=dict)

@@ -3,7 +3,7 @@ fleet, contenders and report.
 
 - **real time** (``--real``): for every load x seed, each contender gets a fresh simulated
   fleet, is started in front of it (Envoy + our EPP, Envoy's own LB policies, a peer router)
-  and the open-loop client plays the seed's schedule through it (:func:`bench.compare.run_one`;
+  and the open-loop client plays the seed's schedule through it (:func:`run_one`;
   P/D fleets: ``bench.pd_compare``'s fleets with the prefill/decode roles, sidecars and
   vllm-router's PD mode). The contenders' order alternates between seeds.
 - **virtual time** (``--virtual``, the default): the same schedules through the same
@@ -21,12 +21,14 @@ the settings after overrides, the environment, every run's summary) beside a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -35,10 +37,11 @@ from typing import Any
 from bench import environment
 from bench import report as rp
 from bench.report import RunResult, summarize
-from bench.scenario import Contender, Fleet, PdVariant, Scenario
+from bench.scenario import Contender, Fault, Fleet, PdVariant, Scenario
 from bench.twin.cpu import MEASURED_COST, ProcessCpu
 from bench.workloads import (
     MODEL,
+    PROFILE,
     SLO_TPOT_HEADER,
     SLO_TTFT_HEADER,
     WORKLOADS,
@@ -398,12 +401,10 @@ def _real_contender(c: Contender, p: Plan) -> Any:
 
 
 def _real(p: Plan, load: float, seed: int, c: Contender, workdir: Path) -> RunResult:
-    from bench import compare
-
     if p.fleet.pd:
         return _pd_real(p, load, seed, c, workdir)
     b = p.scenario.budget
-    res: RunResult = compare.run_one(
+    res: RunResult = run_one(
         p.workload, load, _real_contender(c, p), duration=p.duration, seed=seed,
         servers=p.fleet.servers, time_scale=p.fleet.time_scale, workdir=workdir,
         progress=False, timeout=p.scenario.timeout, fleet_cpus=b.fleet_cpus,
@@ -411,6 +412,105 @@ def _real(p: Plan, load: float, seed: int, c: Contender, workdir: Path) -> RunRe
         faults=p.scenario.faults, kv_blocks=p.fleet.kv_blocks, kv_events=p.fleet.kv_events)
     res.contender, res.kind = c.name, c.kind
     return res
+
+
+# -- one real-time run (fresh fleet, the contender, the open-loop client) -----------------------
+def run_one(workload: Workload, load: float, contender: Any, *, duration: float,
+            seed: int, servers: int, time_scale: float, workdir: Path, progress: bool,
+            timeout: float, fleet_cpus: float = 0.0, client_cpus: float = 0.0,
+            profile: str = PROFILE, labels: list[dict[str, str]] | None = None,
+            faults: Sequence[Fault] = (), kv_blocks: int = 0,
+            kv_events: bool = False) -> RunResult:
+    """One run: fresh fleet, contender in front, the seed's schedule played open-loop;
+    ``fleet_cpus`` / ``client_cpus``: CPU budgets of the simulator and the client (0: none);
+    ``labels``: each server's extra pod labels; ``faults``: steps done at their model time
+    from the client's start (what each did goes to ``faults.txt`` in ``workdir``);
+    ``kv_blocks``, ``kv_events``: :class:`bench.contenders.SimFleet`'s."""
+    import contextlib
+    import subprocess
+
+    import orjson
+
+    from bench import cpubudget
+    from bench.contenders import SimFleet
+    from bench.openloop import Outcome
+
+    specs = workload.schedule(load, duration, seed, servers)
+    res = RunResult(workload.name, load, load * workload.capacity(servers), contender.name,
+                    contender.kind, seed=seed, servers=servers)
+    reason = contender.unavailable()
+    if reason:
+        res.skipped = reason
+        return res
+    workdir.mkdir(parents=True, exist_ok=True)
+    # The schedule is in model seconds; the simulator runs time_scale x slower than a GPU.
+    specs = [dataclasses.replace(s, at=s.at * time_scale) for s in specs]
+    write_specs(specs, workdir / "requests.jsonl")
+    started = time.monotonic()
+    with SimFleet(workdir / "fleet", size=servers, time_scale=time_scale, seed=seed,
+                  cpus=fleet_cpus, profile=profile, labels=labels or [], kv_blocks=kv_blocks,
+                  kv_events=kv_events) as fleet, \
+            contender.running(fleet, workdir) as url:
+        cmd = [sys.executable, "-m", "bench.openloop", "--url", url,
+               "--requests", str(workdir / "requests.jsonl"),
+               "--out", str(workdir / "outcomes.jsonl"), "--timeout", str(timeout)]
+        if progress:
+            cmd.append("--progress")
+        with contextlib.ExitStack() as stack:
+            client = subprocess.Popen(cmd)
+            stack.callback(client.kill)   # only if this block fails before it ends
+            if faults:
+                stack.enter_context(_faults(contender, faults, time_scale, workdir, fleet))
+            if client_cpus:
+                stack.enter_context(cpubudget.CpuBudget(client_cpus)).add(client.pid)
+            if client.wait() != 0:
+                raise subprocess.CalledProcessError(client.returncode, cmd)
+        res.evictions, res.kv_lag = fleet.evictions(), contender.kv_lag()
+        debug = contender.debug()
+        if debug:
+            (workdir / "debug.json").write_text(json.dumps(debug, indent=1))
+    res.wall_seconds = time.monotonic() - started
+    res.router_cpu, res.router_throttled = contender.cpu_used, contender.throttled
+    outcomes = [Outcome(**dict(orjson.loads(line).items()))
+                for line in (workdir / "outcomes.jsonl").read_bytes().splitlines()]
+    summarize(res, outcomes, time_scale,
+              tags=[s.tag for s in specs] if workload.by_class else None)
+    if workload.generator == "tenants":
+        res.jain = rp.tenant_fairness(specs, outcomes, duration, time_scale)
+    return res
+
+
+@contextlib.contextmanager
+def _faults(contender: Any, faults: Sequence[Fault], time_scale: float,
+            workdir: Path, fleet: Any = None) -> Iterator[None]:
+    """The fault steps on a thread, timed from now (the client's start, within its import
+    time: a fraction of a second); ``restart-server`` acts on ``fleet``, the rest on the
+    contender."""
+    t0, stop, done = time.monotonic(), threading.Event(), []
+
+    def steps() -> None:
+        for f in sorted(faults, key=lambda f: f.at):
+            if stop.wait(max(0.0, t0 + f.at * time_scale - time.monotonic())):
+                return
+            did = (fleet.restart(0) if f.action == "restart-server" and fleet is not None
+                   else contender.fault(f.action))
+            done.append(f"{time.monotonic() - t0:.2f} s: {did}")
+
+    thread = threading.Thread(target=steps, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        (workdir / "faults.txt").write_text("".join(line + "\n" for line in done))
+
+
+def load_run(run_dir: Path) -> tuple[dict[str, object], list[RunResult]]:
+    """A saved run's meta and results (also the former ``python -m bench.compare``'s, under
+    ``.cache/bench-compare/<timestamp>/``)."""
+    saved = json.loads((run_dir / "results.json").read_text())
+    return saved["meta"], [RunResult(**r) for r in saved["results"]]
 
 
 def _pd_real(p: Plan, load: float, seed: int, c: Contender, workdir: Path) -> RunResult:

@@ -15,7 +15,7 @@ affinity" section of ``bench/RESULTS.md``.
    load scorers alone, with the approximate prefix scorer (the default profile), and with
    ``session-affinity-scorer``;
 4. pick latency at 100 endpoints while the model retrains in a background thread
-   (:mod:`bench.slo_pick_bench`).
+   (``python -m bench.micro slo-pick``).
 
 Time the EPP would add on the wire is not modelled (the twin measures scheduling quality).
 """

@@ -73,7 +73,7 @@ class ServeOptions:
 #: Streams gRPC core may hold for the ext_proc server between their arrival and the moment
 #: ``grpc.aio``'s loop takes them up. Core's defaults (1,000, dropping at random up to 3,000,
 #: then refusing every new stream) cancelled ~10-25% of a burst of 10,000 streams the EPP
-#: would otherwise have queued (``python -m bench.rss_per_request --queued 10000``); Go's gRPC
+#: would otherwise have queued (``python -m bench.micro rss --queued 10000``); Go's gRPC
 #: server, which upstream runs, has no such backlog. Admission is flow control's job (its
 #: queue limits answer 429), so the backlog is set far above any queue a pool is configured
 #: for. A stream still waits at most gRPC's 30 s before core drops it.

@@ -3,7 +3,7 @@
     python -m bench.twin.agreement                      # make bench-agreement: a short live case
     python -m bench.twin.agreement --from-run .cache/bench-compare/<timestamp> [--epp-cpus 1]
 
-Live: ``envoy-rr`` and ``epp-default`` run for real (``bench.compare.run_one``: simulator
+Live: ``envoy-rr`` and ``epp-default`` run for real (``bench.runner.run_one``: simulator
 processes, real Envoy, the EPP process) and in the twin, on the same schedule. ``--from-run``
 replays every ``envoy-rr`` / ``epp-default`` / ``epp-tuned`` run of a saved ``bench.compare``
 run in the twin instead (no new real-time runs). ``--epp-cpus N`` gives the twin's EPP the
@@ -64,8 +64,8 @@ def twin_of(real: RunResult, duration: float, cpu: ProcessCpu | None = None) -> 
 def live(workload: str, load: float, seed: int, servers: int, duration: float,
          workdir: Path, cpu: ProcessCpu | None = None) -> list[Pair]:
     """Run ``envoy-rr`` and ``epp-default`` for real, then in the twin."""
-    from bench.compare import run_one
     from bench.contenders import all_contenders
+    from bench.runner import run_one
 
     pairs = []
     for name in CONTENDERS:
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.argv[1:] if argv is None else argv)
     started = time.monotonic()
     if args.from_run is not None:
-        from bench.compare import load_run
+        from bench.runner import load_run
 
         meta, results = load_run(args.from_run)
         durations = dict(meta.get("durations", {}))  # type: ignore[call-overload]

@@ -111,7 +111,7 @@ class TwinConfig:
     kv_blocks: int = 0
 
     def keys(self) -> list[str]:
-        """Endpoint keys, the same addresses ``bench.compare``'s fleet uses."""
+        """Endpoint keys, the same addresses ``bench.runner.run_one``'s fleet uses."""
         return [f"127.0.10.{i + 1}:8000" for i in range(self.servers)]
 
 

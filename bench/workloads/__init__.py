@@ -1,4 +1,4 @@
-"""Seeded workloads for the routing comparison (``bench.compare``) and the twin (``bench.twin``).
+"""Seeded workloads for the routing comparison (``bench.runner``) and the twin (``bench.twin``).
 
 The workloads are data: one ``*.yaml`` file in this package per workload (name, title, the
 source of its shape, generator, arrivals, parameters, loads, duration). A generator here turns
@@ -27,7 +27,7 @@ import yaml
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
-# The fleet every contender shares (bench.compare starts it; see docs/benchmarks.md).
+# The fleet every contender shares (bench.runner.run_one starts it; see docs/benchmarks.md).
 FLEET_SIZE = 8
 PROFILE = "8b-h100"
 LORA_ADAPTERS = tuple(f"adapter-{i:02d}" for i in range(12))   # 12 adapters > 4 slots/server

@@ -1,4 +1,4 @@
-"""Issue 18's benchmarks: fault steps of a real-time scenario run (bench.compare._faults;
+"""Issue 18's benchmarks: fault steps of a real-time scenario run (bench.runner._faults;
 the scenarios active-active-kill-*), ``python -m bench.micro active-active``; the routing figure is
 bench/scenarios/active-active.yaml.
 Figures come from bench/ runs; here only the arithmetic and one short real run."""
@@ -11,8 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-from bench.compare import _faults
 from bench.contenders import Contender, EnvoyLB
+from bench.runner import _faults
 from bench.scenario import Fault
 from bench.twin.cpu import load_rounds
 

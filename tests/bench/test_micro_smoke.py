@@ -49,3 +49,37 @@ def test_a_subcommand_is_required() -> None:
     proc = subprocess.run([sys.executable, "-m", "bench.micro"], cwd=ROOT, capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 2 and "required" in proc.stderr
+
+
+def test_pick_reports_p50_and_p99_per_pool_size_and_the_route_cpu() -> None:
+    out = micro("pick", "--requests", "100", "--clock", "cpu")
+    assert out.count("endpoints=") == 3 and out.count("p99") == 3
+    out = micro("pick", "--route", "--requests", "100", "--rounds", "2")
+    assert out.startswith("route+finish CPU time: best ") and out.count(", ") == 1
+
+
+def test_slo_pick_reports_default_idle_and_refitting() -> None:
+    out = micro("slo-pick", "--requests", "100", "--endpoints", "5", "--fits", "1",
+                timeout=200)
+    assert "default profile p50" in out and "model idle p50" in out
+    assert "fits during the phase) p50" in out
+
+
+def test_rewrite_reports_both_rewriters_on_three_streams() -> None:
+    rows = micro("rewrite", "--events", "400", "--rounds", "1").splitlines()[1:]
+    assert [r[:20].strip() for r in rows] == ["compact (vLLM)", "spaced", "nothing to rename"]
+    assert all(float(r.split()[-2]) > 0 and float(r.split()[-1]) > 0 for r in rows)
+
+
+def test_rss_queued_holds_every_request_and_reads_the_epps_rss() -> None:
+    res = json.loads(micro("rss", "--queued", "200", timeout=300))
+    assert res["queued_seen"] == 200 and res["streams_ended_early"] == 0
+    assert res["rss_queued_mib"] > 0 and res["second_round"]["queued_seen"] == 200
+    assert res["alive"]
+
+
+def test_bbr_reports_every_contender_and_the_ratios_to_the_floor() -> None:
+    out = micro("bbr", "--quick", timeout=200)
+    for row in ("| noop BUFFERED |", "| bbr FULL_DUPLEX_STREAMED |", "| envoy direct |",
+                "| BUFFERED |", "| FULL_DUPLEX_STREAMED |"):
+        assert row in out

@@ -34,7 +34,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
 #: bound alone on ~1,650 requests misses anything under ~3 KB per request: a deliberate
 #: 1 KiB/request leak in BBR grew it 1.6% (passes) but measured 1,323 B/request here (fails);
 #: leak-free runs measured 123-219 B/request for BBR, up to 541 for the EPP (noise). Finer
-#: leaks (the 130 B/request grpc.aio one) need ``python -m bench.rss_per_request``.
+#: leaks (the 130 B/request grpc.aio one) need ``python -m bench.micro rss``.
 MAX_BYTES_PER_REQUEST = 1000
 
 
