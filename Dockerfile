@@ -17,6 +17,7 @@ RUN python -m venv /opt/venv
 # small and reads the pool with the EPP's own datastore and sources.
 COPY pyproject.toml README.md LICENSE ./
 COPY shared shared
+COPY modelserver modelserver
 COPY bbr bbr
 COPY epp epp
 COPY sidecar sidecar

@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
-LINT_PATHS := shared bbr epp sim sidecar bench devkit tests examples/plugin-package
+LINT_PATHS := shared modelserver bbr epp sim sidecar bench devkit tests examples/plugin-package
 
 .PHONY: venv run test test-vllm lint bench bench-cpu bench-quick bench-compare bench-compare-quick bench-twin \
 	bench-advise bench-twin-quick bench-agreement bench-inference-perf bench-list bench-run bench-report clean

@@ -93,7 +93,7 @@ MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
 # -- kv-index ----------------------------------------------------------------------------------
 def _stored(hashes: list[int | bytes], toks: list[int]) -> Any:
-    from shared.kvevents import BlockStored
+    from modelserver.kvevents import BlockStored
 
     return BlockStored(block_hashes=hashes, parent_block_hash=None, token_ids=toks,
                        block_size=BS, lora_id=None, medium="GPU", lora_name=None)
@@ -102,7 +102,7 @@ def _stored(hashes: list[int | bytes], toks: list[int]) -> Any:
 def kv_batches(n: int, endpoints: int, seed: int) -> list[tuple[str, bytes]]:
     """Per batch (8 blocks): one new prompt's blocks stored, the endpoint's previous prompt's
     blocks removed; encoded as a server's PUB socket sends them."""
-    from shared.kvevents import BlockRemoved, EventBatch, encode_batch
+    from modelserver.kvevents import BlockRemoved, EventBatch, encode_batch
 
     rng, out = random.Random(seed), []
     last: dict[str, list[int | bytes]] = {}
@@ -142,7 +142,7 @@ def kv_memory(quick: bool) -> None:
 
 def kv_index(quick: bool) -> None:
     from epp.kvcache import IndexConfig, KVBlockIndex
-    from shared.kvevents import decode_batch
+    from modelserver.kvevents import decode_batch
 
     n = 2_000 if quick else 20_000
     index = KVBlockIndex(IndexConfig(block_size=BS))
@@ -186,7 +186,7 @@ async def kv_sockets(quick: bool, central: bool) -> None:
         KVEventSource,
         KVEventSubscriptions,
     )
-    from shared.kvevents import decode_batch, encode_batch
+    from modelserver.kvevents import decode_batch, encode_batch
 
     n = 2_000 if quick else 20_000
     payloads = [p for _, p in kv_batches(n, 1, seed=3)]

@@ -71,7 +71,7 @@ from bench.peers import PEERS, peer_env
 from bench.workloads import MODEL, RequestSpec, _words, poisson_arrivals, write_specs
 from devkit import envoy as e
 from devkit.stats import percentile as pct
-from shared.pd import ROLE_LABEL
+from modelserver.pd import ROLE_LABEL
 
 _PD_PLUGINS = """\
 apiVersion: llm-d.ai/v1alpha1

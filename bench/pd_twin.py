@@ -55,7 +55,7 @@ import orjson
 from bench.pd_compare import workload
 from bench.workloads import RequestSpec
 from devkit.stats import percentile as pct
-from shared.multimodal import mm_items, unique_items
+from modelserver.multimodal import mm_items, unique_items
 from sim.engine import Engine, SimRequest
 from sim.openai import parse_request
 from sim.pd import KV_BYTES_PER_TOKEN_8B, LINKS

@@ -47,8 +47,8 @@ from devkit import envoy as e
 from devkit.protocols import protocol_lines
 from devkit.stats import percentile
 from devkit.topology import INFERENCE_PATHS, Pool, Topology
+from modelserver.pd import ROLE_LABEL
 from shared.flags import Parser, die
-from shared.pd import ROLE_LABEL
 from sim.pd import LINKS
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "examples" / "stack.yaml"

@@ -30,11 +30,11 @@ from epp.scheduling import SchedulerHooks
 from epp.sources import ManifestError, ManifestSource, Source
 from epp.sources.standalone import standalone_pool
 from epp.statestore import StoreURL, StoreURLError, open_store, parse_store_url
+from modelserver.pd import ROLE_LABEL
 from shared import buildinfo, logs, tracing
 from shared.extproc import DEFAULT_MAX_BODY, DEFAULT_MAX_BUFFERED, BodyMode, ExtProcServicer
 from shared.flags import Parser, byte_size, die, duration
 from shared.metrics_server import read_token, run_metrics_server
-from shared.pd import ROLE_LABEL
 from shared.server import Health, ServeOptions, install_uvloop, message_limit, serve
 from shared.upstream_flags import (
     IGNORED,

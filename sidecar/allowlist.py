@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from epp.datastore import Datastore, Snapshot
-from shared.pd import can_encode, can_prefill
+from modelserver.pd import can_encode, can_prefill
 
 
 class PrefillerPolicy(Protocol):

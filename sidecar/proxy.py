@@ -6,7 +6,7 @@ Request life (``POST /v1/completions`` and ``/v1/chat/completions``):
    client put in the body: only this sidecar talks the connector protocol to the decoder.
 2. No header, or no entry the :class:`~sidecar.allowlist.PrefillerPolicy` accepts → the
    request goes to the local decode server as it is (a rejected header is counted).
-3. Otherwise the *prefill leg* (:func:`shared.pd.prefill_leg_body`) goes to the prefiller.
+3. Otherwise the *prefill leg* (:func:`modelserver.pd.prefill_leg_body`) goes to the prefiller.
    Its answer decides:
 
    * 2xx with NixlConnector ``kv_transfer_params`` → the *decode leg*: the client's body plus
@@ -31,7 +31,7 @@ Request life (``POST /v1/completions`` and ``/v1/chat/completions``):
 
 With ``--ec-connector ec-example`` and ``x-encoder-hosts-ports`` (E/PD and E/P/D, llm-d-router
 v0.10) the *encode stage* runs first, on chat requests with multimodal items
-(:mod:`shared.multimodal`): each unique item goes to an encoder the policy accepts (round robin
+(:mod:`modelserver.multimodal`): each unique item goes to an encoder the policy accepts (round robin
 over the header's entries, all at once) as the client's body with ``messages`` reduced to one
 user message holding that item, ``max_tokens`` 1 and not streamed; the encoders publish the
 embeddings through vLLM's EC connector, where the prefill or decode server reads them. An
@@ -63,9 +63,8 @@ from aiohttp import web
 from multidict import CIMultiDict
 from prometheus_client import CollectorRegistry, Counter
 
-from shared.errors import BadRequest, GatewayError, ServiceUnavailable
-from shared.multimodal import ENCODER_HEADER, mm_items, unique_items
-from shared.pd import (
+from modelserver.multimodal import ENCODER_HEADER, mm_items, unique_items
+from modelserver.pd import (
     KV_SOURCE_HEADER,
     KV_TRANSFER_PARAMS,
     PREFILLER_HEADER,
@@ -76,6 +75,7 @@ from shared.pd import (
     prefill_leg_body,
     split_host_ports,
 )
+from shared.errors import BadRequest, GatewayError, ServiceUnavailable
 from sidecar.allowlist import PrefillerPolicy
 
 log = structlog.get_logger(__name__)

@@ -102,7 +102,7 @@ class SimRequest:
     #: Prompt token ids, kept only when KV events are published (they carry them).
     token_ids: list[int] | None = None
     cache_salt: str = ""
-    #: Hashes of the request's unique multimodal items (:mod:`shared.multimodal`).
+    #: Hashes of the request's unique multimodal items (:mod:`modelserver.multimodal`).
     mm_hashes: tuple[str, ...] = ()
     #: Of those, the ones an encode server already encoded (EC connector): loaded, not
     #: encoded.

@@ -36,7 +36,7 @@ import xxhash
 import zmq
 import zmq.asyncio
 
-from shared.kvevents import (
+from modelserver.kvevents import (
     END_SEQ,
     MEDIUM_GPU,
     AllBlocksCleared,

@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from shared.multimodal import mm_items, unique_items
+from modelserver.multimodal import mm_items, unique_items
 from sim.engine import SimRequest
 from sim.tokenizer import VOCAB, apply_chat_template, output_token
 
@@ -46,7 +46,7 @@ class ParsedRequest:
     cache_salt: str
     #: P/D connector parameters (vLLM's ``kv_transfer_params``), if the body had any.
     kv_transfer_params: dict[str, Any] | None = None
-    #: Hashes of the chat's unique multimodal items (:mod:`shared.multimodal`).
+    #: Hashes of the chat's unique multimodal items (:mod:`modelserver.multimodal`).
     mm_hashes: tuple[str, ...] = ()
     #: The id the body gave the request (vLLM generate's ``request_id``, SGLang's ``rid``).
     request_id: str | None = None

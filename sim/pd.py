@@ -7,7 +7,7 @@ Enabled by ``--kv-transfer-config`` (vLLM's flag, e.g.
 * **Prefill side** (``kv_role`` ``kv_producer`` or ``kv_both``): a non-streaming request with
   ``kv_transfer_params.do_remote_decode: true`` runs normally, but its KV blocks stay
   allocated after it finishes, and the response carries the ``kv_transfer_params`` a decoder
-  needs (:class:`shared.pd.RemotePrefill`). The blocks are freed when a decoder pulls them
+  needs (:class:`modelserver.pd.RemotePrefill`). The blocks are freed when a decoder pulls them
   (``POST /sim/kv/pull``) or after ``abort_timeout`` (vLLM's
   ``VLLM_NIXL_ABORT_REQUEST_TIMEOUT``, counted as expired).
 * **Decode side** (``kv_consumer`` or ``kv_both``): a request with
@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Final
 import aiohttp
 from aiohttp import web
 
-from shared.pd import ParamsError, RemotePrefill
+from modelserver.pd import ParamsError, RemotePrefill
 
 if TYPE_CHECKING:
     from sim.engine import Engine, SimRequest

@@ -15,7 +15,7 @@ from typing import Any
 
 import xxhash
 
-from shared.multimodal import MODALITIES, mm_items
+from modelserver.multimodal import MODALITIES, mm_items
 
 BYTES_PER_TOKEN = 4
 
@@ -69,7 +69,7 @@ def _content_text(content: Any) -> str:
 
 def _placeholders(block: dict[str, Any]) -> list[str]:
     """A multimodal block as its placeholder tokens: 4 characters derived from the item's
-    hash, once per token it stands for (:mod:`shared.multimodal`), so prompts with the same
+    hash, once per token it stands for (:mod:`modelserver.multimodal`), so prompts with the same
     image share blocks and an image costs its tokens of prefill."""
     items = mm_items([{"content": [block]}])
     return [f"{item.hash[-4:]:0>4}" * item.tokens for item in items]

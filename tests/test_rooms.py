@@ -1,7 +1,8 @@
 """The layout shows the architecture: each room holds only what its name says.
 
-- ``shared/`` is the protocol package the services use; it imports nothing from ``devkit/``
-  (local gateway tooling), ``bench/`` or ``tests/``.
+- ``shared/`` is the protocol package both services use (nothing only one of them needs);
+  it imports nothing from ``devkit/`` (local gateway tooling), ``bench/`` or ``tests/``.
+  What the EPP, the sidecar and the simulator share with the model servers is ``modelserver/``.
 - ``bench/`` holds benchmarks only; whatever sets up a gateway lives in ``devkit/``.
 - imports run down the floors only: nothing imports ``bench/``, the services and the
   simulator import nothing from ``devkit/``, and no modules import each other in a circle
@@ -61,7 +62,7 @@ def test_bench_holds_no_gateway_setup() -> None:
 
 
 #: the rooms of the product and its tooling, the lower floors first
-ROOMS = ("shared", "bbr", "epp", "sim", "sidecar", "devkit", "bench")
+ROOMS = ("shared", "modelserver", "bbr", "epp", "sim", "sidecar", "devkit", "bench")
 
 
 def module_name(path: Path) -> str:
@@ -156,3 +157,30 @@ def test_the_checks_see_a_violation() -> None:
     source = "import devkit.envoy\nfrom tests.sim import conftest\nfrom . import conftest\n"
     found = imports_of(source, ("tests", "support"))
     assert {"devkit.envoy", "tests.sim.conftest", "tests.support.conftest"} <= found
+
+
+#: shared/ modules neither service imports, with why they stay there
+SHARED_TOOLS = {"shared.otelproto": "run by the Makefile and the Dockerfile at install time"}
+
+
+def test_shared_holds_only_what_both_services_use() -> None:
+    """Every module of ``shared/`` is used by BBR and by the EPP (directly or through another
+    shared module); what only some services share with the model servers is ``modelserver/``."""
+    graph = module_graph()
+
+    def reach(room: str) -> set[str]:
+        seen: set[str] = set()
+        todo = [m for m in graph if m.split(".")[0] == room]
+        while todo:
+            for dep in graph[todo.pop()]:
+                if dep not in seen:
+                    seen.add(dep)
+                    todo.append(dep)
+        return seen
+
+    both = reach("bbr") & reach("epp")
+    unused = sorted(m for m in graph if m.split(".")[0] == "shared" and m != "shared"
+                    and m not in both and m not in SHARED_TOOLS)
+    assert not unused, f"not used by both services: {unused}"
+    assert not [m for m in graph if m.startswith("modelserver.")
+                and {d.split(".")[0] for d in graph[m]} - {"modelserver", "shared"}]

@@ -307,7 +307,7 @@ def multimodal(rng: random.Random, p: Params, times: list[float]) -> list[Reques
     ``output_tokens`` out. Each image is, with probability ``repeat_share``, one already sent
     earlier in the run (uniformly among them; not twice in one request), else a new one; an
     image is a URL, so it stands for 640 x 360 = 225 placeholder tokens
-    (:mod:`shared.multimodal`). Tagged ``repeat`` when the request has a repeated image."""
+    (:mod:`modelserver.multimodal`). Tagged ``repeat`` when the request has a repeated image."""
     seen: list[str] = []
     specs = []
     for i, t in enumerate(times):

@@ -29,7 +29,7 @@ from epp.requestcontrol.plugin import (
 )
 from epp.scheduling.request import LLMRequest
 from epp.scheduling.result import SchedulingResult
-from shared.pd import ROLE_LABEL, can_decode, can_prefill
+from modelserver.pd import ROLE_LABEL, can_decode, can_prefill
 from shared.plugins import Plugin
 
 

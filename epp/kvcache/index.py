@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import xxhash
 
-from shared.kvevents import AllBlocksCleared, BlockRemoved, BlockStored, Event, hash_to_u64
+from modelserver.kvevents import AllBlocksCleared, BlockRemoved, BlockStored, Event, hash_to_u64
 
 _xxh = xxhash.xxh3_64_intdigest
 

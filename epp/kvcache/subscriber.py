@@ -45,7 +45,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from epp.kvcache.index import KVBlockIndex, UnindexableEvent
 from epp.kvcache.metrics import KVEventMetrics, track_subscriptions
-from shared.kvevents import (
+from modelserver.kvevents import (
     MAX_BLOCKS_PER_EVENT,
     MAX_PAYLOAD_BYTES,
     MalformedMessage,

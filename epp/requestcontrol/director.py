@@ -31,11 +31,11 @@ from epp.scheduling import LLMRequest, estimate_tokens, prefix_input
 from epp.scheduling.request import max_output_tokens
 from epp.scheduling.result import SchedulingResult
 from epp.scheduling.scheduler import NoCandidates
+from modelserver.multimodal import ENCODER_HEADER, mm_items, mm_prompt_tokens
+from modelserver.pd import KV_SOURCE_HEADER, PREFILLER_HEADER
 from shared.errors import BadRequest, GatewayError, NotFound, TooManyRequests
 from shared.extproc import RequestDecision
-from shared.multimodal import ENCODER_HEADER, mm_items, mm_prompt_tokens
 from shared.openai import OpenAIRequest
-from shared.pd import KV_SOURCE_HEADER, PREFILLER_HEADER
 
 if TYPE_CHECKING:
     from epp.config import Runtime

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 if TYPE_CHECKING:
-    from shared.multimodal import MMItem
+    from modelserver.multimodal import MMItem
     from shared.tracing import RequestTrace
 
 #: Rough characters per token; upstream's approximate prefix plugin uses the same figure.
@@ -48,7 +48,7 @@ class LLMRequest:
     #: ``max_output_tokens``), None when it set none.
     max_output_tokens: int | None = None
     #: Multimodal items of chat content (images, video, audio), in order
-    #: (:func:`shared.multimodal.mm_items`); empty for text-only requests.
+    #: (:func:`modelserver.multimodal.mm_items`); empty for text-only requests.
     mm_items: tuple[MMItem, ...] = ()
     #: Typed data plugins pass to each other within one scheduling cycle, keyed by plugin name.
     plugin_state: dict[str, Any] = field(default_factory=dict)

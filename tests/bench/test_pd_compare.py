@@ -180,7 +180,7 @@ def prefiller_of(rt: Any, pods: list[Any], prompt: str) -> str | None:
 def test_the_token_load_config_prefills_on_the_pod_with_fewest_prompt_tokens_in_flight() -> None:
     from epp.config import build, parse_config
     from epp.testing import endpoint
-    from shared.pd import ROLE_LABEL
+    from modelserver.pd import ROLE_LABEL
 
     rt = build(parse_config(PD_CONFIGS["token-load"] % 1024))
     pods = [endpoint(i, labels={ROLE_LABEL: r})
@@ -205,7 +205,7 @@ def test_the_spill_config_decodes_a_long_prompt_locally_when_every_prefill_pod_i
     from epp.datastore import Datastore
     from epp.datastore.objects import parse_object
     from epp.datastore.snapshot import build_snapshot
-    from shared.pd import ROLE_LABEL
+    from modelserver.pd import ROLE_LABEL
 
     objects = [o for o in (parse_object(d) for d in pool_manifests(
         "pool", [(f"pod-{i}", f"10.0.0.{i}") for i in (1, 2, 3, 4)], 8000)) if o is not None]

@@ -28,7 +28,7 @@ from devkit import envoy as e
 from epp.config import build, parse_config
 from epp.main import settings
 from epp.testing import endpoint, request
-from shared.pd import PREFILLER_HEADER, ROLE_LABEL, can_decode, can_prefill
+from modelserver.pd import PREFILLER_HEADER, ROLE_LABEL, can_decode, can_prefill
 from tests.charts.kubelet import run_probe
 from tests.charts.pod import LocalPod
 from tests.charts.render import CHARTS, container, helm, one, refusal, render, template

@@ -10,7 +10,7 @@ import pytest
 
 from epp.datastore import Datastore
 from epp.sources.kubernetes import KubernetesSource
-from shared.pd import ROLE_LABEL
+from modelserver.pd import ROLE_LABEL
 from sidecar.allowlist import PoolPrefillers
 from tests.support import k8s_objects as o
 from tests.support.fake_apiserver import FakeApiServer, api_client

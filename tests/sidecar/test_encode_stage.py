@@ -18,7 +18,7 @@ from aiohttp import web
 
 from epp.datastore import Datastore
 from epp.sources import ManifestSource
-from shared.multimodal import ENCODER_HEADER
+from modelserver.multimodal import ENCODER_HEADER
 from sidecar.allowlist import PoolPrefillers
 from sidecar.proxy import Sidecar, SidecarConfig, SidecarMetrics
 from sim.config import ServerConfig

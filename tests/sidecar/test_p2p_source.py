@@ -13,7 +13,7 @@ from aiohttp import web
 
 from epp.datastore import Datastore
 from epp.sources import ManifestSource
-from shared.pd import KV_SOURCE_HEADER, PREFILLER_HEADER
+from modelserver.pd import KV_SOURCE_HEADER, PREFILLER_HEADER
 from sidecar.allowlist import PoolPrefillers
 from sidecar.proxy import Sidecar, SidecarConfig, SidecarMetrics
 from sim.fleet import Fleet, start_fleet

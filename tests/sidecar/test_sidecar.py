@@ -24,7 +24,7 @@ from aiohttp import web
 from devkit.net import free_port
 from epp.datastore import Datastore
 from epp.sources import ManifestSource
-from shared.pd import PREFILLER_HEADER, ROLE_LABEL
+from modelserver.pd import PREFILLER_HEADER, ROLE_LABEL
 from sidecar.allowlist import AllowAny, PoolPrefillers
 from sidecar.proxy import Sidecar, SidecarConfig, SidecarMetrics
 from sim.config import ServerConfig

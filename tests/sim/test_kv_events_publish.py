@@ -12,7 +12,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from shared.kvevents import (
+from modelserver.kvevents import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,

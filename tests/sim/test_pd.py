@@ -11,7 +11,7 @@ import httpx
 import orjson
 import pytest
 
-from shared.pd import RemotePrefill, prefill_leg_body
+from modelserver.pd import RemotePrefill, prefill_leg_body
 from sim.engine import Engine
 from sim.pd import LINKS, KVTransferConfig, parse_kv_transfer_config
 from sim.profiles import TINY

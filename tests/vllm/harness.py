@@ -47,7 +47,7 @@ import yaml
 from devkit import envoy as e
 from devkit.manifests import pool_manifests, write_yaml
 from devkit.topology import Pool, Topology
-from shared.pd import ROLE_LABEL
+from modelserver.pd import ROLE_LABEL
 
 MODEL = "tiny"
 #: vLLM 0.32's shared-storage KV connector (``vllm/distributed/kv_transfer/kv_connector/v1/

@@ -40,7 +40,7 @@ from epp.kvcache import (
     SubscriberConfig,
 )
 from epp.metrics.dialects import DIALECTS
-from shared.kvevents import BlockStored, decode_batch, hash_to_u64, parse_message
+from modelserver.kvevents import BlockStored, decode_batch, hash_to_u64, parse_message
 from sim.kvevents import DEFAULT_NONE_HASH_SEED, BlockHasher, external
 from tests.vllm.harness import (
     EPP_SATURATION,

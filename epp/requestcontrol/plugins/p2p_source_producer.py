@@ -23,7 +23,7 @@ from epp.scheduling.plugins.prefix.precise_prefix_cache_scorer import PrecisePre
 from epp.scheduling.plugins.prefix.producer import ApproxPrefixCacheProducer
 from epp.scheduling.request import LLMRequest
 from epp.scheduling.result import SchedulingResult
-from shared.pd import KV_SOURCE_HEADER
+from modelserver.pd import KV_SOURCE_HEADER
 from shared.plugins import Handle, PluginError
 
 log = structlog.get_logger(__name__)

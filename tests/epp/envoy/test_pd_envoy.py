@@ -22,7 +22,7 @@ from aiohttp import web
 from devkit import envoy as e
 from epp.datastore import Datastore
 from epp.sources import ManifestSource
-from shared.pd import PREFILLER_HEADER, ROLE_LABEL
+from modelserver.pd import PREFILLER_HEADER, ROLE_LABEL
 from sidecar.allowlist import PoolPrefillers
 from sidecar.proxy import Sidecar, SidecarConfig, SidecarMetrics
 from sim.config import ServerConfig

@@ -21,7 +21,7 @@ from epp.kvcache.subscriber import (
     KVEventSubscriptions,
     SubscriberConfig,
 )
-from shared.kvevents import BlockStored, EventBatch, encode_batch, seq_to_bytes
+from modelserver.kvevents import BlockStored, EventBatch, encode_batch, seq_to_bytes
 from sim.config import ServerConfig
 from sim.fleet import start_fleet
 from sim.kvevents import KVEventsConfig

@@ -20,7 +20,7 @@ from epp.kvcache import (
     KVEventSubscriptions,
     SubscriberConfig,
 )
-from shared.kvevents import BlockStored, EventBatch, encode_batch, seq_to_bytes
+from modelserver.kvevents import BlockStored, EventBatch, encode_batch, seq_to_bytes
 from sim.fleet import Fleet, start_fleet
 from sim.kvevents import KVEventsConfig
 from sim.tokenizer import token_ids

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from epp.kvcache import IndexConfig, KVBlockIndex, UnindexableEvent
-from shared.kvevents import AllBlocksCleared, BlockRemoved, BlockStored
+from modelserver.kvevents import AllBlocksCleared, BlockRemoved, BlockStored
 
 M = "base-model"
 BS = 4

@@ -19,7 +19,7 @@ from epp.requestcontrol.plugin import Response
 from epp.scheduling.request import LLMRequest
 from epp.scheduling.result import SchedulingResult
 from epp.testing import PluginHarness, endpoint, request
-from shared.pd import PREFILLER_HEADER, ROLE_LABEL
+from modelserver.pd import PREFILLER_HEADER, ROLE_LABEL
 from shared.plugins import PluginError
 
 # llm-d's deploy/config/pd-epp-config.yaml, as documented (written here, not copied)

@@ -22,14 +22,14 @@ from epp.scheduling.plugins.multimodal.mm_embeddings_cache_producer import (
 from epp.scheduling.request import LLMRequest
 from epp.scheduling.result import ProfileResult, SchedulingResult
 from epp.testing import PluginHarness, endpoint, request
-from shared.multimodal import (
+from modelserver.multimodal import (
     ENCODER_HEADER,
     image_size,
     mm_items,
     mm_prompt_tokens,
     unique_items,
 )
-from shared.pd import PREFILLER_HEADER, ROLE_LABEL
+from modelserver.pd import PREFILLER_HEADER, ROLE_LABEL
 
 
 def png(w: int, h: int) -> str:

@@ -1,5 +1,5 @@
 """``prefill-filter``, ``decode-filter`` and ``encode-filter``: keep endpoints by their pod's
-``llm-d.ai/role`` label, as llm-d's filters of the same names (roles in :mod:`shared.pd`)."""
+``llm-d.ai/role`` label, as llm-d's filters of the same names (roles in :mod:`modelserver.pd`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from epp.datastore import EndpointView
 from epp.scheduling.plugin import Filter
 from epp.scheduling.request import LLMRequest
-from shared.pd import can_decode, can_encode, can_prefill
+from modelserver.pd import can_decode, can_encode, can_prefill
 
 
 class PrefillFilter(Filter):

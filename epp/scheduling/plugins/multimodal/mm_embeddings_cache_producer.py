@@ -17,7 +17,7 @@ from epp.requestcontrol.plugin import DataProducer, PreRequest
 from epp.scheduling.plugin import EndpointsRemoved, Plugin
 from epp.scheduling.request import LLMRequest
 from epp.scheduling.result import SchedulingResult
-from shared.multimodal import MMItem, unique_items
+from modelserver.multimodal import MMItem, unique_items
 from shared.plugins import Handle
 
 log = structlog.get_logger(__name__)

@@ -33,8 +33,8 @@ from epp.scheduling.plugins.profile.pd_deciders import PDDecider
 from epp.scheduling.profile import SchedulingProfile
 from epp.scheduling.request import LLMRequest
 from epp.scheduling.result import ProfileResult, SchedulingResult
-from shared.multimodal import ENCODER_HEADER
-from shared.pd import PREFILLER_HEADER
+from modelserver.multimodal import ENCODER_HEADER
+from modelserver.pd import PREFILLER_HEADER
 from shared.plugins import Handle, PluginError
 
 DECODE, PREFILL, ENCODE = "decode", "prefill", "encode"

@@ -11,7 +11,7 @@ from epp.scheduling.request import LLMRequest
 class AlwaysDisaggMultimodalDecider(PDDecider):
     """encode elsewhere = the request has at least one multimodal item (an ``image_url``,
     ``video_url``, ``input_audio`` or ``audio_url`` block in its chat content,
-    :func:`shared.multimodal.mm_items`); text-only requests skip the encode stage."""
+    :func:`modelserver.multimodal.mm_items`); text-only requests skip the encode stage."""
 
     type_name = "always-disagg-multimodal-decider"
 

@@ -15,7 +15,7 @@ from epp.handle import EppHandle
 from epp.scheduling.plugin import Plugin
 from epp.scheduling.plugins.prefix.producer import ApproxPrefixCacheProducer, state_store_of
 from epp.scheduling.request import CHARS_PER_TOKEN, LLMRequest
-from shared.pd import can_prefill
+from modelserver.pd import can_prefill
 from shared.plugins import Handle
 
 log = structlog.get_logger(__name__)

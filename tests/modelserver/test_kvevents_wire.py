@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared.kvevents import (
+from modelserver.kvevents import (
     END_SEQ,
     AllBlocksCleared,
     BlockRemoved,
