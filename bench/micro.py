@@ -1021,6 +1021,95 @@ def active_active_cmd(a: argparse.Namespace) -> int:
 #: subcommand -> (help, its flags as (flag, add_argument keywords), what runs it)
 Flags = tuple[tuple[str, dict[str, Any]], ...]
 _QUICK: Flags = (("--quick", {"action": "store_true"}),)
+def _trace_cpu_child(ratio: str, endpoint: str, requests: int, rounds: int) -> list[float]:
+    """CPU µs per request (every thread of this process) of the EPP's ext_proc servicer over
+    ``director()``, each request a FULL_DUPLEX_STREAMED exchange with a one-event SSE answer,
+    100 at a time; tracing at ``ratio`` to ``endpoint`` (``off``: not configured)."""
+    import orjson
+    from envoy.config.core.v3 import base_pb2
+    from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+
+    import shared.extproc as extproc
+    from epp.handlers.exchange import PickerExchange
+    from shared import tracing
+
+    if ratio != "off":
+        tracing.configure(True, "epp", env={
+            "OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+            "OTEL_TRACES_SAMPLER_ARG": ratio, "OTEL_BSP_MAX_QUEUE_SIZE": "1000000"})
+    extproc.RESET_WAIT = 0  # no wall-clock wait after each answer: CPU is what is measured
+    d = director()
+    mode = extproc.BodyMode.FULL_DUPLEX_STREAMED
+    svc = extproc.ExtProcServicer(lambda: PickerExchange(d), request_mode=mode,
+                                  response_mode=mode, max_body=1 << 20)
+    gc.collect()
+    gc.freeze()  # as shared.server.serve does once start-up is done
+
+    def headers(pairs: list[tuple[str, str]], field: str) -> pb.ProcessingRequest:
+        hm = base_pb2.HeaderMap(headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode())
+                                         for k, v in pairs])
+        return pb.ProcessingRequest(**{field: pb.HttpHeaders(headers=hm)})
+
+    body = orjson.dumps({"model": "m", "max_tokens": 16, "messages": [
+        {"role": "user", "content": "Tell me about Envoy. " * 40}]})
+    answer = (b'data: {"id":"x","object":"chat.completion.chunk","model":"m","choices":'
+              b'[{"index":0,"delta":{"content":"hi"}}]}\n\ndata: [DONE]\n\n')
+    msgs = [headers([(":method", "POST"), (":path", "/v1/chat/completions"),
+                     ("content-type", "application/json")], "request_headers"),
+            pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True)),
+            headers([(":status", "200"), ("content-type", "text/event-stream")],
+                    "response_headers"),
+            pb.ProcessingRequest(response_body=pb.HttpBody(body=answer, end_of_stream=True))]
+
+    async def stream() -> None:
+        async def feed() -> Any:
+            for m in msgs:
+                yield m
+        async for _ in svc.Process(feed(), None):
+            pass
+
+    async def run() -> list[float]:
+        out = []
+        for _ in range(rounds + 1):  # the first round warms up
+            t0 = time.process_time()
+            for _ in range(requests // 100):
+                await asyncio.gather(*(stream() for _ in range(100)))
+            out.append((time.process_time() - t0) / requests * 1e6)
+        return out[1:]
+
+    cpu = asyncio.run(run())
+    tracing.shutdown()
+    return cpu
+
+
+def trace_cpu(a: argparse.Namespace) -> int:
+    """Tracing's CPU per request in one EPP process, without Envoy, sockets or a load
+    generator's noise: each setting in its own process (tracing is per process), in turn,
+    ``--repeats`` times; the OTLP receiver (counting, as quick as a collector) in this one."""
+    import subprocess
+
+    from devkit.otlp import OtlpReceiver
+
+    settings = ["off", *a.ratios.split(",")]
+    cpu: dict[str, list[float]] = {s: [] for s in settings}
+    with OtlpReceiver(count_only=True) as receiver:
+        for _ in range(a.repeats):
+            for s in settings:
+                out = subprocess.run(
+                    [sys.executable, "-c", "import json, sys; from bench.micro import "
+                     "_trace_cpu_child as c; print(json.dumps(c(*sys.argv[1:3], "
+                     "*map(int, sys.argv[3:]))))", s, receiver.endpoint, str(a.requests),
+                     str(a.rounds)], capture_output=True, text=True, check=True)
+                cpu[s] += json.loads(out.stdout.splitlines()[-1])
+    base = statistics.median(cpu["off"])
+    print(f"CPU per request of the EPP's ext_proc path, in-process ({a.requests} requests x "
+          f"{a.rounds} rounds x {a.repeats} processes per setting; median [min, max]):")
+    for s, xs in cpu.items():
+        print(f"  tracing {s:>4}: {statistics.median(xs):6.1f} us [{min(xs):.1f}, {max(xs):.1f}]"
+              f"  {statistics.median(xs) / base:.3f}x untraced")
+    return 0
+
+
 COMMANDS: dict[str, tuple[str, Flags, Callable[[argparse.Namespace], int]]] = {
     "kv-index": ("epp.kvcache: indexing, score, sockets, memory", (*_QUICK, (
         "--memory-only", {"action": "store_true", "help": "only the memory bound"}), (
@@ -1052,6 +1141,12 @@ COMMANDS: dict[str, tuple[str, Flags, Callable[[argparse.Namespace], int]]] = {
         ("--fits", {"type": int, "default": 10,
                     "help": "keep picking while refitting until this many fits ran"})),
         slo_pick),
+    "trace-cpu": ("tracing's CPU per request, in-process, at sampling ratios", (
+        ("--ratios", {"default": "0.1,1.0", "help": "sampling ratios besides off"}),
+        ("--requests", {"type": int, "default": 3000, "help": "per round"}),
+        ("--rounds", {"type": int, "default": 4}),
+        ("--repeats", {"type": int, "default": 3, "help": "processes per setting"})),
+        trace_cpu),
     "rewrite": ("CPU per SSE event to rename the model back", (
         ("--events", {"type": int, "default": 20000}),
         ("--rounds", {"type": int, "default": 7})), rewrite),

@@ -230,3 +230,19 @@ def test_a_bad_batch_setting_is_an_error_naming_the_variable(receiver: OtlpRecei
                                                              value: str) -> None:
     with pytest.raises(tracing.TracingConfigError, match=name):
         configure(receiver, **{name: value})
+
+
+def test_a_counting_receiver_counts_what_a_keeping_one_keeps() -> None:
+    with OtlpReceiver(count_only=True) as counter:
+        configure(counter, OTEL_TRACES_SAMPLER="always_on")
+        for _ in range(3):
+            trace = tracing.start_request("r", {})
+            assert trace is not None
+            trace.span("parse").end()
+            trace.root.end()
+        flush()
+        deadline = time.monotonic() + 10
+        while counter.count < 6 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        tracing.shutdown()
+    assert (counter.count, counter.spans) == (6, [])
