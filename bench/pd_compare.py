@@ -222,9 +222,11 @@ def _wait_pool(port: int, size: int, proc: subprocess.Popen[bytes], log: Path) -
 
 @contextlib.contextmanager
 def start(kind: str, workdir: Path, seed: int, threshold: int, time_scale: float = 1.0,
-          split: tuple[int, int] = (2, 2), pd_config: str = "llm-d") -> Iterator[Fleet]:
+          split: tuple[int, int] = (2, 2), pd_config: str = "llm-d",
+          profile: str = "8b-h100") -> Iterator[Fleet]:
     """Start one fleet (``KINDS``). ``split``: prefill and decode servers of the P/D fleets
-    (the aggregated fleet has as many servers in all)."""
+    (the aggregated fleet has as many servers in all); ``profile``: every server's
+    simulator profile (``sim/profiles.py``)."""
     workdir.mkdir(parents=True, exist_ok=True)
     port = e.free_port()
     kv = {"kv_connector": "NixlConnector", "kv_role": "kv_both", "link": "rdma"}
@@ -251,7 +253,7 @@ def start(kind: str, workdir: Path, seed: int, threshold: int, time_scale: float
             pods.append(_pod(f"prefill-{i}", ip, "prefill"))
     fleet_file = workdir / "fleet.yaml"
     fleet_file.write_text(yaml.safe_dump({
-        "defaults": {"profile": "8b-h100", "seed": seed, "time_scale": time_scale},
+        "defaults": {"profile": profile, "seed": seed, "time_scale": time_scale},
         "servers": servers}))
     manifests = workdir / "pool.yaml"
     manifests.write_text(yaml.safe_dump_all(_pool(port, pods)))

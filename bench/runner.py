@@ -536,7 +536,7 @@ def _pd_real(p: Plan, load: float, seed: int, c: Contender, workdir: Path) -> Ru
     started = time.monotonic()
     with pd_compare.start(kind, workdir, seed, v.threshold, scale,
                           (p.fleet.roles["prefill"], p.fleet.roles["decode"]),
-                          v.config) as fleet:
+                          v.config, p.fleet.profile) as fleet:
         subprocess.run([sys.executable, "-m", "bench.openloop", "--url", fleet.url,
                         "--requests", str(workdir / "requests.jsonl"),
                         "--out", str(workdir / "outcomes.jsonl"),

@@ -231,6 +231,18 @@ def test_the_pd_figure_on_my_workload_at_32_servers_is_one_command(tmp_path: Pat
     assert rows["vllm-router-pd"]["skipped"].startswith("not modelled in virtual time")
 
 
+def test_a_real_time_pd_fleet_runs_on_the_profile_asked_for() -> None:
+    """``--profile`` reaches the simulated prefill and decode servers of a real-time P/D run
+    (issue #28: P/D through Envoy, the EPP and the sidecars on the calibrated costs)."""
+    proc = bench("run", "pd", "--real", "--seeds", "1", "--duration", "2",
+                 "--profile", "h100-llama8b", "--contenders", "pd-1024")
+    (row,) = results_of(proc)["results"]
+    assert row["ok"] > 0 and row["errors"] == 0, row
+    run_dir = Path(proc.stderr.split("results: ")[1].split()[0]).parent
+    (fleet,) = run_dir.rglob("fleet.yaml")
+    assert "profile: h100-llama8b" in fleet.read_text()
+
+
 def test_the_markdown_table_and_targets_come_with_the_run(
         newcomer_run: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
     _, proc = newcomer_run
