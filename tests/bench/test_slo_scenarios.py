@@ -160,3 +160,23 @@ def test_latency_profiles_play_on_the_whole_runtime_and_carry_their_predictions(
     assert "tpot_coverage" in res.calibration
     lines = slo_table([res], ["slo-p90"])
     assert any(line.startswith("| slo-p90 |") for line in lines)
+
+
+def test_slo_tiers_separate_the_fast_pods_from_the_slow_ones() -> None:
+    """slo-tiers' premium chat TPOT SLO lies between a fast pod's and a slow pod's idle
+    decode step (only the fast pods can meet it), its api SLO above both (any pod can): the
+    design claim the scenario's ratios rest on."""
+    import dataclasses
+
+    from sim.costs import decode_step
+    from sim.profiles import get_profile
+
+    scn = load_scenario(ROOT / "bench" / "scenarios" / "slo-tiers.yaml")
+    prof = get_profile(scn.fleet.profile)
+    steps_ms = sorted(1000 * decode_step(dataclasses.replace(prof, speed=s), 1, 900)
+                      for s in set(scn.fleet.speeds))
+    fast, slow = steps_ms[0], steps_ms[-1]
+    tenants = scn.workload.parameters["tenants"]
+    assert fast < tenants["chat"]["slo_tpot_ms"] < slow
+    assert tenants["api"]["slo_tpot_ms"] > slow
+    assert {c.name for c in scn.contenders} >= {"epp-default", "load-active", "slo-p90-least"}
