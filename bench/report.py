@@ -9,6 +9,7 @@ apart (``cold_*``). Ratios are paired by seed (:mod:`bench.stats`).
 
 from __future__ import annotations
 
+import math
 import statistics
 import textwrap
 from collections.abc import Callable, Iterable, Sequence
@@ -399,6 +400,10 @@ class Target:
     metric: str    # "TTFT p90" | "output tok/s"
     bound: float
     at_most: bool
+    #: the request class (tag, or a tag's tenant part) of ``ours`` / ``against``; "all":
+    #: every warm request (a class target is on TTFT p90)
+    klass: str = "all"
+    against_class: str = "all"
 
 
 #: The project's routing targets (issue #5, kept by issue #12 with intervals).
@@ -417,6 +422,31 @@ _METRICS: dict[str, Callable[[RunResult], float]] = {
     "cache hit": lambda r: r.cache_hit, "SLO attainment": lambda r: r.slo_attainment}
 
 
+def class_ttft90(klass: str) -> Callable[[RunResult], float]:
+    """TTFT p90 of one request class: the tag ``klass``, or every tag whose tenant part
+    (before ``/``) is ``klass`` (their requests' p90 is not kept, so several tags read as the
+    largest of their p90s); ``all``: the run's own TTFT p90."""
+    if klass == "all":
+        return _ttft90
+
+    def metric(r: RunResult) -> float:
+        p90s = [c["ttft_p90"] for tag, c in r.classes.items()
+                if tag == klass or tag.split("/", 1)[0] == klass]
+        return max(p90s) if p90s else math.nan
+    return metric
+
+
+def _paired(rows: Sequence[RunResult], t: Target, against: str) -> Interval | None:
+    if (t.klass, t.against_class) == ("all", "all"):
+        return ratio(rows, t.ours, against, _METRICS[t.metric])
+    mine = {s: v for s, v in per_seed(rows, t.ours, class_ttft90(t.klass)).items()
+            if not math.isnan(v)}
+    base = {s: v for s, v in per_seed(rows, against, class_ttft90(t.against_class)).items()
+            if not math.isnan(v)}
+    xs = paired_ratios(mine, base)
+    return bootstrap_median(xs) if xs else None
+
+
 def target_lines(results: Sequence[RunResult], targets: Sequence[Target] = TARGETS) -> list[str]:
     """One line per target that the results cover: ratio, interval, verdict."""
     points = by_point(results)
@@ -427,9 +457,13 @@ def target_lines(results: Sequence[RunResult], targets: Sequence[Target] = TARGE
         if rows is None:
             continue
         against = best_peer(rows) if t.against == "best-peer" else t.against
-        iv = ratio(rows, t.ours, against, _METRICS[t.metric]) if against else None
+        iv = _paired(rows, t, against) if against else None
         sign = "<=" if t.at_most else ">="
-        what = f"{t.workload} @ {t.load:g}, {t.ours}: {t.metric} / {against or t.against}"
+        if (t.klass, t.against_class) == ("all", "all"):
+            what = f"{t.workload} @ {t.load:g}, {t.ours}: {t.metric} / {against or t.against}"
+        else:
+            what = (f"{t.workload} @ {t.load:g}, {t.ours} ({t.klass} requests): {t.metric} / "
+                    f"{against or t.against}'s ({t.against_class} requests)")
         if iv is None:
             lines.append(f"- {what} (target {sign} {t.bound:g}): no paired runs")
             continue

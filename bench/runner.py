@@ -667,7 +667,8 @@ def section(doc: dict[str, Any], source: str) -> str:
             lines[4:4] = [scn.description, ""]
         ran = set(s["contenders"])
         targets = [rp.Target(s["workload"], load, t.ours, t.against, t.metric, t.bound,
-                             t.at_most) for t in scn.targets for load in s["loads"]
+                             t.at_most, t.klass, t.against_class)
+                   for t in scn.targets for load in s["loads"]
                    if t.ours in ran and (t.against in ran or t.against == "best-peer")]
     baseline = s.get("baseline") or ("aggregated" if s.get("roles") else rp.BASELINE)
     tl = rp.target_lines(results, targets) if targets else []

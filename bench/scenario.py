@@ -48,6 +48,10 @@ The schema (every key but ``title``, ``workload`` and ``contenders`` may be left
     targets:
     - {ours: epp-tuned, against: envoy-rr, metric: TTFT p90, at_most: 0.5}
     - {ours: epp-tuned, against: best-peer, metric: output tok/s, at_least: 1.0}
+    # by request class (tag, or its tenant part: ``interactive`` for ``interactive/...``);
+    # ``all``: every warm request; TTFT p90 only; ``against_class`` defaults to ``class``
+    - {ours: epp-fc, class: interactive, against: envoy-rr, against_class: all,
+       metric: TTFT p90, at_most: 0.35}
 
 Paths inside a scenario are relative to the scenario file.
 """
@@ -193,6 +197,10 @@ class Target:
     metric: str
     bound: float
     at_most: bool
+    #: the request class of ``ours`` / ``against`` the metric is taken over ("all": every
+    #: warm request; TTFT p90 only)
+    klass: str = "all"
+    against_class: str = "all"
 
 
 @dataclass(frozen=True, slots=True)
@@ -518,8 +526,8 @@ def _budget(r: _Reader, raw: Any) -> Budget:
 
 
 def _target(r: _Reader, raw: Any, where: str, names: list[str]) -> Target:
-    t = r.keys(raw, where, {"ours", "against", "metric", "at_most", "at_least"},
-               ("ours", "against", "metric"))
+    t = r.keys(raw, where, {"ours", "against", "metric", "at_most", "at_least", "class",
+                            "against_class"}, ("ours", "against", "metric"))
     if ("at_most" in t) == ("at_least" in t):
         raise r.fail(where, "give exactly one of at_most, at_least")
     for key in ("ours", "against"):
@@ -530,7 +538,14 @@ def _target(r: _Reader, raw: Any, where: str, names: list[str]) -> Target:
     at_most = "at_most" in t
     bound = r.number(t["at_most" if at_most else "at_least"],
                      f"{where}.{'at_most' if at_most else 'at_least'}", positive=True)
-    return Target(t["ours"], t["against"], t["metric"], bound, at_most)
+    klass = t.get("class", "all")
+    against_class = t.get("against_class", klass)
+    for key, value in (("class", klass), ("against_class", against_class)):
+        if not isinstance(value, str) or not value:
+            raise r.fail(f"{where}.{key}", f"expected a class name or 'all', got {value!r}")
+    if (klass, against_class) != ("all", "all") and t["metric"] != "TTFT p90":
+        raise r.fail(f"{where}.metric", "a class target compares TTFT p90 only")
+    return Target(t["ours"], t["against"], t["metric"], bound, at_most, klass, against_class)
 
 
 def scenario_files(directory: Path = SCENARIOS) -> list[Path]:

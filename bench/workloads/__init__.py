@@ -96,6 +96,18 @@ def burst_arrivals(rng: random.Random, rate: float, n: int, *, period: float = 6
     return out[:n]
 
 
+def gamma_arrivals(rng: random.Random, rate: float, n: int, *, cv: float = 2.0) -> list[float]:
+    """``n`` arrival times at average ``rate`` with Gamma-distributed gaps whose coefficient
+    of variation is ``cv`` (shape ``1 / cv**2``: vLLM's ``--burstiness`` 0.25 is CV 2; CV 1
+    is Poisson)."""
+    shape = 1.0 / (cv * cv)
+    t, out = 0.0, []
+    for _ in range(n):
+        out.append(t)
+        t += rng.gammavariate(shape, 1.0 / (rate * shape))
+    return out
+
+
 Params = dict[str, Any]
 Generator = Callable[[random.Random, Params, list[float]], list[RequestSpec]]
 
@@ -390,6 +402,7 @@ class Workload:
     source: str
     generator: str
     arrivals: str
+    #: bursts: the period and width, s; gamma: the gaps' CV and 0
     burst_period: float
     burst_width: float
     parameters: Params
@@ -419,6 +432,8 @@ class Workload:
         n = max(1, round(rate * duration))
         if self.arrivals == "poisson":
             times = poisson_arrivals(rng, rate, n)
+        elif self.arrivals == "gamma":
+            times = gamma_arrivals(rng, rate, n, cv=self.burst_period)
         else:
             times = burst_arrivals(rng, rate, n, period=self.burst_period,
                                    width=self.burst_width)
@@ -439,8 +454,12 @@ def _arrivals(path: Path, raw: Any) -> tuple[str, float, float]:
     b = raw.get("bursts") if isinstance(raw, dict) and set(raw) == {"bursts"} else None
     if isinstance(b, dict) and set(b) == {"period", "width"}:
         return "bursts", float(b["period"]), float(b["width"])
-    raise WorkloadError(f"{path}: arrivals: expected 'poisson' or "
-                        "{bursts: {period: S, width: S}}")
+    g = raw.get("gamma") if isinstance(raw, dict) and set(raw) == {"gamma"} else None
+    if isinstance(g, dict) and set(g) == {"cv"} and isinstance(g["cv"], int | float) \
+            and not isinstance(g["cv"], bool) and g["cv"] > 0:
+        return "gamma", float(g["cv"]), 0.0
+    raise WorkloadError(f"{path}: arrivals: expected 'poisson', "
+                        "{bursts: {period: S, width: S}} or {gamma: {cv: X > 0}}")
 
 
 def _check_tenants(path: Path, tenants: Any) -> None:
