@@ -821,7 +821,6 @@ async def queued_rss(n: int, body_bytes: int, workdir: Path) -> dict[str, Any]:
     second round shows whether the memory freed by the first is reused."""
     import grpc
     import orjson
-    from envoy.config.core.v3 import base_pb2
     from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
     from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
@@ -858,9 +857,7 @@ async def queued_rss(n: int, body_bytes: int, workdir: Path) -> dict[str, Any]:
         def messages(i: int) -> list[Any]:
             hdrs = [(":method", "POST"), (":path", "/v1/completions"),
                     ("content-type", "application/json"), ("x-request-id", f"q{i}")]
-            return [pb.ProcessingRequest(request_headers=pb.HttpHeaders(
-                        headers=base_pb2.HeaderMap(headers=[
-                            base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in hdrs]))),
+            return [_headers_msg(hdrs, "request_headers"),
                     pb.ProcessingRequest(request_body=pb.HttpBody(body=payload,
                                                                   end_of_stream=True))]
 
@@ -1021,12 +1018,21 @@ def active_active_cmd(a: argparse.Namespace) -> int:
 #: subcommand -> (help, its flags as (flag, add_argument keywords), what runs it)
 Flags = tuple[tuple[str, dict[str, Any]], ...]
 _QUICK: Flags = (("--quick", {"action": "store_true"}),)
+def _headers_msg(pairs: list[tuple[str, str]], field: str) -> Any:
+    """An ext_proc ``ProcessingRequest`` carrying ``pairs`` as its ``field`` (request or
+    response headers)."""
+    from envoy.config.core.v3 import base_pb2
+    from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+
+    return pb.ProcessingRequest(**{field: pb.HttpHeaders(headers=base_pb2.HeaderMap(headers=[
+        base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in pairs]))})
+
+
 def _trace_cpu_child(ratio: str, endpoint: str, requests: int, rounds: int) -> list[float]:
     """CPU µs per request (every thread of this process) of the EPP's ext_proc servicer over
     ``director()``, each request a FULL_DUPLEX_STREAMED exchange with a one-event SSE answer,
     100 at a time; tracing at ``ratio`` to ``endpoint`` (``off``: not configured)."""
     import orjson
-    from envoy.config.core.v3 import base_pb2
     from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
     import shared.extproc as extproc
@@ -1045,19 +1051,14 @@ def _trace_cpu_child(ratio: str, endpoint: str, requests: int, rounds: int) -> l
     gc.collect()
     gc.freeze()  # as shared.server.serve does once start-up is done
 
-    def headers(pairs: list[tuple[str, str]], field: str) -> pb.ProcessingRequest:
-        hm = base_pb2.HeaderMap(headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode())
-                                         for k, v in pairs])
-        return pb.ProcessingRequest(**{field: pb.HttpHeaders(headers=hm)})
-
     body = orjson.dumps({"model": "m", "max_tokens": 16, "messages": [
         {"role": "user", "content": "Tell me about Envoy. " * 40}]})
     answer = (b'data: {"id":"x","object":"chat.completion.chunk","model":"m","choices":'
               b'[{"index":0,"delta":{"content":"hi"}}]}\n\ndata: [DONE]\n\n')
-    msgs = [headers([(":method", "POST"), (":path", "/v1/chat/completions"),
+    msgs = [_headers_msg([(":method", "POST"), (":path", "/v1/chat/completions"),
                      ("content-type", "application/json")], "request_headers"),
             pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True)),
-            headers([(":status", "200"), ("content-type", "text/event-stream")],
+            _headers_msg([(":status", "200"), ("content-type", "text/event-stream")],
                     "response_headers"),
             pb.ProcessingRequest(response_body=pb.HttpBody(body=answer, end_of_stream=True))]
 

@@ -217,7 +217,8 @@ class _Batcher:
     ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` (512) once that many wait, else every
     ``OTEL_BSP_SCHEDULE_DELAY`` ms (5,000); at most ``OTEL_BSP_MAX_QUEUE_SIZE`` (2,048) wait,
     newer ones are dropped and counted (one warning per batch, not per span). The SDK's
-    defaults and variables; ``OTEL_BSP_EXPORT_TIMEOUT`` is the exporter's own timeout.
+    defaults and variables, but ``OTEL_BSP_EXPORT_TIMEOUT``, which the SDK reads and never
+    uses either: an export is bounded by the exporter's ``OTEL_EXPORTER_OTLP_TIMEOUT``.
 
     The request path only appends to a deque (atomic under the GIL): the SDK's
     ``BatchSpanProcessor`` spent ~10 µs a span there on a pid check, its lock and its
