@@ -4,11 +4,11 @@ fleet, contenders and report.
 - **real time** (``--real``): for every load x seed, each contender gets a fresh simulated
   fleet, is started in front of it (Envoy + our EPP, Envoy's own LB policies, a peer router)
   and the open-loop client plays the seed's schedule through it (:func:`run_one`;
-  P/D fleets: ``bench.pd_compare``'s fleets with the prefill/decode roles, sidecars and
+  P/D fleets: ``bench.pd_fleet``'s fleets with the prefill/decode roles, sidecars and
   vllm-router's PD mode). The contenders' order alternates between seeds.
 - **virtual time** (``--virtual``, the default): the same schedules through the same
   contenders in the twin: the real EPP scheduler and director over the simulator's engine
-  model on a virtual clock (:mod:`bench.twin`; P/D fleets: :func:`bench.pd_twin.simulate`).
+  model on a virtual clock (:mod:`bench.twin`; P/D fleets: :func:`bench.twin.pd.simulate`).
   Peers are not modelled there: their rows say so.
 
 Both summarise each run into a :class:`bench.report.RunResult` (the first 20% of requests by
@@ -362,7 +362,7 @@ def _runtime_virtual(c: Contender, fleet: Fleet, seed: int,
 
 def _pd_virtual(fleet: Fleet, c: Contender, seed: int,
                 specs: list[RequestSpec]) -> list[Any] | None:
-    from bench.pd_twin import parse_spill, simulate
+    from bench.twin.pd import parse_spill, simulate
     from sim.profiles import get_profile
 
     prefill, decode = fleet.roles["prefill"], fleet.roles["decode"]
@@ -518,7 +518,7 @@ def _pd_real(p: Plan, load: float, seed: int, c: Contender, workdir: Path) -> Ru
 
     import orjson
 
-    from bench import pd_compare
+    from bench import pd_fleet
     from bench.openloop import Outcome
     from bench.peers import PEERS
 
@@ -534,9 +534,9 @@ def _pd_real(p: Plan, load: float, seed: int, c: Contender, workdir: Path) -> Ru
     kind = "pd" if c.pd is not None else c.name
     v = c.pd or PdVariant()
     started = time.monotonic()
-    with pd_compare.start(kind, workdir, seed, v.threshold, scale,
-                          (p.fleet.roles["prefill"], p.fleet.roles["decode"]),
-                          v.config, p.fleet.profile) as fleet:
+    with pd_fleet.start(kind, workdir, seed, v.threshold, scale,
+                        (p.fleet.roles["prefill"], p.fleet.roles["decode"]),
+                        v.config, p.fleet.profile) as fleet:
         subprocess.run([sys.executable, "-m", "bench.openloop", "--url", fleet.url,
                         "--requests", str(workdir / "requests.jsonl"),
                         "--out", str(workdir / "outcomes.jsonl"),

@@ -90,7 +90,7 @@ PD_CONTENDERS = ("aggregated", "vllm-router-pd")
 METRICS = ("TTFT p90", "output tok/s", "TPOT p50", "cache hit", "SLO attainment")
 #: What a fault step does (``bench.contenders.Contender.fault``).
 FAULTS = ("kill-replica", "kill-store", "restart-store", "restart-server")
-#: P/D variants: the EPP config family ``bench.pd_compare`` builds, and the twin's picks.
+#: P/D variants: the EPP config family ``bench.pd_fleet`` builds, and the twin's picks.
 PD_CONFIGS = ("llm-d", "gie-scorers", "token-load", "spill")
 PD_PICKS = ("least", "tokens", "random")
 
@@ -151,7 +151,7 @@ class Fleet:
 
 @dataclass(frozen=True, slots=True)
 class PdVariant:
-    """A P/D EPP variant (``bench.pd_compare`` in real time, ``bench.pd_twin`` in virtual
+    """A P/D EPP variant (``bench.pd_fleet`` in real time, ``bench.twin.pd`` in virtual
     time): the decider's ``nonCachedTokens``, the config family, the twin's picks and the
     load-aware decider's spill (``TOKENS:REQUESTS``)."""
 
@@ -498,11 +498,11 @@ def _pd(r: _Reader, raw: Any, where: str) -> PdVariant:
             raise r.fail(f"{where}.{key}", f"{getattr(v, key)!r} is not one of "
                          f"{', '.join(PD_PICKS)}")
     if v.spill:
-        from bench.pd_twin import parse_spill
+        from bench.twin.pd import parse_spill
 
         try:
             parse_spill(v.spill)
-        except Exception as e:  # argparse's error type: the text is what matters
+        except ValueError as e:
             raise r.fail(f"{where}.spill", str(e)) from None
     return v
 

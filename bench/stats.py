@@ -13,6 +13,7 @@ the whole interval is on the wrong side, and **inconclusive** otherwise.
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
 from collections.abc import Sequence
@@ -20,6 +21,8 @@ from dataclasses import dataclass
 
 RESAMPLES = 4000
 LEVEL = 0.95
+#: Student's t at 95% (two-sided) by degrees of freedom; 1.96 beyond.
+T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +65,17 @@ def bootstrap_median(values: Sequence[float], *, resamples: int = RESAMPLES,
 def paired_ratios(ours: dict[int, float], base: dict[int, float]) -> list[float]:
     """``ours[s] / base[s]`` for every seed both have (and where the base is positive)."""
     return [ours[s] / base[s] for s in sorted(ours.keys() & base.keys()) if base[s] > 0]
+
+
+def geomean_interval(ratios: Sequence[float]) -> tuple[float, float]:
+    """95% t-interval of the geometric mean of paired ratios (non-positive ones dropped);
+    NaNs for fewer than two."""
+    logs = [math.log(r) for r in ratios if r > 0]
+    if len(logs) < 2:
+        return (math.nan, math.nan)
+    mean, sd = statistics.fmean(logs), statistics.stdev(logs)
+    half = T95.get(len(logs) - 1, 1.96) * sd / math.sqrt(len(logs))
+    return math.exp(mean - half), math.exp(mean + half)
 
 
 def verdict(iv: Interval, target: float, *, at_most: bool) -> str:

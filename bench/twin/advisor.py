@@ -4,7 +4,7 @@
 profile, the seeds, the loads to sweep and the P/D variant: its first ``pd`` contender).
 For every split ``P`` prefill + ``N - P`` decode servers (``P`` = 1 .. N-1) and the
 aggregated fleet of ``N``, every load and every seed, the schedule is served by
-:func:`bench.pd_twin.simulate` (the simulator's engine, :mod:`sim.costs`' step cost, no HTTP);
+:func:`bench.twin.pd.simulate` (the simulator's engine, :mod:`sim.costs`' step cost, no HTTP);
 a request **meets the SLO** when
 
     TTFT <= max(ttft_floor, ttft_factor x its isolated prefill)   and   TPOT <= tpot
@@ -21,7 +21,7 @@ SLO at the loosest bound, per seed.
 
 A workload with multimodal items (``multimodal``) also gets **encode** splits (issue #29):
 ``E`` encode servers + ``N - E`` prefill-decode servers (E/PD) and ``E + P + D = N``
-(E/P/D), ``E >= 1``; :func:`bench.pd_twin.simulate`'s encode stage plays them. A fleet is
+(E/P/D), ``E >= 1``; :func:`bench.twin.pd.simulate`'s encode stage plays them. A fleet is
 the pair ``(E, P)``: ``(0, 0)`` aggregated, ``(0, P)`` P/D, ``(E, 0)`` E/PD.
 """
 
@@ -34,9 +34,9 @@ from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
-from bench.pd_compare import ratio_interval
-from bench.pd_twin import Served, Spill, simulate
 from bench.scenario import PdVariant
+from bench.stats import geomean_interval
+from bench.twin.pd import Served, Spill, parse_spill, simulate
 from bench.workloads import Workload
 from sim.costs import isolated_prefill
 from sim.profiles import get_profile
@@ -104,8 +104,6 @@ class _Job:
 
 
 def _cell(job: _Job) -> Cell:
-    from bench.pd_twin import parse_spill
-
     specs = job.workload.schedule(job.load, job.duration, job.seed, job.servers)
     v = job.variant
     profile = get_profile(job.profile)
@@ -201,8 +199,8 @@ def summarize(cells: Sequence[Cell], servers: int, slos: Sequence[Slo],
             gp.append(statistics.median(mine.values()))
             paired = [mine[s] / base[s, b] for s in seeds if base[s, b] > 0]
             # A seed where this fleet met the SLO at no swept rate has ratio 0, which has no
-            # geometric mean: no interval then (ratio_interval would silently drop it).
-            lo, hi = (ratio_interval(paired) if paired and min(paired) > 0
+            # geometric mean: no interval then (geomean_interval would silently drop it).
+            lo, hi = (geomean_interval(paired) if paired and min(paired) > 0
                       else (math.nan, math.nan))
             ratios.append((statistics.median(paired) if paired else math.nan, lo, hi))
         loose = len(slos) - 1
@@ -210,7 +208,7 @@ def summarize(cells: Sequence[Cell], servers: int, slos: Sequence[Slo],
                if c.fleet == (0, 0) and c.tps > 0 and ((e, p), c.load, c.seed) in by
                and c.met[loose] >= slos[loose].attainment
                and by[(e, p), c.load, c.seed].met[loose] >= slos[loose].attainment]
-        tlo, thi = ratio_interval(tps) if len(tps) > 1 else (math.nan, math.nan)
+        tlo, thi = geomean_interval(tps) if len(tps) > 1 else (math.nan, math.nan)
         rows.append(Row(p, tuple(gp), tuple(ratios),
                         (statistics.median(tps) if tps else math.nan, tlo, thi, len(tps)), e))
     splits = [r for r in rows if r.fleet != (0, 0)]

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from bench.__main__ import main
-from bench.pd_twin import Served
 from bench.twin.advisor import Cell, Slo, goodput, met_share, summarize
+from bench.twin.pd import Served
 from sim.costs import isolated_prefill
 from sim.profiles import H100_LLAMA8B
 

@@ -1,4 +1,4 @@
-"""The twin's encode stage (issue #29): ``bench.pd_twin.simulate(..., encode=E)`` sends each
+"""The twin's encode stage (issue #29): ``bench.twin.pd.simulate(..., encode=E)`` sends each
 unique image to an encode server, whose engine encodes it once and then finds it in its
 encoder cache; the advisor sweeps E/PD and E/P/D fleets for a multimodal workload."""
 
@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from bench.__main__ import main
-from bench.pd_twin import shape, simulate
 from bench.twin.advisor import fleets
+from bench.twin.pd import shape, simulate
 from bench.workloads import RequestSpec
 from sim.profiles import H100_8B
 

@@ -1,20 +1,46 @@
-"""``bench.pd_twin``: the virtual-time P/D fleets serve every request of ``pd_compare``'s
-schedule, send exactly the prompts above the threshold through a prefill server, and keep
-the engine's timing (a decode server that never prefills decodes at the profile's ITL)."""
+"""``bench.twin.pd``: the virtual-time P/D fleets serve every request of the P/D mix, send
+exactly the prompts above the threshold through a prefill server, and keep the engine's
+timing (a decode server that never prefills decodes at the profile's ITL)."""
 
 from __future__ import annotations
 
-import argparse
+from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
-from bench.pd_compare import workload
-from bench.pd_twin import Spill, figures, parse_spill, simulate
+from bench.twin.pd import Served, Spill, parse_spill
+from bench.twin.pd import simulate as simulate_specs
+from bench.workloads import WORKLOADS, RequestSpec
+from devkit.stats import percentile as pct
 from sim.profiles import H100_8B
+
+
+def workload(seed: int, rate: float = 0.6, duration: float = 60.0) -> list[RequestSpec]:
+    """The P/D mix (bench/workloads/pd-mix.yaml) at ``rate`` req/s."""
+    mix = WORKLOADS["pd-mix"]
+    return mix.schedule(rate / mix.capacity(4), duration, seed, 4)
+
+
+def simulate(seed: int, prefill: int, decode: int, threshold: int | None, *,
+             rate: float = 0.6, duration: float = 60.0, **kw: Any) -> list[Served]:
+    return simulate_specs(seed, prefill, decode, threshold,
+                          specs=workload(seed, rate, duration), **kw)
+
+
+def figures(served: Sequence[Served]) -> dict[str, float]:
+    """Long-prompt TTFT/TPOT p90, short-prompt TTFT p90, the share of long prompts
+    disaggregated."""
+    long = [s for s in served if s.long]
+    return {"long_ttft_p90": pct([s.ttft for s in long], .9),
+            "long_tpot_p90": pct([s.tpot for s in long], .9),
+            "short_ttft_p90": pct([s.ttft for s in served if not s.long], .9),
+            "long_disagg": sum(s.disaggregated for s in long) / max(1, len(long))}
 
 
 def test_every_request_is_served_once_by_each_fleet() -> None:
     specs = workload(0, 0.6, 20)
+    assert specs
     for prefill, decode, threshold in ((2, 2, None), (2, 2, 1024), (3, 1, 1)):
         served = simulate(0, prefill, decode, threshold, duration=20)
         assert sorted(s.long for s in served) == sorted(s.tag == "long" for s in specs)
@@ -76,5 +102,5 @@ def test_the_spill_decider_reads_both_bounds() -> None:
 def test_spill_parses_or_fails_in_one_line() -> None:
     assert parse_spill("8000:2") == Spill(8000, 2)
     assert parse_spill("-:1") == Spill(None, 1)
-    with pytest.raises(argparse.ArgumentTypeError, match="expected PREFILL_TOKENS:DECODE_REQUESTS"):
+    with pytest.raises(ValueError, match="expected PREFILL_TOKENS:DECODE_REQUESTS"):
         parse_spill("8000")

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from bench.report import RunResult, summarize, table, target_lines
-from bench.stats import Interval, bootstrap_median, paired_ratios, verdict
+from bench.stats import Interval, bootstrap_median, geomean_interval, paired_ratios, verdict
 from bench.workloads import HERE, WORKLOADS, WorkloadError, load_workload
 
 
@@ -142,3 +143,11 @@ def test_multi_turn_prompts_extend_the_previous_turn_and_long_inputs_are_long() 
     lengths = [len(s.body["prompt"]) // 4 for s in
                WORKLOADS["long-input"].schedule(0.75, 30.0, seed=0, servers=8)]
     assert min(lengths) >= 4000 and max(lengths) <= 16000
+
+
+def test_the_geometric_mean_interval_contains_it_and_widens_with_spread() -> None:
+    lo, hi = geomean_interval([0.5, 0.5, 0.5])
+    assert abs(lo - 0.5) < 1e-9 and abs(hi - 0.5) < 1e-9
+    lo, hi = geomean_interval([0.4, 0.5, 0.6, 0.5, 0.45])
+    assert lo < 0.49 < hi < 0.6
+    assert all(math.isnan(x) for x in geomean_interval([0.5]))

@@ -1,48 +1,33 @@
-"""P/D fleets in virtual time: ``bench.pd_compare``'s fleets on the simulator's engine alone,
-what ``python -m bench run`` plays for a P/D scenario and ``python -m bench advise`` sweeps
-(splits x rates). Its own command line (a table of split/threshold variants) was removed by
-issue #28: the split sweep is ``bench advise``, thresholds, picks and spill are ``pd``
-contenders of a scenario (``bench run pd --loads ...``).
+"""P/D fleets in virtual time: what ``python -m bench run`` plays for a scenario with
+``fleet.roles`` and ``python -m bench advise`` sweeps (splits x rates).
 
-Schedules (``bench.pd_compare``'s ``workload`` per seed, or a scenario's) are served by
-:class:`sim.engine.Engine` instances (the fleet's profile) on one virtual clock: no HTTP, no
-Envoy, no EPP, no sidecar, no CPU contention. What is left is the engine's timing model, so
-the figures say what a split or a threshold can reach at best, and which part of a measured
-figure is the machine's own overhead.
+A schedule is served by :class:`sim.engine.Engine` instances (the fleet's profile) on one
+virtual clock: no HTTP, Envoy, EPP or sidecar, so the figures say what a split or a threshold
+can reach at best.
 
-- **aggregated**: ``P + D`` servers, each request to the server with the fewest outstanding
-  requests (a stand-in for a load-aware picker; ties to the first).
-- **P/D**: a prompt of at least ``nonCachedTokens`` tokens (no prefix is ever cached in this
-  workload, so the decider's test is the prompt length) is prefilled on the least-loaded of
-  the ``P`` prefill servers (one output token), its KV pulled by the least-loaded of the ``D``
-  decode servers after ``latency + tokens x 128 KiB / bandwidth`` (the simulator's ``rdma``
-  link; pulls do not queue here), and decoded there with only its last prompt token computed.
-  Shorter prompts go to a decode server whole, as the decider keeps them local.
+- **aggregated**: ``P + D`` servers, each request to the one with the fewest outstanding
+  requests (ties to the first).
+- **P/D**: a prompt of at least ``nonCachedTokens`` tokens (nothing is cached in these mixes,
+  so the decider's test is the prompt length) is prefilled on a prefill server (one output
+  token), its KV pulled by a decode server after ``latency + tokens x 128 KiB / bandwidth``
+  (the simulator's ``rdma`` link; pulls do not queue) and decoded there with only its last
+  prompt token computed. Shorter prompts go to a decode server whole.
 
-``prefill_pick`` / ``decode_pick`` choose how each side picks: ``least`` (fewest
-outstanding requests, the default: what the EPP's ``active-request-scorer`` does now that the
-prefill pick counts in flight until the prefill ends), ``tokens`` (fewest outstanding prompt
-tokens: ``token-load-scorer``), ``random`` (what llm-d's sample scorers amount to on this
-workload: no prefix hits, and a waiting queue that chunked prefill keeps empty).
-``spill`` (``TOKENS:REQUESTS``) models our ``load-aware-pd-decider`` (:class:`Spill`): a long
-prompt stays on its decode server when every prefill server has ``TOKENS`` prompt tokens in
-flight and the decode server at most ``REQUESTS`` requests; the decode server is then picked
-at arrival, as the EPP does.
+Picks (``prefill_pick`` / ``decode_pick``): ``least`` (fewest outstanding requests, what the
+EPP's ``active-request-scorer`` does), ``tokens`` (fewest outstanding prompt tokens,
+``token-load-scorer``), ``random`` (what llm-d's sample scorers amount to without prefix
+hits). ``spill`` models our ``load-aware-pd-decider`` (:class:`Spill`); the decode server is
+then picked at arrival, as the EPP does.
 
-``encode`` (E/PD, E/P/D; issue #29): that many **encode** servers more. A chat request with
-multimodal items sends each unique item, as the sidecar does, to an encoder (the least-loaded
-one, a stand-in for the encode profile's ``queue-scorer``) as a one-item chat with one output
-token: the encoder's engine runs the vision encoder (``encode_time_per_image``) unless the
-item is in its encoder cache, and prefills the item's placeholders. When every item is
-encoded the request goes on (prefill then decode, or decode alone) with its items loaded
-from the shared store (``ec_load_time_per_image`` each) instead of encoded, as
-``sim.encoder``'s consumers do. Without encoders a server encodes the items itself, in its
-step. TTFT counts from arrival, so it includes the encode leg.
+``encode`` (E/PD, E/P/D; issue #29): that many encode servers more. Each unique multimodal
+item of a chat goes, as the sidecar sends it, to the least-loaded encoder as a one-item chat
+with one output token (the encoder's engine runs the vision encoder unless the item is in its
+cache); when every item is encoded the request goes on with its items loaded from the shared
+store (``ec_load_time_per_image`` each). TTFT counts from arrival, encode leg included.
 """
 
 from __future__ import annotations
 
-import argparse
 import heapq
 import itertools
 import random
@@ -52,9 +37,7 @@ from typing import Any
 
 import orjson
 
-from bench.pd_compare import workload
 from bench.workloads import RequestSpec
-from devkit.stats import percentile as pct
 from modelserver.multimodal import mm_items, unique_items
 from sim.engine import Engine, SimRequest
 from sim.openai import parse_request
@@ -165,9 +148,6 @@ class _Fleet:
         return req
 
 
-PICKS = ("least", "tokens", "random")
-
-
 @dataclass(frozen=True, slots=True)
 class _Shape:
     """What the twin needs of a request: its class, prompt tokens (the simulator's count:
@@ -197,16 +177,14 @@ def shape(spec: RequestSpec) -> _Shape:
 
 
 def simulate(seed: int, prefill: int, decode: int, threshold: int | None, *,
-             rate: float = 0.6, duration: float = 60.0, link: str = "rdma",
+             specs: Sequence[RequestSpec], link: str = "rdma",
              prefill_pick: str = "least", decode_pick: str = "least",
              spill: Spill | None = None,
-             specs: Sequence[RequestSpec] | None = None,
              profile: Profile = H100_8B, encode: int = 0) -> list[Served]:
     """One run; ``threshold=None`` is the aggregated fleet of ``prefill + decode`` servers
     (always ``least``). With ``spill`` the decode server is picked at arrival, as the EPP
-    does, and the :class:`Spill` decider may keep a long prompt there. ``specs``: play this
-    schedule (a request tagged ``long`` is of the long class) instead of :func:`workload`'s
-    for ``seed``, ``rate`` and ``duration``. ``profile``: every server's (sim/profiles.py).
+    does, and the :class:`Spill` decider may keep a long prompt there. ``specs``: the schedule
+    (a request tagged ``long`` is of the long class). ``profile``: every server's (sim/profiles.py).
     ``encode``: encode servers in front (E/PD with ``threshold=None``, else E/P/D)."""
     fleet = _Fleet(seed, rng=random.Random(seed))
     bandwidth, latency = LINKS[link]
@@ -255,7 +233,7 @@ def simulate(seed: int, prefill: int, decode: int, threshold: int | None, *,
 
     for s in decoders + prefillers + encoders:
         s.engine.on_event = finished(s)
-    for spec in (workload(seed, rate, duration) if specs is None else specs):
+    for spec in specs:
         fleet.push(spec.at, "arrive", (shape(spec), spec.at))
     parents = itertools.count()
     while fleet.events:
@@ -308,26 +286,12 @@ def simulate(seed: int, prefill: int, decode: int, threshold: int | None, *,
     return served
 
 
-def figures(served: list[Served]) -> dict[str, float]:
-    """Long-prompt TTFT/TPOT p90 and output tok/s, short-prompt TTFT p90, and the share of
-    long prompts disaggregated, of one run. Tok/s as ``bench.pd_compare`` counts it: the
-    class's output tokens over the run's span (first arrival to last end, all classes)."""
-    long = [s for s in served if s.long]
-    short = [s for s in served if not s.long]
-    span = max(s.end for s in served) - min(s.arrival for s in served)
-    return {"long_ttft_p90": pct([s.ttft for s in long], .9),
-            "long_tpot_p90": pct([s.tpot for s in long], .9),
-            "long_tps": sum(s.output for s in long) / span,
-            "short_ttft_p90": pct([s.ttft for s in short], .9),
-            "long_disagg": sum(s.disaggregated for s in long) / max(1, len(long))}
-
-
 def parse_spill(text: str) -> Spill:
-    """``--spill TOKENS:REQUESTS`` (either side may be ``-``: not tested)."""
+    """``TOKENS:REQUESTS`` (either side may be ``-``: not tested); ValueError otherwise."""
     try:
         tokens, requests = text.split(":")
         return Spill(None if tokens == "-" else int(tokens),
                      None if requests == "-" else int(requests))
     except ValueError:
-        raise argparse.ArgumentTypeError(
+        raise ValueError(
             f"expected PREFILL_TOKENS:DECODE_REQUESTS (e.g. 8000:1), got {text!r}") from None
