@@ -366,6 +366,23 @@ def pool_gateway_config(epp_port: int, admin: int, listen: int, endpoints: list[
     )]).bootstrap()
 
 
+def wait_pool_ready(proc: subprocess.Popen[bytes], metrics_port: int, size: int, log: Path,
+                    timeout: float = 30.0) -> None:
+    """Wait until the EPP lists ``size`` endpoints with fresh metrics in ``/debug/pool``, so
+    the first picks are informed (as they would be for a long-running EPP)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"epp exited {proc.returncode}: {_tail(log)}")
+        with contextlib.suppress(OSError, ValueError), urllib.request.urlopen(
+                f"http://127.0.0.1:{metrics_port}/debug/pool", timeout=2) as resp:
+            eps = json.loads(resp.read()).get("endpoints", [])
+            if sum(1 for ep in eps if ep.get("age_seconds") is not None) >= size:
+                return
+        time.sleep(0.1)
+    raise TimeoutError(f"epp not ready: {_tail(log)}")
+
+
 class Epp(Contender):
     """Envoy + our EPP (``python -m epp.main``) with a given EndpointPickerConfig."""
 
@@ -406,18 +423,7 @@ class Epp(Contender):
                 yield f"http://127.0.0.1:{listen}"
 
     def _wait_ready(self, proc: subprocess.Popen[bytes], log: Path, size: int) -> None:
-        # Ready = every endpoint listed with fresh metrics in /debug/pool, so the first
-        # picks are informed (as they would be for a long-running EPP).
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"epp exited {proc.returncode}: {_tail(log)}")
-            fresh = [ep for ep in self.debug().get("endpoints", [])
-                     if ep.get("age_seconds") is not None]
-            if len(fresh) >= size:
-                return
-            time.sleep(0.1)
-        raise TimeoutError(f"epp not ready: {_tail(log)}")
+        wait_pool_ready(proc, self._metrics_port, size, log)
 
     def kv_lag(self) -> dict[str, float]:
         from prometheus_client.parser import text_string_to_metric_families

@@ -21,19 +21,24 @@ import contextlib
 import dataclasses
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
 import yaml
 
-from bench.contenders import _popen, _stop, _tail, pool_gateway_config, wait_router_ready
+from bench.contenders import (
+    _popen,
+    _stop,
+    _tail,
+    pool_gateway_config,
+    wait_pool_ready,
+    wait_router_ready,
+)
 from bench.peers import PEERS, peer_env
 from devkit import envoy as e
+from devkit.manifests import pool_manifests
 from modelserver.pd import ROLE_LABEL
 
 _PD_PLUGINS = """\
@@ -119,21 +124,6 @@ PD_CONFIGS = {"llm-d": _PD_PLUGINS + _LLM_D_PROFILES,
 
 # -- the fleets -----------------------------------------------------------------------------
 
-def _pod(name: str, ip: str, role: str | None) -> dict[str, Any]:
-    labels = {"app": "sim"} | ({ROLE_LABEL: role} if role else {})
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {
-        "name": name, "namespace": "default", "labels": labels}, "status": {"podIP": ip}}
-
-
-def _pool(port: int, pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{"apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
-             "metadata": {"name": "sims", "namespace": "default"},
-             "spec": {"selector": {"matchLabels": {"app": "sim"}},
-                      "targetPorts": [{"number": port}],
-                      "endpointPickerRef": {"name": "epp", "port": {"number": 9002}}}},
-            *pods]
-
-
 @dataclass
 class Fleet:
     """What one run started: processes, and where to read the counters afterwards."""
@@ -149,20 +139,6 @@ class Fleet:
     prefillers: list[str] = dataclasses.field(default_factory=list)
 
 
-def _wait_pool(port: int, size: int, proc: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"epp exited: {_tail(log)}")
-        with contextlib.suppress(OSError, ValueError):
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/debug/pool", timeout=2) as r:
-                eps = orjson.loads(r.read()).get("endpoints", [])
-            if sum(1 for ep in eps if ep.get("age_seconds") is not None) >= size:
-                return
-        time.sleep(0.2)
-    raise TimeoutError(f"epp not ready: {_tail(log)}")
-
-
 @contextlib.contextmanager
 def start(kind: str, workdir: Path, seed: int, threshold: int, time_scale: float = 1.0,
           split: tuple[int, int] = (2, 2), pd_config: str = "llm-d",
@@ -175,31 +151,35 @@ def start(kind: str, workdir: Path, seed: int, threshold: int, time_scale: float
     kv = {"kv_connector": "NixlConnector", "kv_role": "kv_both", "link": "rdma"}
     servers: list[dict[str, Any]] = []
     sidecars: list[tuple[str, int, int]] = []  # (ip, decoder port, metrics port)
+    pods: list[tuple[str, str, str]] = []      # (name, ip, role)
     n_prefill, n_decode = split
     if kind == "aggregated":
         ips = [f"127.0.11.{i + 1}" for i in range(n_prefill + n_decode)]
         servers = [{"host": ip, "port": port, "name": f"agg-{i}"} for i, ip in enumerate(ips)]
-        pods = [_pod(f"agg-{i}", ip, None) for i, ip in enumerate(ips)]
+        pods = [(f"agg-{i}", ip, "") for i, ip in enumerate(ips)]
     else:
         ips = [f"127.0.12.{i + 1}" for i in range(n_prefill + n_decode)]
-        pods = []
         for i, ip in enumerate(ips[:n_decode]):  # decode pods: sidecar on the pool port
             decoder = e.free_port()
             servers.append({"host": "127.0.0.1", "port": decoder, "name": f"decode-{i}",
                             "kv_transfer_config": kv})
             if kind == "pd":
                 sidecars.append((ip, decoder, e.free_port()))
-            pods.append(_pod(f"decode-{i}", ip, "decode"))
+            pods.append((f"decode-{i}", ip, "decode"))
         for i, ip in enumerate(ips[n_decode:]):
             servers.append({"host": ip, "port": port, "name": f"prefill-{i}",
                             "kv_transfer_config": kv})
-            pods.append(_pod(f"prefill-{i}", ip, "prefill"))
+            pods.append((f"prefill-{i}", ip, "prefill"))
     fleet_file = workdir / "fleet.yaml"
     fleet_file.write_text(yaml.safe_dump({
         "defaults": {"profile": profile, "seed": seed, "time_scale": time_scale},
         "servers": servers}))
     manifests = workdir / "pool.yaml"
-    manifests.write_text(yaml.safe_dump_all(_pool(port, pods)))
+    docs = pool_manifests("sims", [(name, ip) for name, ip, _ in pods], port)
+    for doc, (_, _, role) in zip(docs[1:], pods, strict=True):
+        if role:
+            doc["metadata"]["labels"][ROLE_LABEL] = role
+    manifests.write_text(yaml.safe_dump_all(docs))
     procs: list[subprocess.Popen[bytes]] = []
     try:
         sim = subprocess.Popen(
@@ -230,7 +210,7 @@ def start(kind: str, workdir: Path, seed: int, threshold: int, time_scale: float
             cmd += ["--config-file", str(workdir / "epp-config.yaml")]
         epp = _popen(cmd, workdir / "epp.log")
         procs.append(epp)
-        _wait_pool(metrics_port, len(ips), epp, workdir / "epp.log")
+        wait_pool_ready(epp, metrics_port, len(ips), workdir / "epp.log", timeout=60)
         admin, listen = e.free_port(), e.free_port()
         # The decider's decode pick is the destination (the sidecar on the pool port).
         endpoints = [f"{ip}:{port}" for ip in ips]
