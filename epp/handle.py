@@ -4,6 +4,7 @@ chose, the state store replicas share, and the other plugins by name
 
 from __future__ import annotations
 
+import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -49,8 +50,9 @@ class EppHandle(Handle):
 
     def __init__(self, datastore: Datastore | None = None,
                  settings: Settings | None = None,
-                 state_store: StateStore | None = None) -> None:
-        super().__init__()
+                 state_store: StateStore | None = None,
+                 rng: random.Random | None = None) -> None:
+        super().__init__(rng)
         self.datastore = datastore if datastore is not None else Datastore()
         self.settings = settings or Settings()
         self.state_store = state_store if state_store is not None else MemoryStateStore()

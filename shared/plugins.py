@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import random
 import re
 import types
 import typing
@@ -79,10 +80,13 @@ class Plugin:
 
 class Handle:
     """What a plugin factory sees: the other plugins by name (services subclass this to add
-    their own view, e.g. :class:`epp.handle.EppHandle` adds the pool and the datastore)."""
+    their own view, e.g. :class:`epp.handle.EppHandle` adds the pool and the datastore),
+    and the service's random source: a plugin that draws takes ``rng`` from here, so one
+    seed makes a whole runtime repeat itself (tests, the benchmark's twin)."""
 
-    def __init__(self) -> None:
+    def __init__(self, rng: random.Random | None = None) -> None:
         self._plugins: dict[str, Plugin] = {}
+        self.rng = rng or random.Random()
 
     def add(self, plugin: Plugin) -> None:
         """Make ``plugin`` reachable by its name (names are unique)."""

@@ -148,9 +148,9 @@ def build(
     config = config or parse_config(None)
     src = config.source
     registry = registry or builtin_registry()
-    handle = EppHandle(datastore, settings, state_store)
-    _instantiate(config, registry, handle)
     rng = rng or random.Random()
+    handle = EppHandle(datastore, settings, state_store, rng)
+    _instantiate(config, registry, handle)
     scheduler = _scheduler(config, registry, handle, rng, hooks)
     parser = _parser(config, registry, handle)
     saturation = _saturation(config, registry, handle)

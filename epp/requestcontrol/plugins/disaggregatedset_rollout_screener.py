@@ -165,7 +165,7 @@ class DisaggregatedSetRolloutScreener(Plugin, Screener, ResponseReceived):
 
     @classmethod
     def create(cls, name: str, params: Any, handle: Handle) -> DisaggregatedSetRolloutScreener:
-        return cls(name, params, getattr(handle, "datastore", None))
+        return cls(name, params, getattr(handle, "datastore", None), handle.rng)
 
     def ready_pods(self, endpoints: Sequence[EndpointView]) -> dict[str, dict[str, int]]:
         """revision → role → Ready pods in scope (a pod counts once)."""

@@ -60,7 +60,7 @@ class ProbabilisticAdmitter(Plugin, Admitter):
     @classmethod
     def create(cls, name: str, params: Any, handle: Handle) -> ProbabilisticAdmitter:
         staleness = handle.settings.staleness if isinstance(handle, EppHandle) else 2.0
-        return cls(name, params, staleness=staleness)
+        return cls(name, params, staleness=staleness, rng=handle.rng)
 
     def saturation(self, endpoints: Sequence[EndpointView], now: float | None = None) -> float:
         """The pool's saturation, as in the class docstring."""

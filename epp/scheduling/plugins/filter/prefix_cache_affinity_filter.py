@@ -66,7 +66,7 @@ class PrefixCacheAffinityFilter(Filter):
     @classmethod
     def create(cls, name: str, params: Any, handle: Handle) -> PrefixCacheAffinityFilter:
         found = handle.find(ApproxPrefixCacheProducer)
-        plugin = cls(name, params, found[0] if found else None)
+        plugin = cls(name, params, found[0] if found else None, rng=handle.rng)
         if not found:
             handle.add(plugin.producer)  # run as a producer and pre-request by the director
         return plugin

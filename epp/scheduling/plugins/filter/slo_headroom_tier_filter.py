@@ -12,6 +12,7 @@ from epp.datastore import EndpointView
 from epp.latency.predictions import predictions_of
 from epp.scheduling.plugin import Filter
 from epp.scheduling.request import LLMRequest
+from shared.plugins import Handle
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +41,10 @@ class SloHeadroomTierFilter(Filter):
                  rng: random.Random | None = None) -> None:
         super().__init__(name, params)
         self.rng = rng or random.Random()
+
+    @classmethod
+    def create(cls, name: str, params: Any, handle: Handle) -> SloHeadroomTierFilter:
+        return cls(name, params, handle.rng)
 
     def filter(self, request: LLMRequest, endpoints: Sequence[EndpointView],
                ) -> Sequence[EndpointView]:
