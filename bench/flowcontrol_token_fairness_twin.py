@@ -1,6 +1,6 @@
 """Token fairness in virtual time (issue #27's "Token fairness" figure, twin form): three
 tenants, all backlogged, one sending 10x longer prompts, through the real EPP runtime and
-flow controller (:class:`bench.slo_twin.Twin` on :mod:`bench.twin.vtime`'s clock) in front
+flow controller (:class:`bench.twin.runtime.Twin` on :mod:`bench.twin.vtime`'s clock) in front
 of 8 simulated ``8b-h100`` engines.
 
     python -m bench.flowcontrol_token_fairness_twin                 # seeds 0-9
@@ -30,8 +30,8 @@ import random
 from dataclasses import replace
 
 from bench.scenario import SCENARIOS
-from bench.slo_twin import Twin
 from bench.stats import bootstrap_median
+from bench.twin.runtime import Twin
 from bench.twin.vtime import run_in_virtual_time
 from bench.workloads import (
     FAIRNESS_HEADER,

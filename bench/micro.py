@@ -646,10 +646,10 @@ def pick(a: argparse.Namespace) -> int:
 
 def slo_pick(a: argparse.Namespace) -> int:
     """The director's whole request path at ``--endpoints``: default profile; upstream's
-    predicted-latency profile with its model idle, then while it refits on 5,000 samples every
-    100 ms (10x the default schedule; the fit in the plugin's worker process) until ``--fits``
-    fits have run beside the picks."""
-    from bench.slo_twin import LATENCY
+    predicted-latency profile (bench/scenarios/configs/slo-p90.yaml) with its model idle,
+    then while it refits on 5,000 samples every 100 ms (10x the default schedule; the fit in
+    the plugin's worker process) until ``--fits`` fits have run beside the picks."""
+    from bench.scenario import SCENARIOS
     from epp.latency.predictor import EndpointState
     from epp.requestcontrol.plugins.predicted_latency_producer import PredictedLatencyProducer
 
@@ -657,7 +657,7 @@ def slo_pick(a: argparse.Namespace) -> int:
     base = director(a.endpoints, None, rng)
     route_samples(base, 300, rng)
     default = route_samples(base, a.requests, rng)
-    d = director(a.endpoints, LATENCY, rng)
+    d = director(a.endpoints, (SCENARIOS / "configs" / "slo-p90.yaml").read_text(), rng)
     (producer,) = d.runtime.handle.find(PredictedLatencyProducer)
     p = producer.predictor
     p.stop()  # this bench schedules the fits itself

@@ -295,7 +295,7 @@ class _Served:
 
 
 def _runtime_twin(c: Contender, fleet: Fleet) -> bool:
-    """Contenders the twin plays on the whole EPP runtime (:class:`bench.slo_twin.Twin`)
+    """Contenders the twin plays on the whole EPP runtime (:class:`bench.twin.runtime.Twin`)
     rather than the director alone (:mod:`bench.twin.loop`): an EPP config with the
     ``flowControl`` feature gate (its admitter awaits: an asyncio loop in virtual time) or a
     ``predicted-latency-producer`` (it learns from streamed first tokens and retrains on the
@@ -322,11 +322,11 @@ def _profile(fleet: Fleet) -> Any:
 def _runtime_virtual(c: Contender, fleet: Fleet, seed: int,
                      specs: list[RequestSpec]) -> list[Any]:
     """The real EPP runtime, flow controller and latency model included
-    (``bench.slo_twin.Twin``, on :mod:`bench.twin.vtime`'s clock when it has flow control);
+    (:class:`bench.twin.runtime.Twin`, on :mod:`bench.twin.vtime`'s clock when it has flow control);
     a request it refused, or that did not finish, is an error outcome. Each outcome also
     carries the producer's predictions for the picked endpoint and the request's SLO."""
     from bench.contenders import TUNED_CONFIG
-    from bench.slo_twin import Twin
+    from bench.twin.runtime import Twin
 
     if c.epp_config is not None:
         config: str | None = c.epp_config.read_text()

@@ -1,7 +1,8 @@
-"""The SLO twin runs the EPP's real flow controller on a virtual clock: priority bands let a
-later interactive request overtake queued batch requests, the deadline ordering does the
-same from the SLO header alone, and FIFO does not; a run is the same every time; a twin that
-deadlocks fails at once instead of hanging."""
+"""The twin's runtime engine runs the EPP's real flow controller on a virtual clock: priority
+bands let a later interactive request overtake queued batch requests, the deadline ordering
+does the same from the SLO header alone, and FIFO does not; a run is the same every time; a
+twin that deadlocks fails at once instead of hanging; the latency producer's in-stream
+predictions reach what it reports."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ import asyncio
 import looptime
 import pytest
 
-from bench import slo_twin
-from bench.slo_twin import Twin
+from bench.scenario import SCENARIOS
+from bench.twin.runtime import Done, Twin
 from bench.twin.vtime import run_in_virtual_time
-from bench.workloads import OBJECTIVE_HEADER
+from bench.workloads import OBJECTIVE_HEADER, WORKLOADS
 
 #: One engine that holds one request at a time: everything else waits in the EPP's queues.
 ONE_AT_A_TIME = """\
@@ -93,23 +94,48 @@ def test_a_deadlocked_twin_fails_instead_of_hanging() -> None:
         run_in_virtual_time(main())
 
 
-def test_tpot_is_explained_by_the_prefills_that_reach_the_engine_after_the_pick() -> None:
-    """The diagnostic behind the TPOT row: knowing the later prefills beats any constant."""
-    _ttft, tpot, constant, post_pick, *model_warm, reported = slo_twin.prediction_error(
-        "sharegpt", 1, 40.0)
-    assert post_pick < constant / 3
-    # The MAPEs after the model's own warm-up (the first 30% of its predictions) are there.
-    assert len(model_warm) == 2 and all(0 < v < 100 for v in model_warm)
-    # Without in-stream samples the reported TPOT is the pick's prediction.
-    assert reported == pytest.approx(tpot)
+def _predicted(config: str) -> list[Done]:
+    """40 s of the ShareGPT-like mix at 0.7 on 4 servers, seed 1, the default profile
+    scheduling and ``config``'s producer predicting."""
+    twin = Twin(config, seed=1)
+    for spec in WORKLOADS["sharegpt"].schedule(0.7, 40.0, 1, 4):
+        twin.add(spec.at, spec.body, dict(spec.headers), spec.tag)
+    twin.run()
+    return sorted(twin.done, key=lambda d: d.arrival)
 
 
 def test_in_stream_samples_change_the_reported_tpot_not_the_picks() -> None:
     """With upstream's maxDecodeTokenSamplesForPrediction the producer predicts again while
     the request decodes (the twin streams a chunk per token), so what it reports differs
-    from the pick's prediction."""
-    _ttft, tpot, *_, reported = slo_twin.prediction_error(
-        "sharegpt", 1, 40.0, slo_twin.sampled_config(20, 5))
-    plain = slo_twin.prediction_error("sharegpt", 1, 40.0)
-    assert tpot == pytest.approx(plain[1])  # the picks' predictions are unchanged
-    assert 0 < reported < 100 and reported != pytest.approx(tpot)
+    from the pick's prediction; without it the report is the pick's prediction."""
+    config = (SCENARIOS / "configs" / "predict-only.yaml").read_text()
+    assert "{streamingMode: true}" in config
+    plain = _predicted(config)
+    sampled = _predicted(config.replace("{streamingMode: true}", (
+        "{streamingMode: true, maxDecodeTokenSamplesForPrediction: 20, samplingMean: 5}")))
+    assert plain and all(d.reported_tpot == d.predicted_tpot for d in plain)
+    assert [d.predicted_tpot for d in sampled] == [d.predicted_tpot for d in plain]
+    changed = [d for d in sampled if d.reported_tpot != d.predicted_tpot]
+    assert len(changed) > len(sampled) // 2
+
+
+def test_a_run_of_upstreams_latency_profile_is_the_same_every_time() -> None:
+    """Every plugin that draws (here the SLO tier filter's exploration of the tier without
+    headroom) takes the runtime's seeded random source, so a seed is one run: 60 s of the
+    slo-tiers scenario (fast and slow servers, mixed SLOs)."""
+    from bench.scenario import load_scenario
+    from sim.profiles import get_profile
+
+    scn = load_scenario(SCENARIOS / "slo-tiers.yaml")
+    fleet = scn.fleet
+    specs = scn.workload.schedule(0.8, 60.0, 100, fleet.capacity_servers)
+    config = (SCENARIOS / "configs" / "slo-p90.yaml").read_text()
+
+    def outcome() -> list[tuple[float, int, float]]:
+        twin = Twin(config, 100, fleet.servers, get_profile(fleet.profile), fleet.speeds)
+        for spec in specs:
+            twin.add(spec.at, spec.body, dict(spec.headers), spec.tag)
+        twin.run()
+        return sorted((d.arrival, d.engine, d.ttft) for d in twin.done)
+    first = outcome()
+    assert first and outcome() == first
