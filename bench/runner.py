@@ -353,8 +353,8 @@ def _runtime_virtual(c: Contender, fleet: Fleet, seed: int,
             continue
         d = mine.pop()
         out.append(_Served(d.arrival, d.ttft, d.finish - d.arrival, d.out_tokens,
-                           pod=f"server-{d.engine}", predicted_ttft=d.predicted_ttft,
-                           predicted_ttft_q=d.predicted_ttft_q,
+                           d.prompt_tokens, pod=f"server-{d.engine}",
+                           predicted_ttft=d.predicted_ttft, predicted_ttft_q=d.predicted_ttft_q,
                            predicted_tpot=d.predicted_tpot, predicted_tpot_q=d.predicted_tpot_q,
                            slo_ttft=slo[0], slo_tpot=slo[1]))
     return out

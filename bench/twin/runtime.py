@@ -53,6 +53,7 @@ class Done:
     arrival: float
     ttft: float
     tpot: float | None
+    prompt_tokens: int
     out_tokens: int
     finish: float
     #: the engine that served it
@@ -143,7 +144,7 @@ class Twin:
         preds = predictions_of(routed.request)
         p = preds.by_endpoint.get(routed.endpoint.key) if preds is not None else None
         self.done.append(Done(
-            arrival.tag, arrival.at, ttft, r.tpot, req.generated, t,
+            arrival.tag, arrival.at, ttft, r.tpot, req.prompt_tokens, req.generated, t,
             self.by_key[routed.endpoint.key],
             *((p.ttft, p.tpot, p.ttft_q, p.tpot_q) if p else (None,) * 4),
             predicted_tpot(preds) if preds is not None else None))

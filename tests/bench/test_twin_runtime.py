@@ -139,3 +139,16 @@ def test_a_run_of_upstreams_latency_profile_is_the_same_every_time() -> None:
         return sorted((d.arrival, d.engine, d.ttft) for d in twin.done)
     first = outcome()
     assert first and outcome() == first
+
+
+def test_the_runtime_twin_reports_how_each_class_spread_over_the_pods() -> None:
+    """Its outcomes carry their prompt tokens and pod, so the per-class spread over pods is
+    measured (it read 0.000 for every contender while they carried no prompt tokens): on
+    slo-tiers' fast and slow pods the classes' prompt tokens do not spread evenly."""
+    from bench.runner import _Job, _virtual, plan
+    from bench.scenario import load_scenario
+
+    p = plan(load_scenario(SCENARIOS / "slo-tiers.yaml"), seeds=[0], duration=15.0,
+             contenders=["epp-default", "slo-p90"])
+    for res in _virtual(_Job(p, 0.8, 0)):
+        assert res.classes and all(c["pod_cv"] > 0 for c in res.classes.values()), res
