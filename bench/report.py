@@ -84,6 +84,9 @@ class RunResult:
     #: Tenant workloads: Jain's index of the tenants' goodput in the arrival window
     #: (:func:`tenant_fairness`; 0: not computed)
     jain: float = 0.0
+    #: Tenant workloads: each tenant's (tag's) share of the tokens served in the second half
+    #: of the arrival window (:func:`token_shares`; empty: not computed)
+    token_shares: dict[str, float] = field(default_factory=dict)
     error_samples: list[str] = field(default_factory=list)
     skipped: str = ""
     #: Warm requests that carried an SLO header, and the share of them that met every
@@ -251,6 +254,32 @@ class SpecLike(Protocol):
 
     @property
     def body(self) -> dict[str, Any]: ...
+
+
+def token_shares(specs: Sequence[SpecLike], outcomes: Sequence[OutcomeLike], start: float,
+                 end: float, time_scale: float = 1.0) -> dict[str, float]:
+    """Each tenant's (tag's) share of the tokens served in [``start``, ``end``] model s, as
+    a token-fairness policy counts them: a request's prompt tokens (the simulator's count, 4
+    bytes a token) when its first token comes in the window, its output tokens spread evenly
+    from its first token to its end (the part inside the window)."""
+    got = dict.fromkeys(sorted({s.tag for s in specs}), 0.0)
+    for spec, o in zip(specs, outcomes, strict=True):
+        if not o.ok or o.ttft is None:
+            continue
+        first = (o.start + o.ttft) / time_scale
+        last = (o.start + (o.e2e or o.ttft)) / time_scale
+        if start <= first <= end:
+            got[spec.tag] += len(str(spec.body.get("prompt", ""))) // 4
+        inside = max(0.0, min(last, end) - max(first, start))
+        got[spec.tag] += o.output_tokens * (inside / (last - first) if last > first
+                                            else float(start <= first <= end))
+    total = sum(got.values())
+    return {t: v / total for t, v in got.items()} if total else {}
+
+
+def jain(xs: Sequence[float]) -> float:
+    """Jain's fairness index of ``xs`` (1: all equal; 0 for none)."""
+    return sum(xs) ** 2 / (len(xs) * sum(x * x for x in xs)) if any(xs) else 0.0
 
 
 def tenant_fairness(specs: Sequence[SpecLike], outcomes: Sequence[OutcomeLike], window: float,
@@ -512,10 +541,32 @@ def point_sections(results: Sequence[RunResult], workloads: dict[str, Any],
                 lines += ["Jain's index of the tenants' goodput (output tokens within the "
                           "arrival window over max-min fair shares; 1 = fair), median [95% "
                           "interval] over seeds: " + "; ".join(fair) + ".", ""]
+            lines += token_share_lines(rows, order)
             lines += kv_lines(rows, order)
             if any(r.slo_requests or r.calibration for r in rows):
                 lines += [*slo_table(rows, order, baseline), ""]
     return lines
+
+
+def token_share_lines(rows: Sequence[RunResult], order: Sequence[str]) -> list[str]:
+    """Per contender, each tenant's share of the tokens served while all were backlogged and
+    Jain's index of the shares (median [95% interval] over seeds); nothing when no run has
+    them."""
+    lines = []
+    for name in dict.fromkeys([*order, *(r.contender for r in rows)]):
+        runs = [r.token_shares for r in rows if r.contender == name and r.usable
+                and r.token_shares]
+        if not runs:
+            continue
+        shares = ", ".join(f"{t} {bootstrap_median([s.get(t, 0.0) for s in runs])}"
+                           for t in sorted({t for s in runs for t in s}))
+        lines.append(f"- {name}: {shares}; Jain "
+                     f"{bootstrap_median([jain(list(s.values())) for s in runs])}")
+    if not lines:
+        return []
+    return ["Tenants' shares of the tokens served (prompt + output) in the second half of the "
+            "arrival window, and Jain's index of the shares, median [95% interval] over "
+            "seeds:", "", *lines, ""]
 
 
 def kv_lines(rows: Sequence[RunResult], order: Sequence[str]) -> list[str]:

@@ -237,6 +237,7 @@ def _virtual(job: _Job) -> list[RunResult]:
             summarize(res, outcomes, tags=tags)
             if wl.generator == "tenants":
                 res.jain = rp.tenant_fairness(specs, outcomes, p.duration)
+                res.token_shares = rp.token_shares(specs, outcomes, p.duration / 2, p.duration)
             res.wall_seconds = time.monotonic() - started
         out.append(res)
     return out
@@ -477,6 +478,7 @@ def run_one(workload: Workload, load: float, contender: Any, *, duration: float,
               tags=[s.tag for s in specs] if workload.by_class else None)
     if workload.generator == "tenants":
         res.jain = rp.tenant_fairness(specs, outcomes, duration, time_scale)
+        res.token_shares = rp.token_shares(specs, outcomes, duration / 2, duration, time_scale)
     return res
 
 

@@ -42,7 +42,7 @@ OBJECTIVE_HEADER = "x-gateway-inference-objective"
 SLO_TTFT_HEADER = "x-slo-ttft-ms"
 SLO_TPOT_HEADER = "x-slo-tpot-ms"
 #: Optional keys of a tenant (``share`` and ``objective`` are required).
-TENANT_OPTIONAL = frozenset({"slo_ttft_ms", "slo_tpot_ms", "output_scale"})
+TENANT_OPTIONAL = frozenset({"slo_ttft_ms", "slo_tpot_ms", "output_scale", "input_scale"})
 FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
 
 # 8b-h100 timing (sim/profiles.py), used only to state nominal capacities.
@@ -195,9 +195,10 @@ def tenants(rng: random.Random, p: Params, times: list[float]) -> list[RequestSp
     drawn by its ``share``, names it in ``x-gateway-inference-fairness-id`` and the tenant's
     InferenceObjective (priority) in ``x-gateway-inference-objective``; tagged
     ``tenant/objective`` for the per-class table. Optional per tenant: ``slo_ttft_ms`` /
-    ``slo_tpot_ms`` (sent as ``x-slo-ttft-ms`` / ``x-slo-tpot-ms``, upstream's SLO headers)
-    and ``output_scale`` (its output lengths x this, still clipped at ``output_max`` x it:
-    a tenant of long decodes)."""
+    ``slo_tpot_ms`` (sent as ``x-slo-ttft-ms`` / ``x-slo-tpot-ms``, upstream's SLO headers),
+    ``output_scale`` (its output lengths x this, still clipped at ``output_max`` x it: a
+    tenant of long decodes) and ``input_scale`` (its prompts that many times longer, a new
+    unique prompt: a tenant of long prompts)."""
     names = list(p["tenants"])
     shares = [float(p["tenants"][t]["share"]) for t in names]
     specs = []
@@ -210,6 +211,9 @@ def tenants(rng: random.Random, p: Params, times: list[float]) -> list[RequestSp
             if key in t:
                 headers[header] = f"{float(t[key]):g}"
         body = spec.body
+        if "input_scale" in t:
+            tokens = round(len(body["prompt"]) // 4 * float(t["input_scale"]))
+            body = {**body, "prompt": _words(rng, max(1, tokens))}
         if "output_scale" in t:
             body = {**body, "max_tokens": max(1, round(body["max_tokens"] *
                                                        float(t["output_scale"])))}
