@@ -482,17 +482,14 @@ def _contenders(r: _Reader, raw: list[Any], fleet: Fleet) -> tuple[Contender, ..
 
 
 def _pd(r: _Reader, raw: Any, where: str) -> PdVariant:
-    p = r.keys(raw, where, {"threshold", "config", "prefill_pick", "decode_pick", "spill"})
-    v = PdVariant(threshold=r.positive_int(p.get("threshold", 1024), f"{where}.threshold"),
-                  config=str(p.get("config", "llm-d")),
-                  prefill_pick=str(p.get("prefill_pick", "least")),
-                  decode_pick=str(p.get("decode_pick", "least")), spill=str(p.get("spill", "")))
-    if v.config not in PD_CONFIGS:
-        raise r.fail(f"{where}.config", f"{v.config!r} is not one of {', '.join(PD_CONFIGS)}")
-    for key in ("prefill_pick", "decode_pick"):
-        if getattr(v, key) not in PD_PICKS:
+    p = r.keys(raw, where, {f.name for f in fields(PdVariant)})
+    v = PdVariant(**{k: str(x) for k, x in p.items() if k != "threshold"},
+                  threshold=r.positive_int(p.get("threshold", 1024), f"{where}.threshold"))
+    for key, known in (("config", PD_CONFIGS), ("prefill_pick", PD_PICKS),
+                       ("decode_pick", PD_PICKS)):
+        if getattr(v, key) not in known:
             raise r.fail(f"{where}.{key}", f"{getattr(v, key)!r} is not one of "
-                         f"{', '.join(PD_PICKS)}")
+                         f"{', '.join(known)}")
     if v.spill:
         from bench.twin.pd import parse_spill
 
@@ -515,8 +512,8 @@ def _seeds(r: _Reader, raw: Any) -> tuple[int, ...]:
 
 def _budget(r: _Reader, raw: Any) -> Budget:
     b = r.keys(raw, "budget", {f.name for f in fields(Budget)})
-    return Budget(**{k: r.positive_int(v, f"budget.{k}", 0) if k == "burners"
-                     else r.number(v, f"budget.{k}") for k, v in b.items()})
+    cpus = {k: r.number(v, f"budget.{k}") for k, v in b.items() if k != "burners"}
+    return Budget(**cpus, burners=r.positive_int(b.get("burners", 0), "budget.burners", 0))
 
 
 def _target(r: _Reader, raw: Any, where: str, names: list[str]) -> Target:
