@@ -24,7 +24,7 @@ from pathlib import Path
 
 from bench import report as rp
 from bench import runner
-from bench.scenario import SCENARIOS, ScenarioError, load_scenario, scenario_files
+from bench.scenario import SCENARIOS, Scenario, ScenarioError, load_scenario, scenario_files
 from bench.twin.cpu import MEASURED_COST
 from bench.workloads import WORKLOADS, Workload, WorkloadError, load_workload
 
@@ -96,26 +96,31 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="play a scenario")
-    run.add_argument("scenario", type=_scenario_path,
-                     help="a scenario file, or the name of one in bench/scenarios/")
+    # what run and advise both take: a scenario and what of it to change
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("scenario", type=_scenario_path,
+                        help="a scenario file, or the name of one in bench/scenarios/")
+    common.add_argument("--seeds", type=_seeds,
+                        help="a count (from the scenario's first seed) or a list: 0,1,101")
+    common.add_argument("--servers", type=_positive,
+                        help="fleet size (a P/D fleet keeps its prefill share)")
+    common.add_argument("--workload", type=_workload,
+                        help="a workload of bench/workloads/ or a workload file, instead of "
+                             "the scenario's (its own loads then, unless --loads)")
+    common.add_argument("--loads", type=_floats, help="offered loads, comma-separated")
+    common.add_argument("--duration", type=float, help="arrival window per run, model seconds")
+    common.add_argument("--profile",
+                        help="simulator profile of every server instead of the scenario's "
+                             "(sim/profiles.py; saved runs and their RESULTS.md headings "
+                             "name it)")
+    common.add_argument("--jobs", type=_positive, default=os.cpu_count() or 1,
+                        help="worker processes in virtual time (default: the CPUs)")
+    run = sub.add_parser("run", parents=[common], help="play a scenario")
     mode = run.add_mutually_exclusive_group()
     mode.add_argument("--virtual", "--twin", dest="mode", action="store_const",
                       const="virtual", help="virtual time, the twin (default)")
     mode.add_argument("--real", dest="mode", action="store_const", const="real",
                       help="real time: real processes through Envoy")
-    run.add_argument("--seeds", type=_seeds,
-                     help="a count (from the scenario's first seed) or a list: 0,1,101")
-    run.add_argument("--servers", type=_positive,
-                     help="fleet size (a P/D fleet keeps its prefill share)")
-    run.add_argument("--workload", type=_workload,
-                     help="a workload of bench/workloads/ or a workload file, instead of the "
-                          "scenario's (its own loads then, unless --loads)")
-    run.add_argument("--loads", type=_floats, help="offered loads, comma-separated")
-    run.add_argument("--duration", type=float, help="arrival window per run, model seconds")
-    run.add_argument("--profile",
-                     help="simulator profile of every server instead of the scenario's "
-                          "(sim/profiles.py; saved runs and their RESULTS.md headings name it)")
     run.add_argument("--time-scale", type=float,
                      help="real time: run the simulator N x slower than the model")
     run.add_argument("--contenders", help="only these of the scenario's, comma-separated")
@@ -125,22 +130,13 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--epp-cost", type=Path, default=MEASURED_COST,
                      help="the EPP's measured CPU costs (bench.epp_cpu --save; default "
                           "bench/twin/epp_cost.json)")
-    run.add_argument("--jobs", type=_positive, default=os.cpu_count() or 1,
-                     help="worker processes in virtual time (default: the CPUs)")
     run.add_argument("--save", action="store_true",
                      help="keep the results as bench/runs/<scenario>-<mode>-<servers>.json, where "
                           "`bench report` makes RESULTS.md sections from")
-    adv = sub.add_parser("advise", help="which prefill:decode split meets an SLO at the highest "
-                                        "rate (a sweep in virtual time)")
-    adv.add_argument("scenario", type=_scenario_path,
-                     help="a scenario (its workload, fleet size and profile, seeds, loads, "
-                          "and the P/D variant of its first pd contender)")
-    adv.add_argument("--seeds", type=_seeds, help="a count or a list, as for run")
-    adv.add_argument("--servers", type=_positive, help="fleet size (default: the scenario's)")
-    adv.add_argument("--workload", type=_workload, help="instead of the scenario's")
-    adv.add_argument("--profile", help="simulator profile instead of the scenario's")
-    adv.add_argument("--loads", type=_floats, help="the loads to sweep (x nominal capacity)")
-    adv.add_argument("--duration", type=float, help="arrival window per run, model seconds")
+    adv = sub.add_parser("advise", parents=[common],
+                         help="which prefill:decode split meets an SLO at the highest rate (a "
+                              "sweep in virtual time of the scenario's workload, fleet, seeds, "
+                              "loads and first pd contender's P/D variant)")
     adv.add_argument("--tpot-ms", type=_floats, default=[20.0, 30.0],
                      help="TPOT bounds of the SLO, ms (default 20,30); the first decides")
     adv.add_argument("--ttft-floor", type=float, default=0.5,
@@ -151,7 +147,6 @@ def parser() -> argparse.ArgumentParser:
     adv.add_argument("--splits", help="fleets to try, comma-separated: P (prefill servers; 0: "
                                       "the aggregated fleet, always added) or E/P (E encode "
                                       "servers, P prefill; E/0 is E/PD); default all")
-    adv.add_argument("--jobs", type=_positive, default=os.cpu_count() or 1)
     sub.add_parser("list", help="the scenarios of bench/scenarios/")
     rep = sub.add_parser("report", help="rewrite RESULTS.md's generated sections")
     rep.add_argument("--check", action="store_true",
@@ -162,16 +157,18 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _seed_list(scn: Scenario, seeds: list[int] | int | None) -> list[int] | None:
+    """``--seeds``: a count from the scenario's first seed, or the list given."""
+    return list(range(scn.seeds[0], scn.seeds[0] + seeds)) if isinstance(seeds, int) else seeds
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     if args.router_cpus is not None and args.router_cpus < 0:
         raise ValueError(f"--router-cpus: expected a CPU budget >= 0, got {args.router_cpus:g}")
     scn = load_scenario(args.scenario)
-    seeds = args.seeds
-    if isinstance(seeds, int):
-        seeds = list(range(scn.seeds[0], scn.seeds[0] + seeds))
     mode = args.mode or "virtual"
-    p = runner.plan(scn, mode=mode, seeds=seeds, servers=args.servers, workload=args.workload,
-                    loads=args.loads, duration=args.duration,
+    p = runner.plan(scn, mode=mode, seeds=_seed_list(scn, args.seeds), servers=args.servers,
+                    workload=args.workload, loads=args.loads, duration=args.duration,
                     contenders=args.contenders.split(",") if args.contenders else None,
                     jobs=args.jobs, router_cpus=args.router_cpus, epp_cost=args.epp_cost,
                     time_scale=args.time_scale, profile=args.profile)
@@ -200,10 +197,7 @@ def cmd_advise(args: argparse.Namespace) -> int:
     from sim.profiles import get_profile
 
     scn = load_scenario(args.scenario)
-    seeds = args.seeds
-    if isinstance(seeds, int):
-        seeds = list(range(scn.seeds[0], scn.seeds[0] + seeds))
-    seeds = list(seeds or scn.seeds)
+    seeds = list(_seed_list(scn, args.seeds) or scn.seeds)
     servers = args.servers or scn.fleet.servers
     wl = args.workload or scn.workload
     profile = args.profile or scn.fleet.profile

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import statistics
-import textwrap
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +20,6 @@ from typing import Any, Protocol
 from bench.stats import Interval, bootstrap_median, paired_ratios, quantile, verdict
 
 ROOT = Path(__file__).resolve().parent
-PLOTS = ROOT / "plots"
 RESULTS = ROOT / "RESULTS.md"
 BASELINE = "envoy-rr"
 #: Fraction of each run's requests (first by arrival) reported apart as the cold start.
@@ -130,9 +129,7 @@ def summarize(res: RunResult, outcomes: Sequence[OutcomeLike], time_scale: float
     res.ttft_p50, res.ttft_p90, res.ttft_p99 = (quantile(ttft, .5), quantile(ttft, .9),
                                                 quantile(ttft, .99))
     res.e2e_p90 = quantile(e2e, .9)
-    tpots = [(o.e2e - o.ttft) / (o.output_tokens - 1) / time_scale for o in ok
-             if o.e2e is not None and o.ttft is not None and o.output_tokens > 1]
-    res.tpot_p50 = quantile(tpots, .5)
+    res.tpot_p50 = quantile([t for o in ok if (t := _tpot(o, time_scale)) is not None], .5)
     res.itl_p90 = quantile([g / time_scale for o in ok for g in o.itl], .9)
     if ok:
         first = min(o.start for o in warm)
@@ -145,10 +142,7 @@ def summarize(res: RunResult, outcomes: Sequence[OutcomeLike], time_scale: float
     cold_ttft = [o.ttft / time_scale for o in cold if o.ok and o.ttft is not None]
     res.cold_requests = len(cold)
     res.cold_ttft_p50, res.cold_ttft_p90 = quantile(cold_ttft, .5), quantile(cold_ttft, .9)
-    pods: dict[str, int] = {}
-    for o in ok:
-        pods[o.pod] = pods.get(o.pod, 0) + 1
-    res.pods = dict(sorted(pods.items()))
+    res.pods = dict(sorted(Counter(o.pod for o in ok).items()))
     _slo(res, warm, time_scale)
     res.calibration = calibration(ok, time_scale)
     return res
@@ -326,8 +320,7 @@ def tenant_fairness(specs: Sequence[SpecLike], outcomes: Sequence[OutcomeLike], 
             del pending[name]
     if not fair or not all(fair.values()):
         return 0.0
-    xs = [got.get(t, 0.0) / fair[t] for t in asked]
-    return sum(xs) ** 2 / (len(xs) * sum(x * x for x in xs)) if any(xs) else 0.0
+    return jain([got.get(t, 0.0) / fair[t] for t in asked])
 
 
 # -- aggregation over seeds ------------------------------------------------------------------
@@ -340,6 +333,20 @@ def by_point(results: Iterable[RunResult]) -> dict[Point, list[RunResult]]:
     for r in results:
         out.setdefault((r.workload, r.load), []).append(r)
     return out
+
+
+def _names(rows: Iterable[RunResult], order: Sequence[str]) -> list[str]:
+    """The contenders of ``rows``: those of ``order`` first, then the others as met."""
+    rows = list(rows)
+    present = {r.contender for r in rows}
+    return [n for n in dict.fromkeys([*order, *(r.contender for r in rows)]) if n in present]
+
+
+def _median(rows: Iterable[RunResult], contender: str,
+            metric: Callable[[RunResult], float]) -> Interval | None:
+    """Median [95% interval] over seeds of one contender's ``metric`` (None: no runs)."""
+    vals = list(per_seed(rows, contender, metric).values())
+    return bootstrap_median(vals) if vals else None
 
 
 def per_seed(rows: Iterable[RunResult], contender: str,
@@ -383,21 +390,27 @@ def _iv(iv: Interval | None) -> str:
     return str(iv) if iv else "n/a"
 
 
+def _row(*cells: str) -> str:
+    """One markdown table row."""
+    return "| " + " | ".join(cells) + " |"
+
+
+def _head(*columns: str, text: int = 1) -> list[str]:
+    """A markdown table's header: the first ``text`` columns left-aligned, the rest right."""
+    return [_row(*columns), "|" + "---|" * text + "---:|" * (len(columns) - text)]
+
+
 def table(rows: Sequence[RunResult], order: Sequence[str] = (),
           baseline: str = BASELINE) -> list[str]:
     """Markdown table of one (workload, load) point: medians over seeds of each contender's
     figures, and the paired ratios (median [95% interval]) to ``baseline`` (round-robin
     unless told) and the best peer."""
     short = "RR" if baseline == BASELINE else baseline
-    names = list(dict.fromkeys([*(n for n in order if any(r.contender == n for r in rows)),
-                                *(r.contender for r in rows)]))
     peer = best_peer(rows)
-    out = [
-        "| contender | seeds | TTFT p50 s | TTFT p90 s | cold TTFT p90 s | out tok/s | errors "
-        f"| cache hit | TTFT p90 / {short} | TTFT p90 / best peer | tok/s / {short} |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for name in names:
+    out = _head("contender", "seeds", "TTFT p50 s", "TTFT p90 s", "cold TTFT p90 s",
+                "out tok/s", "errors", "cache hit", f"TTFT p90 / {short}",
+                "TTFT p90 / best peer", f"tok/s / {short}")
+    for name in _names(rows, order):
         mine = [r for r in rows if r.contender == name]
         usable = [r for r in mine if r.usable]
         if not usable:
@@ -405,14 +418,14 @@ def table(rows: Sequence[RunResult], order: Sequence[str] = (),
             out.append(f"| {name} | 0 | skipped: {reason} |" + " |" * 8)
             continue
         errors = sum(r.errors for r in usable) / max(1, sum(r.requests for r in usable))
-        out.append(
-            f"| {name} | {len(usable)} | {_med(rows, name, lambda r: r.ttft_p50)} "
-            f"| {_med(rows, name, _ttft90)} | {_med(rows, name, lambda r: r.cold_ttft_p90)} "
-            f"| {_med(rows, name, _tps, '.0f')} | {100 * errors:.1f}% "
-            f"| {_med(rows, name, lambda r: 100 * r.cache_hit, '.0f')}% "
-            f"| {_iv(ratio(rows, name, baseline, _ttft90))} "
-            f"| {_iv(ratio(rows, name, peer, _ttft90)) if peer else 'n/a'} "
-            f"| {_iv(ratio(rows, name, baseline, _tps))} |")
+        out.append(_row(
+            name, str(len(usable)), _med(rows, name, lambda r: r.ttft_p50),
+            _med(rows, name, _ttft90), _med(rows, name, lambda r: r.cold_ttft_p90),
+            _med(rows, name, _tps, '.0f'), f"{100 * errors:.1f}%",
+            _med(rows, name, lambda r: 100 * r.cache_hit, '.0f') + "%",
+            _iv(ratio(rows, name, baseline, _ttft90)),
+            _iv(ratio(rows, name, peer, _ttft90)) if peer else 'n/a',
+            _iv(ratio(rows, name, baseline, _tps))))
     if peer:
         out += ["", f"Best peer here (lowest median TTFT p90): {peer}."]
     return out
@@ -435,17 +448,6 @@ class Target:
     against_class: str = "all"
 
 
-#: The project's routing targets (issue #5, kept by issue #12 with intervals).
-TARGETS = (
-    *(Target("shared-prefix", 0.75, o, BASELINE, "TTFT p90", 0.2, True)
-      for o in ("epp-default", "epp-tuned")),
-    *(Target("shared-prefix", 0.75, o, "best-peer", "TTFT p90", 0.8, True)
-      for o in ("epp-default", "epp-tuned")),
-    *(Target("shared-prefix", 0.75, o, "best-peer", "output tok/s", 1.0, False)
-      for o in ("epp-default", "epp-tuned")),
-    *(Target("lora", 0.75, o, BASELINE, "TTFT p90", 0.5, True)
-      for o in ("epp-default", "epp-tuned")),
-)
 _METRICS: dict[str, Callable[[RunResult], float]] = {
     "TTFT p90": _ttft90, "output tok/s": _tps, "TPOT p50": lambda r: r.tpot_p50,
     "cache hit": lambda r: r.cache_hit, "SLO attainment": lambda r: r.slo_attainment}
@@ -476,7 +478,7 @@ def _paired(rows: Sequence[RunResult], t: Target, against: str) -> Interval | No
     return bootstrap_median(xs) if xs else None
 
 
-def target_lines(results: Sequence[RunResult], targets: Sequence[Target] = TARGETS) -> list[str]:
+def target_lines(results: Sequence[RunResult], targets: Sequence[Target]) -> list[str]:
     """One line per target that the results cover: ratio, interval, verdict."""
     points = by_point(results)
     lines = []
@@ -534,8 +536,7 @@ def point_sections(results: Sequence[RunResult], workloads: dict[str, Any],
                       f"{rows[0].servers} servers)", "", *table(rows, order, baseline), ""]
             if any(r.classes for r in rows):
                 lines += [*class_table(rows, order), ""]
-            fair = [f"{n} {bootstrap_median(xs)}" for n in dict.fromkeys(
-                [*order, *(r.contender for r in rows)])
+            fair = [f"{n} {bootstrap_median(xs)}" for n in _names(rows, order)
                 if (xs := [r.jain for r in rows if r.contender == n and r.usable and r.jain])]
             if fair:
                 lines += ["Jain's index of the tenants' goodput (output tokens within the "
@@ -553,7 +554,7 @@ def token_share_lines(rows: Sequence[RunResult], order: Sequence[str]) -> list[s
     Jain's index of the shares (median [95% interval] over seeds); nothing when no run has
     them."""
     lines = []
-    for name in dict.fromkeys([*order, *(r.contender for r in rows)]):
+    for name in _names(rows, order):
         runs = [r.token_shares for r in rows if r.contender == name and r.usable
                 and r.token_shares]
         if not runs:
@@ -572,7 +573,7 @@ def token_share_lines(rows: Sequence[RunResult], order: Sequence[str]) -> list[s
 def kv_lines(rows: Sequence[RunResult], order: Sequence[str]) -> list[str]:
     """Blocks the servers evicted per run (median over seeds) and the EPPs' KV-event lag p99
     over every seed's and replica's batches (one run's p99 is its worst few batches)."""
-    names, out = list(dict.fromkeys([*order, *(r.contender for r in rows)])), []
+    names, out = _names(rows, order), []
     ev = [f"{n} {statistics.median(xs):,.0f}" for n in names if (
         xs := [r.evictions for r in rows if r.contender == n and r.usable and r.evictions])]
     if ev:
@@ -609,23 +610,18 @@ def slo_table(rows: Sequence[RunResult], order: Sequence[str],
     """SLO attainment (median [95% interval] over seeds, and its paired ratio to
     ``baseline`` and to every other contender of the point) and, for contenders with a
     latency model, the calibration of its predictions (:func:`calibration`)."""
-    names = list(dict.fromkeys([*(n for n in order if any(r.contender == n for r in rows)),
-                                *(r.contender for r in rows)]))
-    names = [n for n in names if any(r.contender == n and r.usable for r in rows)]
+    names = [n for n in _names(rows, order) if any(r.contender == n and r.usable for r in rows)]
     out: list[str] = []
     if any(r.slo_requests for r in rows):
         out += ["SLO attainment (share of the warm requests with an SLO header that met every "
                 "target they set; an error misses), median [95% interval] over seeds, and "
                 "paired ratios:", "",
-                "| contender | SLO attainment | " + " | ".join(f"/ {n}" for n in names) + " |",
-                "|---|---:|" + "---:|" * len(names)]
+                *_head("contender", "SLO attainment", *(f"/ {n}" for n in names))]
         att = _METRICS["SLO attainment"]
         for name in names:
-            vals = list(per_seed(rows, name, att).values())
-            iv = bootstrap_median(vals) if vals else None
             cells = [_iv(ratio(rows, name, other, att)) if other != name else "-"
                      for other in names]
-            out.append(f"| {name} | {_iv(iv)} | " + " | ".join(cells) + " |")
+            out.append(_row(name, _iv(_median(rows, name, att)), *cells))
         out.append("")
     if any(r.calibration for r in rows):
         out += [f"Predictions for the picked endpoint (warm requests): TPOT "
@@ -633,31 +629,27 @@ def slo_table(rows: Sequence[RunResult], order: Sequence[str],
                 "predicted value, pinball loss (ms) of the quantile and of the best constant "
                 "(the run's own quantile), TTFT MAPE of the central prediction and TTFT "
                 "quantile coverage; median [95% interval] over seeds:", "",
-                "| contender | TPOT coverage | low / mid / high tercile | pinball ms | best "
-                "constant ms | TTFT MAPE % | TTFT coverage |",
-                "|---|---:|---:|---:|---:|---:|---:|"]
+                *_head("contender", "TPOT coverage", "low / mid / high tercile", "pinball ms",
+                       "best constant ms", "TTFT MAPE %", "TTFT coverage")]
         for name in names:
             if not any(r.calibration for r in rows if r.contender == name):
                 continue
             terciles = " / ".join(_cal(rows, name, f"tpot_coverage_t{i}", fmt=".2f")
                                   for i in (1, 2, 3))
-            out.append(f"| {name} | {_cal(rows, name, 'tpot_coverage')} | {terciles} "
-                       f"| {_cal(rows, name, 'tpot_pinball', 1e3, '.2f')} "
-                       f"| {_cal(rows, name, 'tpot_pinball_const', 1e3, '.2f')} "
-                       f"| {_cal(rows, name, 'ttft_mape', fmt='.1f')} "
-                       f"| {_cal(rows, name, 'ttft_coverage')} |")
+            out.append(_row(name, _cal(rows, name, 'tpot_coverage'), terciles,
+                            _cal(rows, name, 'tpot_pinball', 1e3, '.2f'),
+                            _cal(rows, name, 'tpot_pinball_const', 1e3, '.2f'),
+                            _cal(rows, name, 'ttft_mape', fmt='.1f'),
+                            _cal(rows, name, 'ttft_coverage')))
     return out
 
 
 def class_table(rows: Sequence[RunResult], order: Sequence[str]) -> list[str]:
     """Per request class: TTFT p90 (median over seeds) and the error share, per contender."""
     classes = sorted({c for r in rows for c in r.classes})
-    names = [n for n in dict.fromkeys([*order, *(r.contender for r in rows)])
-             if any(r.contender == n and r.classes for r in rows)]
+    names = [n for n in _names(rows, order) if any(r.contender == n and r.classes for r in rows)]
     out = ["Per request class (tenant/objective, or long/short prompts): TTFT p90 s, median "
-           "over seeds (errors, all seeds).",
-           "", "| contender | " + " | ".join(classes) + " |",
-           "|---|" + "---:|" * len(classes)]
+           "over seeds (errors, all seeds).", "", *_head("contender", *classes)]
     for name in names:
         mine = [r for r in rows if r.contender == name and r.classes]
         cells = []
@@ -667,12 +659,12 @@ def class_table(rows: Sequence[RunResult], order: Sequence[str]) -> list[str]:
             sent = sum(s["requests"] for s in stats)
             failed = sum(s["errors"] for s in stats)
             cells.append(f"{p90:.3f} ({failed / sent:.0%})" if sent else "n/a")
-        out.append(f"| {name} | " + " | ".join(cells) + " |")
+        out.append(_row(name, *cells))
     if not any("pod_cv" in s for r in rows for s in r.classes.values()):
         return out   # saved before the column existed
     out += ["", "Per request class: TTFT mean s / how unevenly its prompt tokens spread over "
             "the pods (std / mean; 0: even), medians over seeds.", "",
-            "| contender | " + " | ".join(classes) + " |", "|---|" + "---:|" * len(classes)]
+            *_head("contender", *classes)]
     for name in names:
         mine = [r for r in rows if r.contender == name and r.classes]
         # the flow-control twin does not name the pods: no spread to show
@@ -681,73 +673,5 @@ def class_table(rows: Sequence[RunResult], order: Sequence[str]) -> list[str]:
                  if any(set(r.pods) != {""} for r in have) else "n/a")
                  if (have := [r for r in mine if "pod_cv" in r.classes.get(c, {})]) else "n/a"
                  for c in classes]
-        out.append(f"| {name} | " + " | ".join(cells) + " |")
+        out.append(_row(name, *cells))
     return out
-
-
-# -- plots ------------------------------------------------------------------------------------
-def plot(results: Sequence[RunResult], prefix: str, title: str, order: Sequence[str],
-         directory: Path = PLOTS) -> list[Path]:
-    """TTFT p90 vs offered load with a band from the 95% interval of the median over seeds
-    (multi-load workloads), and bars with interval whiskers for single-load workloads."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    title = textwrap.fill(title, 90)
-    directory.mkdir(parents=True, exist_ok=True)
-    written: list[Path] = []
-    points = by_point(results)
-    workloads = list(dict.fromkeys(w for (w, _) in points))
-    names = list(dict.fromkeys([*order, *(r.contender for r in results)]))
-
-    def stat(rows: Sequence[RunResult], name: str) -> Interval | None:
-        vals = list(per_seed(rows, name, _ttft90).values())
-        return bootstrap_median(vals) if vals else None
-
-    multi = [w for w in workloads if len([p for p in points if p[0] == w]) > 1]
-    single = [w for w in workloads if w not in multi]
-    for wl in multi:
-        fig, ax = plt.subplots(figsize=(7, 4.2))
-        for name in names:
-            pts = []
-            for (w, _ld), rows in sorted(points.items()):
-                iv = stat(rows, name) if w == wl else None
-                if iv:
-                    pts.append((rows[0].offered_rps, iv))
-            if not pts:
-                continue
-            xs = [p[0] for p in pts]
-            line, = ax.plot(xs, [p[1].median for p in pts],
-                            "-o" if name.startswith("epp") else "--.", label=name)
-            ax.fill_between(xs, [p[1].lo for p in pts], [p[1].hi for p in pts],
-                            color=line.get_color(), alpha=0.15)
-        ax.set(xlabel="offered req/s", ylabel="TTFT p90 (s, log)", yscale="log",
-               title=f"{wl}: TTFT p90, median over seeds, 95% band")
-        ax.legend(fontsize=7)
-        fig.suptitle(title, fontsize=8)
-        fig.tight_layout()
-        path = directory / f"{prefix}_{wl.replace('-', '_')}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path)
-    if single:
-        fig, axes = plt.subplots(1, len(single), figsize=(4.2 * len(single), 4.2),
-                                 squeeze=False)
-        for ax, wl in zip(axes[0], single, strict=True):
-            rows = next(v for (w, _), v in points.items() if w == wl)
-            bars = [(n, iv) for n in names if (iv := stat(rows, n))]
-            ax.barh([b[0] for b in bars], [b[1].median for b in bars],
-                    xerr=[[b[1].median - b[1].lo for b in bars],
-                          [b[1].hi - b[1].median for b in bars]],
-                    color=["tab:red" if b[0].startswith("epp") else "tab:blue" for b in bars])
-            ax.set(xlabel="TTFT p90 (s), median, 95% interval", title=f"{wl} @ {rows[0].load:g}")
-            ax.invert_yaxis()
-        fig.suptitle(title, fontsize=7)
-        fig.tight_layout()
-        path = directory / f"{prefix}_workloads.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path)
-    return written

@@ -60,7 +60,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Collection
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -139,14 +139,11 @@ class Fleet:
         """The same fleet at ``servers`` servers (a P/D fleet keeps its prefill share; per-
         server speeds repeat their pattern)."""
         if not self.pd:
-            speeds = tuple(self.speeds[i % len(self.speeds)] for i in range(servers)) \
-                if self.speeds else ()
-            return Fleet(servers, {}, self.profile, self.time_scale, self.labels, speeds,
-                         self.kv_blocks, self.kv_events)
-        prefill = max(1, round(servers * self.roles["prefill"] / self.servers))
-        prefill = min(prefill, servers - 1)
-        return Fleet(servers, {"prefill": prefill, "decode": servers - prefill}, self.profile,
-                     self.time_scale)
+            return replace(self, servers=servers, speeds=tuple(
+                self.speeds[i % len(self.speeds)] for i in range(servers) if self.speeds))
+        prefill = min(max(1, round(servers * self.roles["prefill"] / self.servers)), servers - 1)
+        return replace(self, servers=servers,
+                       roles={"prefill": prefill, "decode": servers - prefill})
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,9 +220,8 @@ class Budget:
 
     def statement(self) -> str:
         """One line for a report, like ``bench.cpubudget.statement``."""
-        parts = [f"{k.removesuffix('_cpus')} {v:g} CPU" for k, v in
-                 (("router_cpus", self.router_cpus), ("gateway_cpus", self.gateway_cpus),
-                  ("fleet_cpus", self.fleet_cpus), ("client_cpus", self.client_cpus)) if v]
+        parts = [f"{k.removesuffix('_cpus')} {v:g} CPU" for k, v in asdict(self).items()
+                 if k.endswith("_cpus") and v]
         return ", ".join(parts) or "none (whole machine)"
 
 
@@ -486,17 +482,14 @@ def _contenders(r: _Reader, raw: list[Any], fleet: Fleet) -> tuple[Contender, ..
 
 
 def _pd(r: _Reader, raw: Any, where: str) -> PdVariant:
-    p = r.keys(raw, where, {"threshold", "config", "prefill_pick", "decode_pick", "spill"})
-    v = PdVariant(threshold=r.positive_int(p.get("threshold", 1024), f"{where}.threshold"),
-                  config=str(p.get("config", "llm-d")),
-                  prefill_pick=str(p.get("prefill_pick", "least")),
-                  decode_pick=str(p.get("decode_pick", "least")), spill=str(p.get("spill", "")))
-    if v.config not in PD_CONFIGS:
-        raise r.fail(f"{where}.config", f"{v.config!r} is not one of {', '.join(PD_CONFIGS)}")
-    for key in ("prefill_pick", "decode_pick"):
-        if getattr(v, key) not in PD_PICKS:
+    p = r.keys(raw, where, {f.name for f in fields(PdVariant)})
+    v = PdVariant(**{k: str(x) for k, x in p.items() if k != "threshold"},
+                  threshold=r.positive_int(p.get("threshold", 1024), f"{where}.threshold"))
+    for key, known in (("config", PD_CONFIGS), ("prefill_pick", PD_PICKS),
+                       ("decode_pick", PD_PICKS)):
+        if getattr(v, key) not in known:
             raise r.fail(f"{where}.{key}", f"{getattr(v, key)!r} is not one of "
-                         f"{', '.join(PD_PICKS)}")
+                         f"{', '.join(known)}")
     if v.spill:
         from bench.twin.pd import parse_spill
 
@@ -518,10 +511,8 @@ def _seeds(r: _Reader, raw: Any) -> tuple[int, ...]:
 
 
 def _budget(r: _Reader, raw: Any) -> Budget:
-    b = r.keys(raw, "budget", {"router_cpus", "gateway_cpus", "fleet_cpus", "client_cpus",
-                               "burners"})
-    cpus = {k: r.number(b.get(k, 0), f"budget.{k}")
-            for k in ("router_cpus", "gateway_cpus", "fleet_cpus", "client_cpus")}
+    b = r.keys(raw, "budget", {f.name for f in fields(Budget)})
+    cpus = {k: r.number(v, f"budget.{k}") for k, v in b.items() if k != "burners"}
     return Budget(**cpus, burners=r.positive_int(b.get("burners", 0), "budget.burners", 0))
 
 

@@ -74,6 +74,12 @@ def _completion(prompt: str, max_tokens: int, model: str = MODEL) -> dict[str, A
             "stream_options": {"include_usage": True}}
 
 
+def _request(at: float, prompt: str, max_tokens: Any, tag: str = "",
+             model: str = MODEL) -> RequestSpec:
+    """A streaming completion request of ``prompt`` at ``at``."""
+    return RequestSpec(at, "/v1/completions", _completion(prompt, int(max_tokens), model), tag)
+
+
 def poisson_arrivals(rng: random.Random, rate: float, n: int) -> list[float]:
     """``n`` arrival times of a Poisson process of ``rate`` per second, from 0."""
     t, out = 0.0, []
@@ -127,10 +133,8 @@ def shared_prefix(rng: random.Random, p: Params, times: list[float]) -> list[Req
     systems = [_words(rng, int(p["system_tokens"])) for _ in range(groups)]
     order = [g for g in range(groups) for _ in range(per)]
     rng.shuffle(order)
-    return [RequestSpec(t, "/v1/completions",
-                        _completion(systems[g] + _words(rng, int(p["question_tokens"])),
-                                    int(p["output_tokens"])),
-                        tag=f"group-{g}")
+    return [_request(t, systems[g] + _words(rng, int(p["question_tokens"])),
+                     p["output_tokens"], f"group-{g}")
             for t, g in zip(times, order[:n], strict=True)]
 
 
@@ -148,15 +152,9 @@ def prefix_pool(rng: random.Random, p: Params, times: list[float]) -> list[Reque
     specs = []
     for t in times:
         k = rng.choices(range(len(pool)), weights)[0]
-        specs.append(RequestSpec(t, "/v1/completions", _completion(
-            pool[k] + _words(rng, int(p["question_tokens"])), int(p["output_tokens"])),
-            tag=f"prefix-{k}"))
+        specs.append(_request(t, pool[k] + _words(rng, int(p["question_tokens"])),
+                              p["output_tokens"], f"prefix-{k}"))
     return specs
-
-
-def _pool_capacity(p: Params) -> float:
-    # Ideal routing prefills each shared prompt once: the question alone per request.
-    return 1 / _prefill(p["question_tokens"])
 
 
 def lora_mix(rng: random.Random, p: Params, times: list[float]) -> list[RequestSpec]:
@@ -167,15 +165,9 @@ def lora_mix(rng: random.Random, p: Params, times: list[float]) -> list[RequestS
     specs = []
     for t in times:
         adapter = rng.choices(adapters, weights)[0]
-        specs.append(RequestSpec(
-            t, "/v1/completions",
-            _completion(_words(rng, int(p["prompt_tokens"])), int(p["output_tokens"]), adapter),
-            tag=adapter))
+        specs.append(_request(t, _words(rng, int(p["prompt_tokens"])), p["output_tokens"],
+                              adapter, adapter))
     return specs
-
-
-def _lora_capacity(p: Params) -> float:
-    return 1 / _prefill(p["prompt_tokens"])
 
 
 def lengths(rng: random.Random, p: Params, times: list[float]) -> list[RequestSpec]:
@@ -186,7 +178,7 @@ def lengths(rng: random.Random, p: Params, times: list[float]) -> list[RequestSp
             math.log(p["input_median"]), p["input_sigma"]))))
         out = int(min(p["output_max"], max(4, rng.lognormvariate(
             math.log(p["output_median"]), p["output_sigma"]))))
-        specs.append(RequestSpec(t, "/v1/completions", _completion(_words(rng, prompt), out)))
+        specs.append(_request(t, _words(rng, prompt), out))
     return specs
 
 
@@ -239,9 +231,7 @@ def multi_turn(rng: random.Random, p: Params, times: list[float]) -> list[Reques
         prompt, t = _words(rng, int(p["system_tokens"])), start
         for _ in range(turns):
             prompt += _words(rng, int(p["question_tokens"]))
-            specs.append(RequestSpec(t, "/v1/completions",
-                                     _completion(prompt, int(p["output_tokens"])),
-                                     tag=f"conversation-{c}"))
+            specs.append(_request(t, prompt, p["output_tokens"], f"conversation-{c}"))
             prompt += _words(rng, int(p["output_tokens"]))
             t += rng.expovariate(1 / float(p["think_seconds"]))
     specs.sort(key=lambda s: s.at)
@@ -258,8 +248,7 @@ def pd_mix(rng: random.Random, p: Params, times: list[float]) -> list[RequestSpe
         tokens = (rng.randint(int(p["long_min"]), int(p["long_max"])) if long
                   else rng.randint(int(p["short_min"]), int(p["short_max"])))
         out = rng.randint(int(p["output_min"]), int(p["output_max"]))
-        specs.append(RequestSpec(t, "/v1/completions", _completion(_words(rng, tokens), out),
-                                 tag="long" if long else "short"))
+        specs.append(_request(t, _words(rng, tokens), out, "long" if long else "short"))
     return specs
 
 
@@ -284,8 +273,7 @@ def classes(rng: random.Random, p: Params, times: list[float]) -> list[RequestSp
         c = rng.choices(names, shares)[0]
         head = rng.choice(systems[c]) if c in systems else ""
         prompt = head + _words(rng, int(p["classes"][c]["prompt_tokens"]))
-        specs.append(RequestSpec(t, "/v1/completions",
-                                 _completion(prompt, int(p["output_tokens"])), tag=c))
+        specs.append(_request(t, prompt, p["output_tokens"], c))
     return specs
 
 
@@ -306,15 +294,9 @@ def rollout(rng: random.Random, p: Params, times: list[float]) -> list[RequestSp
         prompts = [_words(rng, int(p["prompt_tokens"])) for _ in range(int(p["groups"]))]
         order = [g for g in range(int(p["groups"])) for _ in range(int(p["samples"]))]
         rng.shuffle(order)
-        specs += [RequestSpec(t, "/v1/completions",
-                              _completion(prompts[g], int(p["output_tokens"])),
-                              tag=f"step-{step}")
+        specs += [_request(t, prompts[g], p["output_tokens"], f"step-{step}")
                   for t, g in zip(times[step * per:(step + 1) * per], order, strict=False)]
     return specs
-
-
-def _rollout_capacity(p: Params) -> float:
-    return 1 / _prefill(p["prompt_tokens"] / p["samples"])
 
 
 def multimodal(rng: random.Random, p: Params, times: list[float]) -> list[RequestSpec]:
@@ -365,10 +347,11 @@ GENERATORS: dict[str, tuple[Generator, Callable[[Params], float], frozenset[str]
     "shared-prefix": (shared_prefix, _sp_capacity,
                       frozenset({"system_tokens", "question_tokens", "output_tokens",
                                  "per_group"})),
-    "prefix-pool": (prefix_pool, _pool_capacity,
+    # ideal routing prefills each shared prompt once: the question alone per request
+    "prefix-pool": (prefix_pool, lambda p: 1 / _prefill(p["question_tokens"]),
                     frozenset({"prefixes", "prefix_tokens", "question_tokens", "output_tokens",
                                "zipf"})),
-    "lora": (lora_mix, _lora_capacity,
+    "lora": (lora_mix, lambda p: 1 / _prefill(p["prompt_tokens"]),
              frozenset({"adapters", "zipf", "prompt_tokens", "output_tokens"})),
     "lengths": (lengths, _lengths_capacity,
                 frozenset({"input_median", "input_sigma", "input_min", "input_max",
@@ -380,7 +363,7 @@ GENERATORS: dict[str, tuple[Generator, Callable[[Params], float], frozenset[str]
                frozenset({"long_share", "long_min", "long_max", "short_min", "short_max",
                           "output_min", "output_max"})),
     "classes": (classes, _classes_capacity, frozenset({"classes", "output_tokens"})),
-    "rollout": (rollout, _rollout_capacity,
+    "rollout": (rollout, lambda p: 1 / _prefill(p["prompt_tokens"] / p["samples"]),
                 frozenset({"groups", "samples", "prompt_tokens", "output_tokens"})),
     "multimodal": (multimodal, _mm_capacity,
                    frozenset({"question_tokens", "images_min", "images_max", "repeat_share",
