@@ -51,8 +51,7 @@ lint: venv
 ## into bench/RESULTS.md
 bench: venv
 	$(PY) -m bench.micro bbr
-	$(PY) -m bench.epp_overhead
-	$(PY) -m bench.epp_cpu
+	$(PY) -m bench.epp_cpu --tracing
 	$(PY) -m bench.micro pick
 	$(PY) -m bench run sim-saturation --real
 	$(PY) -m bench run sim-prefix --real
@@ -64,7 +63,7 @@ bench-cpu: venv
 
 bench-quick: venv
 	$(PY) -m bench.micro bbr --quick
-	$(PY) -m bench.epp_overhead --quick
+	$(PY) -m bench.epp_cpu --quick
 
 ## bench-list / bench-run / bench-report: the scenario toolkit (docs/benchmarks.md, top).
 ## make bench-run SCENARIO=pd RUN_ARGS="--servers 32 --workload my.yaml" (virtual time;

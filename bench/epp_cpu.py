@@ -12,11 +12,14 @@ cost of one request, ``b`` the cost of one streamed token. Rounds alternate the 
 ``--split`` samples the EPP with py-spy during one extra streamed run and says where its main
 thread's time goes (ext_proc messages, parsing, scheduling, scraping, response handling, flow
 control, and gRPC with the event loop, whose native code py-spy sees as the loop's own time),
-and how much ran on other threads (gRPC core's poller).
+and how much ran on other threads (gRPC core's poller). ``--tracing`` adds the EPP with
+tracing on at upstream's default sampling (``parentbased_traceidratio`` 0.1, OTLP/gRPC to a
+real receiver in this process) and its throughput and CPU per request over the untraced
+EPP's, paired by round (target >= 0.95x throughput).
 
     python -m bench.epp_cpu [--seconds 4] [--rounds 3] [--concurrency 32] [--tokens 8,64]
                             [--cpus 1] [--scrape-pods 8,32] [--baseline-tree DIR] [--split]
-                            [--save FILE] [--quick]
+                            [--tracing] [--save FILE] [--quick]
 """
 
 from __future__ import annotations
@@ -38,13 +41,14 @@ import psutil
 
 from bench.contenders import TUNED_CONFIG, Epp, SimFleet
 from bench.cpubudget import CpuBudget, cpu_seconds
-from bench.epp_overhead import PODS, echo_pool
-from bench.harness import load, start, stop
+from bench.harness import PODS, echo_pool, load, start, stop
 from bench.stats import Interval, bootstrap_median
 from devkit import envoy as e
+from devkit.otlp import OtlpReceiver
 from devkit.topology import Pool, Topology, bootstrap
 
 DUPLEX = "FULL_DUPLEX_STREAMED"
+TRACED = "EPP tracing on (10% sampled)"
 IDLE_SECONDS = 3.0
 
 #: Where a sample of the EPP's main thread goes: the innermost frame whose file matches.
@@ -78,6 +82,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--baseline-tree", type=Path, default=None, metavar="DIR",
                    help="also run the default profile from another checkout (e.g. a "
                         "`git worktree` of the last release), in the same rounds")
+    p.add_argument("--tracing", action="store_true",
+                   help="also an EPP with tracing on at upstream's default sampling (10%%), "
+                        "exporting OTLP to a receiver in this process")
     p.add_argument("--split", action="store_true", help="where the EPP's CPU goes (py-spy)")
     p.add_argument("--save", type=Path, default=None, metavar="FILE",
                    help="write the medians as JSON (the twin's --epp-cost reads it)")
@@ -193,6 +200,14 @@ def main() -> None:
                               "--config-file", str(work / "tuned.yaml")],
     }
     trees: dict[str, Path] = {}
+    envs: dict[str, dict[str, str]] = {}
+    receiver = OtlpReceiver(count_only=True).start() if args.tracing else None
+    if receiver is not None:  # answers as quickly as a collector
+        commands[TRACED] = [*commands["EPP default profile"], "--tracing=true"]
+        envs[TRACED] = {"OTEL_TRACES_EXPORTER": "otlp",
+                        "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+                        "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+                        "OTEL_TRACES_SAMPLER_ARG": "0.1"}
     if args.baseline_tree is not None:
         name = f"EPP default profile ({args.baseline_tree.name})"
         commands[name] = commands["EPP default profile"]
@@ -208,7 +223,8 @@ def main() -> None:
             extra = ["--grpc-port", str(grpc), "--grpc-health-port", str(health)]
             if "epp.main" in cmd:
                 extra += ["--metrics-port", str(e.free_port())]
-            proc = start(cmd + extra, work / f"contender-{i}.log", cwd=trees.get(name))
+            proc = start(cmd + extra, work / f"contender-{i}.log", cwd=trees.get(name),
+                         env_extra=envs.get(name))
             procs.append(proc)
             if args.cpus:
                 budget = stack.enter_context(CpuBudget(args.cpus))
@@ -228,6 +244,10 @@ def main() -> None:
                 report = run(args, pids, urls, bodies, work, costs)
         finally:
             stop(procs)
+            if receiver is not None:
+                receiver.stop()
+    if receiver is not None:
+        report.append(f"Spans received from the traced EPP: {receiver.count}")
     rates = scraping(args, work)
     if rates:
         report += ["", "The EPP's idle CPU, scraping pools of simulator pods:", "",
@@ -257,6 +277,8 @@ def run(args: argparse.Namespace, pids: dict[str, int], urls: dict[str, str],
     per_req: dict[str, list[float]] = {n: [] for n in pids}
     per_tok: dict[str, list[float]] = {n: [] for n in pids}
     rps: dict[str, list[float]] = {n: [] for n in pids}
+    p50: dict[str, list[float]] = {n: [] for n in pids}
+    p99: dict[str, list[float]] = {n: [] for n in pids}
     k1, k2 = args.tokens
     for rnd in range(args.rounds):
         order = list(pids) if rnd % 2 == 0 else list(reversed(pids))
@@ -267,6 +289,8 @@ def run(args: argparse.Namespace, pids: dict[str, int], urls: dict[str, str],
             per_tok[name].append(b)
             per_req[name].append(c1 - b * k1)
             rps[name].append(s2["requests"] / s2["seconds"])
+            p50[name].append(s2["p50_ms"])
+            p99[name].append(s2["p99_ms"])
             print(f"round {rnd + 1} {name:24s} {c1 * 1e3:6.2f} / {c2 * 1e3:6.2f} ms CPU per "
                   f"request ({k1}/{k2} tokens), {rps[name][-1]:6.0f} req/s, errors "
                   f"{s1['errors'] + s2['errors']:.0f}", file=sys.stderr)
@@ -281,11 +305,19 @@ def run(args: argparse.Namespace, pids: dict[str, int], urls: dict[str, str],
                   for name in pids})
     floor = "no-op ext_proc (floor)"
     lines = [f"| contender | CPU ms per request | CPU µs per streamed token | idle CPU | "
-             f"req/s ({k2} tokens) | / floor |", "|---|---:|---:|---:|---:|---:|"]
+             f"req/s ({k2} tokens) | / floor | p50 ms | p99 ms |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for name in pids:
         ratio = bootstrap_median([a / b for a, b in zip(rps[name], rps[floor], strict=True)])
         lines.append(f"| {name} | {iv(per_req[name], 1e3)} | {iv(per_tok[name], 1e6)} | "
-                     f"{idle[name]:.1%} | {statistics.median(rps[name]):.0f} | {ratio} |")
+                     f"{idle[name]:.1%} | {statistics.median(rps[name]):.0f} | {ratio} | "
+                     f"{statistics.median(p50[name]):.2f} | {statistics.median(p99[name]):.2f} |")
+    if TRACED in pids:
+        r = bootstrap_median([a / b for a, b in zip(rps[TRACED], rps["EPP default profile"],
+                                                    strict=True)])
+        c = bootstrap_median([a / b for a, b in zip(per_req[TRACED], per_req[
+            "EPP default profile"], strict=True) if b > 0])
+        lines += ["", f"Tracing on / off, paired by round: throughput {r}, CPU per request {c}"]
     if args.split:
         name = "EPP default profile"
         lines += ["", f"Where the {name}'s CPU goes ({k2}-token streams):", "",

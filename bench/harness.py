@@ -1,9 +1,8 @@
-"""What the overhead benchmarks share: starting helper processes, running contenders in
-interleaved rounds with the closed-loop load generator, and reporting medians."""
+"""What the overhead benchmarks share: the echo pool, starting helper processes, running
+contenders in interleaved rounds with the closed-loop load generator, and reporting medians."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -12,20 +11,35 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 Results = dict[str, list[dict[str, float]]]
+PODS = [f"127.0.20.{i}" for i in range(1, 5)]
 
 
-def overhead_args(doc: str | None) -> argparse.Namespace:
-    """The flags every overhead benchmark takes (``--quick``: one short round, for CI)."""
-    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--seconds", type=float, default=5.0)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--concurrency", type=int, default=32)
-    p.add_argument("--quick", action="store_true", help="one short round (CI smoke)")
-    args = p.parse_args()
-    if args.quick:
-        args.seconds, args.rounds = 1.0, 1
-    return args
+def echo_pool(work: Path, token_gap_ms: float = 2.0
+              ) -> tuple[Path, int, subprocess.Popen[bytes]]:
+    """What the gateway benches share, in ``work``: the 0.9 KB chat body (``body.json``), the
+    pool's manifests (``pool.yaml``) and the echo pods (one process answering at once on every
+    :data:`PODS` address). Returns the body file, the pods' port and their process."""
+    from devkit.envoy import free_port
+
+    body = work / "body.json"
+    body.write_bytes(json.dumps({
+        "model": "m", "max_tokens": 16,
+        "messages": [{"role": "user", "content": "Tell me about Envoy. " * 40}]}).encode())
+    port = free_port()
+    (work / "pool.yaml").write_text(yaml.safe_dump_all([{
+        "apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
+        "metadata": {"name": "bench"},
+        "spec": {"selector": {"matchLabels": {"app": "bench"}}, "targetPorts": [{"number": port}],
+                 "endpointPickerRef": {"name": "bench-epp", "port": {"number": 9002}}}}, *(
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"pod-{i}", "labels": {
+            "app": "bench"}}, "status": {"podIP": ip}} for i, ip in enumerate(PODS))]))
+    backend = start([sys.executable, "-m", "bench.echo_backend", "--port", str(port),
+                     "--token-gap-ms", str(token_gap_ms),
+                     *(a for ip in PODS for a in ("--host", ip))], work / "backend.log")
+    return body, port, backend
 
 
 def start(cmd: list[str], log: Path, cwd: Path | None = None,

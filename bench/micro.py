@@ -424,8 +424,7 @@ def active_active(seconds: float, rounds: int, concurrency: int) -> dict[str, An
     """The rounds: per contender a list of ``{rps, errors, requests, wall, epp_cpu: [s per
     watched EPP], valkey_cpu}``, and the load averages seen."""
     from bench.cpubudget import cpu_seconds
-    from bench.epp_overhead import PODS, echo_pool
-    from bench.harness import load, start, stop
+    from bench.harness import PODS, echo_pool, load, start, stop
     from devkit import envoy as e
     from devkit.topology import Pool, Topology, bootstrap
     from devkit.valkey import ValkeyServer

@@ -7,22 +7,36 @@ a body, then stall, and sends ``--legit`` ordinary requests meanwhile; phase 2 s
 ``--streams`` streaming completions at once. Prints JSON: every answer classified (200,
 ``<status> json`` = OpenAI-shaped refusal, ``<status> bare``), peak RSS of Envoy, BBR and the
 EPP. Not in CI (minutes of CPU on 2 cores).
+
+``python -m bench.overload --bodies [--clients 100] [--sizes 20000000,100000000]`` (issue 31,
+items 6 and 7): large uploads at once. For each body mode (BUFFERED, FULL_DUPLEX_STREAMED)
+and size, Envoy + BBR + EPP (TLS, default caps: 10 MiB body, 256 MiB of bodies held per
+service) in front of one ``vllm-sim`` pod; ``--clients`` uploads start at once, each writing
+its body in 1 MiB pieces. Prints JSON lines: answers by status as the client read them
+(``reset`` = the connection closed before the client could read an answer: Envoy answers
+early and closes while a large body is still being sent), what Envoy counted as answered
+(2xx/4xx/5xx) and the peak RSS of BBR, the EPP and Envoy.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import tempfile
 import threading
 import time
+from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from devkit.reliability.faultkit import MODEL, SimFleet, start_sim_gateway
-from devkit.reliability.gateway import rss_kb
-from devkit.reliability.slowclients import legit_requests, open_slow
+from devkit.reliability.gateway import Gateway, rss_kb
+from devkit.reliability.slowclients import classify_raw, legit_requests, open_slow
+
+PIECE = 1024 * 1024
 
 
 class PeakRSS:
@@ -50,6 +64,76 @@ class PeakRSS:
         return {k: round(v / 1024, 1) for k, v in self.peak.items()}
 
 
+@contextlib.contextmanager
+def gateway(pods: int, mode: str = "FULL_DUPLEX_STREAMED"
+            ) -> Iterator[tuple[Gateway, dict[str, int]]]:
+    """Envoy + BBR + EPP in front of ``pods`` simulator pods; the gateway and its pids."""
+    workdir = Path(tempfile.mkdtemp(prefix=f"bench-overload-{mode}-"))
+    fleet = SimFleet(pods, workdir).start()
+    gw = start_sim_gateway(workdir, fleet, mode=mode)
+    try:
+        yield gw, {"envoy": gw.envoy.proc.pid, "bbr": gw.bbr.proc.pid,  # type: ignore[union-attr]
+                   "epp": gw.epps["sim"].proc.pid}  # type: ignore[union-attr]
+    finally:
+        gw.stop()
+        if fleet.proc is not None:
+            fleet.proc.terminate()
+
+
+async def upload(port: int, size: int) -> str:
+    """One upload of ``size`` bytes; what the gateway answered."""
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {size}\r\nConnection: close\r\n\r\n").encode()
+    start = b'{"model": "' + MODEL.encode() + b'", "prompt": "'
+    piece = b"x" * PIECE
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    except OSError:
+        return "reset"
+    data = b""
+    try:
+        writer.write(head + start)
+        left = size - len(start) - 2
+        while left > 0:
+            writer.write(piece[:min(PIECE, left)])
+            left -= min(PIECE, left)
+            await writer.drain()
+        writer.write(b'"}')
+        await writer.drain()
+        data = await asyncio.wait_for(reader.read(), 120)
+    except (OSError, TimeoutError):
+        # Envoy answered early and closed while the body was still going: read what it sent.
+        with contextlib.suppress(OSError, TimeoutError):
+            data = await asyncio.wait_for(reader.read(), 5)
+    finally:
+        with contextlib.suppress(OSError):
+            writer.close()
+    return classify_raw(data) if data else "reset"
+
+
+async def burst(port: int, clients: int, size: int) -> Counter[str]:
+    return Counter(await asyncio.gather(*(upload(port, size) for _ in range(clients))))
+
+
+def bodies(clients: int, sizes: list[int]) -> None:
+    """``--bodies``: each mode and size, ``clients`` uploads at once; a JSON line each."""
+    for mode in ("BUFFERED", "FULL_DUPLEX_STREAMED"):
+        with gateway(1, mode) as (gw, pids):
+            for size in sizes:
+                before = gw.envoy.stats("downstream_rq_")
+                with PeakRSS(pids) as peak:
+                    answers = asyncio.run(burst(gw.listen, clients, size))
+                after = gw.envoy.stats("downstream_rq_")
+                # What Envoy answered, also to clients that could not read it (they were
+                # still sending when the early answer came and the connection closed).
+                sent = {k.rpartition(".")[2]: after[k] - before.get(k, 0) for k in after
+                        if k.startswith("http.gateway.downstream_rq_")
+                        and k[-3:] in ("2xx", "4xx", "5xx") and after[k] > before.get(k, 0)}
+                print(json.dumps({"mode": mode, "size": size, "clients": clients,
+                                  "answers": dict(answers), "envoy_answered": sent,
+                                  "rss_peak_mib": peak.mib()}), flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--slow", type=int, default=5000)
@@ -58,14 +142,14 @@ def main() -> None:
     ap.add_argument("--settle", type=float, default=0.0,
                     help="seconds between opening the slow clients and the legitimate "
                          "requests (0: at once, while BBR still takes the slow streams in)")
+    ap.add_argument("--bodies", action="store_true", help="large uploads at once instead")
+    ap.add_argument("--clients", type=int, default=100, help="--bodies: uploads at once")
+    ap.add_argument("--sizes", default="20000000,100000000", help="--bodies: bytes each")
     args = ap.parse_args()
-    workdir = Path(tempfile.mkdtemp(prefix="bench-overload-"))
-    fleet = SimFleet(4, workdir).start()
-    gw = start_sim_gateway(workdir, fleet)
+    if args.bodies:
+        return bodies(args.clients, [int(s) for s in args.sizes.split(",")])
     result: dict[str, Any] = {"slow_clients": args.slow, "streams": args.streams}
-    try:
-        pids = {"envoy": gw.envoy.proc.pid, "bbr": gw.bbr.proc.pid,  # type: ignore[union-attr]
-                "epp": gw.epps["sim"].proc.pid}  # type: ignore[union-attr]
+    with gateway(4) as (gw, pids):
         base = {k: round(rss_kb(p) / 1024, 1) for k, p in pids.items()}
         with PeakRSS(pids) as peak:
             started = time.monotonic()
@@ -91,10 +175,6 @@ def main() -> None:
             took = time.monotonic() - started
         result["phase2"] = {"seconds": round(took, 1), "answers": dict(streams.counts),
                             "bare": streams.bare, "rss_peak_mib": peak.mib()}
-    finally:
-        gw.stop()
-        if fleet.proc is not None:
-            fleet.proc.terminate()
     print(json.dumps(result, indent=2))
 
 
