@@ -5,31 +5,12 @@ shares that request-count fairness leaves to the long-prompt tenant."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import pytest
 
+from bench.openloop import Outcome
 from bench.report import jain, token_shares
 from bench.scenario import SCENARIOS, load_scenario
 from bench.workloads import FAIRNESS_HEADER, RequestSpec
-
-
-@dataclass
-class _Out:
-    start: float
-    ttft: float | None
-    e2e: float | None
-    output_tokens: int
-    status: int = 200
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    pod: str = ""
-    error: str = ""
-    itl: list[float] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return self.status == 200
 
 
 def _spec(tag: str, prompt_tokens: int) -> RequestSpec:
@@ -38,10 +19,10 @@ def _spec(tag: str, prompt_tokens: int) -> RequestSpec:
 
 def test_shares_count_prompts_at_first_token_and_outputs_inside_the_window() -> None:
     specs = [_spec("long", 1000), _spec("a", 500), _spec("b", 999), _spec("c", 7)]
-    outcomes = [_Out(30.0, 1.0, 2.0, 10),     # all inside [30, 60]: 1000 + 10
-                _Out(27.0, 1.0, 5.0, 40),     # first token before: half its output
-                _Out(61.0, 0.5, 1.0, 9),      # after the window: nothing
-                _Out(31.0, None, None, 0, status=429)]
+    outcomes = [Outcome(0, 30.0, 200, 1.0, 2.0, 10),   # all inside [30, 60]: 1000 + 10
+                Outcome(1, 27.0, 200, 1.0, 5.0, 40),   # first token before: half its output
+                Outcome(2, 61.0, 200, 0.5, 1.0, 9),    # after the window: nothing
+                Outcome(3, 31.0, 429)]
     got = token_shares(specs, outcomes, 30.0, 60.0)
     total = 1010 + 20
     assert got == pytest.approx({"long": 1010 / total, "a": 20 / total, "b": 0.0, "c": 0.0})
