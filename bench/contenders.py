@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,31 +42,10 @@ from devkit.manifests import ports_pool_manifests
 from devkit.net import free_port_run
 from devkit.topology import Pool, Topology
 
-# The best EndpointPickerConfig found (see docs/benchmarks.md, "Tuning the EPP profile").
-TUNED_CONFIG = """\
-apiVersion: inference.networking.x-k8s.io/v1alpha1
-kind: EndpointPickerConfig
-plugins:
-- type: queue-scorer
-- type: kv-cache-utilization-scorer
-- type: prefix-cache-scorer
-- type: lora-affinity-scorer
-- type: token-load-scorer
-  parameters: {maxInflightTokens: 60000}
-schedulingProfiles:
-- name: default
-  plugins:
-  - pluginRef: queue-scorer
-    weight: 2
-  - pluginRef: kv-cache-utilization-scorer
-    weight: 1
-  - pluginRef: prefix-cache-scorer
-    weight: 3
-  - pluginRef: lora-affinity-scorer
-    weight: 2
-  - pluginRef: token-load-scorer
-    weight: 2
-"""
+#: The best EndpointPickerConfig found (docs/benchmarks.md, "Tuning the EPP profile"): the
+#: contender ``epp-tuned``, kept as data beside the scenarios' other EPP configs.
+TUNED_CONFIG = (Path(__file__).resolve().parent / "scenarios" / "configs"
+                / "epp-tuned.yaml").read_text()
 
 
 def wait_for_port(port: int, host: str = "127.0.0.1", timeout: float = 20.0) -> None:
@@ -113,17 +92,24 @@ def _tail(path: Path, n: int = 15) -> str:
         return ""
 
 
-def wait_router_ready(proc: subprocess.Popen[Any], port: int, name: str, log: Path,
-                      timeout: float = 60.0) -> None:
-    """Block until the router ``proc`` on ``port`` answers ``GET /v1/models``; raise with the
-    tail of its ``log`` if it exits first or is not ready within ``timeout`` seconds."""
+def _wait(proc: subprocess.Popen[Any], ready: Callable[[], bool], name: str, log: Path,
+          timeout: float, every: float) -> None:
+    """Poll ``ready`` every ``every`` s; raise with the tail of ``log`` if ``proc`` exits
+    first or ``ready`` is not true within ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
-    while not http_ok(f"http://127.0.0.1:{port}/v1/models"):
+    while not ready():
         if proc.poll() is not None:
             raise RuntimeError(f"{name} exited {proc.returncode}: {_tail(log)}")
         if time.monotonic() > deadline:
             raise TimeoutError(f"{name} not ready: {_tail(log)}")
-        time.sleep(0.2)
+        time.sleep(every)
+
+
+def wait_router_ready(proc: subprocess.Popen[Any], port: int, name: str, log: Path,
+                      timeout: float = 60.0) -> None:
+    """Block until the router ``proc`` on ``port`` answers ``GET /v1/models``; raise with the
+    tail of its ``log`` if it exits first or is not ready within ``timeout`` seconds."""
+    _wait(proc, lambda: http_ok(f"http://127.0.0.1:{port}/v1/models"), name, log, timeout, 0.2)
 
 
 # -- the fleet ---------------------------------------------------------------------------------
@@ -261,6 +247,9 @@ class Contender:
     #: the router process's CPU seconds in its last run, and how long its budget held it back
     cpu_used: float = 0.0
     throttled: float = 0.0
+    #: it starts servers of its own (``bench.pd_fleet``): :meth:`running` gets an unstarted
+    #: :class:`SimFleet` and reads only its seed, time scale and profile
+    own_fleet: bool = False
 
     def unavailable(self) -> str | None:
         """Why this contender cannot run here (None when it can)."""
@@ -295,6 +284,17 @@ class Contender:
             yield envoy
 
     @contextlib.contextmanager
+    def _balanced(self, endpoints: list[tuple[str, int]], lb_policy: str,
+                  workdir: Path, **cluster: Any) -> Iterator[str]:
+        """The gateway's Envoy with a STATIC cluster of ``endpoints`` balanced by
+        ``lb_policy`` (``cluster``: more of its fields); yields its URL."""
+        admin, listen = e.free_port(), e.free_port()
+        static = {**e.static_cluster("fleet", endpoints, lb_policy=lb_policy), **cluster}
+        cfg = e.bootstrap(admin, [e.listener(listen, [e.route("fleet")], [])], [static])
+        with self._gateway(cfg, admin, workdir):
+            yield f"http://127.0.0.1:{listen}"
+
+    @contextlib.contextmanager
     def _process(self, cmd: list[str], log: Path,
                  env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
         """The router's process under its CPU budget, stopped on exit; what CPU it used is
@@ -324,12 +324,9 @@ class EnvoyLB(Contender):
 
     @contextlib.contextmanager
     def running(self, fleet: SimFleet, workdir: Path) -> Iterator[str]:
-        admin, listen = e.free_port(), e.free_port()
-        cluster = e.static_cluster("fleet", fleet.endpoints, lb_policy=self.lb_policy)
-        cluster["connect_timeout"] = "5s"
-        cfg = e.bootstrap(admin, [e.listener(listen, [e.route("fleet")], [])], [cluster])
-        with self._gateway(cfg, admin, workdir):
-            yield f"http://127.0.0.1:{listen}"
+        with self._balanced(fleet.endpoints, self.lb_policy, workdir,
+                            connect_timeout="5s") as url:
+            yield url
 
 
 #: The EPP's KV-event lag histogram's buckets (publish to indexed).
@@ -370,17 +367,27 @@ def wait_pool_ready(proc: subprocess.Popen[bytes], metrics_port: int, size: int,
                     timeout: float = 30.0) -> None:
     """Wait until the EPP lists ``size`` endpoints with fresh metrics in ``/debug/pool``, so
     the first picks are informed (as they would be for a long-running EPP)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"epp exited {proc.returncode}: {_tail(log)}")
+    def ready() -> bool:
         with contextlib.suppress(OSError, ValueError), urllib.request.urlopen(
                 f"http://127.0.0.1:{metrics_port}/debug/pool", timeout=2) as resp:
             eps = json.loads(resp.read()).get("endpoints", [])
-            if sum(1 for ep in eps if ep.get("age_seconds") is not None) >= size:
-                return
-        time.sleep(0.1)
-    raise TimeoutError(f"epp not ready: {_tail(log)}")
+            return sum(1 for ep in eps if ep.get("age_seconds") is not None) >= size
+        return False
+
+    _wait(proc, ready, "epp", log, timeout, 0.1)
+
+
+def epp_command(manifests: Path, grpc: int, health: int, metrics: int,
+                config: str | None = None, *extra: str) -> list[str]:
+    """``python -m epp.main`` over ``manifests`` on these ports; ``config``: its
+    EndpointPickerConfig, written beside ``manifests`` (None: the EPP's default)."""
+    cmd = [sys.executable, "-m", "epp.main", "--manifests", str(manifests),
+           "--secure-serving=false", "--grpc-port", str(grpc), "--grpc-health-port",
+           str(health), "--metrics-port", str(metrics), "--grace-period", "2", *extra]
+    if config is not None:
+        (manifests.parent / "epp-config.yaml").write_text(config)
+        cmd += ["--config-file", str(manifests.parent / "epp-config.yaml")]
+    return cmd
 
 
 class Epp(Contender):
@@ -405,14 +412,8 @@ class Epp(Contender):
         manifests.write_text(yaml.safe_dump_all(pool_manifests("sims", fleet)
                                                 + self.extra_manifests, sort_keys=False))
         grpc, health, self._metrics_port = e.free_port(), e.free_port(), e.free_port()
-        cmd = [sys.executable, "-m", "epp.main", "--manifests", str(manifests),
-               "--secure-serving=false", "--grpc-port", str(grpc),
-               "--grpc-health-port", str(health), "--metrics-port", str(self._metrics_port),
-               "--grace-period", "2", *EXPERIMENTAL]
-        if self.config is not None:
-            cfg = workdir / "epp-config.yaml"
-            cfg.write_text(self.config)
-            cmd += ["--config-file", str(cfg)]
+        cmd = epp_command(manifests, grpc, health, self._metrics_port, self.config,
+                          *EXPERIMENTAL)
         log = workdir / "epp.log"
         with self._process(cmd, log) as proc:
             self.pid = proc.pid
@@ -469,10 +470,6 @@ class EppReplicas(Contender):
         workdir.mkdir(parents=True, exist_ok=True)
         manifests = workdir / "pool.yaml"
         manifests.write_text(yaml.safe_dump_all(pool_manifests("sims", fleet), sort_keys=False))
-        config: list[str] = []
-        if self.config is not None:
-            (workdir / "epp-config.yaml").write_text(self.config)
-            config = ["--config-file", str(workdir / "epp-config.yaml")]
         with contextlib.ExitStack() as stack:
             self.valkey = None
             url = "memory://"
@@ -485,12 +482,9 @@ class EppReplicas(Contender):
                 probe = Epp(f"{self.name}-{i}")
                 probe._metrics_port = e.free_port()
                 log = workdir / f"epp-{i}.log"
-                self.procs.append(_popen([
-                    sys.executable, "-m", "epp.main", "--manifests", str(manifests),
-                    "--secure-serving=false", "--grpc-port", str(grpc),
-                    "--grpc-health-port", str(health), *config,
-                    "--metrics-port", str(probe._metrics_port), "--grace-period", "2",
-                    "--ha-mode", "active-active", "--state-store", url, *EXPERIMENTAL], log))
+                self.procs.append(_popen(epp_command(
+                    manifests, grpc, health, probe._metrics_port, self.config, "--ha-mode",
+                    "active-active", "--state-store", url, *EXPERIMENTAL), log))
                 stack.callback(_stop, self.procs[-1])
                 probe._wait_ready(self.procs[-1], log, fleet.size)
                 ports.append((grpc, health))
@@ -566,12 +560,9 @@ class PeerRouter(Contender):
             if self.copies == 1:
                 yield f"http://127.0.0.1:{ports[0]}"
                 return
-            admin, listen = e.free_port(), e.free_port()
-            cluster = e.static_cluster("peers", [("127.0.0.1", p) for p in ports],
-                                       lb_policy="ROUND_ROBIN")
-            cfg = e.bootstrap(admin, [e.listener(listen, [e.route("peers")], [])], [cluster])
-            with self._gateway(cfg, admin, workdir):
-                yield f"http://127.0.0.1:{listen}"
+            with self._balanced([("127.0.0.1", p) for p in ports], "ROUND_ROBIN",
+                                workdir) as url:
+                yield url
 
 
 def all_contenders() -> dict[str, Contender]:

@@ -12,13 +12,12 @@ which held, so a report can state it.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import math
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
 
@@ -120,30 +119,16 @@ def cpu_seconds(pid: int) -> float:
     return float(t.user + t.system)
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The budget flags of the real-time comparisons: each part of the system under test
-    as a Guaranteed pod, and other work on the machine."""
-    p.add_argument("--router-cpus", type=float, default=0.0,
-                   help="CPU budget of each router process (our EPP, the peers); 0: none")
-    p.add_argument("--gateway-cpus", type=float, default=0.0,
-                   help="CPU budget of the gateway's Envoy (its own pod), for every contender "
-                        "that runs one; 0: none")
-    p.add_argument("--fleet-cpus", type=float, default=0.0,
-                   help="CPU budget of the simulator process (the model servers have their "
-                        "own machines in production); 0: none")
-    p.add_argument("--client-cpus", type=float, default=0.0,
-                   help="CPU budget of the load-generating client; 0: none")
-    p.add_argument("--burners", type=int, default=0,
-                   help="busy-loop processes running beside the whole benchmark")
+#: What each CPU budget of a run is for (the keys of ``bench.scenario.Budget``).
+BUDGETS = {"router_cpus": "router process", "gateway_cpus": "gateway Envoy",
+           "fleet_cpus": "simulator process", "client_cpus": "client"}
 
 
-def statement(args: argparse.Namespace) -> str:
-    """The budgets :func:`add_arguments` set, for a report."""
-    return "; ".join(filter(None, (
-        budget_statement(args.router_cpus, "router process"),
-        budget_statement(args.gateway_cpus, "gateway Envoy"),
-        budget_statement(args.fleet_cpus, "simulator process"),
-        budget_statement(args.client_cpus, "client")))) or "none (whole machine)"
+def statement(budgets: Mapping[str, float]) -> str:
+    """What each of ``budgets`` (:data:`BUDGETS`' keys; others are ignored) is on this
+    machine, for a report."""
+    return "; ".join(filter(None, (budget_statement(budgets.get(key, 0.0), what)
+                                   for key, what in BUDGETS.items()))) or "none (whole machine)"
 
 
 def budget_statement(cpus: float, what: str = "router process") -> str:

@@ -4,7 +4,7 @@ every run starts from nothing on loopback, one ``sim.main`` process serving all 
 - **aggregated**: ``P + D`` servers behind Envoy + our EPP with its default config;
 - **pd**: ``P`` prefill + ``D`` decode servers (NixlConnector, ``rdma`` link) labelled
   ``llm-d.ai/role``, a ``pd-sidecar`` in front of each decode server, Envoy + our EPP with one
-  of :data:`PD_CONFIGS` (``%d`` in it is the decider's ``nonCachedTokens``);
+  of the configs of :func:`pd_config` (the decider's ``nonCachedTokens`` set per variant);
 - **vllm-router-pd**: the same servers (no sidecars, Envoy or EPP) behind vllm-router's PD
   mode (``--vllm-pd-disaggregation --kv-connector nixl``, ``cache_aware`` on both sides): it
   sends the prefill leg (``max_tokens: 1``, ``do_remote_decode``), then the decode leg with the
@@ -29,9 +29,12 @@ from typing import Any
 import yaml
 
 from bench.contenders import (
+    Contender,
+    SimFleet,
     _popen,
     _stop,
     _tail,
+    epp_command,
     pool_gateway_config,
     wait_pool_ready,
     wait_router_ready,
@@ -41,85 +44,19 @@ from devkit import envoy as e
 from devkit.manifests import pool_manifests
 from modelserver.pd import ROLE_LABEL
 
-_PD_PLUGINS = """\
-apiVersion: llm-d.ai/v1alpha1
-kind: EndpointPickerConfig
-plugins:
-- type: prefix-cache-scorer
-  parameters: {blockSizeTokens: 16, autoTune: false, maxPrefixBlocksToMatch: 256,
-               lruCapacityPerServer: 31250}
-- type: queue-scorer
-- type: prefill-filter
-- type: decode-filter
-- type: max-score-picker
-- type: prefix-based-pd-decider
-  parameters: {nonCachedTokens: %d}
-- type: disagg-profile-handler
-  parameters: {deciders: {prefill: prefix-based-pd-decider}}
-"""
-_LLM_D_PROFILES = """\
-schedulingProfiles:
-- name: prefill
-  plugins: [{pluginRef: prefill-filter}, {pluginRef: max-score-picker},
-            {pluginRef: prefix-cache-scorer, weight: 2}, {pluginRef: queue-scorer, weight: 1}]
-- name: decode
-  plugins: [{pluginRef: decode-filter}, {pluginRef: max-score-picker},
-            {pluginRef: prefix-cache-scorer, weight: 2}, {pluginRef: queue-scorer, weight: 1}]
-"""
-_GIE_PROFILES = """\
-- type: kv-cache-utilization-scorer
-schedulingProfiles:
-- name: prefill
-  plugins: [{pluginRef: prefill-filter}, {pluginRef: max-score-picker},
-            {pluginRef: queue-scorer, weight: 2},
-            {pluginRef: kv-cache-utilization-scorer, weight: 2},
-            {pluginRef: prefix-cache-scorer, weight: 3}]
-- name: decode
-  plugins: [{pluginRef: decode-filter}, {pluginRef: max-score-picker},
-            {pluginRef: queue-scorer, weight: 2},
-            {pluginRef: kv-cache-utilization-scorer, weight: 2},
-            {pluginRef: prefix-cache-scorer, weight: 3}]
-"""
-#: The prefill profile that scores by prompt tokens in flight (``token-load`` and ``spill``).
-_TOKEN_LOAD_PREFILL = """\
-schedulingProfiles:
-- name: prefill
-  plugins: [{pluginRef: prefill-filter}, {pluginRef: max-score-picker},
-            {pluginRef: prefix-cache-scorer, weight: 2}, {pluginRef: token-load-scorer, weight: 1}]
-"""
-_TOKEN_LOAD_PROFILES = "- type: token-load-scorer\n" + _TOKEN_LOAD_PREFILL + """\
-- name: decode
-  plugins: [{pluginRef: decode-filter}, {pluginRef: max-score-picker},
-            {pluginRef: prefix-cache-scorer, weight: 2}, {pluginRef: queue-scorer, weight: 1}]
-"""
-_SPILL = _PD_PLUGINS.replace(
-    "- type: prefix-based-pd-decider\n  parameters: {nonCachedTokens: %d}",
-    "- type: load-aware-pd-decider\n  parameters: {nonCachedTokens: %d, "
-    "prefillBacklogTokens: 8000, maxDecodeRequests: 2}").replace(
-    "{prefill: prefix-based-pd-decider}", "{prefill: load-aware-pd-decider}") + """\
-- type: token-load-scorer
-- type: active-request-scorer
-""" + _TOKEN_LOAD_PREFILL + """\
-- name: decode
-  plugins: [{pluginRef: decode-filter}, {pluginRef: max-score-picker},
-            {pluginRef: prefix-cache-scorer, weight: 2},
-            {pluginRef: active-request-scorer, weight: 1}]
-"""
-#: The EPP configs of the ``pd`` fleet (``--pd-config``), ``%d`` being ``nonCachedTokens``.
-#: ``llm-d``: llm-d's sample (deploy/config/pd-epp-config.yaml): prefix (2) and queue (1)
-#: scorers in each profile. ``gie-scorers``: each profile scores with the aggregated fleet's
-#: scorers and weights (GIE v1.5's default config: queue 2, KV-cache utilization 2, prefix 3).
-#: ``token-load``: llm-d's sample with the prefill profile's queue scorer replaced by
-#: ``token-load-scorer`` (the prompt tokens in flight, prefill picks included, on each
-#: prefill pod): without prefix hits the prefill pick is the pod computing the fewest tokens.
-#: ``spill``: ``token-load`` with our ``load-aware-pd-decider`` (a long prompt stays on its
-#: decode pod when every prefill pod has 8,000 prompt tokens in flight and the decode pod at
-#: most two requests) and the decode profile's queue scorer replaced by
-#: ``active-request-scorer`` (the decode pick: the pod with the fewest requests in flight).
-PD_CONFIGS = {"llm-d": _PD_PLUGINS + _LLM_D_PROFILES,
-              "gie-scorers": _PD_PLUGINS + _GIE_PROFILES,
-              "token-load": _PD_PLUGINS + _TOKEN_LOAD_PROFILES,
-              "spill": _SPILL}
+#: The ``pd`` fleet's EPP configs (a scenario's ``pd: {config: NAME}``) are data:
+#: ``bench/scenarios/configs/pd-NAME.yaml``, each file saying what it is.
+CONFIGS = Path(__file__).resolve().parent / "scenarios" / "configs"
+
+
+def pd_config(name: str, threshold: int) -> str:
+    """The ``pd`` fleet's EPP config ``name`` with its decider's ``nonCachedTokens`` at
+    ``threshold``."""
+    doc = yaml.safe_load((CONFIGS / f"pd-{name}.yaml").read_text())
+    for plugin in doc["plugins"]:
+        if plugin["type"].endswith("-pd-decider"):
+            plugin["parameters"]["nonCachedTokens"] = threshold
+    return str(yaml.safe_dump(doc, sort_keys=False))
 
 
 # -- the fleets -----------------------------------------------------------------------------
@@ -141,7 +78,7 @@ class Fleet:
 
 @contextlib.contextmanager
 def start(kind: str, workdir: Path, seed: int, threshold: int, time_scale: float = 1.0,
-          split: tuple[int, int] = (2, 2), pd_config: str = "llm-d",
+          split: tuple[int, int] = (2, 2), config: str = "llm-d",
           profile: str = "8b-h100") -> Iterator[Fleet]:
     """Start one fleet (``KINDS``). ``split``: prefill and decode servers of the P/D fleets
     (the aggregated fleet has as many servers in all); ``profile``: every server's
@@ -202,13 +139,9 @@ def start(kind: str, workdir: Path, seed: int, threshold: int, time_scale: float
                                  "--manifests", str(manifests), "--metrics-port", str(metrics)],
                                 workdir / f"sidecar-{i}.log"))
         grpc, health, metrics_port = e.free_port(), e.free_port(), e.free_port()
-        cmd = [sys.executable, "-m", "epp.main", "--manifests", str(manifests),
-               "--secure-serving=false", "--grpc-port", str(grpc), "--grpc-health-port",
-               str(health), "--metrics-port", str(metrics_port), "--grace-period", "2"]
-        if kind == "pd":
-            (workdir / "epp-config.yaml").write_text(PD_CONFIGS[pd_config] % threshold)
-            cmd += ["--config-file", str(workdir / "epp-config.yaml")]
-        epp = _popen(cmd, workdir / "epp.log")
+        epp = _popen(epp_command(manifests, grpc, health, metrics_port,
+                                 pd_config(config, threshold) if kind == "pd" else None),
+                     workdir / "epp.log")
         procs.append(epp)
         wait_pool_ready(epp, metrics_port, len(ips), workdir / "epp.log", timeout=60)
         admin, listen = e.free_port(), e.free_port()
@@ -245,3 +178,28 @@ def _vllm_router_pd(procs: list[subprocess.Popen[bytes]], workdir: Path,
     wait_router_ready(proc, port, "vllm-router", log)
     return Fleet(procs, f"http://127.0.0.1:{port}", 0, [],
                  [int(u.rsplit(":", 1)[1]) for u in decoders])
+
+
+class PdRouter(Contender):
+    """One of :func:`start`'s fleets as a contender of ``bench.runner.run_one``: ``fleet``
+    (``aggregated``, ``pd`` or ``vllm-router-pd``) over ``roles`` servers, ``threshold``
+    and ``config``: the ``pd`` fleet's decider and :func:`pd_config` name."""
+
+    own_fleet = True
+
+    def __init__(self, name: str, kind: str, fleet: str, roles: dict[str, int],
+                 threshold: int = 1024, config: str = "llm-d") -> None:
+        self.name, self.kind, self.fleet, self.roles = name, kind, fleet, roles
+        self.threshold, self.config = threshold, config
+
+    def unavailable(self) -> str | None:
+        if self.fleet == "vllm-router-pd" and not PEERS["vllm-router"].installed():
+            return PEERS["vllm-router"].mismatch() or "vllm-router does not import"
+        return None
+
+    @contextlib.contextmanager
+    def running(self, fleet: SimFleet, workdir: Path) -> Iterator[str]:
+        with start(self.fleet, workdir, fleet.seed, self.threshold, fleet.time_scale,
+                   (self.roles["prefill"], self.roles["decode"]), self.config,
+                   fleet.profile) as pd:
+            yield pd.url

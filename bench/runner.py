@@ -20,7 +20,6 @@ the settings after overrides, the environment, every run's summary) beside a
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import json
@@ -387,9 +386,15 @@ def _pd_virtual(fleet: Fleet, c: Contender, seed: int,
 def _real_contender(c: Contender, p: Plan) -> Any:
     from bench.contenders import Epp, EppReplicas, PeerRouter, all_contenders
 
-    if ":" in c.name:
+    if p.fleet.pd:
+        from bench.pd_fleet import PdRouter
+
+        v = c.pd or PdVariant()
+        obj: Any = PdRouter(c.name, c.kind, "pd" if c.pd is not None else c.name,
+                            p.fleet.roles, v.threshold, v.config)
+    elif ":" in c.name:
         peer, _, policy = c.name.partition(":")
-        obj: Any = PeerRouter(peer, policy, copies=c.replicas or 1)
+        obj = PeerRouter(peer, policy, copies=c.replicas or 1)
     elif c.replicas:
         obj = EppReplicas(c.name, c.replicas, c.store,
                           c.epp_config.read_text() if c.epp_config else None)
@@ -402,8 +407,6 @@ def _real_contender(c: Contender, p: Plan) -> Any:
 
 
 def _real(p: Plan, load: float, seed: int, c: Contender, workdir: Path) -> RunResult:
-    if p.fleet.pd:
-        return _pd_real(p, load, seed, c, workdir)
     b = p.scenario.budget
     res: RunResult = run_one(
         p.workload, load, _real_contender(c, p), duration=p.duration, seed=seed,
@@ -448,9 +451,11 @@ def run_one(workload: Workload, load: float, contender: Any, *, duration: float,
     specs = [dataclasses.replace(s, at=s.at * time_scale) for s in specs]
     write_specs(specs, workdir / "requests.jsonl")
     started = time.monotonic()
-    with SimFleet(workdir / "fleet", size=servers, time_scale=time_scale, seed=seed,
-                  cpus=fleet_cpus, profile=profile, labels=labels or [], kv_blocks=kv_blocks,
-                  kv_events=kv_events) as fleet, \
+    sim = SimFleet(workdir / "fleet", size=servers, time_scale=time_scale, seed=seed,
+                   cpus=fleet_cpus, profile=profile, labels=labels or [], kv_blocks=kv_blocks,
+                   kv_events=kv_events)
+    own = contender.own_fleet   # then sim is not started: only its settings are read
+    with (contextlib.nullcontext(sim) if own else sim) as fleet, \
             contender.running(fleet, workdir) as url:
         cmd = [sys.executable, "-m", "bench.openloop", "--url", url,
                "--requests", str(workdir / "requests.jsonl"),
@@ -461,12 +466,13 @@ def run_one(workload: Workload, load: float, contender: Any, *, duration: float,
             client = subprocess.Popen(cmd)
             stack.callback(client.kill)   # only if this block fails before it ends
             if faults:
-                stack.enter_context(_faults(contender, faults, time_scale, workdir, fleet))
+                stack.enter_context(_faults(contender, faults, time_scale, workdir,
+                                            None if own else fleet))
             if client_cpus:
                 stack.enter_context(cpubudget.CpuBudget(client_cpus)).add(client.pid)
             if client.wait() != 0:
                 raise subprocess.CalledProcessError(client.returncode, cmd)
-        res.evictions, res.kv_lag = fleet.evictions(), contender.kv_lag()
+        res.evictions, res.kv_lag = 0 if own else fleet.evictions(), contender.kv_lag()
         debug = contender.debug()
         if debug:
             (workdir / "debug.json").write_text(json.dumps(debug, indent=1))
@@ -515,41 +521,6 @@ def load_run(run_dir: Path) -> tuple[dict[str, object], list[RunResult]]:
     return saved["meta"], [RunResult(**r) for r in saved["results"]]
 
 
-def _pd_real(p: Plan, load: float, seed: int, c: Contender, workdir: Path) -> RunResult:
-    import subprocess
-
-    import orjson
-
-    from bench import pd_fleet
-    from bench.openloop import Outcome
-    from bench.peers import PEERS
-
-    res = _result(p, load, seed, c)
-    if c.name == "vllm-router-pd" and not PEERS["vllm-router"].installed():
-        res.skipped = PEERS["vllm-router"].mismatch() or "vllm-router does not import"
-        return res
-    scale = p.fleet.time_scale
-    specs = [dataclasses.replace(s, at=s.at * scale)
-             for s in p.workload.schedule(load, p.duration, seed, p.fleet.servers)]
-    workdir.mkdir(parents=True, exist_ok=True)
-    write_specs(specs, workdir / "requests.jsonl")
-    kind = "pd" if c.pd is not None else c.name
-    v = c.pd or PdVariant()
-    started = time.monotonic()
-    with pd_fleet.start(kind, workdir, seed, v.threshold, scale,
-                        (p.fleet.roles["prefill"], p.fleet.roles["decode"]),
-                        v.config, p.fleet.profile) as fleet:
-        subprocess.run([sys.executable, "-m", "bench.openloop", "--url", fleet.url,
-                        "--requests", str(workdir / "requests.jsonl"),
-                        "--out", str(workdir / "outcomes.jsonl"),
-                        "--timeout", str(p.scenario.timeout)], check=True)
-    outcomes = [Outcome(**orjson.loads(line))
-                for line in (workdir / "outcomes.jsonl").read_bytes().splitlines()]
-    summarize(res, outcomes, scale, tags=[s.tag for s in specs] if p.workload.by_class else None)
-    res.wall_seconds = time.monotonic() - started
-    return res
-
-
 def _result(p: Plan, load: float, seed: int, c: Contender) -> RunResult:
     return RunResult(p.workload.name, load,
                      load * p.workload.capacity(p.fleet.capacity_servers),
@@ -567,9 +538,8 @@ def execute(p: Plan, run_dir: Path, *, log: Any = sys.stderr) -> dict[str, Any]:
     if p.mode == "real":
         b = p.scenario.budget
         # What each budget is on this machine (a cgroup quota, or pinning): cpubudget says.
-        env["budget"] = cpubudget.statement(argparse.Namespace(
-            router_cpus=p.router_cpus, gateway_cpus=b.gateway_cpus, fleet_cpus=b.fleet_cpus,
-            client_cpus=b.client_cpus))
+        env["budget"] = cpubudget.statement(asdict(dataclasses.replace(
+            b, router_cpus=p.router_cpus)))
         env["burners"] = b.burners
     started = time.monotonic()
     results: list[RunResult] = []

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from bench.pd_fleet import PD_CONFIGS, Fleet, start
+from bench.pd_fleet import Fleet, pd_config, start
 from bench.peers import PEERS
 from bench.workloads import WORKLOADS, write_specs
 
@@ -64,7 +64,7 @@ def test_vllm_router_pd_mode_moves_kv_through_the_simulator_roles(tmp_path: Path
 
 def test_the_gie_scorers_config_scores_both_profiles_like_the_aggregated_fleet() -> None:
     from epp.config.loader import DEFAULT_CONFIG_YAML
-    gie = yaml.safe_load(PD_CONFIGS["gie-scorers"] % 1024)
+    gie = yaml.safe_load(pd_config("gie-scorers", 1024))
     default = yaml.safe_load(DEFAULT_CONFIG_YAML)
     refs = {(p["pluginRef"], p["weight"]) for p in default["schedulingProfiles"][0]["plugins"]}
     for profile in gie["schedulingProfiles"]:
@@ -113,7 +113,7 @@ def test_the_token_load_config_prefills_on_the_pod_with_fewest_prompt_tokens_in_
     from epp.testing import endpoint
     from modelserver.pd import ROLE_LABEL
 
-    rt = build(parse_config(PD_CONFIGS["token-load"] % 1024))
+    rt = build(parse_config(pd_config("token-load", 1024)))
     pods = [endpoint(i, labels={ROLE_LABEL: r})
             for i, r in ((1, "decode"), (2, "decode"), (3, "prefill"), (4, "prefill"))]
 
@@ -144,7 +144,7 @@ def test_the_spill_config_decodes_a_long_prompt_locally_when_every_prefill_pod_i
         obj.labels[ROLE_LABEL] = role  # type: ignore[union-attr]
     ds = Datastore()
     ds.replace(build_snapshot(objects, pool_name="pool", pool_namespace="default"))
-    rt = build(parse_config(PD_CONFIGS["spill"] % 1024), ds)
+    rt = build(parse_config(pd_config("spill", 1024)), ds)
     pods = list(ds.candidates())
 
     def prefiller(prompt: str) -> str | None:
