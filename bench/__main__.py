@@ -21,10 +21,11 @@ import os
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 from bench import report as rp
 from bench import runner
-from bench.scenario import SCENARIOS, Scenario, ScenarioError, load_scenario, scenario_files
+from bench.scenario import SCENARIOS, ScenarioError, load_scenario, scenario_files
 from bench.twin.cpu import MEASURED_COST
 from bench.workloads import WORKLOADS, Workload, WorkloadError, load_workload
 
@@ -157,21 +158,25 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _seed_list(scn: Scenario, seeds: list[int] | int | None) -> list[int] | None:
-    """``--seeds``: a count from the scenario's first seed, or the list given."""
-    return list(range(scn.seeds[0], scn.seeds[0] + seeds)) if isinstance(seeds, int) else seeds
+def _plan(args: argparse.Namespace, **more: Any) -> runner.Plan:
+    """The scenario with what ``run`` and ``advise`` both take (``--seeds``: a count from
+    the scenario's first seed, or the list given) and ``more`` of ``run``'s."""
+    scn = load_scenario(args.scenario)
+    seeds = (list(range(scn.seeds[0], scn.seeds[0] + args.seeds))
+             if isinstance(args.seeds, int) else args.seeds)
+    return runner.plan(scn, seeds=seeds, servers=args.servers, workload=args.workload,
+                       loads=args.loads, duration=args.duration, jobs=args.jobs,
+                       profile=args.profile, **more)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     if args.router_cpus is not None and args.router_cpus < 0:
         raise ValueError(f"--router-cpus: expected a CPU budget >= 0, got {args.router_cpus:g}")
-    scn = load_scenario(args.scenario)
     mode = args.mode or "virtual"
-    p = runner.plan(scn, mode=mode, seeds=_seed_list(scn, args.seeds), servers=args.servers,
-                    workload=args.workload, loads=args.loads, duration=args.duration,
-                    contenders=args.contenders.split(",") if args.contenders else None,
-                    jobs=args.jobs, router_cpus=args.router_cpus, epp_cost=args.epp_cost,
-                    time_scale=args.time_scale, profile=args.profile)
+    p = _plan(args, mode=mode, router_cpus=args.router_cpus, epp_cost=args.epp_cost,
+              contenders=args.contenders.split(",") if args.contenders else None,
+              time_scale=args.time_scale)
+    scn = p.scenario
     run_dir = runner.run_dir_for(scn, mode)
     doc = runner.execute(p, run_dir)
     print((run_dir / "results.md").read_text())
@@ -194,16 +199,10 @@ def cmd_advise(args: argparse.Namespace) -> int:
     """The split advisor's sweep and table (bench.twin.advisor)."""
     from bench.scenario import PdVariant
     from bench.twin import advisor
-    from sim.profiles import get_profile
 
-    scn = load_scenario(args.scenario)
-    seeds = list(_seed_list(scn, args.seeds) or scn.seeds)
-    servers = args.servers or scn.fleet.servers
-    wl = args.workload or scn.workload
-    profile = args.profile or scn.fleet.profile
-    get_profile(profile)   # ValueError naming the known ones
-    loads = sorted(args.loads or (scn.loads if args.workload is None else wl.loads))
-    duration = args.duration or wl.duration
+    p = _plan(args)
+    scn, seeds, servers, wl = p.scenario, list(p.seeds), p.fleet.servers, p.workload
+    profile, loads, duration = p.fleet.profile, sorted(p.loads), p.duration
     if not 0 < args.attainment <= 1:
         raise ValueError(f"--attainment: expected a share in (0, 1], got {args.attainment:g}")
     variant = next((c.pd for c in scn.contenders if c.pd is not None),

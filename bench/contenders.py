@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -46,17 +45,6 @@ from devkit.topology import Pool, Topology
 #: contender ``epp-tuned``, kept as data beside the scenarios' other EPP configs.
 TUNED_CONFIG = (Path(__file__).resolve().parent / "scenarios" / "configs"
                 / "epp-tuned.yaml").read_text()
-
-
-def wait_for_port(port: int, host: str = "127.0.0.1", timeout: float = 20.0) -> None:
-    """Block until something accepts TCP connections on ``host:port``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex((host, port)) == 0:
-                return
-        time.sleep(0.05)
-    raise TimeoutError(f"nothing listens on {host}:{port}")
 
 
 def http_ok(url: str, timeout: float = 1.0) -> bool:
@@ -113,6 +101,27 @@ def wait_router_ready(proc: subprocess.Popen[Any], port: int, name: str, log: Pa
 
 
 # -- the fleet ---------------------------------------------------------------------------------
+def launch_sim(workdir: Path, config: dict[str, Any],
+               budget: CpuBudget | None = None) -> subprocess.Popen[str]:
+    """``python -m sim.main`` serving ``config`` (kept as ``workdir/fleet.yaml``; its log
+    ``sim.log``) under ``budget``, returned once it printed its ready line; if it did not,
+    it is stopped and the error has its log's tail."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    path = workdir / "fleet.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sim.main", "--config", str(path), "--log-level", "warning"],
+        stdout=subprocess.PIPE, stderr=(workdir / "sim.log").open("ab"), text=True)
+    if budget is not None:
+        budget.add(proc.pid)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line.startswith("vllm-sim ready:"):
+        _stop(proc)
+        raise RuntimeError(f"simulator did not start: {line!r} {_tail(workdir / 'sim.log')}")
+    return proc
+
+
 #: A fleet with KV events: server i publishes on its port + this (the EPP's
 #: ``podDiscoveryConfig.socketPortOffset``).
 KV_EVENTS_OFFSET = 1000
@@ -181,7 +190,6 @@ class SimFleet:
 
     def start(self) -> SimFleet:
         """Start the simulator process and wait for its ready line."""
-        self.workdir.mkdir(parents=True, exist_ok=True)
         if self.kv_events:
             self.port = free_port_run(self.size, KV_EVENTS_OFFSET)
             self.hosts = ["127.0.0.1"] * self.size
@@ -202,20 +210,12 @@ class SimFleet:
             "servers": [{"host": h, "port": p, "name": f"sim-{i}", "seed": self.seed + i}
                         for i, (h, p) in enumerate(self.endpoints)],
         }
-        path = self.workdir / "fleet.yaml"
-        path.write_text(yaml.safe_dump(config, sort_keys=False))
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sim.main", "--config", str(path), "--log-level", "warning"],
-            stdout=subprocess.PIPE, stderr=(self.workdir / "sim.log").open("ab"), text=True)
-        assert self.proc.stdout is not None
-        if self.cpus:
-            self._budget = CpuBudget(self.cpus).__enter__()
-            self._budget.add(self.proc.pid)
-        line = self.proc.stdout.readline()
-        if not line.startswith("vllm-sim ready:"):
+        self._budget = CpuBudget(self.cpus).__enter__() if self.cpus else None
+        try:
+            self.proc = launch_sim(self.workdir, config, self._budget)
+        except BaseException:
             self.stop()
-            raise RuntimeError(f"simulator did not start: {line!r} "
-                               f"{_tail(self.workdir / 'sim.log')}")
+            raise
         return self
 
     def stop(self) -> None:
@@ -395,12 +395,9 @@ class Epp(Contender):
 
     kind = "ours"
 
-    def __init__(self, name: str, config: str | None = None,
-                 extra_manifests: list[dict[str, Any]] | None = None) -> None:
+    def __init__(self, name: str, config: str | None = None) -> None:
         self.name = name
         self.config = config
-        #: more objects for the EPP's manifests (e.g. InferenceObjectives)
-        self.extra_manifests = extra_manifests or []
         self._metrics_port = 0
         #: the running EPP's process id (while :meth:`running`)
         self.pid = 0
@@ -409,8 +406,7 @@ class Epp(Contender):
     def running(self, fleet: SimFleet, workdir: Path) -> Iterator[str]:
         workdir.mkdir(parents=True, exist_ok=True)
         manifests = workdir / "pool.yaml"
-        manifests.write_text(yaml.safe_dump_all(pool_manifests("sims", fleet)
-                                                + self.extra_manifests, sort_keys=False))
+        manifests.write_text(yaml.safe_dump_all(pool_manifests("sims", fleet), sort_keys=False))
         grpc, health, self._metrics_port = e.free_port(), e.free_port(), e.free_port()
         cmd = epp_command(manifests, grpc, health, self._metrics_port, self.config,
                           *EXPERIMENTAL)
@@ -426,25 +422,27 @@ class Epp(Contender):
     def _wait_ready(self, proc: subprocess.Popen[bytes], log: Path, size: int) -> None:
         wait_pool_ready(proc, self._metrics_port, size, log)
 
+    def _get(self, path: str, timeout: float) -> bytes:
+        """GET ``path`` of the running EPP's metrics port (b"" when it does not answer)."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self._metrics_port}{path}",
+                                        timeout=timeout) as resp:
+                return bytes(resp.read())
+        except OSError:
+            return b""
+
     def kv_lag(self) -> dict[str, float]:
         from prometheus_client.parser import text_string_to_metric_families
 
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self._metrics_port}/metrics",
-                                        timeout=5) as resp:
-                text = resp.read().decode()
-        except OSError:
-            return {}
+        text = self._get("/metrics", 5).decode()
         return {s.labels["le"]: s.value for fam in text_string_to_metric_families(text)
                 for s in fam.samples if s.name == LAG_BUCKETS}
 
     def debug(self) -> dict[str, Any]:
         try:
-            url = f"http://127.0.0.1:{self._metrics_port}/debug/pool"
-            with urllib.request.urlopen(url, timeout=2) as resp:
-                data: dict[str, Any] = json.loads(resp.read())
-                return data
-        except (OSError, ValueError):
+            data: dict[str, Any] = json.loads(self._get("/debug/pool", 2) or b"{}")
+            return data
+        except ValueError:
             return {}
 
 
@@ -527,11 +525,9 @@ class PeerRouter(Contender):
 
     kind = "peer"
 
-    def __init__(self, peer: str, policy: str, extra: tuple[str, ...] = (),
-                 copies: int = 1) -> None:
+    def __init__(self, peer: str, policy: str, copies: int = 1) -> None:
         self.peer = PEERS[peer]
         self.policy = policy
-        self.extra = extra
         self.copies = copies
         self.name = f"{peer}:{policy}"
 
@@ -551,7 +547,7 @@ class PeerRouter(Contender):
                 port, prom = e.free_port(), e.free_port()
                 log = workdir / f"{self.peer.name}{f'-{i}' if self.copies > 1 else ''}.log"
                 cmd = self.peer.command(policy=self.policy, port=port, prometheus_port=prom,
-                                        workers=fleet.urls, extra=self.extra)
+                                        workers=fleet.urls)
                 with (workdir / "command.txt").open("a") as f:
                     f.write(" ".join(cmd) + "\n")
                 proc = stack.enter_context(self._process(cmd, log, env=peer_env()))

@@ -33,8 +33,8 @@ from bench.contenders import (
     SimFleet,
     _popen,
     _stop,
-    _tail,
     epp_command,
+    launch_sim,
     pool_gateway_config,
     wait_pool_ready,
     wait_router_ready,
@@ -65,7 +65,7 @@ def pd_config(name: str, threshold: int) -> str:
 class Fleet:
     """What one run started: processes, and where to read the counters afterwards."""
 
-    procs: list[subprocess.Popen[bytes]]
+    procs: list[subprocess.Popen[Any]]
     url: str
     epp_metrics: int
     #: Each sidecar's metrics ``host:port`` (it listens on its pod's own loopback address).
@@ -107,25 +107,17 @@ def start(kind: str, workdir: Path, seed: int, threshold: int, time_scale: float
             servers.append({"host": ip, "port": port, "name": f"prefill-{i}",
                             "kv_transfer_config": kv})
             pods.append((f"prefill-{i}", ip, "prefill"))
-    fleet_file = workdir / "fleet.yaml"
-    fleet_file.write_text(yaml.safe_dump({
-        "defaults": {"profile": profile, "seed": seed, "time_scale": time_scale},
-        "servers": servers}))
     manifests = workdir / "pool.yaml"
     docs = pool_manifests("sims", [(name, ip) for name, ip, _ in pods], port)
     for doc, (_, _, role) in zip(docs[1:], pods, strict=True):
         if role:
             doc["metadata"]["labels"][ROLE_LABEL] = role
     manifests.write_text(yaml.safe_dump_all(docs))
-    procs: list[subprocess.Popen[bytes]] = []
+    procs: list[subprocess.Popen[Any]] = []
     try:
-        sim = subprocess.Popen(
-            [sys.executable, "-m", "sim.main", "--config", str(fleet_file), "--log-level",
-             "warning"], stdout=subprocess.PIPE, stderr=(workdir / "sim.log").open("ab"))
-        procs.append(sim)
-        assert sim.stdout is not None
-        if not sim.stdout.readline().startswith(b"vllm-sim ready:"):
-            raise RuntimeError(f"simulator did not start: {_tail(workdir / 'sim.log')}")
+        procs.append(launch_sim(workdir, {
+            "defaults": {"profile": profile, "seed": seed, "time_scale": time_scale},
+            "servers": servers}))
         if kind == "vllm-router-pd":
             decoders = [f"http://127.0.0.1:{s['port']}" for s in servers[:n_decode]]
             prefillers = [f"http://{s['host']}:{s['port']}" for s in servers[n_decode:]]
@@ -159,7 +151,7 @@ def start(kind: str, workdir: Path, seed: int, threshold: int, time_scale: float
             _stop(p)
 
 
-def _vllm_router_pd(procs: list[subprocess.Popen[bytes]], workdir: Path,
+def _vllm_router_pd(procs: list[subprocess.Popen[Any]], workdir: Path,
                     prefillers: list[str], decoders: list[str]) -> Fleet:
     """Start vllm-router in PD mode over the simulated servers (added to ``procs``)."""
     peer = PEERS["vllm-router"]

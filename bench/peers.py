@@ -83,7 +83,7 @@ class Peer:
                                               or f"{self.package} installed but does not import")
 
     def command(self, *, policy: str, port: int, prometheus_port: int,
-                workers: list[str], extra: tuple[str, ...] = ()) -> list[str]:
+                workers: list[str]) -> list[str]:
         """The router's command line: regular (non-PD) mode over ``workers``.
 
         Flags found with ``--help`` (vllm-router 0.1.x, sglang-router 0.3.x share them).
@@ -93,7 +93,7 @@ class Peer:
         return [str(self.python), "-m", self.module, "--host", "127.0.0.1",
                 "--port", str(port), "--policy", policy,
                 "--prometheus-port", str(prometheus_port),
-                "--worker-urls", *workers, *extra]
+                "--worker-urls", *workers]
 
 
 PEERS: dict[str, Peer] = {

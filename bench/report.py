@@ -342,6 +342,13 @@ def _names(rows: Iterable[RunResult], order: Sequence[str]) -> list[str]:
     return [n for n in dict.fromkeys([*order, *(r.contender for r in rows)]) if n in present]
 
 
+def _each(rows: Sequence[RunResult], order: Sequence[str],
+          value: Callable[[RunResult], Any]) -> list[tuple[str, list[Any]]]:
+    """Per contender (in ``order``), ``value`` of its usable runs where set (none: left out)."""
+    return [(n, xs) for n in _names(rows, order)
+            if (xs := [value(r) for r in rows if r.contender == n and r.usable and value(r)])]
+
+
 def _median(rows: Iterable[RunResult], contender: str,
             metric: Callable[[RunResult], float]) -> Interval | None:
     """Median [95% interval] over seeds of one contender's ``metric`` (None: no runs)."""
@@ -536,8 +543,8 @@ def point_sections(results: Sequence[RunResult], workloads: dict[str, Any],
                       f"{rows[0].servers} servers)", "", *table(rows, order, baseline), ""]
             if any(r.classes for r in rows):
                 lines += [*class_table(rows, order), ""]
-            fair = [f"{n} {bootstrap_median(xs)}" for n in _names(rows, order)
-                if (xs := [r.jain for r in rows if r.contender == n and r.usable and r.jain])]
+            fair = [f"{n} {bootstrap_median(xs)}" for n, xs in _each(rows, order,
+                                                                   lambda r: r.jain)]
             if fair:
                 lines += ["Jain's index of the tenants' goodput (output tokens within the "
                           "arrival window over max-min fair shares; 1 = fair), median [95% "
@@ -554,11 +561,7 @@ def token_share_lines(rows: Sequence[RunResult], order: Sequence[str]) -> list[s
     Jain's index of the shares (median [95% interval] over seeds); nothing when no run has
     them."""
     lines = []
-    for name in _names(rows, order):
-        runs = [r.token_shares for r in rows if r.contender == name and r.usable
-                and r.token_shares]
-        if not runs:
-            continue
+    for name, runs in _each(rows, order, lambda r: r.token_shares):
         shares = ", ".join(f"{t} {bootstrap_median([s.get(t, 0.0) for s in runs])}"
                            for t in sorted({t for s in runs for t in s}))
         lines.append(f"- {name}: {shares}; Jain "
@@ -573,18 +576,17 @@ def token_share_lines(rows: Sequence[RunResult], order: Sequence[str]) -> list[s
 def kv_lines(rows: Sequence[RunResult], order: Sequence[str]) -> list[str]:
     """Blocks the servers evicted per run (median over seeds) and the EPPs' KV-event lag p99
     over every seed's and replica's batches (one run's p99 is its worst few batches)."""
-    names, out = _names(rows, order), []
-    ev = [f"{n} {statistics.median(xs):,.0f}" for n in names if (
-        xs := [r.evictions for r in rows if r.contender == n and r.usable and r.evictions])]
+    out = []
+    ev = [f"{n} {statistics.median(xs):,.0f}" for n, xs in _each(rows, order,
+                                                                 lambda r: r.evictions)]
     if ev:
         out.append("Blocks the servers evicted per run (their own counters), median over "
                    "seeds: " + "; ".join(ev) + ".")
     lag = []
-    for n in names:
+    for n, hists in _each(rows, order, lambda r: r.kv_lag):
         pooled: dict[float, float] = {}
-        for r in rows:
-            for le, count in (r.kv_lag.items() if r.contender == n and r.usable else ()):
-                pooled[float(le)] = pooled.get(float(le), 0.0) + count
+        for le, count in (item for h in hists for item in h.items()):
+            pooled[float(le)] = pooled.get(float(le), 0.0) + count
         if (ordered := sorted(pooled.items())) and (total := ordered[-1][1]):
             p99 = next(le for le, c in ordered if c >= 0.99 * total)
             lag.append(f"{n} <= {p99 * 1000:g} ms over {total:,.0f} batches")

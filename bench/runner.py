@@ -31,6 +31,7 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from bench import environment
@@ -646,11 +647,11 @@ def section(doc: dict[str, Any], source: str) -> str:
     tl = rp.target_lines(results, targets) if targets else []
     if tl:
         lines += ["Targets:", "", *tl, ""]
-    wl: dict[str, Any] = ({s["workload"]: WORKLOADS[s["workload"]]}
-                          if s["workload"] in WORKLOADS else {})
-    if not wl:   # a workload file outside bench/workloads: a stand-in for the headings
-        wl = {s["workload"]: _Named(s["workload"])}
-    lines += rp.point_sections(results, wl, s["contenders"], baseline=baseline)
+    # a workload file outside bench/workloads: a stand-in for the headings
+    wl = WORKLOADS.get(s["workload"]) or SimpleNamespace(
+        name=s["workload"], title=s["workload"], description="",
+        source="the scenario's own workload file")
+    lines += rp.point_sections(results, {wl.name: wl}, s["contenders"], baseline=baseline)
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -659,17 +660,6 @@ def heading(doc: dict[str, Any]) -> str:
     s = doc["settings"]
     profile = f", `{s['profile']}`" if s.get("profile_override") else ""
     return f"## {doc['title']} ({s['mode']} time, {s['servers']} servers{profile})"
-
-
-@dataclass(frozen=True, slots=True)
-class _Named:
-    name: str
-    title: str = ""
-    description: str = ""
-    source: str = "the scenario's own workload file"
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "title", self.title or self.name)
 
 
 def run_dir_for(scn: Scenario, mode: str) -> Path:

@@ -449,48 +449,38 @@ def _arrivals(path: Path, raw: Any) -> tuple[str, float, float]:
                         "{bursts: {period: S, width: S}} or {gamma: {cv: X > 0}}")
 
 
-def _check_tenants(path: Path, tenants: Any) -> None:
-    if not isinstance(tenants, dict) or not tenants:
-        raise WorkloadError(f"{path}: parameters.tenants: expected a mapping of tenant names")
-    for name, t in tenants.items():
-        where = f"{path}: parameters.tenants.{name}"
-        if not isinstance(t, dict) or not {"share", "objective"} <= set(t) or \
-                set(t) - {"share", "objective"} - TENANT_OPTIONAL:
-            raise WorkloadError(f"{where}: expected {{share, objective}} and optionally "
-                                f"{', '.join(sorted(TENANT_OPTIONAL))}")
-        for key in ("share", *sorted(TENANT_OPTIONAL & set(t))):
-            v = t[key]
-            if isinstance(v, bool) or not isinstance(v, int | float) or not v > 0:
-                raise WorkloadError(f"{where}.{key}: expected a positive number")
-        if t["objective"] not in OBJECTIVES:
-            raise WorkloadError(f"{where}.objective: {t['objective']!r} is not one of "
+def _check_named(path: Path, key: str, noun: str, items: Any, required: tuple[str, ...],
+                 optional: frozenset[str]) -> None:
+    """``parameters.<key>``: a mapping of ``noun`` names, each a mapping with every
+    ``required`` key and any ``optional`` one, numbers positive (``objective``: a name)."""
+    if not isinstance(items, dict) or not items:
+        raise WorkloadError(f"{path}: parameters.{key}: expected a mapping of {noun} names")
+    for name, item in items.items():
+        where = f"{path}: parameters.{key}.{name}"
+        if not isinstance(item, dict) or not set(required) <= set(item) <= {*required,
+                                                                             *optional}:
+            raise WorkloadError(f"{where}: expected {{{', '.join(required)}}} and optionally "
+                                f"{', '.join(sorted(optional))}")
+        for k in (*required, *sorted(optional & set(item))):
+            v = item[k]
+            if k != "objective" and (isinstance(v, bool) or not isinstance(v, int | float)
+                                     or not v > 0):
+                raise WorkloadError(f"{where}.{k}: expected a positive number")
+        if item.get("objective", "standard") not in OBJECTIVES:
+            raise WorkloadError(f"{where}.objective: {item['objective']!r} is not one of "
                                 f"{sorted(OBJECTIVES)}")
-
-
-_CLASS_KEYS = frozenset({"share", "prompt_tokens", "groups", "system_tokens"})
-
-
-def _check_classes(path: Path, classes: Any) -> None:
-    if not isinstance(classes, dict) or not classes:
-        raise WorkloadError(f"{path}: parameters.classes: expected a mapping of class names")
-    for name, c in classes.items():
-        where = f"{path}: parameters.classes.{name}"
-        if not isinstance(c, dict) or not {"share", "prompt_tokens"} <= set(c) <= _CLASS_KEYS:
-            raise WorkloadError(f"{where}: expected {{share, prompt_tokens}} and optionally "
-                                "{groups, system_tokens}")
-        if ("groups" in c) != ("system_tokens" in c):
+        if ("groups" in item) != ("system_tokens" in item):
             raise WorkloadError(f"{where}: give groups and system_tokens together")
-        for key, v in c.items():
-            if isinstance(v, bool) or not isinstance(v, int | float) or v <= 0:
-                raise WorkloadError(f"{where}.{key}: expected a positive number")
 
 
 def check_parameters(path: Path, generator: str, params: Params) -> None:
     """The checks of a generator's structured parameters (tenants, classes)."""
     if generator == "tenants":
-        _check_tenants(path, params["tenants"])
+        _check_named(path, "tenants", "tenant", params["tenants"], ("share", "objective"),
+                     TENANT_OPTIONAL)
     elif generator == "classes":
-        _check_classes(path, params["classes"])
+        _check_named(path, "classes", "class", params["classes"], ("share", "prompt_tokens"),
+                     frozenset({"groups", "system_tokens"}))
 
 
 def objective_manifests(pool: str) -> list[dict[str, Any]]:
