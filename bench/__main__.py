@@ -27,7 +27,7 @@ from bench import report as rp
 from bench import runner
 from bench.scenario import SCENARIOS, ScenarioError, load_scenario, scenario_files
 from bench.twin.cpu import MEASURED_COST
-from bench.workloads import WORKLOADS, Workload, WorkloadError, load_workload
+from bench.workloads import Workload, WorkloadError, find_workload
 
 ROOT = Path(__file__).resolve().parent
 #: Saved runs that RESULTS.md's generated sections come from (committed).
@@ -83,14 +83,10 @@ def _positive(text: str) -> int:
 
 
 def _workload(text: str) -> Workload:
-    if text in WORKLOADS:
-        return WORKLOADS[text]
     try:
-        return load_workload(Path(text))
+        return find_workload(text, Path.cwd())
     except WorkloadError as e:
-        raise argparse.ArgumentTypeError(
-            f"not a workload of bench/workloads/ ({', '.join(WORKLOADS)}) nor a file: {e}"
-        ) from None
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def parser() -> argparse.ArgumentParser:

@@ -68,12 +68,11 @@ import yaml
 
 from bench.workloads import (
     GENERATORS,
-    WORKLOADS,
     Workload,
     WorkloadError,
     _arrivals,
     check_parameters,
-    load_workload,
+    find_workload,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -396,16 +395,11 @@ def _fleet(r: _Reader, raw: Any) -> Fleet:
 def _workload(r: _Reader, raw: Any) -> Workload:
     spec = {"use": raw} if isinstance(raw, str) else r.keys(
         raw, "workload", {"use", "arrivals", "parameters", "duration"}, ("use",))
-    name = r.text(spec["use"], "workload.use" if isinstance(raw, dict) else "workload")
-    if name in WORKLOADS:
-        base = WORKLOADS[name]
-    else:
-        try:
-            base = load_workload((r.path.parent / name).resolve())
-        except WorkloadError as e:
-            where = "workload.use" if isinstance(raw, dict) else "workload"
-            raise r.fail(where, f"not a workload of bench/workloads/ "
-                         f"({', '.join(WORKLOADS)}) nor a workload file: {e}") from None
+    where = "workload.use" if isinstance(raw, dict) else "workload"
+    try:
+        base = find_workload(r.text(spec["use"], where), r.path.parent)
+    except WorkloadError as e:
+        raise r.fail(where, str(e)) from None
     params = dict(base.parameters)
     if "parameters" in spec:
         over = r.keys(spec["parameters"], "workload.parameters", GENERATORS[base.generator][2])

@@ -538,6 +538,18 @@ def load_workloads(directory: Path = HERE) -> dict[str, Workload]:
 WORKLOADS: dict[str, Workload] = load_workloads()
 
 
+def find_workload(name: str, directory: Path) -> Workload:
+    """The workload ``name`` of :data:`WORKLOADS`, else the workload file ``name`` (relative
+    to ``directory``); a WorkloadError says it is neither."""
+    if name in WORKLOADS:
+        return WORKLOADS[name]
+    try:
+        return load_workload((directory / name).resolve())
+    except WorkloadError as e:
+        raise WorkloadError(f"not a workload of bench/workloads/ ({', '.join(WORKLOADS)}) "
+                            f"nor a workload file: {e}") from None
+
+
 def write_specs(specs: list[RequestSpec], path: Path) -> None:
     """Write a schedule as JSONL for :mod:`bench.openloop`."""
     path.write_bytes(b"".join(orjson.dumps(
