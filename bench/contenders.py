@@ -364,7 +364,7 @@ def pool_gateway_config(epp_port: int, admin: int, listen: int, endpoints: list[
 
 
 def wait_pool_ready(proc: subprocess.Popen[bytes], metrics_port: int, size: int, log: Path,
-                    timeout: float = 30.0) -> None:
+                    timeout: float = 60.0) -> None:
     """Wait until the EPP lists ``size`` endpoints with fresh metrics in ``/debug/pool``, so
     the first picks are informed (as they would be for a long-running EPP)."""
     def ready() -> bool:
@@ -398,8 +398,8 @@ class Epp(Contender):
     def __init__(self, name: str, config: str | None = None) -> None:
         self.name = name
         self.config = config
-        self._metrics_port = 0
-        #: the running EPP's process id (while :meth:`running`)
+        #: the running EPP's metrics port and process id (while :meth:`running`)
+        self.metrics_port = 0
         self.pid = 0
 
     @contextlib.contextmanager
@@ -407,25 +407,33 @@ class Epp(Contender):
         workdir.mkdir(parents=True, exist_ok=True)
         manifests = workdir / "pool.yaml"
         manifests.write_text(yaml.safe_dump_all(pool_manifests("sims", fleet), sort_keys=False))
-        grpc, health, self._metrics_port = e.free_port(), e.free_port(), e.free_port()
-        cmd = epp_command(manifests, grpc, health, self._metrics_port, self.config,
+        with self.serve(manifests, [f"{h}:{p}" for h, p in fleet.endpoints], workdir) as url:
+            yield url
+
+    @contextlib.contextmanager
+    def serve(self, manifests: Path, endpoints: list[str], workdir: Path) -> Iterator[str]:
+        """This EPP over the pool of ``manifests`` (its pods: ``endpoints``, ``host:port``)
+        behind the gateway's Envoy, once it has every pod's metrics; yields the gateway's
+        URL (also the P/D fleets', whose pods carry roles: ``bench.pd_fleet``)."""
+        grpc, health, self.metrics_port = e.free_port(), e.free_port(), e.free_port()
+        cmd = epp_command(manifests, grpc, health, self.metrics_port, self.config,
                           *EXPERIMENTAL)
         log = workdir / "epp.log"
         with self._process(cmd, log) as proc:
             self.pid = proc.pid
-            self._wait_ready(proc, log, fleet.size)
+            self._wait_ready(proc, log, len(endpoints))
             admin, listen = e.free_port(), e.free_port()
-            known = [f"{h}:{p}" for h, p in fleet.endpoints]
-            with self._gateway(pool_gateway_config(grpc, admin, listen, known), admin, workdir):
+            with self._gateway(pool_gateway_config(grpc, admin, listen, endpoints), admin,
+                               workdir):
                 yield f"http://127.0.0.1:{listen}"
 
     def _wait_ready(self, proc: subprocess.Popen[bytes], log: Path, size: int) -> None:
-        wait_pool_ready(proc, self._metrics_port, size, log)
+        wait_pool_ready(proc, self.metrics_port, size, log)
 
     def _get(self, path: str, timeout: float) -> bytes:
         """GET ``path`` of the running EPP's metrics port (b"" when it does not answer)."""
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self._metrics_port}{path}",
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}{path}",
                                         timeout=timeout) as resp:
                 return bytes(resp.read())
         except OSError:
@@ -478,10 +486,10 @@ class EppReplicas(Contender):
             for i in range(self.n):
                 grpc, health = e.free_port(), e.free_port()
                 probe = Epp(f"{self.name}-{i}")
-                probe._metrics_port = e.free_port()
+                probe.metrics_port = e.free_port()
                 log = workdir / f"epp-{i}.log"
                 self.procs.append(_popen(epp_command(
-                    manifests, grpc, health, probe._metrics_port, self.config, "--ha-mode",
+                    manifests, grpc, health, probe.metrics_port, self.config, "--ha-mode",
                     "active-active", "--state-store", url, *EXPERIMENTAL), log))
                 stack.callback(_stop, self.procs[-1])
                 probe._wait_ready(self.procs[-1], log, fleet.size)

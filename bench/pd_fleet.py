@@ -30,13 +30,11 @@ import yaml
 
 from bench.contenders import (
     Contender,
+    Epp,
     SimFleet,
     _popen,
     _stop,
-    epp_command,
     launch_sim,
-    pool_gateway_config,
-    wait_pool_ready,
     wait_router_ready,
 )
 from bench.peers import PEERS, peer_env
@@ -130,18 +128,10 @@ def start(kind: str, workdir: Path, seed: int, threshold: int, time_scale: float
                                  "--port", str(port), "--vllm-port", str(decoder),
                                  "--manifests", str(manifests), "--metrics-port", str(metrics)],
                                 workdir / f"sidecar-{i}.log"))
-        grpc, health, metrics_port = e.free_port(), e.free_port(), e.free_port()
-        epp = _popen(epp_command(manifests, grpc, health, metrics_port,
-                                 pd_config(config, threshold) if kind == "pd" else None),
-                     workdir / "epp.log")
-        procs.append(epp)
-        wait_pool_ready(epp, metrics_port, len(ips), workdir / "epp.log", timeout=60)
-        admin, listen = e.free_port(), e.free_port()
+        epp = Epp(kind, pd_config(config, threshold) if kind == "pd" else None)
         # The decider's decode pick is the destination (the sidecar on the pool port).
-        endpoints = [f"{ip}:{port}" for ip in ips]
-        with e.Envoy(pool_gateway_config(grpc, admin, listen, endpoints), admin_port=admin,
-                     workdir=workdir / "envoy"):
-            yield Fleet(procs, f"http://127.0.0.1:{listen}", metrics_port,
+        with epp.serve(manifests, [f"{ip}:{port}" for ip in ips], workdir) as url:
+            yield Fleet(procs, url, epp.metrics_port,
                         [f"{ip}:{m}" for ip, _, m in sidecars],
                         [s["port"] for s in servers[:n_decode]] if kind == "pd" else [],
                         [f"{s['host']}:{s['port']}" for s in servers[n_decode:]]
