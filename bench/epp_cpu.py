@@ -2,7 +2,8 @@
 beside the no-op ext_proc floor on the same stack, each under the same CPU budget (a pod's
 limit: ``--cpus``, a cgroup quota or a pinned core, see :mod:`bench.cpubudget`).
 
-One Envoy, one listener per contender (FULL_DUPLEX_STREAMED both ways, as upstream runs it),
+One Envoy, one listener per contender (FULL_DUPLEX_STREAMED both ways, as upstream runs it;
+``--mode``),
 echo pods that stream ``k`` one-token SSE events ``--token-gap-ms`` apart. Each contender's
 process CPU time (user + system, every thread; ``/proc``, not wall time) is read around each
 closed-loop run, less what it spends idle (metric scrapes, timers: measured first, reported
@@ -15,11 +16,14 @@ control, and gRPC with the event loop, whose native code py-spy sees as the loop
 and how much ran on other threads (gRPC core's poller). ``--tracing`` adds the EPP with
 tracing on at upstream's default sampling (``parentbased_traceidratio`` 0.1, OTLP/gRPC to a
 real receiver in this process) and its throughput and CPU per request over the untraced
-EPP's, paired by round (target >= 0.95x throughput).
+EPP's, paired by round (target >= 0.95x throughput). ``--bbr`` adds BBR, placed like the
+floor (it sees every request and picks nothing; the pods are a round-robin cluster): its
+"/ floor" column is BBR's overhead (this was ``bench.micro bbr``); ``--mode BUFFERED`` runs
+every contender with a buffered request body (and a streamed response).
 
     python -m bench.epp_cpu [--seconds 4] [--rounds 3] [--concurrency 32] [--tokens 8,64]
                             [--cpus 1] [--scrape-pods 8,32] [--baseline-tree DIR] [--split]
-                            [--tracing] [--save FILE] [--quick]
+                            [--tracing] [--bbr] [--mode BUFFERED] [--save FILE] [--quick]
 """
 
 from __future__ import annotations
@@ -47,7 +51,6 @@ from devkit import envoy as e
 from devkit.otlp import OtlpReceiver
 from devkit.topology import Pool, Topology, bootstrap
 
-DUPLEX = "FULL_DUPLEX_STREAMED"
 TRACED = "EPP tracing on (10% sampled)"
 IDLE_SECONDS = 3.0
 
@@ -85,6 +88,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--tracing", action="store_true",
                    help="also an EPP with tracing on at upstream's default sampling (10%%), "
                         "exporting OTLP to a receiver in this process")
+    p.add_argument("--bbr", action="store_true", help="also BBR, placed like the floor")
+    p.add_argument("--mode", default="FULL_DUPLEX_STREAMED",
+                   choices=("FULL_DUPLEX_STREAMED", "BUFFERED"), help="request body mode")
     p.add_argument("--split", action="store_true", help="where the EPP's CPU goes (py-spy)")
     p.add_argument("--save", type=Path, default=None, metavar="FILE",
                    help="write the medians as JSON (the twin's --epp-cost reads it)")
@@ -199,6 +205,8 @@ def main() -> None:
                         "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
                         "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
                         "OTEL_TRACES_SAMPLER_ARG": "0.1"}
+    if args.bbr:
+        commands["BBR"] = [sys.executable, "-m", "bbr.main", "--secure-serving=false"]
     if args.baseline_tree is not None:
         name = f"EPP default profile ({args.baseline_tree.name})"
         commands[name] = commands["EPP default profile"]
@@ -210,9 +218,9 @@ def main() -> None:
     how = "none (whole machine)"
     with contextlib.ExitStack() as stack:
         for i, (name, cmd) in enumerate(commands.items()):
-            floor = "bench.noop_extproc" in cmd
-            proc, (grpc, _) = start_extproc(work, f"contender-{i}", cmd, metrics=not floor,
-                                       cwd=trees.get(name), env_extra=envs.get(name))
+            proc, (grpc, _) = start_extproc(work, f"contender-{i}", cmd,
+                                            metrics="bench.noop_extproc" not in cmd,
+                                            cwd=trees.get(name), env_extra=envs.get(name))
             procs.append(proc)
             pids[name] = proc.pid
             if args.cpus:
@@ -221,9 +229,9 @@ def main() -> None:
                 how = budget.how
             listen = e.free_port()
             topologies.append(Topology(
-                listen=listen, admin=admin, name=f"c{i}", mode=DUPLEX, pools=[Pool(
+                listen=listen, admin=admin, name=f"c{i}", mode=args.mode, pools=[Pool(
                     f"c{i}", cluster=f"pods{i}", epp_cluster=f"ext{i}", epp_port=grpc,
-                    endpoints=pods, epp_picks=not floor)]))
+                    endpoints=pods, epp_picks="epp.main" in cmd)]))
             urls[name] = f"http://127.0.0.1:{listen}/v1/chat/completions"
             e.wait_for_port(grpc, timeout=60)
         try:
@@ -249,8 +257,9 @@ def main() -> None:
         f"Workload: closed loop, {args.concurrency} connections, {args.seconds:g} s x "
         f"{args.rounds} rounds per contender and token count; {args.tokens[0]} and "
         f"{args.tokens[1]} streamed tokens per request, {args.token_gap_ms:g} ms apart; 4 echo "
-        f"pods. CPU budget per ext_proc process: {args.cpus:g} CPU ({how}). Load average "
-        f"after the run {load_avg[0]:.1f}, {load_avg[1]:.1f}.", "", *report]))
+        f"pods; {args.mode} request bodies. CPU budget per ext_proc process: {args.cpus:g} "
+        f"CPU ({how}). Load average after the run {load_avg[0]:.1f}, {load_avg[1]:.1f}.", "",
+        *report]))
 
 
 def run(args: argparse.Namespace, pids: dict[str, int], urls: dict[str, str],

@@ -1,13 +1,12 @@
 """What the standalone benchmark tools share: the echo pool, starting helper and ext_proc
 processes, the whole gateway in front of a simulator fleet, running contenders in interleaved
-rounds with the closed-loop load generator (and their processes' CPU time), and medians."""
+rounds with the closed-loop load generator (and their processes' CPU time)."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -146,41 +145,3 @@ def interleaved(names: Sequence[str], rounds: int,
         for name in (names if rnd % 2 == 0 else list(reversed(names))):
             results[name].append(measure(rnd, name))
     return results
-
-
-def run_rounds(contenders: dict[str, str], body: Path, concurrency: int, seconds: float,
-               rounds: int) -> Results:
-    """Each contender URL under the same closed loop, :func:`interleaved`."""
-    def measure(rnd: int, name: str) -> dict[str, Any]:
-        stats = cpu_load(contenders[name], body, concurrency, seconds)
-        print(f"round {rnd + 1} {name:28s} {stats['rps']:8.0f} req/s "
-              f"p50 {stats['p50_ms']:.2f} ms p99 {stats['p99_ms']:.2f} ms "
-              f"errors {stats['errors']}", file=sys.stderr)
-        return stats
-
-    return interleaved(list(contenders), rounds, measure)
-
-
-def medians(results: Results) -> dict[str, dict[str, float]]:
-    """Per contender: the median over rounds of throughput and latency percentiles."""
-    return {name: {k: statistics.median(r[k] for r in runs) for k in ("rps", "p50_ms", "p99_ms")}
-            for name, runs in results.items()}
-
-
-def table(med: dict[str, dict[str, float]]) -> list[str]:
-    """A Markdown table of the medians."""
-    lines = ["| contender | req/s | p50 ms | p99 ms |", "|---|---:|---:|---:|"]
-    for name, m in med.items():
-        lines.append(f"| {name} | {m['rps']:.0f} | {m['p50_ms']:.2f} | {m['p99_ms']:.2f} |")
-    return lines
-
-
-def ratio_row(label: str, ours: dict[str, float], floor: dict[str, float]) -> str:
-    """``| label | throughput ratio | p50 ratio | p99 ratio |`` (ours / floor)."""
-    return (f"| {label} | {ours['rps'] / floor['rps']:.2f} | "
-            f"{ours['p50_ms'] / floor['p50_ms']:.2f} | {ours['p99_ms'] / floor['p99_ms']:.2f} |")
-
-
-def had_errors(results: Results) -> bool:
-    """Whether any run of any contender had an error."""
-    return any(s["errors"] for runs in results.values() for s in runs)

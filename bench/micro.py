@@ -10,7 +10,6 @@
     python -m bench.micro rewrite [--events 20000] [--rounds 7]
     python -m bench.micro rss [--seconds 60] [--concurrency 32]
     python -m bench.micro rss --queued 10000 [--body-bytes 3200]
-    python -m bench.micro bbr [--seconds 5] [--rounds 3] [--concurrency 32] [--quick]
 
 ``kv-index`` (docs/precise-prefix.md, "Measured here"): ``epp.kvcache`` on one core. The
 index's memory against ``max_keys`` (4 endpoints each storing 3 x ``max_keys`` distinct blocks,
@@ -40,10 +39,8 @@ per round what the replica twin's CPU model reads (``bench.twin.cpu.load_rounds`
 request-control plugin, no Envoy). ``slo-pick`` (RESULTS.md, "SLO"): the director's request
 path at 100 endpoints with upstream's predicted-latency profile, idle and while it refits.
 ``rewrite`` (docs/compatibility.md): CPU per SSE event to rename ``model`` back in a stream.
-Each prints its own lines; percentiles are ``bench.stats.quantile``'s. ``bbr`` (RESULTS.md,
-"Overhead"): BBR's cost, the same POST through Envoy direct, Envoy + a no-op ext_proc on the
-same stack (the floor) and Envoy + BBR, BUFFERED and FULL_DUPLEX_STREAMED, rounds interleaved,
-medians over rounds with BBR / floor ratios (``bench.harness``).
+Each prints its own lines; percentiles are ``bench.stats.quantile``'s. (``bbr``, BBR's
+overhead against the no-op floor, is now ``python -m bench.epp_cpu --bbr``.)
 
 ``rss`` (docs/reliability.md, RESULTS.md "Reliability"): resident memory each request leaves
 behind in BBR and the EPP, through the real gateway (Envoy → BBR → EPP → ``vllm-sim``, 4 pods),
@@ -882,65 +879,6 @@ def rss(a: argparse.Namespace) -> int:
     return 1 if default["errors"] or graceful["errors"] else 0
 
 
-# -- bbr ---------------------------------------------------------------------------------------
-BBR_MODES = ("BUFFERED", "FULL_DUPLEX_STREAMED")
-
-
-def bbr(args: argparse.Namespace) -> int:
-    """BBR's cost: the same POST through Envoy direct, Envoy + a no-op ext_proc (the floor)
-    and Envoy + BBR, BUFFERED and FULL_DUPLEX_STREAMED, rounds interleaved; medians."""
-    from bench.harness import had_errors, medians, ratio_row, run_rounds, start_extproc, stop, table
-    from devkit import envoy as e
-
-    if args.quick:
-        args.seconds, args.rounds = 1.0, 1
-    direct = {"match": {"prefix": "/"},
-              "direct_response": {"status": 200, "body": {"inline_string": '{"ok":true}'}}}
-
-    work = Path(tempfile.mkdtemp(prefix="bench-bbr-"))
-    body = work / "body.json"
-    body.write_bytes(json.dumps({
-        "model": "meta-llama/Llama-3.1-8B-Instruct",
-        "messages": [{"role": "user", "content": "Tell me about Envoy. " * 40}],
-        "max_tokens": 64, "stream": False}).encode())
-    services = {name: start_extproc(work, name, [sys.executable, "-m", module, *flags],
-                                    metrics=name == "bbr")
-                for name, module, flags in (("noop", "bench.noop_extproc", ()),
-                                            ("bbr", "bbr.main", ("--secure-serving=false",)))}
-    procs = [proc for proc, _ in services.values()]
-    listeners, contenders = [], {}
-    for mode in BBR_MODES:
-        for svc in ("noop", "bbr"):
-            port = e.free_port()
-            listeners.append(e.listener(port, [direct],
-                                        [e.ext_proc_filter(svc, request_body_mode=mode)],
-                                        name=f"{svc}_{mode}"))
-            contenders[f"{svc} {mode}"] = f"http://127.0.0.1:{port}/v1/chat/completions"
-    port = e.free_port()
-    listeners.append(e.listener(port, [direct], [], name="direct"))
-    contenders["envoy direct"] = f"http://127.0.0.1:{port}/v1/chat/completions"
-    admin = e.free_port()
-    cfg = e.bootstrap(admin, listeners, [e.grpc_cluster(name, grpc, tls=False)
-                                         for name, (_, (grpc, _)) in services.items()])
-    try:
-        for _, (grpc, _) in services.values():
-            e.wait_for_port(grpc)
-        with e.Envoy(cfg, admin_port=admin, workdir=work / "envoy"):
-            results = run_rounds(contenders, body, args.concurrency, args.seconds, args.rounds)
-    finally:
-        stop(procs)
-    med = medians(results)
-    print("\n".join([
-        f"Workload: closed loop, {args.concurrency} connections, {args.seconds:g} s x "
-        f"{args.rounds} rounds per contender, 1.3 KB chat body, Envoy answers directly "
-        "(no model server), services plaintext.", "", *table(med), "",
-        "| mode | BBR / floor throughput | BBR / floor p50 | BBR / floor p99 |",
-        "|---|---:|---:|---:|",
-        *(ratio_row(mode, med[f"bbr {mode}"], med[f"noop {mode}"]) for mode in BBR_MODES),
-    ]))
-    return 1 if had_errors(results) else 0
-
-
 def kv_index_cmd(a: argparse.Namespace) -> int:
     kv_memory(a.quick)
     if not a.memory_only:
@@ -1113,11 +1051,6 @@ COMMANDS: dict[str, tuple[str, Flags, Callable[[argparse.Namespace], int]]] = {
         ("--body-bytes", {"type": int, "default": 3200,
                           "help": "--queued: prompt bytes per queued request (~800 tokens)"})),
         rss),
-    "bbr": ("BBR's overhead against the no-op ext_proc floor and Envoy direct", (
-        ("--seconds", {"type": float, "default": 5.0}),
-        ("--rounds", {"type": int, "default": 3}),
-        ("--concurrency", {"type": int, "default": 32}),
-        ("--quick", {"action": "store_true", "help": "one short round (CI smoke)"})), bbr),
 }
 
 
