@@ -47,11 +47,11 @@ lint: venv
 	$(VENV)/bin/ruff check $(LINT_PATHS)
 	$(VENV)/bin/mypy
 
-## bench: gateway overhead, the EPP's CPU cost and pick latency (a few minutes); copy figures
-## into bench/RESULTS.md
+## bench: gateway overhead (BBR and the EPP against the no-op floor, both body modes), the
+## EPP's CPU cost and pick latency (a few minutes); copy figures into bench/RESULTS.md
 bench: venv
-	$(PY) -m bench.micro bbr
-	$(PY) -m bench.epp_cpu --tracing
+	$(PY) -m bench.epp_cpu --bbr --tracing
+	$(PY) -m bench.epp_cpu --bbr --mode BUFFERED --scrape-pods ''
 	$(PY) -m bench.micro pick
 	$(PY) -m bench run sim-saturation --real
 	$(PY) -m bench run sim-prefix --real
@@ -62,8 +62,7 @@ bench-cpu: venv
 	$(PY) -m bench.epp_cpu --split $(CPU_ARGS)
 
 bench-quick: venv
-	$(PY) -m bench.micro bbr --quick
-	$(PY) -m bench.epp_cpu --quick
+	$(PY) -m bench.epp_cpu --quick --bbr
 
 ## bench-list / bench-run / bench-report: the scenario toolkit (docs/benchmarks.md, top).
 ## make bench-run SCENARIO=pd RUN_ARGS="--servers 32 --workload my.yaml" (virtual time;

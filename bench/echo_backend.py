@@ -1,5 +1,6 @@
 """A model server that costs nearly nothing: answers every POST at once with a small
-completion naming the requested model, and ``/metrics`` with an idle vLLM page. Used where a
+completion naming the requested model, and ``/metrics`` with an idle vLLM page (a full one
+with ``--saturated``). Used where a
 benchmark measures the gateway, not the model.
 
 A request with ``"stream": true`` gets ``max_tokens`` SSE events, one token each, written
@@ -17,10 +18,18 @@ import asyncio
 import orjson
 from aiohttp import web
 
+from shared.server import install_uvloop
+
 METRICS = (
     'vllm:num_requests_waiting{model_name="m"} 0\n'
     'vllm:num_requests_running{model_name="m"} 0\n'
     'vllm:kv_cache_usage_perc{model_name="m"} 0.1\n'
+)
+#: ``--saturated``: a pool whose every server is full, so flow control queues everything.
+SATURATED = (
+    'vllm:num_requests_waiting{model_name="m"} 100\n'
+    'vllm:num_requests_running{model_name="m"} 8\n'
+    'vllm:kv_cache_usage_perc{model_name="m"} 0.9\n'
 )
 
 
@@ -52,13 +61,13 @@ async def stream(request: web.Request, body: dict[str, object]) -> web.StreamRes
     return resp
 
 
-async def metrics(_: web.Request) -> web.Response:
-    return web.Response(text=METRICS)
+async def metrics(request: web.Request) -> web.Response:
+    return web.Response(text=request.app["metrics"])
 
 
-async def serve(hosts: list[str], port: int, token_gap: float) -> None:
+async def serve(hosts: list[str], port: int, token_gap: float, page: str = METRICS) -> None:
     app = web.Application()
-    app["token_gap"] = token_gap
+    app["token_gap"], app["metrics"] = token_gap, page
     app.router.add_post("/{tail:.*}", complete)
     app.router.add_get("/metrics", metrics)
     runner = web.AppRunner(app, access_log=None)
@@ -74,14 +83,12 @@ def main() -> None:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--token-gap-ms", type=float, default=2.0,
                    help="pause between streamed tokens (default 2)")
+    p.add_argument("--saturated", action="store_true",
+                   help="/metrics says the server is full (100 waiting, KV cache 90%%)")
     args = p.parse_args()
-    try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:
-        pass
-    asyncio.run(serve(args.host or ["127.0.0.1"], args.port, args.token_gap_ms / 1e3))
+    install_uvloop()
+    asyncio.run(serve(args.host or ["127.0.0.1"], args.port, args.token_gap_ms / 1e3,
+                      SATURATED if args.saturated else METRICS))
 
 
 if __name__ == "__main__":

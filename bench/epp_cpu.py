@@ -2,7 +2,8 @@
 beside the no-op ext_proc floor on the same stack, each under the same CPU budget (a pod's
 limit: ``--cpus``, a cgroup quota or a pinned core, see :mod:`bench.cpubudget`).
 
-One Envoy, one listener per contender (FULL_DUPLEX_STREAMED both ways, as upstream runs it),
+One Envoy, one listener per contender (FULL_DUPLEX_STREAMED both ways, as upstream runs it;
+``--mode``),
 echo pods that stream ``k`` one-token SSE events ``--token-gap-ms`` apart. Each contender's
 process CPU time (user + system, every thread; ``/proc``, not wall time) is read around each
 closed-loop run, less what it spends idle (metric scrapes, timers: measured first, reported
@@ -15,11 +16,14 @@ control, and gRPC with the event loop, whose native code py-spy sees as the loop
 and how much ran on other threads (gRPC core's poller). ``--tracing`` adds the EPP with
 tracing on at upstream's default sampling (``parentbased_traceidratio`` 0.1, OTLP/gRPC to a
 real receiver in this process) and its throughput and CPU per request over the untraced
-EPP's, paired by round (target >= 0.95x throughput).
+EPP's, paired by round (target >= 0.95x throughput). ``--bbr`` adds BBR, placed like the
+floor (it sees every request and picks nothing; the pods are a round-robin cluster): its
+"/ floor" column is BBR's overhead (this was ``bench.micro bbr``); ``--mode BUFFERED`` runs
+every contender with a buffered request body (and a streamed response).
 
     python -m bench.epp_cpu [--seconds 4] [--rounds 3] [--concurrency 32] [--tokens 8,64]
                             [--cpus 1] [--scrape-pods 8,32] [--baseline-tree DIR] [--split]
-                            [--tracing] [--save FILE] [--quick]
+                            [--tracing] [--bbr] [--mode BUFFERED] [--save FILE] [--quick]
 """
 
 from __future__ import annotations
@@ -41,13 +45,12 @@ import psutil
 
 from bench.contenders import TUNED_CONFIG, Epp, SimFleet
 from bench.cpubudget import CpuBudget, cpu_seconds
-from bench.harness import PODS, echo_pool, load, start, stop
+from bench.harness import PODS, cpu_load, echo_pool, epp_cmd, interleaved, start_extproc, stop
 from bench.stats import Interval, bootstrap_median
 from devkit import envoy as e
 from devkit.otlp import OtlpReceiver
 from devkit.topology import Pool, Topology, bootstrap
 
-DUPLEX = "FULL_DUPLEX_STREAMED"
 TRACED = "EPP tracing on (10% sampled)"
 IDLE_SECONDS = 3.0
 
@@ -85,6 +88,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--tracing", action="store_true",
                    help="also an EPP with tracing on at upstream's default sampling (10%%), "
                         "exporting OTLP to a receiver in this process")
+    p.add_argument("--bbr", action="store_true", help="also BBR, placed like the floor")
+    p.add_argument("--mode", default="FULL_DUPLEX_STREAMED",
+                   choices=("FULL_DUPLEX_STREAMED", "BUFFERED"), help="request body mode")
     p.add_argument("--split", action="store_true", help="where the EPP's CPU goes (py-spy)")
     p.add_argument("--save", type=Path, default=None, metavar="FILE",
                    help="write the medians as JSON (the twin's --epp-cost reads it)")
@@ -126,11 +132,8 @@ def stream_body(work: Path, tokens: int) -> Path:
 def measure(pid: int, idle_rate: float, url: str, body: Path,
             args: argparse.Namespace) -> tuple[float, dict[str, Any]]:
     """CPU-seconds per request of one closed-loop run, idle cost removed."""
-    cpu0, t0 = cpu_seconds(pid), time.monotonic()
-    stats = load(url, body, args.concurrency, args.seconds)
-    cpu1, t1 = cpu_seconds(pid), time.monotonic()
-    busy = cpu1 - cpu0 - idle_rate * (t1 - t0)
-    return busy / max(1, stats["total"]), stats
+    stats = cpu_load(url, body, args.concurrency, args.seconds, [pid])
+    return (stats["cpu"][0] - idle_rate * stats["wall"]) / max(1, stats["total"]), stats
 
 
 def scraping(args: argparse.Namespace, work: Path) -> dict[int, float]:
@@ -164,7 +167,7 @@ def split(pid: int, url: str, body: Path, args: argparse.Namespace, work: Path) 
         [spy, "record", "--pid", str(pid), "--format", "raw", "--output", str(raw),
          "--duration", str(int(args.seconds) + 1), "--rate", "500", "--nonblocking"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    load(url, body, args.concurrency, args.seconds)
+    cpu_load(url, body, args.concurrency, args.seconds)
     sampler.wait(60)
     after = {t.id: t.user_time + t.system_time for t in proc.threads()}
     used = {tid: after[tid] - before.get(tid, 0.0) for tid in after}
@@ -190,54 +193,47 @@ def main() -> None:
     _, backend_port, backend = echo_pool(work, args.token_gap_ms)
     (work / "tuned.yaml").write_text(TUNED_CONFIG)
     bodies = [stream_body(work, k) for k in args.tokens]
-    py = sys.executable
-    commands = {
-        "no-op ext_proc (floor)": [py, "-m", "bench.noop_extproc"],
-        "EPP default profile": [py, "-m", "epp.main", "--secure-serving=false",
-                                "--manifests", str(work / "pool.yaml")],
-        "EPP tuned profile": [py, "-m", "epp.main", "--secure-serving=false",
-                              "--manifests", str(work / "pool.yaml"),
-                              "--config-file", str(work / "tuned.yaml")],
-    }
+    commands = {"no-op ext_proc (floor)": [sys.executable, "-m", "bench.noop_extproc"],
+                "EPP default profile": epp_cmd(work),
+                "EPP tuned profile": epp_cmd(work, "--config-file", str(work / "tuned.yaml"))}
     trees: dict[str, Path] = {}
     envs: dict[str, dict[str, str]] = {}
     receiver = OtlpReceiver(count_only=True).start() if args.tracing else None
     if receiver is not None:  # answers as quickly as a collector
-        commands[TRACED] = [*commands["EPP default profile"], "--tracing=true"]
+        commands[TRACED] = epp_cmd(work, "--tracing=true")
         envs[TRACED] = {"OTEL_TRACES_EXPORTER": "otlp",
                         "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
                         "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
                         "OTEL_TRACES_SAMPLER_ARG": "0.1"}
+    if args.bbr:
+        commands["BBR"] = [sys.executable, "-m", "bbr.main", "--secure-serving=false"]
     if args.baseline_tree is not None:
         name = f"EPP default profile ({args.baseline_tree.name})"
         commands[name] = commands["EPP default profile"]
         trees[name] = args.baseline_tree.resolve()
     pods = [(ip, backend_port) for ip in PODS]
     admin = e.free_port()
-    procs, topologies, urls = [backend], [], {}
+    procs, topologies, urls, pids = [backend], [], {}, {}
     costs: dict[str, dict[str, float]] = {}
     how = "none (whole machine)"
     with contextlib.ExitStack() as stack:
         for i, (name, cmd) in enumerate(commands.items()):
-            grpc, health, listen = e.free_port(), e.free_port(), e.free_port()
-            extra = ["--grpc-port", str(grpc), "--grpc-health-port", str(health)]
-            if "epp.main" in cmd:
-                extra += ["--metrics-port", str(e.free_port())]
-            proc = start(cmd + extra, work / f"contender-{i}.log", cwd=trees.get(name),
-                         env_extra=envs.get(name))
+            proc, (grpc, _) = start_extproc(work, f"contender-{i}", cmd,
+                                            metrics="bench.noop_extproc" not in cmd,
+                                            cwd=trees.get(name), env_extra=envs.get(name))
             procs.append(proc)
+            pids[name] = proc.pid
             if args.cpus:
                 budget = stack.enter_context(CpuBudget(args.cpus))
                 budget.add(proc.pid)
                 how = budget.how
-            floor = "noop" in cmd[2]
+            listen = e.free_port()
             topologies.append(Topology(
-                listen=listen, admin=admin, name=f"c{i}", mode=DUPLEX, pools=[Pool(
+                listen=listen, admin=admin, name=f"c{i}", mode=args.mode, pools=[Pool(
                     f"c{i}", cluster=f"pods{i}", epp_cluster=f"ext{i}", epp_port=grpc,
-                    endpoints=pods, epp_picks=not floor)]))
+                    endpoints=pods, epp_picks="epp.main" in cmd)]))
             urls[name] = f"http://127.0.0.1:{listen}/v1/chat/completions"
             e.wait_for_port(grpc, timeout=60)
-        pids = {name: proc.pid for name, proc in zip(commands, procs[1:], strict=True)}
         try:
             e.wait_for_port(backend_port, timeout=60, host=PODS[0])
             with e.Envoy(bootstrap(topologies), admin_port=admin, workdir=work / "envoy"):
@@ -261,8 +257,9 @@ def main() -> None:
         f"Workload: closed loop, {args.concurrency} connections, {args.seconds:g} s x "
         f"{args.rounds} rounds per contender and token count; {args.tokens[0]} and "
         f"{args.tokens[1]} streamed tokens per request, {args.token_gap_ms:g} ms apart; 4 echo "
-        f"pods. CPU budget per ext_proc process: {args.cpus:g} CPU ({how}). Load average "
-        f"after the run {load_avg[0]:.1f}, {load_avg[1]:.1f}.", "", *report]))
+        f"pods; {args.mode} request bodies. CPU budget per ext_proc process: {args.cpus:g} "
+        f"CPU ({how}). Load average after the run {load_avg[0]:.1f}, {load_avg[1]:.1f}.", "",
+        *report]))
 
 
 def run(args: argparse.Namespace, pids: dict[str, int], urls: dict[str, str],
@@ -274,26 +271,21 @@ def run(args: argparse.Namespace, pids: dict[str, int], urls: dict[str, str],
     time.sleep(quiet)
     for name, pid in pids.items():
         idle[name] = (cpu_seconds(pid) - starts[name]) / quiet
-    per_req: dict[str, list[float]] = {n: [] for n in pids}
-    per_tok: dict[str, list[float]] = {n: [] for n in pids}
-    rps: dict[str, list[float]] = {n: [] for n in pids}
-    p50: dict[str, list[float]] = {n: [] for n in pids}
-    p99: dict[str, list[float]] = {n: [] for n in pids}
     k1, k2 = args.tokens
-    for rnd in range(args.rounds):
-        order = list(pids) if rnd % 2 == 0 else list(reversed(pids))
-        for name in order:
-            c1, s1 = measure(pids[name], idle[name], urls[name], bodies[0], args)
-            c2, s2 = measure(pids[name], idle[name], urls[name], bodies[1], args)
-            b = (c2 - c1) / (k2 - k1)
-            per_tok[name].append(b)
-            per_req[name].append(c1 - b * k1)
-            rps[name].append(s2["requests"] / s2["seconds"])
-            p50[name].append(s2["p50_ms"])
-            p99[name].append(s2["p99_ms"])
-            print(f"round {rnd + 1} {name:24s} {c1 * 1e3:6.2f} / {c2 * 1e3:6.2f} ms CPU per "
-                  f"request ({k1}/{k2} tokens), {rps[name][-1]:6.0f} req/s, errors "
-                  f"{s1['errors'] + s2['errors']:.0f}", file=sys.stderr)
+
+    def one_round(rnd: int, name: str) -> dict[str, Any]:
+        c1, s1 = measure(pids[name], idle[name], urls[name], bodies[0], args)
+        c2, s2 = measure(pids[name], idle[name], urls[name], bodies[1], args)
+        b = (c2 - c1) / (k2 - k1)
+        print(f"round {rnd + 1} {name:24s} {c1 * 1e3:6.2f} / {c2 * 1e3:6.2f} ms CPU per "
+              f"request ({k1}/{k2} tokens), {s2['rps']:6.0f} req/s, errors "
+              f"{s1['errors'] + s2['errors']:.0f}", file=sys.stderr)
+        return {"per_tok": b, "per_req": c1 - b * k1, "rps": s2["rps"], "p50": s2["p50_ms"],
+                "p99": s2["p99_ms"]}
+
+    res = interleaved(list(pids), args.rounds, one_round)
+    per_req, per_tok, rps, p50, p99 = ({n: [r[k] for r in rs] for n, rs in res.items()}
+                                       for k in ("per_req", "per_tok", "rps", "p50", "p99"))
 
     def iv(xs: list[float], scale: float) -> Interval:
         m = bootstrap_median(xs)
@@ -323,8 +315,6 @@ def run(args: argparse.Namespace, pids: dict[str, int], urls: dict[str, str],
         lines += ["", f"Where the {name}'s CPU goes ({k2}-token streams):", "",
                   *split(pids[name], urls[name], bodies[1], args, work)]
     return lines
-
-
 
 
 if __name__ == "__main__":

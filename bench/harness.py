@@ -1,17 +1,24 @@
-"""What the overhead benchmarks share: the echo pool, starting helper processes, running
-contenders in interleaved rounds with the closed-loop load generator, and reporting medians."""
+"""What the standalone benchmark tools share: the echo pool, starting helper and ext_proc
+processes, the whole gateway in front of a simulator fleet, running contenders in interleaved
+rounds with the closed-loop load generator (and their processes' CPU time)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import statistics
 import subprocess
 import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
+
+if TYPE_CHECKING:
+    from devkit.reliability.gateway import Gateway
 
 Results = dict[str, list[dict[str, float]]]
 PODS = [f"127.0.20.{i}" for i in range(1, 5)]
@@ -54,6 +61,7 @@ def start(cmd: list[str], log: Path, cwd: Path | None = None,
 
 
 def stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    """Terminate ``procs`` and wait for each."""
     for proc in procs:
         proc.terminate()
     for proc in procs:
@@ -70,49 +78,70 @@ def load(url: str, body: Path, concurrency: int, seconds: float) -> dict[str, An
     return stats
 
 
-def run_rounds(contenders: dict[str, str], body: Path, concurrency: int, seconds: float,
-               rounds: int, pids: dict[str, int] | None = None) -> Results:
-    """Each contender URL under the same load, rounds alternating in order (noisy machine).
-    ``pids``: contenders whose process CPU time per request is read around each run too
-    (``cpu_ms``: user + system, every thread)."""
+def start_extproc(work: Path, name: str, cmd: list[str], *, metrics: bool = True,
+                  cwd: Path | None = None, env_extra: dict[str, str] | None = None
+                  ) -> tuple[subprocess.Popen[bytes], tuple[int, int]]:
+    """An ext_proc service (``cmd`` without its ports) on fresh gRPC, health and (``metrics``)
+    metrics ports, its output in ``work/<name>.log``: its process and (gRPC, health) ports."""
+    from devkit.envoy import free_port
+
+    grpc, health = free_port(), free_port()
+    ports = ["--grpc-port", str(grpc), "--grpc-health-port", str(health)]
+    if metrics:
+        ports += ["--metrics-port", str(free_port())]
+    return start(cmd + ports, work / f"{name}.log", cwd, env_extra), (grpc, health)
+
+
+def epp_cmd(work: Path, *flags: str) -> list[str]:
+    """An EPP over the echo pool's manifests (:func:`echo_pool`), plaintext."""
+    return [sys.executable, "-m", "epp.main", "--secure-serving=false",
+            "--manifests", str(work / "pool.yaml"), *flags]
+
+
+@contextlib.contextmanager
+def sim_gateway(prefix: str, pods: int = 4, **kw: Any) -> Iterator[Gateway]:
+    """The whole gateway (Envoy → BBR → EPP, ``devkit.reliability.faultkit``) in front of
+    ``pods`` simulator pods, in a fresh directory; ``kw`` goes to ``start_sim_gateway``."""
+    from devkit.reliability.faultkit import SimFleet, start_sim_gateway
+
+    workdir = Path(tempfile.mkdtemp(prefix=prefix))
+    fleet = SimFleet(pods, workdir).start()
+    try:
+        gw = start_sim_gateway(workdir, fleet, **kw)
+        try:
+            yield gw
+        finally:
+            gw.stop()
+    finally:
+        fleet.stop()
+
+
+def service_pids(gw: Gateway) -> dict[str, int]:
+    """The pids of a :func:`sim_gateway`'s Envoy, BBR and EPP (those running)."""
+    procs = {"envoy": gw.envoy.proc, "bbr": gw.bbr.proc, "epp": next(iter(gw.epps.values())).proc}
+    return {name: proc.pid for name, proc in procs.items() if proc is not None}
+
+
+def cpu_load(url: str, body: Path, concurrency: int, seconds: float,
+             pids: Sequence[int] = ()) -> dict[str, Any]:
+    """:func:`load` with the CPU time (user + system, every thread) each of ``pids`` used
+    meanwhile (``cpu``: seconds per pid, in order), the wall time (``wall``) and ``rps``."""
     from bench.cpubudget import cpu_seconds
 
-    results: Results = {name: [] for name in contenders}
+    before, t0 = [cpu_seconds(p) for p in pids], time.monotonic()
+    stats = load(url, body, concurrency, seconds)
+    stats["wall"] = time.monotonic() - t0
+    stats["cpu"] = [cpu_seconds(p) - b for p, b in zip(pids, before, strict=True)]
+    stats["rps"] = stats["requests"] / stats["seconds"]
+    return stats
+
+
+def interleaved(names: Sequence[str], rounds: int,
+                measure: Callable[[int, str], dict[str, Any]]) -> Results:
+    """``measure(round, name)`` for every contender, ``rounds`` times, the order reversed
+    every other round (so a noisy machine's drift falls on every contender alike)."""
+    results: Results = {name: [] for name in names}
     for rnd in range(rounds):
-        order = list(contenders) if rnd % 2 == 0 else list(reversed(contenders))
-        for name in order:
-            pid = (pids or {}).get(name)
-            cpu0 = cpu_seconds(pid) if pid else 0.0
-            stats = load(contenders[name], body, concurrency, seconds)
-            if pid:
-                stats["cpu_ms"] = (cpu_seconds(pid) - cpu0) * 1e3 / max(stats["requests"], 1)
-            stats["rps"] = stats["requests"] / stats["seconds"]
-            results[name].append(stats)
-            print(f"round {rnd + 1} {name:28s} {stats['rps']:8.0f} req/s "
-                  f"p50 {stats['p50_ms']:.2f} ms p99 {stats['p99_ms']:.2f} ms "
-                  f"errors {stats['errors']}", file=sys.stderr)
+        for name in (names if rnd % 2 == 0 else list(reversed(names))):
+            results[name].append(measure(rnd, name))
     return results
-
-
-def medians(results: Results) -> dict[str, dict[str, float]]:
-    """Per contender: the median over rounds of throughput and latency percentiles."""
-    return {name: {k: statistics.median(r[k] for r in runs) for k in ("rps", "p50_ms", "p99_ms")}
-            for name, runs in results.items()}
-
-
-def table(med: dict[str, dict[str, float]]) -> list[str]:
-    """A Markdown table of the medians."""
-    lines = ["| contender | req/s | p50 ms | p99 ms |", "|---|---:|---:|---:|"]
-    for name, m in med.items():
-        lines.append(f"| {name} | {m['rps']:.0f} | {m['p50_ms']:.2f} | {m['p99_ms']:.2f} |")
-    return lines
-
-
-def ratio_row(label: str, ours: dict[str, float], floor: dict[str, float]) -> str:
-    """``| label | throughput ratio | p50 ratio | p99 ratio |`` (ours / floor)."""
-    return (f"| {label} | {ours['rps'] / floor['rps']:.2f} | "
-            f"{ours['p50_ms'] / floor['p50_ms']:.2f} | {ours['p99_ms'] / floor['p99_ms']:.2f} |")
-
-
-def had_errors(results: Results) -> bool:
-    return any(s["errors"] for runs in results.values() for s in runs)

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 import aiohttp
 
 from devkit.stats import percentile
+from shared.server import install_uvloop
 
 
 @dataclass
@@ -74,12 +75,7 @@ def main() -> None:
     url, body_file, concurrency, seconds = sys.argv[1:5]
     with open(body_file, "rb") as f:
         body = f.read()
-    try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:
-        pass
+    install_uvloop()
     stats = asyncio.run(closed_loop(url, body, int(concurrency), float(seconds)))
     print(json.dumps(asdict(stats)))
 

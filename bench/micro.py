@@ -10,7 +10,6 @@
     python -m bench.micro rewrite [--events 20000] [--rounds 7]
     python -m bench.micro rss [--seconds 60] [--concurrency 32]
     python -m bench.micro rss --queued 10000 [--body-bytes 3200]
-    python -m bench.micro bbr [--seconds 5] [--rounds 3] [--concurrency 32] [--quick]
 
 ``kv-index`` (docs/precise-prefix.md, "Measured here"): ``epp.kvcache`` on one core. The
 index's memory against ``max_keys`` (4 endpoints each storing 3 x ``max_keys`` distinct blocks,
@@ -40,10 +39,8 @@ per round what the replica twin's CPU model reads (``bench.twin.cpu.load_rounds`
 request-control plugin, no Envoy). ``slo-pick`` (RESULTS.md, "SLO"): the director's request
 path at 100 endpoints with upstream's predicted-latency profile, idle and while it refits.
 ``rewrite`` (docs/compatibility.md): CPU per SSE event to rename ``model`` back in a stream.
-Each prints its own lines; percentiles are ``bench.stats.quantile``'s. ``bbr`` (RESULTS.md,
-"Overhead"): BBR's cost, the same POST through Envoy direct, Envoy + a no-op ext_proc on the
-same stack (the floor) and Envoy + BBR, BUFFERED and FULL_DUPLEX_STREAMED, rounds interleaved,
-medians over rounds with BBR / floor ratios (``bench.harness``).
+Each prints its own lines; percentiles are ``bench.stats.quantile``'s. (``bbr``, BBR's
+overhead against the no-op floor, is now ``python -m bench.epp_cpu --bbr``.)
 
 ``rss`` (docs/reliability.md, RESULTS.md "Reliability"): resident memory each request leaves
 behind in BBR and the EPP, through the real gateway (Envoy → BBR → EPP → ``vllm-sim``, 4 pods),
@@ -58,10 +55,10 @@ measured run divided by its requests, after a warm-up run of a quarter of its le
 graceful-close run is the baseline; each run starts fresh processes.
 
 ``--queued N`` (issue #14's "10,000 queued"): a running ``epp`` process (flow control on, its
-one endpoint a small HTTP server whose metrics say the pool is saturated, so everything
-waits) gets N ext_proc streams straight from this process (gRPC, as Envoy would send them;
-Envoy's default circuit breaker allows 1,024 concurrent streams to one cluster, so a single
-default Envoy could not queue this many), all opened at once. Its RSS (``/proc``) is read
+one endpoint ``bench.echo_backend --saturated``, whose metrics say the pool is saturated, so
+everything waits) gets N ext_proc streams straight from this process (gRPC, as Envoy would
+send them; Envoy's default circuit breaker allows 1,024 concurrent streams to one cluster, so
+a single default Envoy could not queue this many), all opened at once. Its RSS (``/proc``) is read
 before, with all N queued, and after they are cancelled; then a second round of N shows
 whether the memory freed by the first is reused.
 """
@@ -70,7 +67,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import functools
 import gc
 import json
@@ -423,33 +419,26 @@ ONE, SHARED, PAIR = "1 replica, no store", "1 replica + Valkey", "2 replicas + V
 def active_active(seconds: float, rounds: int, concurrency: int) -> dict[str, Any]:
     """The rounds: per contender a list of ``{rps, errors, requests, wall, epp_cpu: [s per
     watched EPP], valkey_cpu}``, and the load averages seen."""
-    from bench.cpubudget import cpu_seconds
-    from bench.harness import PODS, echo_pool, load, start, stop
+    from bench.harness import PODS, cpu_load, echo_pool, epp_cmd, interleaved, start_extproc, stop
     from devkit import envoy as e
     from devkit.topology import Pool, Topology, bootstrap
     from devkit.valkey import ValkeyServer
 
     work = Path(tempfile.mkdtemp(prefix="bench-aa-"))
-    res: dict[str, list[dict[str, Any]]] = {ONE: [], SHARED: [], PAIR: []}
     loads: list[float] = []
     with ValkeyServer() as valkey:
         body, port, backend = echo_pool(work)
         procs, eps = [backend], []
         try:
-            for name, store in (("alone", None), ("shared-0", valkey.url),
-                                ("shared-1", valkey.url)):
-                grpc, health, metrics = e.free_port(), e.free_port(), e.free_port()
-                ha = ["--ha-mode", "active-active", "--state-store", store] if store else []
-                procs.append(start([sys.executable, "-m", "epp.main", "--secure-serving=false",
-                                    "--manifests", str(work / "pool.yaml"), "--grpc-port",
-                                    str(grpc), "--grpc-health-port", str(health),
-                                    "--metrics-port", str(metrics), *ha],
-                                   work / f"epp-{name}.log"))
-                eps.append((grpc, health))
+            for name, ha in (("alone", ()), *((f"shared-{i}", ("--ha-mode", "active-active",
+                             "--state-store", valkey.url)) for i in range(2))):
+                proc, ep = start_extproc(work, f"epp-{name}", epp_cmd(work, *ha))
+                procs.append(proc)
+                eps.append(ep)
             for grpc, _ in eps:
                 e.wait_for_port(grpc, timeout=60)
             e.wait_for_port(port, timeout=60, host=PODS[0])
-            admin, listen = e.free_port(), {name: e.free_port() for name in res}
+            admin, listen = e.free_port(), {name: e.free_port() for name in (ONE, SHARED, PAIR)}
             layouts: Any = ((ONE, "one", eps[0], []), (SHARED, "shared", eps[1], []),
                        (PAIR, "pair", eps[1], eps[1:]))
             cfg = bootstrap([Topology(listen=listen[n], admin=admin, name=k, pools=[Pool(
@@ -458,27 +447,22 @@ def active_active(seconds: float, rounds: int, concurrency: int) -> dict[str, An
                 for n, k, ep, reps in layouts])
             pids = {ONE: [procs[1].pid], SHARED: [procs[2].pid, procs[3].pid],
                     PAIR: [procs[2].pid, procs[3].pid]}
+
+            def measure(rnd: int, name: str) -> dict[str, Any]:
+                stats = cpu_load(f"http://127.0.0.1:{listen[name]}/v1/chat/completions", body,
+                                 concurrency, seconds, [*pids[name], valkey.pid or 0])
+                loads.append(os.getloadavg()[0])
+                used, n = stats["cpu"], max(1, stats["requests"])
+                r = {**{k: stats[k] for k in ("rps", "errors", "requests", "wall")},
+                     "epp_cpu": used[:-1], "epp_ms": 1000 * sum(used[:-1]) / n,
+                     "valkey_ms": 1000 * used[-1] / n}
+                print(f"round {rnd + 1} {name:22s} {r['rps']:7.0f} req/s, EPP CPU "
+                      f"{r['epp_ms']:.3f} ms/req, Valkey {r['valkey_ms']:.3f} ms/req, "
+                      f"errors {r['errors']}, load {loads[-1]:.1f}", file=sys.stderr, flush=True)
+                return r
+
             with e.Envoy(cfg, admin_port=admin, workdir=work / "envoy"):
-                for rnd in range(rounds):
-                    for name in (list(res) if rnd % 2 == 0 else list(reversed(res))):
-                        watched = (*pids[name], valkey.pid)
-                        before = [cpu_seconds(p) if p else 0.0 for p in watched]
-                        t0 = time.monotonic()
-                        stats = load(f"http://127.0.0.1:{listen[name]}/v1/chat/completions",
-                                     body, concurrency, seconds)
-                        used = [(cpu_seconds(p) if p else 0.0) - b
-                                for p, b in zip(watched, before, strict=True)]
-                        loads.append(os.getloadavg()[0])
-                        n = max(1, stats["requests"])
-                        r = {"rps": stats["requests"] / stats["seconds"],
-                             "errors": stats["errors"], "requests": stats["requests"],
-                             "wall": time.monotonic() - t0, "epp_cpu": used[:-1],
-                             "epp_ms": 1000 * sum(used[:-1]) / n, "valkey_ms": 1000 * used[-1] / n}
-                        res[name].append(r)
-                        print(f"round {rnd + 1} {name:22s} {r['rps']:7.0f} req/s, EPP CPU "
-                              f"{r['epp_ms']:.3f} ms/req, Valkey {r['valkey_ms']:.3f} ms/req, "
-                              f"errors {r['errors']}, load {loads[-1]:.1f}", file=sys.stderr,
-                              flush=True)
+                res = interleaved([ONE, SHARED, PAIR], rounds, measure)
         finally:
             stop(procs)
     return {"rounds": res, "loads": loads}
@@ -765,69 +749,43 @@ def rss_measure(runtime: dict[str, Any] | None, seconds: float, concurrency: int
     """Bytes of RSS per request for each service, and the run's request and error counts."""
     import orjson
 
-    from bench.harness import load
-    from devkit.reliability.faultkit import MODEL, SimFleet, start_sim_gateway
+    from bench.harness import load, service_pids, sim_gateway
+    from devkit.reliability.faultkit import MODEL
     from devkit.reliability.gateway import rss_kb
 
-    workdir = Path(tempfile.mkdtemp(prefix="rss-per-request-"))
-    body = workdir / "body.json"
-    body.write_bytes(orjson.dumps({"model": MODEL, "max_tokens": 2, "prompt": "leak probe"}))
-    fleet = SimFleet(4, workdir).start()
-    gw = start_sim_gateway(workdir, fleet, runtime=runtime)
-    procs = {"bbr": gw.bbr.proc, "epp": gw.epps["sim"].proc}
-    pids = {name: proc.pid for name, proc in procs.items() if proc is not None}
-    try:
+    with sim_gateway("rss-per-request-", runtime=runtime) as gw:
+        body = gw.workdir / "body.json"
+        body.write_bytes(orjson.dumps({"model": MODEL, "max_tokens": 2, "prompt": "leak probe"}))
+        pids = {k: v for k, v in service_pids(gw).items() if k != "envoy"}
         load(gw.url(), body, concurrency, seconds / 4)
         before = {name: rss_kb(pid) for name, pid in pids.items()}
         stats = load(gw.url(), body, concurrency, seconds)
         after = {name: rss_kb(pid) for name, pid in pids.items()}
-    finally:
-        gw.stop()
-        fleet.stop()
     n = max(1, stats["requests"])
     return {"requests": stats["requests"], "errors": stats["errors"],
             **{name: (after[name] - before[name]) * 1024 / n for name in pids}}
 
 
-SATURATED_METRICS = (b"vllm:num_requests_waiting{model_name=\"m\"} 100\n"
-                     b"vllm:num_requests_running{model_name=\"m\"} 8\n"
-                     b"vllm:kv_cache_usage_perc{model_name=\"m\"} 0.9\n")
-
-
-async def _metrics_server() -> tuple[asyncio.AbstractServer, int]:
-    """A tiny real HTTP server answering every GET with saturated vLLM metrics."""
-    async def handle(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        # CancelledError: the server closes with the loop at the end
-        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError,
-                                 asyncio.CancelledError):
-            while True:
-                head = await r.readuntil(b"\r\n\r\n")
-                if not head:
-                    break
-                w.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: "
-                        + str(len(SATURATED_METRICS)).encode() + b"\r\n\r\n"
-                        + SATURATED_METRICS)
-                await w.drain()
-        w.close()
-
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
-    return server, server.sockets[0].getsockname()[1]
-
-
 async def queued_rss(n: int, body_bytes: int, workdir: Path) -> dict[str, Any]:
     """The EPP's RSS before, with ``n`` ext_proc streams queued by flow control (its one
-    endpoint reports saturation, so all wait), and after they are cancelled; twice, so the
-    second round shows whether the memory freed by the first is reused."""
+    endpoint, ``bench.echo_backend --saturated``, reports saturation, so all wait), and after
+    they are cancelled; twice, so the second round shows whether the memory freed by the first
+    is reused."""
     import grpc
     import orjson
     from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
     from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
+    from bench.harness import start, stop
+    from devkit.envoy import free_port, wait_for_port
     from devkit.manifests import pool_manifests, write_yaml
     from devkit.reliability.gateway import ServiceProcess, rss_kb
 
-    server, port = await _metrics_server()
     workdir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    server = start([sys.executable, "-m", "bench.echo_backend", "--port", str(port),
+                    "--saturated"], workdir / "metrics.log")
+    await asyncio.to_thread(wait_for_port, port)
     manifests = workdir / "pool.yaml"
     write_yaml(manifests, pool_manifests("pool", [("pod-0", "127.0.0.1")], port))
     config = (f"featureGates: [flowControl]\nflowControl: {{maxRequests: {n * 2}}}\n")
@@ -895,7 +853,7 @@ async def queued_rss(n: int, body_bytes: int, workdir: Path) -> dict[str, Any]:
                 "alive": epp.proc.poll() is None}
     finally:
         epp.stop()
-        server.close()
+        stop([server])
 
 
 def rss(a: argparse.Namespace) -> int:
@@ -919,70 +877,6 @@ def rss(a: argparse.Namespace) -> int:
     for name in ("bbr", "epp"):
         print(f"| {name} | {default[name]:.0f} | {graceful[name]:.0f} |")
     return 1 if default["errors"] or graceful["errors"] else 0
-
-
-# -- bbr ---------------------------------------------------------------------------------------
-BBR_MODES = ("BUFFERED", "FULL_DUPLEX_STREAMED")
-
-
-def bbr(args: argparse.Namespace) -> int:
-    """BBR's cost: the same POST through Envoy direct, Envoy + a no-op ext_proc (the floor)
-    and Envoy + BBR, BUFFERED and FULL_DUPLEX_STREAMED, rounds interleaved; medians."""
-    from bench.harness import had_errors, medians, ratio_row, run_rounds, start, stop, table
-    from devkit import envoy as e
-
-    if args.quick:
-        args.seconds, args.rounds = 1.0, 1
-    direct = {"match": {"prefix": "/"},
-              "direct_response": {"status": 200, "body": {"inline_string": '{"ok":true}'}}}
-
-    work = Path(tempfile.mkdtemp(prefix="bench-bbr-"))
-    body = work / "body.json"
-    body.write_bytes(json.dumps({
-        "model": "meta-llama/Llama-3.1-8B-Instruct",
-        "messages": [{"role": "user", "content": "Tell me about Envoy. " * 40}],
-        "max_tokens": 64, "stream": False}).encode())
-
-    ports = {name: e.free_port() for name in ("noop", "noop_h", "bbr", "bbr_h", "bbr_m")}
-    py = sys.executable
-    procs = [
-        start([py, "-m", "bench.noop_extproc", "--grpc-port", str(ports["noop"]),
-               "--grpc-health-port", str(ports["noop_h"])], work / "noop.log"),
-        start([py, "-m", "bbr.main", "--secure-serving=false",
-               "--grpc-port", str(ports["bbr"]), "--grpc-health-port", str(ports["bbr_h"]),
-               "--metrics-port", str(ports["bbr_m"])], work / "bbr.log"),
-    ]
-    listeners, contenders = [], {}
-    for mode in BBR_MODES:
-        for svc in ("noop", "bbr"):
-            port = e.free_port()
-            listeners.append(e.listener(port, [direct],
-                                        [e.ext_proc_filter(svc, request_body_mode=mode)],
-                                        name=f"{svc}_{mode}"))
-            contenders[f"{svc} {mode}"] = f"http://127.0.0.1:{port}/v1/chat/completions"
-    port = e.free_port()
-    listeners.append(e.listener(port, [direct], [], name="direct"))
-    contenders["envoy direct"] = f"http://127.0.0.1:{port}/v1/chat/completions"
-    admin = e.free_port()
-    cfg = e.bootstrap(admin, listeners, [e.grpc_cluster("noop", ports["noop"], tls=False),
-                                         e.grpc_cluster("bbr", ports["bbr"], tls=False)])
-    try:
-        e.wait_for_port(ports["noop"])
-        e.wait_for_port(ports["bbr"])
-        with e.Envoy(cfg, admin_port=admin, workdir=work / "envoy"):
-            results = run_rounds(contenders, body, args.concurrency, args.seconds, args.rounds)
-    finally:
-        stop(procs)
-    med = medians(results)
-    print("\n".join([
-        f"Workload: closed loop, {args.concurrency} connections, {args.seconds:g} s x "
-        f"{args.rounds} rounds per contender, 1.3 KB chat body, Envoy answers directly "
-        "(no model server), services plaintext.", "", *table(med), "",
-        "| mode | BBR / floor throughput | BBR / floor p50 | BBR / floor p99 |",
-        "|---|---:|---:|---:|",
-        *(ratio_row(mode, med[f"bbr {mode}"], med[f"noop {mode}"]) for mode in BBR_MODES),
-    ]))
-    return 1 if had_errors(results) else 0
 
 
 def kv_index_cmd(a: argparse.Namespace) -> int:
@@ -1157,11 +1051,6 @@ COMMANDS: dict[str, tuple[str, Flags, Callable[[argparse.Namespace], int]]] = {
         ("--body-bytes", {"type": int, "default": 3200,
                           "help": "--queued: prompt bytes per queued request (~800 tokens)"})),
         rss),
-    "bbr": ("BBR's overhead against the no-op ext_proc floor and Envoy direct", (
-        ("--seconds", {"type": float, "default": 5.0}),
-        ("--rounds", {"type": int, "default": 3}),
-        ("--concurrency", {"type": int, "default": 32}),
-        ("--quick", {"action": "store_true", "help": "one short round (CI smoke)"})), bbr),
 }
 
 

@@ -24,15 +24,14 @@ import argparse
 import asyncio
 import contextlib
 import json
-import tempfile
 import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-from devkit.reliability.faultkit import MODEL, SimFleet, start_sim_gateway
+from bench.harness import service_pids, sim_gateway
+from devkit.reliability.faultkit import MODEL
 from devkit.reliability.gateway import Gateway, rss_kb
 from devkit.reliability.slowclients import classify_raw, legit_requests, open_slow
 
@@ -49,8 +48,10 @@ class PeakRSS:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        while not self._stop.wait(0.2):
+        while True:  # at once, then every 0.2 s: a burst shorter than that still has a peak
             self.peak = {n: max(self.peak[n], rss_kb(p)) for n, p in self.pids.items()}
+            if self._stop.wait(0.2):
+                return
 
     def __enter__(self) -> PeakRSS:
         self._thread.start()
@@ -68,16 +69,8 @@ class PeakRSS:
 def gateway(pods: int, mode: str = "FULL_DUPLEX_STREAMED"
             ) -> Iterator[tuple[Gateway, dict[str, int]]]:
     """Envoy + BBR + EPP in front of ``pods`` simulator pods; the gateway and its pids."""
-    workdir = Path(tempfile.mkdtemp(prefix=f"bench-overload-{mode}-"))
-    fleet = SimFleet(pods, workdir).start()
-    gw = start_sim_gateway(workdir, fleet, mode=mode)
-    try:
-        yield gw, {"envoy": gw.envoy.proc.pid, "bbr": gw.bbr.proc.pid,  # type: ignore[union-attr]
-                   "epp": gw.epps["sim"].proc.pid}  # type: ignore[union-attr]
-    finally:
-        gw.stop()
-        if fleet.proc is not None:
-            fleet.proc.terminate()
+    with sim_gateway(f"bench-overload-{mode}-", pods, mode=mode) as gw:
+        yield gw, service_pids(gw)
 
 
 async def upload(port: int, size: int) -> str:

@@ -86,6 +86,9 @@ class RunResult:
     #: Tenant workloads: each tenant's (tag's) share of the tokens served in the second half
     #: of the arrival window (:func:`token_shares`; empty: not computed)
     token_shares: dict[str, float] = field(default_factory=dict)
+    #: Tenants with a token budget: tokens of the requests admitted in each 60 s window
+    #: (every 30 s from the first full one) over the budget (:func:`budget_use`)
+    budget_use: dict[str, list[float]] = field(default_factory=dict)
     error_samples: list[str] = field(default_factory=list)
     skipped: str = ""
     #: Warm requests that carried an SLO header, and the share of them that met every
@@ -269,6 +272,27 @@ def token_shares(specs: Sequence[SpecLike], outcomes: Sequence[OutcomeLike], sta
                                             else float(start <= first <= end))
     total = sum(got.values())
     return {t: v / total for t, v in got.items()} if total else {}
+
+
+def budget_use(specs: Sequence[SpecLike], outcomes: Sequence[OutcomeLike],
+               budgets: dict[str, int], start: float, end: float,
+               time_scale: float = 1.0) -> dict[str, list[float]]:
+    """For each tenant with a tokens-per-minute budget (``budgets`` by fairness id, ``*``:
+    every tenant): the tokens (prompt + output, the server's ``usage``) of its requests that
+    were served, by arrival, in each 60 s window starting every 30 s from ``start`` to
+    ``end`` - 60 model s, over its budget. A request refused for the budget counts nothing."""
+    tokens: dict[str, list[tuple[float, int]]] = {}
+    for spec, o in zip(specs, outcomes, strict=True):
+        tenant = spec.tag.split("/", 1)[0]
+        if (budgets.get(tenant) or budgets.get("*")) and o.ok:
+            tokens.setdefault(tenant, []).append((o.start / time_scale,
+                                                  o.prompt_tokens + o.output_tokens))
+    out = {}
+    for tenant, served in sorted(tokens.items()):
+        budget = budgets.get(tenant) or budgets["*"]
+        starts = [start + 30 * k for k in range(int((end - 60 - start) // 30) + 1)]
+        out[tenant] = [sum(n for at, n in served if w <= at < w + 60) / budget for w in starts]
+    return out
 
 
 def jain(xs: Sequence[float]) -> float:
@@ -550,6 +574,7 @@ def point_sections(results: Sequence[RunResult], workloads: dict[str, Any],
                           "arrival window over max-min fair shares; 1 = fair), median [95% "
                           "interval] over seeds: " + "; ".join(fair) + ".", ""]
             lines += token_share_lines(rows, order)
+            lines += budget_lines(rows, order)
             lines += kv_lines(rows, order)
             if any(r.slo_requests or r.calibration for r in rows):
                 lines += [*slo_table(rows, order, baseline), ""]
@@ -571,6 +596,26 @@ def token_share_lines(rows: Sequence[RunResult], order: Sequence[str]) -> list[s
     return ["Tenants' shares of the tokens served (prompt + output) in the second half of the "
             "arrival window, and Jain's index of the shares, median [95% interval] over "
             "seeds:", "", *lines, ""]
+
+
+def budget_lines(rows: Sequence[RunResult], order: Sequence[str]) -> list[str]:
+    """Per contender and tenant with a budget: tokens served per minute over the budget,
+    median [95% interval] over seeds of each seed's median window, and the lowest and
+    highest window of any seed; nothing when no run has a budget."""
+    lines = []
+    for name in _names(rows, order):
+        runs = [r.budget_use for r in rows if r.contender == name and r.usable and r.budget_use]
+        for tenant in sorted({t for u in runs for t in u}):
+            per_seed = [u[tenant] for u in runs if u.get(tenant)]
+            every = [x for xs in per_seed for x in xs]
+            lines.append(f"- {name}, {tenant}: "
+                         f"{bootstrap_median([statistics.median(xs) for xs in per_seed])}; "
+                         f"windows {min(every):.3f} to {max(every):.3f}")
+    if not lines:
+        return []
+    return ["Tokens served per minute over the tenant's budget (60 s windows by arrival, every "
+            "30 s after the first minute), median [95% interval] over seeds of each seed's "
+            "median window, and the lowest and highest window of any seed:", "", *lines, ""]
 
 
 def kv_lines(rows: Sequence[RunResult], order: Sequence[str]) -> list[str]:

@@ -123,6 +123,9 @@ def plan(scn: Scenario, *, mode: str = "virtual", seeds: Sequence[int] | None = 
                              f"(the scenario has {', '.join(known)})")
         chosen = tuple(known[n] for n in contenders)
     _check_configs(scn, chosen)
+    if mode == "virtual" and (budgeted := [c.name for c in chosen if token_budgets(c)]):
+        raise ValueError(f"{scn.path}: {', '.join(budgeted)}: token budgets count wall-clock "
+                         "minutes: real time only (run with --real)")
     fleet = scn.fleet.scaled(servers) if servers else scn.fleet
     if mode == "real" and fleet.speeds:
         raise ValueError(f"{scn.path}: fleet.speeds: per-server speeds are modelled in "
@@ -145,6 +148,23 @@ def plan(scn: Scenario, *, mode: str = "virtual", seeds: Sequence[int] | None = 
     return Plan(scn, mode, fleet, wl, tuple(seeds) if seeds else scn.seeds,
                 tuple(loads) if loads else (scn.loads if workload is None else wl.loads),
                 duration or wl.duration, chosen, jobs, cpus, cpu, epp_cost.name)
+
+
+def token_budgets(c: Contender) -> dict[str, int]:
+    """The tokens-per-minute budgets of ``c``'s ``token-budget-admitter`` by fairness id
+    (``*``: every tenant); empty without one."""
+    import yaml
+
+    if c.epp_config is None:
+        return {}
+    doc = yaml.safe_load(c.epp_config.read_text()) or {}
+    for plugin in doc.get("plugins") or []:
+        if isinstance(plugin, dict) and plugin.get("type") == "token-budget-admitter":
+            params = plugin.get("parameters") or {}
+            every = int(params.get("tokensPerMinute") or 0)
+            return {**({"*": every} if every else {}),
+                    **{t: int(n) for t, n in (params.get("tenants") or {}).items() if n}}
+    return {}
 
 
 def _check_configs(scn: Scenario, contenders: Sequence[Contender]) -> None:
@@ -414,7 +434,8 @@ def _real(p: Plan, load: float, seed: int, c: Contender, workdir: Path) -> RunRe
         servers=p.fleet.servers, time_scale=p.fleet.time_scale, workdir=workdir,
         progress=False, timeout=p.scenario.timeout, fleet_cpus=b.fleet_cpus,
         client_cpus=b.client_cpus, profile=p.fleet.profile, labels=p.fleet.pod_labels(),
-        faults=p.scenario.faults, kv_blocks=p.fleet.kv_blocks, kv_events=p.fleet.kv_events)
+        faults=p.scenario.faults, kv_blocks=p.fleet.kv_blocks, kv_events=p.fleet.kv_events,
+        budgets=token_budgets(c))
     res.contender, res.kind = c.name, c.kind
     return res
 
@@ -425,12 +446,14 @@ def run_one(workload: Workload, load: float, contender: Any, *, duration: float,
             timeout: float, fleet_cpus: float = 0.0, client_cpus: float = 0.0,
             profile: str = PROFILE, labels: list[dict[str, str]] | None = None,
             faults: Sequence[Fault] = (), kv_blocks: int = 0,
-            kv_events: bool = False) -> RunResult:
+            kv_events: bool = False, budgets: dict[str, int] | None = None) -> RunResult:
     """One run: fresh fleet, contender in front, the seed's schedule played open-loop;
     ``fleet_cpus`` / ``client_cpus``: CPU budgets of the simulator and the client (0: none);
     ``labels``: each server's extra pod labels; ``faults``: steps done at their model time
     from the client's start (what each did goes to ``faults.txt`` in ``workdir``);
-    ``kv_blocks``, ``kv_events``: :class:`bench.contenders.SimFleet`'s."""
+    ``kv_blocks``, ``kv_events``: :class:`bench.contenders.SimFleet`'s; ``budgets``: the
+    contender's token budgets (:func:`token_budgets`), measured from the first full minute
+    (or a minute after the last ``kill-store``, when the budgets fail open)."""
     import contextlib
     import subprocess
 
@@ -486,6 +509,9 @@ def run_one(workload: Workload, load: float, contender: Any, *, duration: float,
     if workload.generator == "tenants":
         res.jain = rp.tenant_fairness(specs, outcomes, duration, time_scale)
         res.token_shares = rp.token_shares(specs, outcomes, duration / 2, duration, time_scale)
+    if budgets:
+        start = max([60.0] + [f.at + 60 for f in faults if f.action == "kill-store"])
+        res.budget_use = rp.budget_use(specs, outcomes, budgets, start, duration, time_scale)
     return res
 
 

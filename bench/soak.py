@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
 import threading
 import time
 import uuid
@@ -23,8 +22,9 @@ from pathlib import Path
 import httpx
 import orjson
 
+from bench.harness import sim_gateway
 from devkit.envoy import GRACEFUL_CLOSE
-from devkit.reliability.faultkit import MODEL, SimFleet, start_sim_gateway
+from devkit.reliability.faultkit import MODEL
 from devkit.reliability.gateway import Gateway, open_fds, rss_kb, threads
 
 
@@ -156,14 +156,8 @@ def main() -> None:
                     help="Envoy with ext_proc_graceful_grpc_close on (default: Envoy's defaults)")
     ap.add_argument("--json", type=Path, default=None, help="write the report here")
     args = ap.parse_args()
-    workdir = Path(tempfile.mkdtemp(prefix="soak-"))
-    fleet = SimFleet(4, workdir).start()
-    gw = start_sim_gateway(workdir, fleet, runtime=GRACEFUL_CLOSE if args.graceful_close else None)
-    try:
+    with sim_gateway("soak-", runtime=GRACEFUL_CLOSE if args.graceful_close else None) as gw:
         report = run_soak(gw, args.minutes * 60, args.rate, window=max(10.0, args.minutes * 6))
-    finally:
-        gw.stop()
-        fleet.stop()
     summary = {"seconds": report.seconds, "rate": report.rate, "requests": report.requests,
                "errors": report.errors, "window_errors": report.window_errors,
                "growth": {s: report.growth(s) for s in report.samples},

@@ -1,6 +1,7 @@
 """Fault scenarios against a real one-pool gateway (Envoy → BBR → EPP → ``vllm-sim``): the
 fleet runs in its own process and takes faults over HTTP (``/sim/kill``, ``/sim/faults``).
-Used by ``tests/system/reliability/test_faults.py`` (short forms) and ``bench/faults.py`` (long)."""
+Used by ``tests/system/reliability/test_faults.py`` (short forms), ``bench.soak`` and
+``bench.overload``; the long form of the faults is ``bench/scenarios/server-restart.yaml``."""
 
 from __future__ import annotations
 

@@ -1,11 +1,22 @@
 """``token-budget-admitter`` (ours): per-tenant token budgets, in tokens per minute.
 
 A tenant is a fairness id (the flow-control header, ``default-flow`` without one). Its use
-is the prompt + completion tokens of its responses over the last 60 s (a sliding window of
-1 s buckets), exact from each response's ``usage``. While its use is at or over its budget,
-a new request of that tenant is refused with **429** and ``retry-after`` (the seconds until
-enough of the window's tokens age out), or with ``onExceed: queue`` waits (one at a time per
-tenant) until the use drops below the budget, at most ``maxWait`` (then 429).
+is the prompt + completion tokens of its responses (1 s buckets), exact from each response's
+``usage``. A tenant with budget ``B`` tokens a minute and ``burst`` seconds is admitted while,
+for every window of the last ``w`` = 1..60 seconds, its use is under
+
+    limit(w) = min(B, B * (w + burst) / 60)
+
+that is, at most ``B`` in any minute, and at an even pace of ``B/60`` tokens a second once it
+has used a ``burst`` seconds' allowance ahead of that pace (a token bucket of ``B * burst /
+60`` tokens filled at ``B/60`` a second, under the minute's cap). A tenant sending far over
+its budget gets, each minute, ``burst`` seconds at twice the pace, then the pace, then a
+pause of ``burst`` seconds. The pace is why: with the minute's cap alone (``burst: 60s``), a
+tenant sending 3x its budget is admitted at its full rate for the first 20 s of every minute
+and not at all for 40 s, and the other tenants' TTFT takes those bursts. Over the limit, a
+new request of that tenant is refused with **429** and ``retry-after`` (the seconds until
+the windows admit it again), or with ``onExceed: queue`` waits (one at a time per tenant)
+until they do, at most ``maxWait`` (then 429).
 
 A request admitted reserves its estimated prompt tokens at once, so a burst of one tenant's
 requests cannot all pass before the first response is counted; the response's exact usage
@@ -72,11 +83,14 @@ class BudgetExceeded(TooManyRequests):
 @dataclass(frozen=True, slots=True)
 class TokenBudgetParameters:
     """``tokensPerMinute`` for every tenant (0: no budget) and ``tenants`` overriding it per
-    fairness id; ``onExceed``: ``reject`` (429 at once) or ``queue`` (wait up to
-    ``maxWait``); ``syncInterval``: how often a shared budget is exchanged with the store."""
+    fairness id; ``burst``: how many seconds' worth of budget a tenant may use ahead of an
+    even pace (``60s``: the minute's cap alone); ``onExceed``: ``reject`` (429 at once) or
+    ``queue`` (wait up to ``maxWait``); ``syncInterval``: how often a shared budget is
+    exchanged with the store."""
 
     tokens_per_minute: int = 0
     tenants: dict[str, int] = field(default_factory=dict)
+    burst: Duration = Duration(10.0)  # noqa: RUF009 (immutable)
     on_exceed: Literal["reject", "queue"] = "reject"
     max_wait: Duration = Duration(60.0)  # noqa: RUF009 (immutable)
     sync_interval: Duration = Duration(0.1)  # noqa: RUF009 (immutable)
@@ -92,6 +106,8 @@ class TokenBudgetParameters:
             raise ValueError("no budget set: give tokensPerMinute or tenants")
         if self.sync_interval <= 0:
             raise ValueError("syncInterval: must be > 0")
+        if not 0 < self.burst <= WINDOW:
+            raise ValueError(f"burst: must be > 0s and <= {WINDOW}s, got {float(self.burst):g}s")
 
 
 class BudgetLedger:
@@ -121,17 +137,20 @@ class BudgetLedger:
         """Tokens the tenant used in the last minute (pool-wide when shared)."""
         return sum(self._window(tenant).values())
 
-    def seconds_until_below(self, tenant: str, budget: int) -> float:
-        """Seconds until the use drops below ``budget`` as buckets age out (0: it is)."""
+    def seconds_until_allowed(self, tenant: str, budget: int, burst: float) -> float:
+        """Seconds until, with no new use, the tenant's use is under ``limit(w)`` (the
+        module docstring) on every window of the last 1..60 s (0: it is now)."""
         buckets = self._window(tenant)
-        used = sum(buckets.values())
-        if used < budget:
-            return 0.0
         now = self.clock()
-        for b in sorted(buckets):
-            used -= buckets[b]
-            if used < budget:
-                return max(0.0, b + WINDOW + 1 - now)
+        for ahead in range(WINDOW + 1):
+            t = int(now) + ahead
+            used = 0
+            for w in range(1, WINDOW + 1):
+                used += buckets.get(t - w + 1, 0)
+                if used >= min(budget, budget * (w + burst) / WINDOW):
+                    break
+            else:
+                return max(0.0, t - now) if ahead else 0.0
         return float(WINDOW)
 
     def _window(self, tenant: str) -> dict[int, int]:
@@ -285,7 +304,7 @@ class TokenBudgetAdmitter(Plugin, Admitter, ResponseComplete):
         budget = self.budget(tenant)
         if not budget:
             return None
-        if self.ledger.used(tenant) < budget and tenant not in self._locks:
+        if tenant not in self._locks and not self._wait_for(tenant, budget):
             self._reserve(request, tenant)
             return None
         if self.params.on_exceed == "reject":
@@ -298,11 +317,10 @@ class TokenBudgetAdmitter(Plugin, Admitter, ResponseComplete):
         deadline = time.monotonic() + float(self.params.max_wait)
         try:
             async with lock:  # one waiter per tenant: budget freed goes to one at a time
-                while (self.ledger.used(tenant)) >= budget:
+                while wait := self._wait_for(tenant, budget):
                     left = deadline - time.monotonic()
                     if left <= 0:
                         raise self._refusal(tenant, budget)
-                    wait = self.ledger.seconds_until_below(tenant, budget)
                     await asyncio.sleep(min(max(wait, 0.01), 0.25, left))
                 self._reserve(request, tenant)
         finally:
@@ -313,9 +331,11 @@ class TokenBudgetAdmitter(Plugin, Admitter, ResponseComplete):
                 del self._waiting[tenant]
                 self._locks.pop(tenant, None)
 
+    def _wait_for(self, tenant: str, budget: int) -> float:
+        return self.ledger.seconds_until_allowed(tenant, budget, float(self.params.burst))
+
     def _refusal(self, tenant: str, budget: int) -> BudgetExceeded:
-        wait = self.ledger.seconds_until_below(tenant, budget)
-        return BudgetExceeded(tenant, budget, max(1, math.ceil(wait)))
+        return BudgetExceeded(tenant, budget, max(1, math.ceil(self._wait_for(tenant, budget))))
 
     def _reserve(self, request: LLMRequest, tenant: str) -> None:
         self.ledger.charge(tenant, request.prompt_tokens)

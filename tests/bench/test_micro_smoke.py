@@ -76,10 +76,3 @@ def test_rss_queued_holds_every_request_and_reads_the_epps_rss() -> None:
     assert res["queued_seen"] == 200 and res["streams_ended_early"] == 0
     assert res["rss_queued_mib"] > 0 and res["second_round"]["queued_seen"] == 200
     assert res["alive"]
-
-
-def test_bbr_reports_every_contender_and_the_ratios_to_the_floor() -> None:
-    out = micro("bbr", "--quick", timeout=200)
-    for row in ("| noop BUFFERED |", "| bbr FULL_DUPLEX_STREAMED |", "| envoy direct |",
-                "| BUFFERED |", "| FULL_DUPLEX_STREAMED |"):
-        assert row in out

@@ -4,6 +4,7 @@ response's usage, shared by two replicas through one real Valkey, failing open w
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import pytest
@@ -53,7 +54,7 @@ def test_the_window_slides_and_says_when_it_frees() -> None:
     clock.now = 130.0
     ledger.charge("t", 500)
     assert ledger.used("t") == 1100
-    assert ledger.seconds_until_below("t", 1000) == pytest.approx(100 + 61 - 130)
+    assert ledger.seconds_until_allowed("t", 1000, burst=60) == 160 - 130  # 100 leaves at 160
     clock.now = 161.0  # the first bucket has left the window
     assert ledger.used("t") == 500
 
@@ -65,9 +66,46 @@ def test_a_tenant_over_budget_gets_429_with_retry_after_others_do_not() -> None:
     done(a, first, prompt=700, completion=350)  # exact: 1050 > 1000
     with pytest.raises(BudgetExceeded) as e:
         a.admit(req("noisy"), [])
-    assert e.value.status == 429 and e.value.retry_after == 61
+    assert e.value.status == 429 and e.value.retry_after == 60
     assert e.value.extra_headers == {"x-llm-d-request-dropped-reason": "rejected-token-budget"}
     assert a.admit(req("quiet"), []) is None
+
+
+def test_past_its_burst_a_tenant_waits_for_its_even_pace() -> None:
+    """6,000 tokens a minute with a 10 s burst: at most 100 x (w + 10) in any w seconds."""
+    a = admitter(tokens_per_minute=6000)
+    first = req("t", prompt_tokens=1000)
+    assert a.admit(first, []) is None          # 1,000 < 1,100 (w = 1)
+    assert a.admit(req("t", prompt_tokens=500), []) is None   # still 1,000 < 1,100
+    with pytest.raises(BudgetExceeded) as e:   # 1,500 >= 1,100; in 5 s 1,500 < 100 x 16
+        a.admit(req("t"), [])
+    assert e.value.retry_after == 5
+    assert a.ledger.seconds_until_allowed("t", 6000, burst=60) == 0  # the minute alone admits
+
+
+@pytest.mark.parametrize("burst", [10.0, 60.0])
+def test_a_tenant_sending_3x_its_budget_is_admitted_at_an_even_pace(burst: float) -> None:
+    """100-token requests at 300 tokens a second against 6,000 a minute, for 3 minutes:
+    every minute holds the budget. With the 10 s burst each minute is a 10 s burst (2x the
+    pace), 40 s at the pace (1,000 per 10 s) and a 10 s pause; the minute's cap alone
+    (``burst: 60s``) lets the whole budget through in the first 20 s of each minute."""
+    a = admitter(tokens_per_minute=6000, burst=burst)
+    clock = a.ledger.clock
+    assert isinstance(clock, Clock)
+    start, admitted = clock.now, []
+    for i in range(3 * 60 * 3):
+        clock.now = start + i / 3
+        with contextlib.suppress(BudgetExceeded):
+            a.admit(r := req("t", prompt_tokens=100), [])
+            done(a, r, prompt=60, completion=40)
+            admitted.append(clock.now - start)
+    per_10s = [sum(100 for t in admitted if s <= t < s + 10) for s in range(60, 180, 10)]
+    per_minute = [sum(100 for t in admitted if s <= t < s + 60) for s in range(60, 121, 30)]
+    assert per_minute == [6000] * 3
+    if burst == 60:
+        assert per_10s == [3000, 3000, 0, 0, 0, 0] * 2
+    else:
+        assert per_10s == [2000, 1000, 1000, 1000, 1000, 0] * 2
 
 
 def test_counts_are_exact_from_usage_not_the_estimate() -> None:
@@ -111,6 +149,13 @@ def test_a_budget_without_any_limit_is_a_config_error() -> None:
         build(parse_config("plugins:\n- type: token-budget-admitter\n"))
 
 
+@pytest.mark.parametrize("burst", ["0s", "90s"])
+def test_a_burst_outside_the_minute_is_a_config_error(burst: str) -> None:
+    with pytest.raises(ConfigError, match="burst: must be > 0s and <= 60s"):
+        build(parse_config("plugins:\n- type: token-budget-admitter\n  parameters: "
+                           f"{{tokensPerMinute: 10, burst: {burst}}}\n"))
+
+
 def test_it_is_an_admitter_of_the_runtime() -> None:
     runtime = build(parse_config(
         "plugins:\n- type: token-budget-admitter\n  parameters: {tokensPerMinute: 5}\n"))
@@ -122,7 +167,8 @@ async def test_two_replicas_hold_one_budget_through_valkey_and_fail_open() -> No
     with ValkeyServer() as server:
         url = parse_store_url(server.url + "?timeout=2")
         stores = [ValkeyStateStore(url, pool="ns/pool", replica=r) for r in ("a", "b")]
-        a, b = (admitter(s, tokens_per_minute=1000) for s in stores)
+        a, b = (admitter(s, tokens_per_minute=1000, burst=60)  # the minute's cap alone
+                for s in stores)
         b.ledger.clock = a.ledger.clock  # one second on both replicas
         assert a.sharing is not None and b.sharing is not None
         try:

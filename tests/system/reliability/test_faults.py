@@ -1,5 +1,5 @@
 """Faults under load through the real Envoy, BBR and EPP in front of a ``vllm-sim`` fleet
-(short forms; ``python -m bench.faults`` runs the long ones)."""
+(short forms; ``python -m bench run server-restart --real`` is the long one)."""
 
 from __future__ import annotations
 
