@@ -603,8 +603,7 @@ def budget_lines(rows: Sequence[RunResult], order: Sequence[str]) -> list[str]:
     median [95% interval] over seeds of each seed's median window, and the lowest and
     highest window of any seed; nothing when no run has a budget."""
     lines = []
-    for name in _names(rows, order):
-        runs = [r.budget_use for r in rows if r.contender == name and r.usable and r.budget_use]
+    for name, runs in _each(rows, order, lambda r: r.budget_use):
         for tenant in sorted({t for u in runs for t in u}):
             per_seed = [u[tenant] for u in runs if u.get(tenant)]
             every = [x for xs in per_seed for x in xs]
@@ -692,11 +691,15 @@ def slo_table(rows: Sequence[RunResult], order: Sequence[str],
 
 
 def class_table(rows: Sequence[RunResult], order: Sequence[str]) -> list[str]:
-    """Per request class: TTFT p90 (median over seeds) and the error share, per contender."""
+    """Per request class: TTFT p90 (median over seeds) and the error share, per contender;
+    then each class's TTFT mean and how unevenly its prompt tokens spread over the pods."""
     classes = sorted({c for r in rows for c in r.classes})
     names = [n for n in _names(rows, order) if any(r.contender == n and r.classes for r in rows)]
     out = ["Per request class (tenant/objective, or long/short prompts): TTFT p90 s, median "
            "over seeds (errors, all seeds).", "", *_head("contender", *classes)]
+    spread = ["", "Per request class: TTFT mean s / how unevenly its prompt tokens spread over "
+              "the pods (std / mean; 0: even), medians over seeds.", "",
+              *_head("contender", *classes)]
     for name in names:
         mine = [r for r in rows if r.contender == name and r.classes]
         cells = []
@@ -707,18 +710,12 @@ def class_table(rows: Sequence[RunResult], order: Sequence[str]) -> list[str]:
             failed = sum(s["errors"] for s in stats)
             cells.append(f"{p90:.3f} ({failed / sent:.0%})" if sent else "n/a")
         out.append(_row(name, *cells))
-    if not any("pod_cv" in s for r in rows for s in r.classes.values()):
-        return out   # saved before the column existed
-    out += ["", "Per request class: TTFT mean s / how unevenly its prompt tokens spread over "
-            "the pods (std / mean; 0: even), medians over seeds.", "",
-            *_head("contender", *classes)]
-    for name in names:
-        mine = [r for r in rows if r.contender == name and r.classes]
         # the flow-control twin does not name the pods: no spread to show
         cells = [f"{statistics.median(r.classes[c]['ttft_mean'] for r in have):.3f} / " + (
                  f"{statistics.median(r.classes[c]['pod_cv'] for r in have):.3f}"
                  if any(set(r.pods) != {""} for r in have) else "n/a")
                  if (have := [r for r in mine if "pod_cv" in r.classes.get(c, {})]) else "n/a"
                  for c in classes]
-        out.append(_row(name, *cells))
-    return out
+        spread.append(_row(name, *cells))
+    # runs saved before the second table's columns existed have none
+    return out + spread if any("pod_cv" in s for r in rows for s in r.classes.values()) else out
