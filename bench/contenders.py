@@ -398,9 +398,10 @@ class Epp(Contender):
     def __init__(self, name: str, config: str | None = None) -> None:
         self.name = name
         self.config = config
-        #: the running EPP's metrics port and process id (while :meth:`running`)
+        #: the running EPP's metrics port and process (while :meth:`running`)
         self.metrics_port = 0
         self.pid = 0
+        self.proc: subprocess.Popen[bytes] | None = None
 
     @contextlib.contextmanager
     def running(self, fleet: SimFleet, workdir: Path) -> Iterator[str]:
@@ -415,20 +416,23 @@ class Epp(Contender):
         """This EPP over the pool of ``manifests`` (its pods: ``endpoints``, ``host:port``)
         behind the gateway's Envoy, once it has every pod's metrics; yields the gateway's
         URL (also the P/D fleets', whose pods carry roles: ``bench.pd_fleet``)."""
-        grpc, health, self.metrics_port = e.free_port(), e.free_port(), e.free_port()
-        cmd = epp_command(manifests, grpc, health, self.metrics_port, self.config,
-                          *EXPERIMENTAL)
-        log = workdir / "epp.log"
-        with self._process(cmd, log) as proc:
-            self.pid = proc.pid
-            self._wait_ready(proc, log, len(endpoints))
+        with contextlib.ExitStack() as stack:
+            grpc, _ = self._start(stack, manifests, workdir / "epp.log", len(endpoints))
             admin, listen = e.free_port(), e.free_port()
             with self._gateway(pool_gateway_config(grpc, admin, listen, endpoints), admin,
                                workdir):
                 yield f"http://127.0.0.1:{listen}"
 
-    def _wait_ready(self, proc: subprocess.Popen[bytes], log: Path, size: int) -> None:
-        wait_pool_ready(proc, self.metrics_port, size, log)
+    def _start(self, stack: contextlib.ExitStack, manifests: Path, log: Path, size: int,
+               *extra: str) -> tuple[int, int]:
+        """Start this EPP over ``manifests`` with ``extra`` flags (stopped when ``stack``
+        closes) and wait until it has the ``size`` pods' metrics; its gRPC and health ports."""
+        grpc, health, self.metrics_port = e.free_port(), e.free_port(), e.free_port()
+        self.proc = stack.enter_context(self._process(epp_command(
+            manifests, grpc, health, self.metrics_port, self.config, *extra, *EXPERIMENTAL), log))
+        self.pid = self.proc.pid
+        wait_pool_ready(self.proc, self.metrics_port, size, log)
+        return grpc, health
 
     def _get(self, path: str, timeout: float) -> bytes:
         """GET ``path`` of the running EPP's metrics port (b"" when it does not answer)."""
@@ -463,10 +467,9 @@ class EppReplicas(Contender):
 
     def __init__(self, name: str, n: int, store: str, config: str | None = None) -> None:
         self.name, self.n, self.store, self.config = name, n, store, config
+        #: while running: the replicas and the Valkey started here (fault injection:
+        #: :meth:`fault`)
         self._replicas: list[Epp] = []
-        #: while running: the replicas' processes and the Valkey started here (fault
-        #: injection: :meth:`fault`)
-        self.procs: list[subprocess.Popen[bytes]] = []
         self.valkey: Any = None
 
     @contextlib.contextmanager
@@ -482,19 +485,10 @@ class EppReplicas(Contender):
             if self.store == "valkey":
                 self.valkey = stack.enter_context(ValkeyServer())
                 url = self.valkey.url
-            self.procs, self._replicas, ports = [], [], []
-            for i in range(self.n):
-                grpc, health = e.free_port(), e.free_port()
-                probe = Epp(f"{self.name}-{i}")
-                probe.metrics_port = e.free_port()
-                log = workdir / f"epp-{i}.log"
-                self.procs.append(_popen(epp_command(
-                    manifests, grpc, health, probe.metrics_port, self.config, "--ha-mode",
-                    "active-active", "--state-store", url, *EXPERIMENTAL), log))
-                stack.callback(_stop, self.procs[-1])
-                probe._wait_ready(self.procs[-1], log, fleet.size)
-                ports.append((grpc, health))
-                self._replicas.append(probe)
+            self._replicas = [Epp(f"{self.name}-{i}", self.config) for i in range(self.n)]
+            ports = [r._start(stack, manifests, workdir / f"epp-{i}.log", fleet.size,
+                              "--ha-mode", "active-active", "--state-store", url)
+                     for i, r in enumerate(self._replicas)]
             admin, listen = e.free_port(), e.free_port()
             gateway = pool_gateway_config(ports[0][0], admin, listen,
                                           [f"{h}:{p}" for h, p in fleet.endpoints],
@@ -513,12 +507,12 @@ class EppReplicas(Contender):
         return out
 
     def fault(self, action: str) -> str:
-        if action == "kill-replica" and self.procs:
+        if action == "kill-replica" and self._replicas and self._replicas[0].proc:
             # its own streams in flight break with it (what it counts minus the others' part)
             own = sum(max(0, int(ep.get("inflight_requests", 0))
                           - int(ep.get("remote_inflight_requests", 0)))
                       for ep in self._replicas[0].debug().get("endpoints", []))
-            self.procs[0].kill()
+            self._replicas[0].proc.kill()
             return f"kill-replica: replica 0 SIGKILLed with {own} of its own streams in flight"
         if action in ("kill-store", "restart-store") and self.valkey is not None:
             (self.valkey.kill if action == "kill-store" else self.valkey.start)()
