@@ -434,25 +434,23 @@ def _contenders(r: _Reader, raw: list[Any], fleet: Fleet) -> tuple[Contender, ..
         if "epp_config" in c and "pd" in c:
             raise r.fail(where, "give epp_config or pd, not both")
         peer, _, policy = name.partition(":")
-        if "replicas" in c and peer in PEER_NAMES and policy and not fleet.pd:
-            if "epp_config" in c:
-                raise r.fail(f"{where}.epp_config", "a peer router takes no EPP config")
-            rep = r.keys(c["replicas"], f"{where}.replicas", {"count"}, ("count",))
-            out.append(Contender(name, replicas=r.positive_int(
-                rep["count"], f"{where}.replicas.count")))
-        elif "replicas" in c:
+        is_peer = peer in PEER_NAMES and bool(policy)
+        if "replicas" in c:
             if fleet.pd or "pd" in c:
                 raise r.fail(f"{where}.replicas", "replicas are for an aggregated fleet")
-            rep = r.keys(c["replicas"], f"{where}.replicas", {"count", "store"},
-                         ("count", "store"))
-            if rep["store"] not in ("valkey", "memory"):
+            if is_peer and "epp_config" in c:
+                raise r.fail(f"{where}.epp_config", "a peer router takes no EPP config")
+            # a peer's copies share nothing: no store
+            need = ("count",) if is_peer else ("count", "store")
+            rep = r.keys(c["replicas"], f"{where}.replicas", set(need), need)
+            if rep.get("store", "valkey") not in ("valkey", "memory"):
                 raise r.fail(f"{where}.replicas.store", f"{rep['store']!r} is not one of "
                              "valkey, memory")
             out.append(Contender(
                 name, epp_config=(r.file(c["epp_config"], f"{where}.epp_config")
                                   if "epp_config" in c else None),
                 replicas=r.positive_int(rep["count"], f"{where}.replicas.count"),
-                store=rep["store"]))
+                store=rep.get("store", "")))
         elif "epp_config" in c:
             if fleet.pd:
                 raise r.fail(f"{where}.epp_config", "a P/D fleet takes pd variants")
@@ -463,7 +461,7 @@ def _contenders(r: _Reader, raw: list[Any], fleet: Fleet) -> tuple[Contender, ..
             out.append(Contender(name, pd=_pd(r, c["pd"] or {}, f"{where}.pd")))
         else:
             known = PD_CONTENDERS if fleet.pd else CONTENDERS
-            if name not in known and not (not fleet.pd and peer in PEER_NAMES and policy):
+            if name not in known and not (not fleet.pd and is_peer):
                 extra = "" if fleet.pd else ", vllm-router:<policy>, sglang-router:<policy>"
                 raise r.fail(f"{where}.name", f"unknown contender {name!r} (built in: "
                              f"{', '.join(known)}{extra}; or give epp_config / pd)")
