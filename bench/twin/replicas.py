@@ -243,8 +243,12 @@ class Replicas:
         self._owner[index] = replica
         return replica.route(index, path, body, now, headers)
 
-    def done(self, index: int, prompt_tokens: int, completion_tokens: int) -> None:
-        self._owner.pop(index).done(index, prompt_tokens, completion_tokens)
+    def done(self, index: int, prompt_tokens: int, completion_tokens: int,
+             now: float) -> tuple[float | None, ...] | None:
+        return self._owner.pop(index).done(index, prompt_tokens, completion_tokens, now)
+
+    def token(self, index: int, now: float, first: bool) -> None:
+        self._owner[index].token(index, now, first)
 
     def begin_scrape(self, key: str) -> None:
         for r in self.replicas:

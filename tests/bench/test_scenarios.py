@@ -415,7 +415,7 @@ def test_rollout_steps_are_samples_of_new_prompts() -> None:
 
 
 def test_a_burst_producer_contender_places_each_window_together() -> None:
-    """v010-burst-prefix in virtual time: the burst producer's windows (bench.twin.burst)
+    """v010-burst-prefix in virtual time: the burst producer's windows (on the twin's event loop)
     keep a step's samples together as a cold-cache load balancer does not."""
     from bench.runner import _Job, _virtual
 
