@@ -177,11 +177,13 @@ def _twin_router(c: Contender, keys: list[str], seed: int, cpu: ProcessCpu | Non
     from bench.twin.replicas import Replicas
 
     baseline = {"envoy-rr": RoundRobin, "envoy-random": Random, "envoy-lr": LeastRequest}
+    if c.kind == "peer":
+        return None
     if c.name in baseline:
         return baseline[c.name](c.name, keys, seed)
     if c.replicas:
         return Replicas(c.name, keys, seed, c.replicas, shared=c.store == "valkey",
-                        config_file=c.epp_config)
+                        config_file=c.epp_config, cpu=cpu)
     if c.epp_config is None and c.name not in ("epp-default", "epp-tuned"):
         return None
     return EppRouter(c.name, keys, seed, config_file=c.epp_config, model=MODEL,

@@ -124,6 +124,8 @@ class EppRouter:
             self.retrain, self.retrain_interval = self._retrain, RETRAIN
         if runtime.admitters:  # they may wait: the loop plays this router on an event loop
             self.route_async = self._route_async
+        if cpu is not None:  # a pick waits for the process (read by the twin's loop)
+            self.pick_done = cpu.pick_done
         #: the precise prefix scorers' indexes, fed the engines' KV events by the loop
         #: (:attr:`kv_events`; None without such a scorer)
         precise = runtime.handle.find(PrecisePrefixCacheScorer)
@@ -172,14 +174,18 @@ class EppRouter:
         self._routed[index] = (routed, now)
         self.director.response_received(routed, 200, SSE)
 
-    def token(self, index: int, now: float, first: bool) -> None:
-        """A streamed token of request ``index`` crossed the EPP at ``now``."""
+    def token(self, index: int, now: float, first: bool) -> float:
+        """A streamed token of request ``index`` reaches the EPP at ``now``; returns when
+        the process has passed it on (its CPU model's queue; ``now`` without one)."""
+        if self.cpu is not None:
+            now = self.cpu.run(now, self.cpu.per_token)
         routed, started = self._routed[index]
         response = routed.response
         if first:
             response.ttft = now - started
         for plugin in self.runtime.response_streaming:
             plugin.response_streaming(routed.request, response, b"", routed.endpoint)
+        return now
 
     def done(self, index: int, prompt_tokens: int, completion_tokens: int,
              now: float) -> tuple[float | None, ...] | None:

@@ -11,12 +11,10 @@ Events, in time order (ties broken by kind, then by insertion):
   phase of the ``interval`` - so the router sees numbers as stale as a real scrape's;
 - **arrival** of a request: the router picks a server (its in-flight count goes up), the
   server's engine queues the request and starts a step if it was idle. A router that models
-  its own CPU (``pick_done``, :mod:`bench.twin.cpu` in :mod:`bench.twin.replicas`) says when
-  the pick is done instead, and a **pick** event at that time does the above. A router with
-  a process CPU model (``cpu``, :class:`bench.twin.cpu.ProcessCpu`) pays for each pick and
-  each streamed token on it: the pick waits for the process, and the client sees a token when
-  the process has passed it on.
-
+  its CPU (``pick_done``: an EPP with a :class:`bench.twin.cpu.ProcessCpu`, or replicas each
+  with their own) says when the pick is done instead, and a **pick** event at that time does
+  the above; its ``token`` hook says when the client sees each streamed token (when the
+  process has passed it on);
 - **retrain** (routers with a latency model, ``retrain``): every ``retrain_interval`` model
   seconds, in this thread, so a seed is one run.
 
@@ -46,7 +44,6 @@ import looptime
 import orjson
 
 from bench.openloop import Outcome
-from bench.twin.cpu import ProcessCpu
 from bench.workloads import SLO_TPOT_HEADER, SLO_TTFT_HEADER, RequestSpec
 from sim.engine import Engine, QueueFull, SimRequest
 from sim.kvevents import BlockHasher, KVEventRecorder
@@ -220,13 +217,12 @@ class _Play:
         self.owner: dict[int, int] = {}   # id(SimRequest) -> request index
         self.events: list[tuple[float, int, int, str]] = []   # (time, kind, seq, payload)
         self.seq = 0
-        self.cpu: ProcessCpu | None = getattr(router, "cpu", None)
-        #: optional router hooks: streamed tokens, background work caught up to each
-        #: event's time (replicas syncing a store), a pick that takes time, retraining
-        self.token: Callable[[int, float, bool], None] | None = getattr(router, "token", None)
+        #: optional router hooks: a streamed token (returns when the client sees it),
+        #: background work caught up to each event's time (replicas syncing a store), a
+        #: pick that takes time, retraining
+        self.token: Callable[[int, float, bool], float] | None = getattr(router, "token", None)
         self.advance: Callable[[float], None] | None = getattr(router, "advance", None)
-        self.pick_done: Callable[[int, float], float] | None = (
-            self.cpu.pick_done if self.cpu is not None else getattr(router, "pick_done", None))
+        self.pick_done: Callable[[int, float], float] | None = getattr(router, "pick_done", None)
         self.retrain: Callable[[], None] | None = getattr(router, "retrain", None)
         self.readings: dict[str, ServerState] = {}
         self.pending = len(specs)   # requests not yet routed (or refused)
@@ -253,12 +249,10 @@ class _Play:
             return
         out = self.outcomes[i]
         if kind == "first_token" or kind == "token":
-            seen = t if self.cpu is None else self.cpu.run(t, self.cpu.per_token)
+            seen = t if self.token is None else self.token(i, t, kind == "first_token")
             if kind == "first_token":
                 out.ttft = seen - out.start
             out.e2e = seen - out.start   # the last token's is the request's
-            if self.token is not None:
-                self.token(i, seen, kind == "first_token")
         elif kind == "finish":
             out.status = 200
             out.output_tokens = req.generated

@@ -15,6 +15,7 @@ from bench.twin.cpu import (
     Cores,
     CpuCost,
     Draws,
+    ProcessCpu,
     contenders,
     load_rounds,
     main,
@@ -125,14 +126,15 @@ def test_the_routing_twin_delays_each_request_by_its_picks_wait_and_cost() -> No
     cfg = TwinConfig(servers=servers, seed=0, model=MODEL)
     instant = run(specs, Replicas("x", cfg.keys(), 0, 1, shared=False), cfg)
     # a pick costing 0.5 s on one core: requests queue behind each other at the EPP
-    slow = Replicas("x", cfg.keys(), 0, 1, shared=False, cpu=CpuCost(0.5))
+    slow = Replicas("x", cfg.keys(), 0, 1, shared=False, cpu=ProcessCpu(0.5, 0.0))
     delayed = run(specs, slow, cfg)
-    assert slow.cores is not None and not slow._assigned
+    assert not slow._owner   # every request released
     assert all(o.ok for o in delayed)
     waits = [(d.ttft or 0) - (i.ttft or 0) for d, i in zip(delayed, instant, strict=True)]
     assert statistics.median(waits) > 0.5
     # two replicas share the queue: less delay than one
-    two = run(specs, Replicas("x", cfg.keys(), 0, 2, shared=True, cpu=CpuCost(0.5)), cfg)
+    two = run(specs, Replicas("x", cfg.keys(), 0, 2, shared=True, cpu=ProcessCpu(0.5, 0.0)),
+              cfg)
     assert all(o.ok for o in two)
     assert (statistics.median(o.ttft or 0 for o in two)
             < statistics.median(o.ttft or 0 for o in delayed))
