@@ -212,24 +212,27 @@ def _play(c: Contender, fleet: Fleet, seed: int, specs: list[RequestSpec],
 
 def _virtual(job: _Job) -> list[RunResult]:
     """One (load, seed): the schedule, built once, through each contender in the twin."""
-    p, wl = job.plan, job.plan.workload
-    specs = wl.schedule(job.load, p.duration, job.seed, p.fleet.capacity_servers)
-    tags = [s.tag for s in specs] if wl.by_class else None
-    out = []
-    for c in p.contenders:
-        res = _result(p, job.load, job.seed, c)
-        started = time.monotonic()
-        outcomes = _play(c, p.fleet, job.seed, specs, p.epp_cpu, res)
-        if outcomes is None:
-            res.skipped = "not modelled in virtual time (run with --real)"
-        else:
-            summarize(res, outcomes, tags=tags)
-            if wl.generator == "tenants":
-                res.jain = rp.tenant_fairness(specs, outcomes, p.duration)
-                res.token_shares = rp.token_shares(specs, outcomes, p.duration / 2, p.duration)
-            res.wall_seconds = time.monotonic() - started
-        out.append(res)
-    return out
+    p = job.plan
+    specs = p.workload.schedule(job.load, p.duration, job.seed, p.fleet.capacity_servers)
+    return [_twin_result(_result(p, job.load, job.seed, c), c, p.fleet, specs, p.workload,
+                         p.duration, p.epp_cpu) for c in p.contenders]
+
+
+def _twin_result(res: RunResult, c: Contender, fleet: Fleet, specs: list[RequestSpec],
+                 wl: Workload, duration: float, cpu: ProcessCpu | None) -> RunResult:
+    """``res`` summarising ``specs`` (``wl``'s schedule over ``duration``) through ``c`` in
+    the twin, or skipped when ``c`` is not modelled there."""
+    started = time.monotonic()
+    outcomes = _play(c, fleet, res.seed, specs, cpu, res)
+    if outcomes is None:
+        res.skipped = "not modelled in virtual time (run with --real)"
+        return res
+    summarize(res, outcomes, tags=[s.tag for s in specs] if wl.by_class else None)
+    if wl.generator == "tenants":
+        res.jain = rp.tenant_fairness(specs, outcomes, duration)
+        res.token_shares = rp.token_shares(specs, outcomes, duration / 2, duration)
+    res.wall_seconds = time.monotonic() - started
+    return res
 
 
 def twin_run(workload: str | Workload, load: float, servers: int, seed: int, contender: str,
@@ -240,15 +243,11 @@ def twin_run(workload: str | Workload, load: float, servers: int, seed: int, con
     contender that is not built in), the same path ``bench run --virtual`` takes."""
     wl = WORKLOADS[workload] if isinstance(workload, str) else workload
     c = Contender(contender, epp_config=config)
-    specs = wl.schedule(load, duration, seed, servers)
-    res = RunResult(wl.name, load, load * wl.capacity(servers), c.name, c.kind, seed=seed,
-                    servers=servers)
-    started = time.monotonic()
-    outcomes = _play(c, Fleet(servers=servers), seed, specs, cpu, res)
-    if outcomes is None:
+    res = _twin_result(RunResult(wl.name, load, load * wl.capacity(servers), c.name, c.kind,
+                                 seed=seed, servers=servers), c, Fleet(servers=servers),
+                       wl.schedule(load, duration, seed, servers), wl, duration, cpu)
+    if res.skipped:
         raise ValueError(f"{contender!r} is not modelled in virtual time")
-    summarize(res, outcomes, tags=[s.tag for s in specs] if wl.by_class else None)
-    res.wall_seconds = time.monotonic() - started
     return res
 
 
