@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -42,8 +42,6 @@ from bench.twin.cpu import MEASURED_COST, ProcessCpu
 from bench.workloads import (
     MODEL,
     PROFILE,
-    SLO_TPOT_HEADER,
-    SLO_TTFT_HEADER,
     WORKLOADS,
     RequestSpec,
     Workload,
@@ -190,77 +188,71 @@ class _Job:
 
 
 def _twin_router(c: Contender, keys: list[str], seed: int, cpu: ProcessCpu | None = None,
-                 labels: list[dict[str, str]] | None = None,
-                 specs: list[RequestSpec] | None = None) -> Any:
-    """The twin's router for ``c`` (None: not modelled); ``cpu``: each EPP's own copy of
-    this process CPU model; ``labels``: each server's extra pod labels; ``specs``: the
-    schedule (an EPP with a burst producer places each window's requests together)."""
+                 labels: list[dict[str, str]] | None = None) -> Any:
+    """The twin's router for ``c`` (None: not modelled, the peers); ``cpu``: each EPP's own
+    copy of this process CPU model; ``labels``: each server's extra pod labels."""
     from bench.contenders import TUNED_CONFIG
     from bench.twin.baselines import LeastRequest, Random, RoundRobin
     from bench.twin.epp_adapter import EppRouter
+    from bench.twin.replicas import Replicas
 
+    baseline = {"envoy-rr": RoundRobin, "envoy-random": Random, "envoy-lr": LeastRequest}
     if c.kind == "peer":
-        return None   # not modelled in virtual time
-    if c.name == "envoy-rr":
-        return RoundRobin(c.name, keys, seed)
-    if c.name == "envoy-random":
-        return Random(c.name, keys, seed)
-    if c.name == "envoy-lr":
-        return LeastRequest(c.name, keys, seed)
-    own = dataclasses.replace(cpu) if cpu is not None else None
-    by_key = dict(zip(keys, labels, strict=True)) if labels else None
+        return None
+    if c.name in baseline:
+        return baseline[c.name](c.name, keys, seed)
     if c.replicas:
-        from bench.twin.replicas import Replicas
-
         return Replicas(c.name, keys, seed, c.replicas, shared=c.store == "valkey",
-                        config_file=c.epp_config)
-    if c.epp_config is not None:
-        if specs is not None and "burst-prefix-cache-producer" in c.epp_config.read_text():
-            from bench.twin.burst import WindowedRouter
+                        config_file=c.epp_config, cpu=cpu)
+    if c.epp_config is None and c.name not in ("epp-default", "epp-tuned"):
+        return None
+    return EppRouter(c.name, keys, seed, config_file=c.epp_config, model=MODEL,
+                     cpu=dataclasses.replace(cpu) if cpu is not None else None,
+                     labels=dict(zip(keys, labels, strict=True)) if labels else None,
+                     config_text=TUNED_CONFIG if c.name == "epp-tuned" else None)
 
-            return WindowedRouter(c.name, keys, seed, config_file=c.epp_config, model=MODEL,
-                                  cpu=own, labels=by_key, specs=specs)
-        return EppRouter(c.name, keys, seed, config_file=c.epp_config, model=MODEL, cpu=own,
-                         labels=by_key)
-    if c.name in ("epp-default", "epp-tuned"):
-        return EppRouter(c.name, keys, seed, model=MODEL, cpu=own,
-                         config_text=TUNED_CONFIG if c.name == "epp-tuned" else None)
-    return None   # not modelled in virtual time (the peers)
+
+def _play(c: Contender, fleet: Fleet, seed: int, specs: list[RequestSpec],
+          cpu: ProcessCpu | None, res: RunResult) -> list[Any] | None:
+    """``specs`` through contender ``c`` on ``fleet`` in the twin (None: not modelled)."""
+    from bench.twin.loop import TwinConfig, run
+
+    if fleet.pd:
+        return _pd_virtual(fleet, c, seed, specs)
+    cfg = TwinConfig(servers=fleet.servers, seed=seed, profile=fleet.profile, model=MODEL,
+                     speeds=fleet.speeds, kv_blocks=fleet.kv_blocks)
+    router = _twin_router(c, cfg.keys(), seed, cpu, fleet.pod_labels())
+    if router is None:
+        return None
+    stats: dict[str, float] = {}
+    outcomes = run(specs, router, cfg, stats)
+    res.evictions = int(stats["evictions"])
+    return outcomes
 
 
 def _virtual(job: _Job) -> list[RunResult]:
     """One (load, seed): the schedule, built once, through each contender in the twin."""
-    from bench.twin.loop import TwinConfig, run
+    p = job.plan
+    specs = p.workload.schedule(job.load, p.duration, job.seed, p.fleet.capacity_servers)
+    return [_twin_result(_result(p, job.load, job.seed, c), c, p.fleet, specs, p.workload,
+                         p.duration, p.epp_cpu) for c in p.contenders]
 
-    p, wl = job.plan, job.plan.workload
-    specs = wl.schedule(job.load, p.duration, job.seed, p.fleet.capacity_servers)
-    tags = [s.tag for s in specs] if wl.by_class else None
-    out = []
-    for c in p.contenders:
-        res = _result(p, job.load, job.seed, c)
-        started = time.monotonic()
-        if p.fleet.pd:
-            outcomes = _pd_virtual(p.fleet, c, job.seed, specs)
-        elif _runtime_twin(c, p.fleet):
-            outcomes = _runtime_virtual(c, p.fleet, job.seed, specs)
-        else:
-            cfg = TwinConfig(servers=p.fleet.servers, seed=job.seed, profile=p.fleet.profile,
-                             model=MODEL, speeds=p.fleet.speeds, kv_blocks=p.fleet.kv_blocks)
-            router = _twin_router(c, cfg.keys(), job.seed, p.epp_cpu,
-                                  p.fleet.pod_labels(), specs)
-            stats: dict[str, float] = {}
-            outcomes = None if router is None else run(specs, router, cfg, stats)
-            res.evictions = int(stats.get("evictions", 0))
-        if outcomes is None:
-            res.skipped = "not modelled in virtual time (run with --real)"
-        else:
-            summarize(res, outcomes, tags=tags)
-            if wl.generator == "tenants":
-                res.jain = rp.tenant_fairness(specs, outcomes, p.duration)
-                res.token_shares = rp.token_shares(specs, outcomes, p.duration / 2, p.duration)
-            res.wall_seconds = time.monotonic() - started
-        out.append(res)
-    return out
+
+def _twin_result(res: RunResult, c: Contender, fleet: Fleet, specs: list[RequestSpec],
+                 wl: Workload, duration: float, cpu: ProcessCpu | None) -> RunResult:
+    """``res`` summarising ``specs`` (``wl``'s schedule over ``duration``) through ``c`` in
+    the twin, or skipped when ``c`` is not modelled there."""
+    started = time.monotonic()
+    outcomes = _play(c, fleet, res.seed, specs, cpu, res)
+    if outcomes is None:
+        res.skipped = "not modelled in virtual time (run with --real)"
+        return res
+    summarize(res, outcomes, tags=[s.tag for s in specs] if wl.by_class else None)
+    if wl.generator == "tenants":
+        res.jain = rp.tenant_fairness(specs, outcomes, duration)
+        res.token_shares = rp.token_shares(specs, outcomes, duration / 2, duration)
+    res.wall_seconds = time.monotonic() - started
+    return res
 
 
 def twin_run(workload: str | Workload, load: float, servers: int, seed: int, contender: str,
@@ -269,120 +261,19 @@ def twin_run(workload: str | Workload, load: float, servers: int, seed: int, con
     """One contender's virtual-time run of ``workload`` (a name of bench/workloads/ or a
     workload) on an aggregated fleet of ``servers`` (``config``: the EPP config of a
     contender that is not built in), the same path ``bench run --virtual`` takes."""
-    from bench.twin.loop import TwinConfig, run
-
     wl = WORKLOADS[workload] if isinstance(workload, str) else workload
     c = Contender(contender, epp_config=config)
-    cfg = TwinConfig(servers=servers, seed=seed, model=MODEL)
-    router = _twin_router(c, cfg.keys(), seed, cpu)
-    if router is None:
+    res = _twin_result(RunResult(wl.name, load, load * wl.capacity(servers), c.name, c.kind,
+                                 seed=seed, servers=servers), c, Fleet(servers=servers),
+                       wl.schedule(load, duration, seed, servers), wl, duration, cpu)
+    if res.skipped:
         raise ValueError(f"{contender!r} is not modelled in virtual time")
-    specs = wl.schedule(load, duration, seed, servers)
-    res = RunResult(wl.name, load, load * wl.capacity(servers), c.name, c.kind, seed=seed,
-                    servers=servers)
-    started = time.monotonic()
-    summarize(res, run(specs, router, cfg), tags=[s.tag for s in specs] if wl.by_class else None)
-    res.wall_seconds = time.monotonic() - started
     return res
-
-
-@dataclass(frozen=True, slots=True)
-class _Served:
-    """A request of the P/D or flow-control twins as :func:`bench.report.summarize` reads
-    an outcome."""
-
-    start: float
-    ttft: float | None
-    e2e: float | None
-    output_tokens: int
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    status: int = 200
-    pod: str = ""
-    error: str = ""
-    itl: list[float] = field(default_factory=list)
-    #: The EPP's predictions for the picked endpoint (central and quantile) and the
-    #: request's SLO, seconds (None: none); :func:`bench.report.summarize` judges them.
-    predicted_ttft: float | None = None
-    predicted_ttft_q: float | None = None
-    predicted_tpot: float | None = None
-    predicted_tpot_q: float | None = None
-    slo_ttft: float | None = None
-    slo_tpot: float | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.status == 200 and self.ttft is not None
-
-
-def _runtime_twin(c: Contender, fleet: Fleet) -> bool:
-    """Contenders the twin plays on the whole EPP runtime (:class:`bench.twin.runtime.Twin`)
-    rather than the director alone (:mod:`bench.twin.loop`): an EPP config with the
-    ``flowControl`` feature gate (its admitter awaits: an asyncio loop in virtual time) or a
-    ``predicted-latency-producer`` (it learns from streamed first tokens and retrains on the
-    virtual clock), and every EPP contender of a fleet with per-server speeds."""
-    import yaml
-
-    if c.epp_config is None:
-        return bool(fleet.speeds) and c.name in ("epp-default", "epp-tuned")
-    doc = yaml.safe_load(c.epp_config.read_text()) or {}
-    types = {p.get("type") for p in doc.get("plugins") or [] if isinstance(p, dict)}
-    return (bool(fleet.speeds) or "flowControl" in (doc.get("featureGates") or [])
-            or "predicted-latency-producer" in types)
-
-
-def _profile(fleet: Fleet) -> Any:
-    """The fleet's simulator profile, with its KV cache size when it sets one."""
-    from sim.profiles import get_profile
-
-    profile = get_profile(fleet.profile)
-    return dataclasses.replace(profile, num_gpu_blocks=fleet.kv_blocks) if fleet.kv_blocks \
-        else profile
-
-
-def _runtime_virtual(c: Contender, fleet: Fleet, seed: int,
-                     specs: list[RequestSpec]) -> list[Any]:
-    """The real EPP runtime, flow controller and latency model included
-    (:class:`bench.twin.runtime.Twin`, on :mod:`bench.twin.vtime`'s clock when it has flow control);
-    a request it refused, or that did not finish, is an error outcome. Each outcome also
-    carries the producer's predictions for the picked endpoint and the request's SLO."""
-    from bench.contenders import TUNED_CONFIG
-    from bench.twin.runtime import Twin
-
-    if c.epp_config is not None:
-        config: str | None = c.epp_config.read_text()
-    else:
-        config = TUNED_CONFIG if c.name == "epp-tuned" else None
-    twin = Twin(config, seed, fleet.servers, _profile(fleet), fleet.speeds)
-    for spec in specs:
-        twin.add(spec.at, spec.body, dict(spec.headers), spec.tag)
-    twin.run()
-    done: dict[tuple[str, float], list[Any]] = {}
-    for d in twin.done:
-        done.setdefault((d.tag, d.arrival), []).append(d)
-    out: list[Any] = []
-    for spec in specs:
-        slo_ttft = spec.headers.get(SLO_TTFT_HEADER)
-        slo_tpot = spec.headers.get(SLO_TPOT_HEADER)
-        slo = (float(slo_ttft) / 1000 if slo_ttft else None,
-               float(slo_tpot) / 1000 if slo_tpot else None)
-        mine = done.get((spec.tag, spec.at))
-        if not mine:
-            out.append(_Served(spec.at, None, None, 0, status=429,
-                               error="refused by the EPP (or not finished)",
-                               slo_ttft=slo[0], slo_tpot=slo[1]))
-            continue
-        d = mine.pop()
-        out.append(_Served(d.arrival, d.ttft, d.finish - d.arrival, d.out_tokens,
-                           d.prompt_tokens, pod=f"server-{d.engine}",
-                           predicted_ttft=d.predicted_ttft, predicted_ttft_q=d.predicted_ttft_q,
-                           predicted_tpot=d.predicted_tpot, predicted_tpot_q=d.predicted_tpot_q,
-                           slo_ttft=slo[0], slo_tpot=slo[1]))
-    return out
 
 
 def _pd_virtual(fleet: Fleet, c: Contender, seed: int,
                 specs: list[RequestSpec]) -> list[Any] | None:
+    from bench.twin.loop import TwinOutcome
     from bench.twin.pd import parse_spill, simulate
     from sim.profiles import get_profile
 
@@ -399,8 +290,8 @@ def _pd_virtual(fleet: Fleet, c: Contender, seed: int,
         return None
     # The twin's requests end in completion order; tags follow the schedule's order.
     by_arrival = sorted(served, key=lambda s: s.arrival)
-    return [_Served(s.arrival, s.ttft, s.ttft + s.tpot * max(0, s.output - 1), s.output)
-            for s in by_arrival]
+    return [TwinOutcome(i, s.arrival, 200, s.ttft, s.ttft + s.tpot * max(0, s.output - 1),
+                        s.output) for i, s in enumerate(by_arrival)]
 
 
 # -- real time ----------------------------------------------------------------------------

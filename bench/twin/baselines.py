@@ -37,7 +37,8 @@ class _Baseline:
         self._where[index] = key
         return key
 
-    def done(self, index: int, prompt_tokens: int, completion_tokens: int) -> None:
+    def done(self, index: int, prompt_tokens: int, completion_tokens: int,
+             now: float) -> None:
         self.inflight[self._where.pop(index)] -= 1
 
     def begin_scrape(self, key: str) -> None:

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import heapq
 import json
 import random
@@ -58,28 +59,12 @@ MEASURED = Path(__file__).with_name("epp_cpu.json")
 BALANCES = ("round-robin", "least-request")
 
 
-@dataclass(frozen=True, slots=True)
-class CpuCost:
-    """One replica's CPU: seconds per request, and the fraction of its core the store's
-    syncs take (0 without a store)."""
-
-    per_request: float
-    background: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.per_request <= 0 or not 0 <= self.background < 1:
-            raise ValueError(f"bad CPU cost {self}: per_request > 0, 0 <= background < 1")
-
-    @property
-    def capacity(self) -> float:
-        """Requests per second one replica serves when always busy."""
-        return (1 - self.background) / self.per_request
-
-
 @dataclass(slots=True)
 class ProcessCpu:
-    """One EPP process's CPU in the routing twin (:mod:`bench.twin.loop`), per request and per
-    streamed token, under a CPU budget (a pod's limit).
+    """One EPP process's CPU, per request and per streamed token, under a CPU budget (a pod's
+    limit): the routing twin's EPP (:mod:`bench.twin.loop`), each of its replicas, and each
+    replica core of this module's throughput model (``per_token`` 0; ``idle``: the share of
+    the core a sharing replica's syncs take).
 
     Costs are CPU seconds measured on the real EPP (``bench.epp_cpu --save``): a request costs
     ``per_request`` when it is picked, every streamed token ``per_token`` when its chunk crosses
@@ -100,6 +85,11 @@ class ProcessCpu:
     def __post_init__(self) -> None:
         if self.per_request < 0 or self.per_token < 0 or not 0 <= self.idle < min(1, self.cpus):
             raise ValueError(f"bad EPP CPU model {self}: costs >= 0, 0 <= idle < cpus")
+
+    @property
+    def capacity(self) -> float:
+        """Requests per second the process serves when always busy."""
+        return (min(self.cpus, 1.0) - self.idle) / self.per_request
 
     def run(self, now: float, work: float) -> float:
         """Work of ``work`` CPU seconds arriving at ``now``: when it is done."""
@@ -129,18 +119,18 @@ MEASURED_COST = Path(__file__).with_name("epp_cost.json")
 class Cores:
     """``n`` single-core replicas behind Envoy's balancer; times in seconds."""
 
-    def __init__(self, n: int, cost: CpuCost, balance: str = "round-robin") -> None:
+    def __init__(self, n: int, cost: ProcessCpu, balance: str = "round-robin") -> None:
         if n < 1 or balance not in BALANCES:
             raise ValueError(f"need n >= 1 and a balance in {BALANCES}")
         self.cost, self.balance = cost, balance
-        self.free_at = [0.0] * n
+        self.cores = [dataclasses.replace(cost) for _ in range(n)]
         #: per replica, the end times of its picks not yet done (FIFO: in order)
         self._ends: list[collections.deque[float]] = [collections.deque() for _ in range(n)]
         self._next = 0
 
     def choose(self, now: float) -> int:
         """The replica Envoy sends a stream opened at ``now`` to."""
-        n = len(self.free_at)
+        n = len(self.cores)
         if self.balance == "round-robin":
             r = self._next
             self._next = (r + 1) % n
@@ -158,9 +148,8 @@ class Cores:
         """A request arriving at ``now`` that needs ``work`` CPU seconds: its replica, and when
         its pick starts and ends (it waits while the replica is busy)."""
         r = self.choose(now)
-        start = max(now, self.free_at[r])
-        end = start + work / (1 - self.cost.background)
-        self.free_at[r] = end
+        start = max(now, self.cores[r].free_at)
+        end = self.cores[r].run(now, work)
         self._ends[r].append(end)
         return r, start, end
 
@@ -185,7 +174,7 @@ class Draws:
         return cls(gaps, factors)
 
 
-def open_loop_waits(rate: float, n: int, cost: CpuCost, draws: Draws,
+def open_loop_waits(rate: float, n: int, cost: ProcessCpu, draws: Draws,
                     balance: str = "round-robin") -> list[float]:
     """Poisson arrivals at ``rate`` req/s onto ``n`` replicas: each request's wait for its
     replica's core."""
@@ -198,7 +187,7 @@ def open_loop_waits(rate: float, n: int, cost: CpuCost, draws: Draws,
     return waits
 
 
-def saturated_rps(n: int, cost: CpuCost, draws: Draws, concurrency: int = 32,
+def saturated_rps(n: int, cost: ProcessCpu, draws: Draws, concurrency: int = 32,
                   balance: str = "round-robin") -> float:
     """Closed loop: ``concurrency`` connections each send their next request when the last
     one's pick is done; requests per second over ``len(draws.factors)`` requests."""
@@ -214,7 +203,7 @@ def saturated_rps(n: int, cost: CpuCost, draws: Draws, concurrency: int = 32,
     return len(draws.factors) / last
 
 
-def sustainable_rps(n: int, cost: CpuCost, draws: Draws, bound: float,
+def sustainable_rps(n: int, cost: ProcessCpu, draws: Draws, bound: float,
                     balance: str = "round-robin", steps: int = 18) -> float:
     """The highest Poisson rate (req/s) whose 99th-percentile wait stays within ``bound``
     seconds (bisection between 0 and the replicas' capacity: above it the queue grows without
@@ -233,15 +222,23 @@ def sustainable_rps(n: int, cost: CpuCost, draws: Draws, bound: float,
 class Measured:
     """One round of the real bench: the store-less EPP's and the sharing replica's cost."""
 
-    alone: CpuCost
-    shared: CpuCost
+    alone: ProcessCpu
+    shared: ProcessCpu
+
+
+def _core(per_request: float, background: float = 0.0) -> ProcessCpu:
+    """One replica's core: ``per_request`` CPU seconds a pick, ``background`` of the core
+    taken by the store's syncs."""
+    if per_request <= 0:
+        raise ValueError(f"bad CPU cost {per_request}: per_request > 0")
+    return ProcessCpu(per_request, 0.0, idle=background)
 
 
 def load_rounds(path: Path) -> tuple[list[Measured], dict[str, object]]:
     """The rounds ``bench.micro active-active --save`` wrote, and the file's header."""
     try:
         doc = json.loads(path.read_text())
-        rounds = [Measured(CpuCost(r["none_ms"] / 1000), CpuCost(r["shared_ms"] / 1000))
+        rounds = [Measured(_core(r["none_ms"] / 1000), _core(r["shared_ms"] / 1000))
                   for r in doc["rounds"]]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise SystemExit(
@@ -276,7 +273,7 @@ def run(rounds: Sequence[Measured], names: Sequence[Contender], *, seeds: int, r
         measured = rounds[seed % len(rounds)]
         draws = Draws.make(seed, requests, cv)
         for name, n, shared in names:
-            cost = (CpuCost(measured.shared.per_request, background) if shared
+            cost = (_core(measured.shared.per_request, background) if shared
                     else measured.alone)
             out.saturated[name][seed] = saturated_rps(n, cost, draws, concurrency, balance)
             out.sustainable[name][seed] = sustainable_rps(n, cost, draws, bound, balance)

@@ -1,4 +1,5 @@
-"""The twin's discrete-event loop: a fleet of simulator engines in virtual time.
+"""The twin's one engine: a fleet of simulator engines in virtual time behind a router (the
+real EPP runtime, Envoy's policies re-stated, or active-active EPP replicas).
 
 Events, in time order (ties broken by kind, then by insertion):
 
@@ -10,31 +11,40 @@ Events, in time order (ties broken by kind, then by insertion):
   phase of the ``interval`` - so the router sees numbers as stale as a real scrape's;
 - **arrival** of a request: the router picks a server (its in-flight count goes up), the
   server's engine queues the request and starts a step if it was idle. A router that models
-  its own CPU (``pick_done``, :mod:`bench.twin.cpu` in :mod:`bench.twin.replicas`) says when
-  the pick is done instead, and a **pick** event at that time does the above. A router with
-  a process CPU model (``cpu``, :class:`bench.twin.cpu.ProcessCpu`) pays for each pick and
-  each streamed token on it: the pick waits for the process, and the client sees a token when
-  the process has passed it on.
+  its CPU (``pick_done``: an EPP with a :class:`bench.twin.cpu.ProcessCpu`, or replicas each
+  with their own) says when the pick is done instead, and a **pick** event at that time does
+  the above; its ``token`` hook says when the client sees each streamed token (when the
+  process has passed it on);
+- **retrain** (routers with a latency model, ``retrain``): every ``retrain_interval`` model
+  seconds, in this thread, so a seed is one run.
 
-A request leaves the router's in-flight accounting when its last token is out. Times are model
-seconds; nothing sleeps, so one seed gives the same outcomes every time.
+A request leaves the router's in-flight accounting when its last token is out; a router with
+response hooks (``token``) sees every streamed token at its virtual time. A router whose
+admitters may wait (``route_async``: flow control's queues, a burst producer's windows) is
+played on an asyncio event loop whose clock is model seconds and jumps to the next timer
+(`looptime`_): the events are the same, and the admitters await on that clock in between.
+Times are model seconds; nothing sleeps, so one seed gives the same outcomes every time.
+
+.. _looptime: https://pypi.org/project/looptime/
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import functools
 import heapq
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
+import looptime
 import orjson
 
 from bench.openloop import Outcome
-from bench.twin.cpu import ProcessCpu
-from bench.workloads import RequestSpec
+from bench.workloads import SLO_TPOT_HEADER, SLO_TTFT_HEADER, RequestSpec
 from sim.engine import Engine, QueueFull, SimRequest
 from sim.kvevents import BlockHasher, KVEventRecorder
 from sim.openai import ApiError, parse_request
@@ -42,7 +52,26 @@ from sim.profiles import Profile, get_profile
 
 # Event kinds, in the order they run at equal times: a step's tokens are out before a scrape
 # taken at the same instant reads the engine, and both before an arrival is routed.
-STEP, SCRAPE_START, SCRAPE_DONE, ARRIVAL, PICK = 0, 1, 2, 3, 4
+STEP, SCRAPE_START, SCRAPE_DONE, ARRIVAL, PICK, RETRAIN = 0, 1, 2, 3, 4, 5
+#: looptime rounds its clock to this many seconds (a model-time microsecond).
+RESOLUTION = 1e-6
+T = TypeVar("T")
+
+
+@dataclass(slots=True)
+class TwinOutcome(Outcome):
+    """A request as the twin saw it, with the EPP's predictions for the picked endpoint
+    (central and p90 quantile; ``reported_tpot``: what the producer reports, its pick's and
+    in-stream predictions' mean) and the request's SLO, seconds (None: none);
+    :func:`bench.report.summarize` judges them."""
+
+    predicted_ttft: float | None = None
+    predicted_tpot: float | None = None
+    predicted_ttft_q: float | None = None
+    predicted_tpot_q: float | None = None
+    reported_tpot: float | None = None
+    slo_ttft: float | None = None
+    slo_tpot: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,8 +110,10 @@ class Router(Protocol):
         sent them to ``path``); returns its key, or raises :class:`Refused`."""
         ...
 
-    def done(self, index: int, prompt_tokens: int, completion_tokens: int) -> None:
-        """Request ``index`` finished (its last token is out)."""
+    def done(self, index: int, prompt_tokens: int, completion_tokens: int,
+             now: float) -> tuple[float | None, ...] | None:
+        """Request ``index`` finished at ``now`` (its last token is out); returns the
+        predictions for its endpoint (:class:`TwinOutcome`'s order) or None."""
         ...
 
     def begin_scrape(self, key: str) -> None:
@@ -124,150 +155,237 @@ def server_state(engine: Engine) -> ServerState:
 
 
 def run(specs: Sequence[RequestSpec], router: Router, config: TwinConfig,
-        stats: dict[str, float] | None = None) -> list[Outcome]:
+        stats: dict[str, float] | None = None) -> list[TwinOutcome]:
     """Play ``specs`` (arrival times in model seconds) through ``router`` onto the fleet;
-    one :class:`bench.openloop.Outcome` per request (times in model seconds). ``stats``
-    gets the fleet's figures (``evictions``: blocks the servers evicted)."""
-    profile: Profile = get_profile(config.profile)
-    if config.kv_blocks:
-        profile = dataclasses.replace(profile, num_gpu_blocks=config.kv_blocks)
-    keys = config.keys()
-    speeds = config.speeds or (1.0,) * len(keys)
-    # A router with a precise prefix scorer reads each engine step's KV events at its end.
-    sink: Callable[[str, list[Any]], None] | None = getattr(router, "kv_events", None)
-    engines = {k: Engine(profile, seed=config.seed + i, time_scale=1.0 / speeds[i],
-                         kv_events=None if sink is None else KVEventRecorder(
-                             functools.partial(sink, k)),
-                         block_hasher=None if sink is None else BlockHasher("sha256"))
-               for i, k in enumerate(keys)}
-    busy: dict[str, bool] = dict.fromkeys(keys, False)
-    outcomes = [Outcome(index=i, start=s.at) for i, s in enumerate(specs)]
-    owner: dict[int, tuple[int, str]] = {}   # id(SimRequest) -> (request index, server)
-    events: list[tuple[float, int, int, str]] = []   # (time, kind, seq, payload)
-    seq = 0
-    cpu: ProcessCpu | None = getattr(router, "cpu", None)
+    one :class:`TwinOutcome` per request (times in model seconds). ``stats`` gets the
+    fleet's figures (``evictions``: blocks the servers evicted)."""
+    play = _Play(specs, router, config)
+    if getattr(router, "route_async", None) is not None:
+        run_in_virtual_time(play.drive_async())
+    else:
+        while play.events:
+            play.next_event()
+    if stats is not None:
+        stats["evictions"] = sum(e.kv.evictions for e in play.engines.values())
+    return play.outcomes
 
-    def push(t: float, kind: int, payload: str) -> None:
-        nonlocal seq
-        seq += 1
-        heapq.heappush(events, (t, kind, seq, payload))
 
-    for i, s in enumerate(specs):
-        push(s.at, ARRIVAL, str(i))
-    last_arrival = max((s.at for s in specs), default=0.0)
-    if router.scrape_interval:
-        phase = random.Random(f"scrape:{config.seed}")
-        for k in keys:
-            push(phase.uniform(0, router.scrape_interval), SCRAPE_START, k)
+def run_in_virtual_time(main: Coroutine[Any, Any, T]) -> T:
+    """Run ``main`` on a fresh event loop whose clock starts at 0 and only moves to the next
+    scheduled timer (``loop.time()`` is model seconds; nothing sleeps). A loop with no timer
+    left and nothing runnable (a twin that deadlocked: only outside I/O could wake it) fails
+    every task with :class:`looptime.IdleTimeoutError` at once instead of hanging."""
+    loop = looptime.new_event_loop(start=0.0, resolution=RESOLUTION, noop_cycles=1,
+                                   idle_timeout=0.0)
+    try:
+        asyncio.set_event_loop(loop)
+        return loop.run_until_complete(main)
+    finally:
+        asyncio.set_event_loop(None)
+        loop.close()
 
-    def on_event(key: str) -> object:
-        def hook(kind: str, req: SimRequest, t: float) -> None:
-            idx = owner.get(id(req))
-            if idx is None:
-                return
-            out = outcomes[idx[0]]
-            if kind == "first_token" or kind == "token":
-                seen = t if cpu is None else cpu.run(t, cpu.per_token)
-                if kind == "first_token":
-                    out.ttft = seen - out.start
-                out.e2e = seen - out.start   # the last token's is the request's
-            elif kind == "finish":
-                out.status = 200
-                out.output_tokens = req.generated
-                out.prompt_tokens = req.prompt_tokens
-                out.cached_tokens = req.cached_tokens
-                del owner[id(req)]
-                router.done(idx[0], req.prompt_tokens, req.generated)
-        return hook
 
-    for k, e in engines.items():
-        e.on_event = on_event(k)  # type: ignore[assignment]
+def _outcome(i: int, spec: RequestSpec) -> TwinOutcome:
+    """Request ``i`` before it is sent, with the SLO its headers set."""
+    ttft, tpot = spec.headers.get(SLO_TTFT_HEADER), spec.headers.get(SLO_TPOT_HEADER)
+    return TwinOutcome(index=i, start=spec.at, slo_ttft=float(ttft) / 1000 if ttft else None,
+                       slo_tpot=float(tpot) / 1000 if tpot else None)
 
-    def start_step(key: str, now: float) -> None:
-        engine = engines[key]
+
+class _Play:
+    """One run: the engines, the event heap, the outcomes (see the module docstring)."""
+
+    def __init__(self, specs: Sequence[RequestSpec], router: Router,
+                 config: TwinConfig) -> None:
+        profile: Profile = get_profile(config.profile)
+        if config.kv_blocks:
+            profile = dataclasses.replace(profile, num_gpu_blocks=config.kv_blocks)
+        keys = config.keys()
+        speeds = config.speeds or (1.0,) * len(keys)
+        # A router with a precise prefix scorer reads each engine step's KV events at its end.
+        sink: Callable[[str, list[Any]], None] | None = getattr(router, "kv_events", None)
+        self.engines = {k: Engine(profile, seed=config.seed + i, time_scale=1.0 / speeds[i],
+                                  kv_events=None if sink is None else KVEventRecorder(
+                                      functools.partial(sink, k)),
+                                  block_hasher=None if sink is None else BlockHasher("sha256"))
+                        for i, k in enumerate(keys)}
+        for e in self.engines.values():
+            e.on_event = self._on_event
+        self.specs, self.router, self.config = specs, router, config
+        self.busy: dict[str, bool] = dict.fromkeys(keys, False)
+        self.outcomes = [_outcome(i, s) for i, s in enumerate(specs)]
+        self.owner: dict[int, int] = {}   # id(SimRequest) -> request index
+        self.events: list[tuple[float, int, int, str]] = []   # (time, kind, seq, payload)
+        self.seq = 0
+        #: optional router hooks: a streamed token (returns when the client sees it),
+        #: background work caught up to each event's time (replicas syncing a store), a
+        #: pick that takes time, retraining
+        self.token: Callable[[int, float, bool], float] | None = getattr(router, "token", None)
+        self.advance: Callable[[float], None] | None = getattr(router, "advance", None)
+        self.pick_done: Callable[[int, float], float] | None = getattr(router, "pick_done", None)
+        self.retrain: Callable[[], None] | None = getattr(router, "retrain", None)
+        self.readings: dict[str, ServerState] = {}
+        self.pending = len(specs)   # requests not yet routed (or refused)
+        self.last_arrival = max((s.at for s in specs), default=0.0)
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.wake: asyncio.Event | None = None
+        self.error: BaseException | None = None
+        for i, s in enumerate(specs):
+            self.push(s.at, ARRIVAL, str(i))
+        if router.scrape_interval:
+            phase = random.Random(f"scrape:{config.seed}")
+            for k in keys:
+                self.push(phase.uniform(0, router.scrape_interval), SCRAPE_START, k)
+        if self.retrain is not None:
+            self.push(router.retrain_interval, RETRAIN, "")  # type: ignore[attr-defined]
+
+    def push(self, t: float, kind: int, payload: str) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (t, kind, self.seq, payload))
+
+    def _on_event(self, kind: str, req: SimRequest, t: float) -> None:
+        i = self.owner.get(id(req))
+        if i is None:
+            return
+        out = self.outcomes[i]
+        if kind == "first_token" or kind == "token":
+            seen = t if self.token is None else self.token(i, t, kind == "first_token")
+            if kind == "first_token":
+                out.ttft = seen - out.start
+            out.e2e = seen - out.start   # the last token's is the request's
+        elif kind == "finish":
+            out.status = 200
+            out.output_tokens = req.generated
+            out.prompt_tokens = req.prompt_tokens
+            out.cached_tokens = req.cached_tokens
+            del self.owner[id(req)]
+            predicted = self.router.done(i, req.prompt_tokens, req.generated, t)
+            if predicted is not None:
+                (out.predicted_ttft, out.predicted_tpot, out.predicted_ttft_q,
+                 out.predicted_tpot_q, out.reported_tpot) = predicted
+
+    def start_step(self, key: str, now: float) -> None:
+        engine = self.engines[key]
         end = engine.begin_step(now)
         if end == now and not engine.running:
             engine.finish_step()   # blocked: nothing fits until something changes
-            busy[key] = False
+            self.busy[key] = False
             return
-        busy[key] = True
-        push(end, STEP, key)
+        self.busy[key] = True
+        self.push(end, STEP, key)
 
-    readings: dict[str, ServerState] = {}
-    admit = _admit(config.model, owner)
-    pending = len(specs)
-    # A router with background work of its own (replicas syncing a shared store,
-    # bench.twin.replicas) catches up to each event's time before it runs.
-    advance: Callable[[float], None] | None = getattr(router, "advance", None)
-    # A router with a CPU model: (request index, arrival time) -> when its pick is done.
-    pick_done: Callable[[int, float], float] | None = getattr(router, "pick_done", None)
-    if cpu is not None:
-        pick_done = cpu.pick_done
-    while events:
-        t, kind, _, payload = heapq.heappop(events)
-        if advance is not None:
-            advance(t)
+    def next_event(self) -> None:
+        """Run the earliest event."""
+        t, kind, _, payload = heapq.heappop(self.events)
+        router = self.router
+        if self.advance is not None:
+            self.advance(t)
         if kind == STEP:
-            engine = engines[payload]
+            engine = self.engines[payload]
             engine.finish_step()
-            busy[payload] = False
+            self.busy[payload] = False
             if engine.has_work:
-                start_step(payload, t)
-        elif kind == SCRAPE_START:
-            if pending == 0 and t > last_arrival:
-                continue   # nothing left to route: stop scraping
+                self.start_step(payload, t)
+        elif kind in (SCRAPE_START, RETRAIN):
+            if self.pending == 0 and t > self.last_arrival:
+                return   # nothing left to route: stop scraping and learning
+            if kind == RETRAIN:
+                assert self.retrain is not None
+                self.retrain()
+                self.push(t + router.retrain_interval, RETRAIN, "")  # type: ignore[attr-defined]
+                return
             router.begin_scrape(payload)
-            push(t + config.scrape_latency, SCRAPE_DONE, payload)
-            push(t + (router.scrape_interval or 0.0), SCRAPE_START, payload)
-            readings[payload] = server_state(engines[payload])
+            self.push(t + self.config.scrape_latency, SCRAPE_DONE, payload)
+            self.push(t + (router.scrape_interval or 0.0), SCRAPE_START, payload)
+            self.readings[payload] = server_state(self.engines[payload])
         elif kind == SCRAPE_DONE:
-            router.scraped(payload, readings.pop(payload))
-        elif kind == ARRIVAL and pick_done is not None:
-            push(pick_done(int(payload), t), PICK, payload)
+            router.scraped(payload, self.readings.pop(payload))
+        elif kind == ARRIVAL and self.pick_done is not None:
+            self.push(self.pick_done(int(payload), t), PICK, payload)
+        elif self.wake is not None:   # the admitters may wait: route on the event loop
+            task = asyncio.get_running_loop().create_task(self._route_async(int(payload), t))
+            self.tasks.add(task)
+            task.add_done_callback(self._reap)
         else:
-            pending -= 1
+            self.pending -= 1
             i = int(payload)
-            body = orjson.dumps(specs[i].body)
+            body = orjson.dumps(self.specs[i].body)
             try:
-                key = router.route(i, specs[i].path, body, t, specs[i].headers)
+                key = router.route(i, self.specs[i].path, body, t, self.specs[i].headers)
             except Refused as e:
-                outcomes[i].status, outcomes[i].error = e.status, str(e)
-                continue
-            outcomes[i].pod = key
-            error = admit(engines[key], i, key, body, specs[i].path, t)
-            if error:
-                outcomes[i].status, outcomes[i].error = error
-                router.done(i, 0, 0)
-            elif not busy[key]:
-                start_step(key, t)
-    if stats is not None:
-        stats["evictions"] = sum(e.kv.evictions for e in engines.values())
-    return outcomes
+                self.outcomes[i].status, self.outcomes[i].error = e.status, str(e)
+                return
+            self.place(i, key, body, t)
 
+    def place(self, i: int, key: str, body: bytes, t: float) -> None:
+        """Request ``i``, routed to ``key``, joins its server's queue at ``t``."""
+        self.outcomes[i].pod = key
+        error = self._admit(self.engines[key], i, body, self.specs[i].path, t)
+        if error:
+            self.outcomes[i].status, self.outcomes[i].error = error
+            self.router.done(i, 0, 0, t)
+        elif not self.busy[key]:
+            self.start_step(key, t)
 
-def _admit(model: str, owner: dict[int, tuple[int, str]]) -> Callable[
-        [Engine, int, str, bytes, str, float], tuple[int, str] | None]:
-    """Queue a routed request on its server the way ``sim.server`` does; returns
-    (status, error) when the server refuses it."""
-    def admit(engine: Engine, i: int, key: str, body: bytes, path: str,
-              now: float) -> tuple[int, str] | None:
+    async def _route_async(self, i: int, t: float) -> None:
+        body = orjson.dumps(self.specs[i].body)
+        route: Callable[..., Awaitable[str]] = self.router.route_async  # type: ignore[attr-defined]
+        try:
+            key = await route(i, self.specs[i].path, body, self.specs[i].headers)
+        except Refused as e:
+            self.outcomes[i].status, self.outcomes[i].error = e.status, str(e)
+            return
+        finally:
+            self.pending -= 1
+        self.place(i, key, body, max(t, asyncio.get_running_loop().time()))
+        assert self.wake is not None
+        self.wake.set()   # the driver re-reads the heap: a step may now end sooner
+
+    def _reap(self, task: asyncio.Task[None]) -> None:
+        self.tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self.error = task.exception()
+
+    async def drive_async(self) -> None:
+        """The events in time order on the running loop's clock; between them the routing
+        tasks' admitters await (the flow controller and its dispatcher on the same loop)."""
+        loop = asyncio.get_running_loop()
+        self.wake = asyncio.Event()
+        try:
+            while (self.events or self.tasks) and self.error is None:
+                if self.events and self.events[0][0] <= loop.time() + RESOLUTION:
+                    self.next_event()
+                    continue
+                self.wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout_at(self.events[0][0] if self.events else None):
+                        await self.wake.wait()
+            if self.error is not None:
+                raise self.error
+        finally:
+            for task in self.tasks:
+                task.cancel()
+            aclose: Callable[[], Awaitable[None]] | None = getattr(self.router, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    def _admit(self, engine: Engine, i: int, body: bytes, path: str,
+               now: float) -> tuple[int, str] | None:
+        """Queue a routed request on its server the way ``sim.server`` does; returns
+        (status, error) when the server refuses it."""
         try:
             parsed = parse_request(body, chat=path.endswith("/chat/completions"))
         except ApiError as exc:
             return exc.status, str(exc)
-        lora = None if parsed.model == model else parsed.model
+        lora = None if parsed.model == self.config.model else parsed.model
         max_tokens = parsed.max_tokens or engine.profile.default_max_tokens
         req = engine.new_request(parsed.prompt, max_tokens, lora=lora, now=now,
                                  salt=parsed.cache_salt, request_id=str(i))
         req.mm_hashes = parsed.mm_hashes
-        owner[id(req)] = (i, key)
+        self.owner[id(req)] = i
         try:
             engine.add(req)
-        except QueueFull as exc:
-            del owner[id(req)]
-            return 429, str(exc)
-        except ValueError as exc:
-            del owner[id(req)]
-            return 400, str(exc)
+        except (QueueFull, ValueError) as exc:
+            del self.owner[id(req)]
+            return (429 if isinstance(exc, QueueFull) else 400), str(exc)
         return None
-    return admit

@@ -19,11 +19,11 @@ What is modelled, and how it maps to the real thing:
   (tried, not adopted): in-flight changes published that long after they happen.
 - **Scrapes**: every replica scrapes every server at the loop's scrape instants (the same
   phase for all replicas: a simplification; real replicas scrape on their own phases).
-- **CPU** (``cpu``, off by default): each replica is one core; a pick costs the CPU measured
-  on the real EPP (:mod:`bench.twin.cpu`: medians over the rounds of
-  ``bench/twin/epp_cpu.json``; sharing replicas pay the cost with the store), exponential
-  around it; requests wait while their replica is busy and reach their server when the pick
-  is done. Without it a pick is instant.
+- **CPU** (``cpu``, off by default; a scenario's ``budget.router_cpus``): each replica is
+  its own process with its own copy of the EPP's CPU model (:class:`bench.twin.cpu.ProcessCpu`:
+  the measured cost per pick and per streamed token at that budget); a request waits while
+  its replica is busy and reaches its server when the pick is done, its tokens reach the
+  client when its replica has passed them on. Without it a pick is instant.
 
 Not modelled: Valkey's latency beyond ``pubsub_latency``, and lost syncs. The twin answers
 "what do separate views cost the routing"; how many picks per second n replicas serve is
@@ -35,14 +35,14 @@ through :class:`Replicas` in virtual time (``bench/scenarios/active-active.yaml`
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
-import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.twin.cpu import Cores, CpuCost
+from bench.twin.cpu import ProcessCpu
 from bench.twin.epp_adapter import SCRAPE_INTERVAL, EppRouter
 from bench.twin.loop import ServerState
 from bench.workloads import MODEL
@@ -198,21 +198,18 @@ class Replicas:
 
     def __init__(self, name: str, keys: list[str], seed: int, n: int, *, shared: bool,
                  sync_interval: float = SYNC_INTERVAL,
-                 flush_delay: float | None = None, cpu: CpuCost | None = None,
+                 flush_delay: float | None = None, cpu: ProcessCpu | None = None,
                  config_file: Path | None = None) -> None:
         self.name = name
         self.bus = Bus(n, shared=shared, sync_interval=sync_interval, flush_delay=flush_delay)
         self.replicas = [EppRouter(f"{name}-{i}", keys, seed, model=MODEL,
-                                   config_file=config_file, state_store=self.bus.stores[i])
+                                   config_file=config_file, state_store=self.bus.stores[i],
+                                   cpu=dataclasses.replace(cpu) if cpu is not None else None)
                          for i in range(n)]
         self._next = 0
         self._owner: dict[int, EppRouter] = {}
-        #: with a CPU model: the replicas' cores, and the replica each waiting pick is on
-        self.cores = Cores(n, cpu) if cpu is not None else None
-        self._assigned: dict[int, int] = {}
-        self._costs = random.Random(f"pick-cost:{seed}")
-        #: read by the twin's loop: None while picks are instant
-        self.pick_done = self._pick_done if cpu is not None else None
+        if cpu is not None:  # read by the twin's loop: picks take time
+            self.pick_done = self._pick_done
         #: KV events reach every replica (each subscribes to every server)
         self.kv_events = self._kv_events if self.replicas[0].kv_events else None
 
@@ -221,30 +218,31 @@ class Replicas:
             r._index_events(key, events)
 
     def _pick_done(self, index: int, now: float) -> float:
-        """Envoy sends request ``index`` to a replica at ``now``; when its pick is done
-        (it waits while that replica's core is busy; the cost is exponential around the
-        measured mean)."""
-        assert self.cores is not None
-        work = self.cores.cost.per_request * self._costs.expovariate(1.0)
-        replica, _, end = self.cores.serve(now, work)
-        self._assigned[index] = replica
-        return end
+        """Envoy sends request ``index`` to the next replica at ``now``; when its pick is
+        done (it waits while that replica's process is busy)."""
+        replica = self._owner[index] = self._turn()
+        return replica.pick_done(index, now)
+
+    def _turn(self) -> EppRouter:
+        replica = self.replicas[self._next]
+        self._next = (self._next + 1) % len(self.replicas)
+        return replica
 
     def advance(self, now: float) -> None:
         self.bus.advance(now)
 
     def route(self, index: int, path: str, body: bytes, now: float,
               headers: Mapping[str, str]) -> str:
-        if self.cores is not None:
-            replica = self.replicas[self._assigned.pop(index)]
-        else:
-            replica = self.replicas[self._next]
-            self._next = (self._next + 1) % len(self.replicas)
+        replica = self._owner.get(index) or self._turn()
         self._owner[index] = replica
         return replica.route(index, path, body, now, headers)
 
-    def done(self, index: int, prompt_tokens: int, completion_tokens: int) -> None:
-        self._owner.pop(index).done(index, prompt_tokens, completion_tokens)
+    def done(self, index: int, prompt_tokens: int, completion_tokens: int,
+             now: float) -> tuple[float | None, ...] | None:
+        return self._owner.pop(index).done(index, prompt_tokens, completion_tokens, now)
+
+    def token(self, index: int, now: float, first: bool) -> float:
+        return self._owner[index].token(index, now, first)
 
     def begin_scrape(self, key: str) -> None:
         for r in self.replicas:

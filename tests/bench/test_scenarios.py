@@ -265,6 +265,17 @@ def test_peers_are_skipped_in_virtual_time_with_the_reason() -> None:
     assert rows["vllm-router:cache_aware"].skipped.startswith("not modelled in virtual time")
 
 
+def test_a_peer_with_replicas_is_skipped_in_virtual_time_too() -> None:
+    """precise-prefix's peers run as 4 processes each in real time; in virtual time they are
+    peers, not EPP replicas."""
+    scn = load_scenario(ROOT / "bench" / "scenarios" / "precise-prefix.yaml")
+    from bench.runner import _Job, _virtual
+
+    p = plan(scn, seeds=[11], duration=2, contenders=["sglang-router:cache_aware"])
+    (row,) = _virtual(_Job(p, scn.loads[0], 11))
+    assert row.skipped.startswith("not modelled in virtual time") and row.requests == 0
+
+
 # -- RESULTS.md ---------------------------------------------------------------------------
 def test_report_writes_sections_from_saved_runs_and_checks_the_scenario(
         tmp_path: Path, newcomer_run: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
@@ -415,7 +426,7 @@ def test_rollout_steps_are_samples_of_new_prompts() -> None:
 
 
 def test_a_burst_producer_contender_places_each_window_together() -> None:
-    """v010-burst-prefix in virtual time: the burst producer's windows (bench.twin.burst)
+    """v010-burst-prefix in virtual time: the burst producer's windows (on the twin's event loop)
     keep a step's samples together as a cold-cache load balancer does not."""
     from bench.runner import _Job, _virtual
 

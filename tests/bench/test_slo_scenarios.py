@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from bench.report import RunResult, calibration, slo_table, summarize
-from bench.runner import _runtime_twin, _runtime_virtual, _Served, plan
+from bench.runner import _play, plan
 from bench.scenario import Contender, ScenarioError, load_scenario
 from bench.twin.baselines import RoundRobin
-from bench.twin.loop import TwinConfig, run
+from bench.twin.loop import TwinConfig, TwinOutcome, run
 from bench.workloads import WORKLOADS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -107,8 +107,9 @@ def test_bad_tenant_slo_keys_are_refused(tmp_path: Path, bad: str) -> None:
 
 
 def _served(start: float, ttft: float, tpot: float, tokens: int = 11, **kw: float | None,
-            ) -> _Served:
-    return _Served(start, ttft, ttft + tpot * (tokens - 1), tokens, **kw)  # type: ignore[arg-type]
+            ) -> TwinOutcome:
+    return TwinOutcome(0, start, 200, ttft, ttft + tpot * (tokens - 1), tokens,
+                       **kw)  # type: ignore[arg-type]
 
 
 def test_slo_attainment_counts_every_target_a_request_set_and_errors_as_misses() -> None:
@@ -117,7 +118,7 @@ def test_slo_attainment_counts_every_target_a_request_set_and_errors_as_misses()
         _served(1.0, 0.6, 0.01, slo_ttft=0.5, slo_tpot=0.02),     # TTFT miss
         _served(2.0, 0.1, 0.03, slo_ttft=0.5, slo_tpot=0.02),     # TPOT miss
         _served(3.0, 0.9, 0.05),                                  # no SLO: not counted
-        _Served(4.0, None, None, 0, status=429, slo_ttft=0.5),    # refused: a miss
+        TwinOutcome(0, 4.0, 429, slo_ttft=0.5),                   # refused: a miss
         _served(5.0, 0.2, 0.05, slo_ttft=0.5),                    # TTFT-only SLO: met
     ]
     res = summarize(RunResult("w", 1.0, 1.0, "c", "ours"), outcomes, warmup=0.0)
@@ -139,7 +140,7 @@ def test_calibration_judges_the_quantile_predictions_against_what_was_measured()
     assert calibration([_served(0.0, 0.1, 0.01)]) == {}
 
 
-def test_latency_profiles_play_on_the_whole_runtime_and_carry_their_predictions() -> None:
+def test_latency_profiles_learn_in_the_twin_and_carry_their_predictions() -> None:
     """slo-p90 on a 2-server heterogeneous fleet: the producer learns on the virtual clock
     and every served request carries its p90 predictions and SLO, so the report can judge
     them."""
@@ -147,9 +148,9 @@ def test_latency_profiles_play_on_the_whole_runtime_and_carry_their_predictions(
     c = Contender("slo-p90", epp_config=path)
     scn = load_scenario(ROOT / "bench" / "scenarios" / "slo-routing.yaml")
     fleet = plan(scn, servers=2).fleet
-    assert _runtime_twin(c, fleet) and _runtime_twin(Contender("epp-default"), fleet)
     specs = scn.workload.schedule(0.5, 25.0, 1, fleet.capacity_servers)
-    outcomes = _runtime_virtual(c, fleet, 1, specs)
+    outcomes = _play(c, fleet, 1, specs, None, RunResult("w", 0.5, 1.0, "slo-p90", "ours"))
+    assert outcomes is not None
     assert len(outcomes) == len(specs)
     predicted = [o for o in outcomes if o.predicted_tpot_q is not None]
     assert len(predicted) > len(outcomes) / 3

@@ -167,3 +167,19 @@ def test_unknown_scenario_and_workload_are_named() -> None:
         proc = subprocess.run([sys.executable, "-m", "bench", "run", *args], cwd=ROOT,
                               capture_output=True, text=True, timeout=60)
         assert proc.returncode == 2 and word in proc.stderr
+
+
+def test_a_twin_scrape_stays_fresh_however_slow_the_run() -> None:
+    """The saturation detector calls metrics older than 200 ms of wall time stale (and the
+    pool saturated); a twin's scrape is as fresh as the loop says, so wall time spent between
+    two scrapes (a loaded machine) must not age it."""
+    import time
+
+    keys = TwinConfig(servers=2).keys()
+    epp = EppRouter("epp", keys, 0, model=MODEL)
+    for key in keys:
+        epp.begin_scrape(key)
+        epp.scraped(key, ServerState(0, 0, 0.0, 4, frozenset(), frozenset(), 16, 1000))
+    time.sleep(0.25)
+    views = list(epp.views.values())
+    assert not epp.runtime.saturation.is_saturated(views)

@@ -13,8 +13,8 @@ import pytest
 from bench.twin.cpu import (
     MEASURED,
     Cores,
-    CpuCost,
     Draws,
+    ProcessCpu,
     contenders,
     load_rounds,
     main,
@@ -31,30 +31,30 @@ MS = 0.001
 
 def test_one_replica_saturates_at_one_over_its_cost() -> None:
     draws = Draws.make(0, 5000, cv=1.0)
-    got = saturated_rps(1, CpuCost(MS), draws)
+    got = saturated_rps(1, ProcessCpu(MS, 0.0), draws)
     assert got == pytest.approx(1000, rel=0.05)   # not unbounded: the core is the limit
 
 
 def test_replicas_add_cores_and_the_syncs_take_their_share() -> None:
     draws = Draws.make(1, 5000, cv=0.0)
-    one = saturated_rps(1, CpuCost(MS), draws)
-    assert saturated_rps(2, CpuCost(MS), draws) == pytest.approx(2 * one, rel=0.01)
-    assert saturated_rps(3, CpuCost(MS), draws) == pytest.approx(3 * one, rel=0.01)
+    one = saturated_rps(1, ProcessCpu(MS, 0.0), draws)
+    assert saturated_rps(2, ProcessCpu(MS, 0.0), draws) == pytest.approx(2 * one, rel=0.01)
+    assert saturated_rps(3, ProcessCpu(MS, 0.0), draws) == pytest.approx(3 * one, rel=0.01)
     # a store costing 10% more per request and 5% of the core in syncs
-    shared = saturated_rps(2, CpuCost(1.1 * MS, 0.05), draws)
+    shared = saturated_rps(2, ProcessCpu(1.1 * MS, 0.0, idle=0.05), draws)
     assert shared == pytest.approx(2 * one * 0.95 / 1.1, rel=0.01)
 
 
 def test_a_request_waits_while_its_replica_is_busy() -> None:
-    cores = Cores(1, CpuCost(MS))
+    cores = Cores(1, ProcessCpu(MS, 0.0))
     assert cores.serve(0.0, MS) == (0, 0.0, MS)
     assert cores.serve(0.0, MS) == (0, MS, 2 * MS)        # queued behind the first
     assert cores.serve(0.010, MS) == (0, 0.010, 0.011)    # idle again: no wait
 
 
 def test_round_robin_alternates_and_least_request_avoids_the_busy_replica() -> None:
-    rr = Cores(2, CpuCost(MS), "round-robin")
-    lr = Cores(2, CpuCost(MS), "least-request")
+    rr = Cores(2, ProcessCpu(MS, 0.0), "round-robin")
+    lr = Cores(2, ProcessCpu(MS, 0.0), "least-request")
     for cores in (rr, lr):
         assert cores.serve(0.0, 10 * MS)[0] == 0     # a long pick on replica 0
         assert cores.serve(0.0, MS)[0] == 1
@@ -65,13 +65,13 @@ def test_round_robin_alternates_and_least_request_avoids_the_busy_replica() -> N
 
 
 def test_background_stretches_every_pick() -> None:
-    cores = Cores(1, CpuCost(MS, background=0.5))
+    cores = Cores(1, ProcessCpu(MS, 0.0, idle=0.5))
     assert cores.serve(0.0, MS)[2] == pytest.approx(2 * MS)
 
 
 def test_waits_grow_with_the_rate_and_the_sustainable_rate_sits_below_saturation() -> None:
     draws = Draws.make(2, 4000, cv=1.0)
-    cost = CpuCost(MS)
+    cost = ProcessCpu(MS, 0.0)
     light = max(open_loop_waits(200, 1, cost, draws))
     heavy = max(open_loop_waits(900, 1, cost, draws))
     assert light < heavy
@@ -86,13 +86,13 @@ def test_waits_grow_with_the_rate_and_the_sustainable_rate_sits_below_saturation
 def test_the_saved_rounds_load_and_bad_files_say_why(tmp_path: Path) -> None:
     rounds, header = load_rounds(MEASURED)
     assert rounds and "command" in header
-    assert all(r.alone.per_request > 0 and 0 <= r.shared.background < 1 for r in rounds)
+    assert all(r.alone.per_request > 0 and 0 <= r.shared.idle < 1 for r in rounds)
     bad = tmp_path / "cpu.json"
     bad.write_text(json.dumps({"rounds": [{"none_ms": 1.0}]}))
     with pytest.raises(SystemExit, match=r"cpu\.json: not a bench\.micro active-active"):
         load_rounds(bad)
     with pytest.raises(ValueError):
-        CpuCost(0.0)
+        ProcessCpu(-MS, 0.0)
 
 
 def test_cli_pairs_each_seed_with_a_measured_round(tmp_path: Path,
@@ -125,14 +125,15 @@ def test_the_routing_twin_delays_each_request_by_its_picks_wait_and_cost() -> No
     cfg = TwinConfig(servers=servers, seed=0, model=MODEL)
     instant = run(specs, Replicas("x", cfg.keys(), 0, 1, shared=False), cfg)
     # a pick costing 0.5 s on one core: requests queue behind each other at the EPP
-    slow = Replicas("x", cfg.keys(), 0, 1, shared=False, cpu=CpuCost(0.5))
+    slow = Replicas("x", cfg.keys(), 0, 1, shared=False, cpu=ProcessCpu(0.5, 0.0))
     delayed = run(specs, slow, cfg)
-    assert slow.cores is not None and not slow._assigned
+    assert not slow._owner   # every request released
     assert all(o.ok for o in delayed)
     waits = [(d.ttft or 0) - (i.ttft or 0) for d, i in zip(delayed, instant, strict=True)]
     assert statistics.median(waits) > 0.5
     # two replicas share the queue: less delay than one
-    two = run(specs, Replicas("x", cfg.keys(), 0, 2, shared=True, cpu=CpuCost(0.5)), cfg)
+    two = run(specs, Replicas("x", cfg.keys(), 0, 2, shared=True, cpu=ProcessCpu(0.5, 0.0)),
+              cfg)
     assert all(o.ok for o in two)
     assert (statistics.median(o.ttft or 0 for o in two)
             < statistics.median(o.ttft or 0 for o in delayed))
