@@ -432,11 +432,12 @@ def _faults(contender: Any, faults: Sequence[Fault], time_scale: float,
         (workdir / "faults.txt").write_text("".join(line + "\n" for line in done))
 
 
-def load_run(run_dir: Path) -> tuple[dict[str, object], list[RunResult]]:
-    """A saved run's meta and results (also the former ``python -m bench.compare``'s, under
-    ``.cache/bench-compare/<timestamp>/``)."""
-    saved = json.loads((run_dir / "results.json").read_text())
-    return saved["meta"], [RunResult(**r) for r in saved["results"]]
+def load_run(path: Path) -> tuple[str, float, list[RunResult]]:
+    """A run saved by ``python -m bench run ... --save`` (``bench/runs/*.json``): the command
+    that made it, its arrival window (model seconds) and its results."""
+    saved = json.loads(path.read_text())
+    return (str(saved["environment"].get("argv", "?")), float(saved["settings"]["duration"]),
+            [RunResult(**r) for r in saved["results"]])
 
 
 def _result(p: Plan, load: float, seed: int, c: Contender) -> RunResult:

@@ -95,8 +95,9 @@ def table(pairs: list[Pair]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.twin.agreement", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--from-run", type=Path, default=None, metavar="RUN_DIR",
-                    help="replay a saved bench.compare run's envoy-rr/epp-default runs")
+    ap.add_argument("--from-run", type=Path, default=None, metavar="RUN_FILE",
+                    help="replay the envoy-rr/epp-default runs of a real-time run saved by "
+                         "`python -m bench run ... --real --save` (bench/runs/*-real-*.json)")
     ap.add_argument("--workload", default="sharegpt")
     ap.add_argument("--load", type=float, default=0.6)
     ap.add_argument("--seed", type=int, default=0)
@@ -116,13 +117,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.from_run is not None:
         from bench.runner import load_run
 
-        meta, results = load_run(args.from_run)
-        durations = dict(meta.get("durations", {}))  # type: ignore[call-overload]
-        pairs = [Pair(r, twin_of(r, float(durations.get(r.workload,
-                                                        WORKLOADS[r.workload].duration)),
-                               cpu(r.servers)))
+        try:
+            made_by, duration, results = load_run(args.from_run)
+        except (OSError, ValueError, KeyError) as e:
+            ap.error(f"--from-run: {args.from_run}: not a saved run ({type(e).__name__}: {e})")
+        pairs = [Pair(r, twin_of(r, duration, cpu(r.servers)))
                  for r in results if r.contender in REPLAYED and r.usable]
-        source = f"the real runs of `{meta['command']}`"
+        source = f"the real runs of `{made_by}`"
     else:
         if args.workload not in WORKLOADS:
             ap.error(f"--workload: unknown workload {args.workload!r}")
