@@ -278,21 +278,23 @@ def budget_use(specs: Sequence[SpecLike], outcomes: Sequence[OutcomeLike],
                budgets: dict[str, int], start: float, end: float,
                time_scale: float = 1.0) -> dict[str, list[float]]:
     """For each tenant with a tokens-per-minute budget (``budgets`` by fairness id, ``*``:
-    every tenant): the tokens (prompt + output, the server's ``usage``) of its requests that
-    were served, by arrival, in each 60 s window starting every 30 s from ``start`` to
-    ``end`` - 60 model s, over its budget. A request refused for the budget counts nothing."""
+    every other tenant; 0: no budget): the tokens (prompt + output, the server's ``usage``)
+    of its requests that were served, by arrival, in each 60 s window starting every 30 s
+    from ``start`` to ``end`` - 60 model s, over its budget. A request refused for the budget
+    counts nothing."""
+    def budget(tenant: str) -> int:
+        return budgets.get(tenant, budgets.get("*", 0))
+
     tokens: dict[str, list[tuple[float, int]]] = {}
     for spec, o in zip(specs, outcomes, strict=True):
         tenant = spec.tag.split("/", 1)[0]
-        if (budgets.get(tenant) or budgets.get("*")) and o.ok:
+        if budget(tenant) and o.ok:
             tokens.setdefault(tenant, []).append((o.start / time_scale,
                                                   o.prompt_tokens + o.output_tokens))
-    out = {}
-    for tenant, served in sorted(tokens.items()):
-        budget = budgets.get(tenant) or budgets["*"]
-        starts = [start + 30 * k for k in range(int((end - 60 - start) // 30) + 1)]
-        out[tenant] = [sum(n for at, n in served if w <= at < w + 60) / budget for w in starts]
-    return out
+    starts = [start + 30 * k for k in range(int((end - 60 - start) // 30) + 1)]
+    return {tenant: [sum(n for at, n in served if w <= at < w + 60) / budget(tenant)
+                     for w in starts]
+            for tenant, served in sorted(tokens.items())}
 
 
 def jain(xs: Sequence[float]) -> float:

@@ -150,18 +150,21 @@ def plan(scn: Scenario, *, mode: str = "virtual", seeds: Sequence[int] | None = 
 
 def token_budgets(c: Contender) -> dict[str, int]:
     """The tokens-per-minute budgets of ``c``'s ``token-budget-admitter`` by fairness id
-    (``*``: every tenant); empty without one."""
+    (``*``: every other tenant; 0: no budget), its parameters read as the plugin reads them;
+    empty without one."""
     import yaml
+
+    from epp.flowcontrol.budgets import TokenBudgetAdmitter
+    from shared.plugins import parse_parameters
 
     if c.epp_config is None:
         return {}
     doc = yaml.safe_load(c.epp_config.read_text()) or {}
     for plugin in doc.get("plugins") or []:
-        if isinstance(plugin, dict) and plugin.get("type") == "token-budget-admitter":
-            params = plugin.get("parameters") or {}
-            every = int(params.get("tokensPerMinute") or 0)
-            return {**({"*": every} if every else {}),
-                    **{t: int(n) for t, n in (params.get("tenants") or {}).items() if n}}
+        if isinstance(plugin, dict) and plugin.get("type") == TokenBudgetAdmitter.type_name:
+            p = parse_parameters(TokenBudgetAdmitter.parameters_type,
+                                 plugin.get("parameters") or {}, label=c.name)
+            return {"*": p.tokens_per_minute, **p.tenants}
     return {}
 
 

@@ -150,7 +150,7 @@ class BudgetLedger:
                 if used >= min(budget, budget * (w + burst) / WINDOW):
                     break
             else:
-                return max(0.0, t - now) if ahead else 0.0
+                return max(0.0, t - now)
         return float(WINDOW)
 
     def _window(self, tenant: str) -> dict[int, int]:

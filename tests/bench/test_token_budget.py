@@ -31,13 +31,16 @@ def test_served_tokens_per_window_by_arrival_over_the_budget() -> None:
     assert got == {"noisy": pytest.approx([1.5, 1.5])}
     assert budget_use(specs, outcomes, {"*": 500}, 60.0, 120.0) == {
         "noisy": pytest.approx([3.0]), "quiet": pytest.approx([0.04])}
+    # a tenant whose own budget is 0 has none, whatever every other tenant's is
+    assert budget_use(specs, outcomes, {"*": 500, "quiet": 0}, 60.0, 120.0) == {
+        "noisy": pytest.approx([3.0])}
 
 
 def test_the_budgets_come_from_the_contenders_config_and_stay_out_of_the_twin() -> None:
     scn = load_scenario(SCENARIOS / "token-budget.yaml")
     by_name = {c.name: c for c in scn.contenders}
-    assert token_budgets(by_name["epp-budget"]) == {"noisy": 130000}
-    assert token_budgets(by_name["quiet-alone"]) == {"noisy": 1}
+    assert token_budgets(by_name["epp-budget"]) == {"*": 0, "noisy": 130000}
+    assert token_budgets(by_name["quiet-alone"]) == {"*": 0, "noisy": 1}
     with pytest.raises(ValueError, match="token budgets count wall-clock minutes"):
         plan(scn, mode="virtual")
     assert plan(scn, mode="real").contenders == scn.contenders
