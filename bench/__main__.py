@@ -254,13 +254,18 @@ def cmd_report(args: argparse.Namespace) -> int:
         doc = json.loads(saved.read_text())
         scenario = runner.ROOT / doc["scenario"]
         try:
-            digest = load_scenario(scenario).digest
+            scn = load_scenario(scenario)
         except ScenarioError as e:
             problems.append(f"{saved.name}: {e}")
             continue
-        if digest != doc["digest"]:
+        if scn.digest != doc["digest"]:
             problems.append(f"{saved.name}: {doc['scenario']} changed since this run "
-                            f"(digest {doc['digest']}, now {digest}): run it again")
+                            f"(digest {doc['digest']}, now {scn.digest}): run it again")
+        # Runs saved before 2026-11-29 recorded the scenario file's digest only.
+        if doc.get("inputs_digest", scn.inputs_digest) != scn.inputs_digest:
+            names = ", ".join(p.name for p in scn.inputs)
+            problems.append(f"{saved.name}: an EPP config of {doc['scenario']} ({names}) "
+                            "changed since this run: run it again")
         source = str(saved.relative_to(runner.ROOT)) if saved.is_relative_to(
             runner.ROOT) else str(saved)
         section = runner.section(doc, source)

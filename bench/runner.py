@@ -471,6 +471,7 @@ def execute(p: Plan, run_dir: Path, *, log: Any = sys.stderr) -> dict[str, Any]:
         env["loadavg_end"] = environment.loadavg()
         env["wall_seconds"] = round(time.monotonic() - started, 1)
         doc.update(scenario=_rel(p.scenario.path), digest=p.scenario.digest,
+                   inputs_digest=p.scenario.inputs_digest,
                    title=p.scenario.title, settings=p.settings(), environment=env,
                    results=[asdict(r) for r in results])
         (run_dir / "results.json").write_text(json.dumps(doc, indent=1))

@@ -77,6 +77,7 @@ from bench.workloads import (
 
 HERE = Path(__file__).resolve().parent
 SCENARIOS = HERE / "scenarios"
+CONFIGS = SCENARIOS / "configs"
 
 #: Built-in contenders of an aggregated fleet (``bench.contenders``; peers as
 #: ``vllm-router:<policy>`` / ``sglang-router:<policy>``).
@@ -249,6 +250,23 @@ class Scenario:
     def digest(self) -> str:
         """sha256 of the file's bytes (a saved run records it: ``bench report --check``)."""
         return hashlib.sha256(self.path.read_bytes()).hexdigest()[:16]
+
+    @property
+    def inputs(self) -> tuple[Path, ...]:
+        """The EPP config files its contenders run (``epp-tuned``'s and each P/D family's
+        too): they decide a run as much as the scenario file does."""
+        paths = {c.epp_config for c in self.contenders if c.epp_config is not None}
+        paths |= {CONFIGS / "epp-tuned.yaml" for c in self.contenders if c.name == "epp-tuned"}
+        paths |= {CONFIGS / f"pd-{c.pd.config}.yaml" for c in self.contenders if c.pd}
+        return tuple(sorted(paths))
+
+    @property
+    def inputs_digest(self) -> str:
+        """sha256 over :attr:`inputs` (names and bytes), recorded beside :attr:`digest`."""
+        h = hashlib.sha256()
+        for path in self.inputs:
+            h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+        return h.hexdigest()[:16]
 
 
 _TOP: dict[str, type | tuple[type, ...]] = {

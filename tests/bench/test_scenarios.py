@@ -303,6 +303,16 @@ def test_report_writes_sections_from_saved_runs_and_checks_the_scenario(
         scenario.write_text(MY_SCENARIO)
     assert check.returncode == 1
     assert f"{scenario} changed since this run" in check.stderr
+    # So did the EPP config it runs (the scenario file itself did not).
+    epc = scenario.with_name("my-epc.yaml")
+    epc.write_text(MY_EPC.replace("weight: 2", "weight: 3"))
+    try:
+        check = bench("report", "--check", *args)
+    finally:
+        epc.write_text(MY_EPC)
+    assert check.returncode == 1
+    assert "an EPP config of" in check.stderr and "(my-epc.yaml) changed" in check.stderr
+    assert bench("report", "--check", *args).returncode == 0
 
 
 # -- peers --------------------------------------------------------------------------------
