@@ -23,6 +23,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import structlog
+
 from epp.config.builtins import builtin_registry
 from epp.config.loader import (
     DEFAULT_PROFILE,
@@ -91,6 +93,7 @@ from epp.sources.file_discovery import FileDiscovery
 from epp.statestore import StateStore
 from shared.plugins import Plugin, PluginError, PluginRegistry
 
+log = structlog.get_logger(__name__)
 K = TypeVar("K")
 
 
@@ -454,6 +457,13 @@ def _scheduler(config: EndpointPickerConfig, registry: PluginRegistry, handle: E
                 assert isinstance(created, Picker)
                 default_picker = created
             picker = default_picker
+        if not scorers and picker.type_name == "max-score-picker":
+            # Upstream's loader builds the same profile and says nothing; a config that lists
+            # only, say, an admitter then routes at random, which nobody means.
+            log.warning("scheduling profile has no scorer: every endpoint ties and "
+                        "max-score-picker picks at random", profile=pspec.name, where=src,
+                        hint="list scorers, e.g. the default config's queue-scorer, "
+                             "kv-cache-utilization-scorer and prefix-cache-scorer")
         profiles.append(SchedulingProfile(pspec.name, picker, filters, scorers))
     try:
         return Scheduler(profiles, handler, plugins=list(handle), rng=rng, hooks=hooks)

@@ -90,6 +90,24 @@ def test_plugins_without_profiles_form_a_default_profile() -> None:
     assert weights("plugins:\n- type: queue-scorer\n") == {"queue-scorer": 1.0}
 
 
+def test_a_profile_without_scorers_says_its_picks_are_random() -> None:
+    """A config listing only an admitter gets a default profile with no scorer, as upstream's
+    loader builds it: every endpoint ties. Nobody means that, so it is a warning; a profile
+    with a scorer, or a random picker chosen on purpose, says nothing."""
+    from structlog.testing import capture_logs
+
+    def warned(text: str) -> list[str]:
+        with capture_logs() as logs:
+            build_scheduler(parse_config(text))
+        return [e["profile"] for e in logs if "has no scorer" in e["event"]]
+
+    assert warned("plugins:\n- type: token-budget-admitter\n"
+                  "  parameters: {tenants: {noisy: 1}}\n") == ["default"]
+    assert warned("plugins:\n- type: queue-scorer\n") == []
+    assert warned("plugins:\n- type: random-picker\n") == []
+    assert warned("") == []
+
+
 def test_unknown_plugin_type_names_it() -> None:
     with pytest.raises(ConfigError, match="unknown plugin type 'magic-scorer'"):
         build_scheduler(parse_config("plugins:\n- type: magic-scorer\n"))
