@@ -34,10 +34,11 @@ store``; ``1 replica + Valkey`` (a sharing replica whose peer syncs but gets no 
 request of the EPPs and of Valkey, ratios paired by round (``bench.stats``). ``--save FILE``:
 per round what the replica twin's CPU model reads (``bench.twin.cpu.load_rounds``).
 
-``pick`` (bench/RESULTS.md, "Overhead"): the scheduler alone (``schedule``) at 10 / 100 /
-1,000 endpoints; ``--route``: one request's CPU through the director in process (every
-request-control plugin, no Envoy). ``slo-pick`` (RESULTS.md, "SLO"): the director's request
-path at 100 endpoints with upstream's predicted-latency profile, idle and while it refits.
+``pick`` (bench/RESULTS.md, "EPP overhead and pick latency"): the scheduler alone
+(``schedule``) at 10 / 100 / 1,000 endpoints; ``--route``: one request's CPU through the
+director in process (every request-control plugin, no Envoy). ``slo-pick`` (RESULTS.md,
+"SLO"): the director's request path at 100 endpoints with upstream's predicted-latency
+profile, idle and while it refits.
 ``rewrite`` (docs/compatibility.md): CPU per SSE event to rename ``model`` back in a stream.
 Each prints its own lines; percentiles are ``bench.stats.quantile``'s. (``bbr``, BBR's
 overhead against the no-op floor, is now ``python -m bench.epp_cpu --bbr``.)

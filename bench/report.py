@@ -90,6 +90,9 @@ class RunResult:
     #: (every 30 s from the first full one) over the budget (:func:`budget_use`)
     budget_use: dict[str, list[float]] = field(default_factory=dict)
     error_samples: list[str] = field(default_factory=list)
+    #: Real time with fault steps: what each step did, then the requests of the whole run
+    #: (cold ones too) that failed
+    faults: list[str] = field(default_factory=list)
     skipped: str = ""
     #: Warm requests that carried an SLO header, and the share of them that met every
     #: target they set (TTFT and/or TPOT; an error misses).

@@ -37,16 +37,9 @@ from typing import Any
 from bench import environment
 from bench import report as rp
 from bench.report import RunResult, summarize
-from bench.scenario import Contender, Fault, Fleet, PdVariant, Scenario
+from bench.scenario import Contender, Fault, Fleet, PdVariant, Scenario, load_scenario
 from bench.twin.cpu import MEASURED_COST, ProcessCpu
-from bench.workloads import (
-    MODEL,
-    PROFILE,
-    WORKLOADS,
-    RequestSpec,
-    Workload,
-    write_specs,
-)
+from bench.workloads import MODEL, PROFILE, WORKLOADS, RequestSpec, Workload, write_specs
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = ROOT / ".cache" / "bench-runs"
@@ -348,7 +341,6 @@ def run_one(workload: Workload, load: float, contender: Any, *, duration: float,
     ``kv_blocks``, ``kv_events``: :class:`bench.contenders.SimFleet`'s; ``budgets``: the
     contender's token budgets (:func:`token_budgets`), measured from the first full minute
     (or a minute after the last ``kill-store``, when the budgets fail open)."""
-    import contextlib
     import subprocess
 
     import orjson
@@ -403,6 +395,9 @@ def run_one(workload: Workload, load: float, contender: Any, *, duration: float,
     if workload.generator == "tenants":
         res.jain = rp.tenant_fairness(specs, outcomes, duration, time_scale)
         res.token_shares = rp.token_shares(specs, outcomes, duration / 2, duration, time_scale)
+    if faults:
+        res.faults = [*(workdir / "faults.txt").read_text().splitlines(),
+                      f"{sum(not o.ok for o in outcomes)} of {len(outcomes)} requests failed"]
     if budgets:
         start = max([60.0] + [f.at + 60 for f in faults if f.action == "kill-store"])
         res.budget_use = rp.budget_use(specs, outcomes, budgets, start, duration, time_scale)
@@ -534,8 +529,6 @@ def _rel(path: Path) -> str:
 # -- the report ---------------------------------------------------------------------------
 def section(doc: dict[str, Any], source: str) -> str:
     """The Markdown section of one saved run: heading, how it was made, targets, tables."""
-    from bench.scenario import load_scenario
-
     results = [RunResult(**r) for r in doc["results"]]
     s, env = doc["settings"], doc["environment"]
     fleet = (f"{s['roles']['prefill']} prefill + {s['roles']['decode']} decode servers"
@@ -553,7 +546,9 @@ def section(doc: dict[str, Any], source: str) -> str:
     if s.get("epp_cpu"):
         lines += [f"The EPP's CPU is modelled: {s['epp_cpu']}.", ""]
     if s.get("faults"):
-        lines += [f"Faults: {'; '.join(s['faults'])}.", ""]
+        did = [f"- {r.contender}, seed {r.seed}: {'; '.join(r.faults)}"
+               for r in sorted(results, key=lambda r: (r.contender, r.seed)) if r.faults]
+        lines += [f"Faults: {'; '.join(s['faults'])}.", "", *did, *([""] if did else [])]
     scenario_path = ROOT / doc["scenario"]
     targets = []
     if scenario_path.is_file():

@@ -59,6 +59,14 @@ def test_every_precise_replica_reads_every_servers_kv_events(tmp_path: Path) -> 
     assert abs(sum(held[0]) - sum(held[1])) <= 0.1 * max(sum(held[0]), sum(held[1])), held
     faults = next(run_dir.rglob("faults.txt")).read_text()
     assert "restart-server: sim-0 killed, revived 1 s later" in faults
+    # The run keeps what each step did and what the whole run lost (cold requests too), and
+    # its section says so per run: a saved fault run is a figure `bench report` regenerates.
+    outcomes = [json.loads(ln) for ln in next(run_dir.rglob("outcomes.jsonl")).open()]
+    failed = sum(o["status"] != 200 or bool(o["error"]) or o["ttft"] is None for o in outcomes)
+    assert row["faults"] == [*faults.splitlines(),
+                             f"{failed} of {len(outcomes)} requests failed"], row["faults"]
+    assert f"- precise, seed 1: {'; '.join(row['faults'])}\n" in (
+        run_dir / "results.md").read_text()
     # 12 prefixes of 48 blocks on 300-block servers: they evict, and say so; the replicas'
     # lag histograms are merged into the run's figures and the report pools them.
     assert row["evictions"] > 0

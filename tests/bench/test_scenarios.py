@@ -374,6 +374,35 @@ def test_results_are_generated_from_saved_runs() -> None:
     assert proc.returncode == 0, proc.stderr
 
 
+def _anchors(markdown: str) -> set[str]:
+    """GitHub's anchors of a Markdown file's headings (a repeated one gets -1, -2, ...)."""
+    import re
+
+    anchors: set[str] = set()
+    count: dict[str, int] = {}
+    for heading in re.findall(r"^#+ (.*)$", markdown, re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        anchors.add(f"{slug}-{count[slug]}" if slug in count else slug)
+        count[slug] = count.get(slug, 0) + 1
+    return anchors
+
+
+def test_the_results_index_links_every_generated_section_and_no_link_is_broken() -> None:
+    """RESULTS.md's index is hand-written: a section `bench report` appends for a new
+    scenario needs its row there; every in-page link of RESULTS.md and HISTORY.md lands."""
+    import re
+
+    docs = {n: (ROOT / "bench" / n).read_text() for n in ("RESULTS.md", "HISTORY.md")}
+    index = docs["RESULTS.md"].split("\n## Index\n", 1)[1].split("\n## ", 1)[0]
+    generated = re.findall(r"^## (.*)\n\n<!-- scenario:", docs["RESULTS.md"], re.M)
+    assert generated
+    missing = [h for h in generated if f"[{h}](#" not in index]
+    assert not missing, f"RESULTS.md's index has no row for: {missing}"
+    for name, text in docs.items():
+        for other, slug in re.findall(r"\]\(((?:RESULTS|HISTORY)\.md)?#([^)\s]+)\)", text):
+            assert slug in _anchors(docs[other or name]), f"{name}: no heading for #{slug}"
+
+
 def test_profile_override_reaches_the_fleet_the_saved_settings_and_the_heading() -> None:
     from bench.runner import heading
     from bench.scenario import SCENARIOS
