@@ -17,7 +17,8 @@ Two models per latency, both linear and fitted by scikit-learn's ``QuantileRegre
   a least-squares fit is;
 - the *quantile* one (``quantile``, 0.9 by default; upstream's predictor's default), fitted
   unweighted at that quantile: it minimises the pinball loss
-  mean(max(q·(y - ŷ), (q - 1)·(y - ŷ))), whose minimiser is the conditional q-quantile, so
+  mean(max(q·(y - ŷ), (q - 1)·(y - ŷ))) (plus a small L1 penalty, :func:`quantile_penalty`),
+  whose minimiser is the conditional q-quantile, so
   about a fraction q of requests finish within it. The SLO-aware plugins compare it with
   the SLO: "predicted to meet" then means "meets it 9 times in 10", not "half the time".
 Fitting is scheduled by a background thread every ``retrain_interval`` seconds on the latest
