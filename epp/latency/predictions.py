@@ -49,7 +49,7 @@ class RequestPredictions:
     by_endpoint: dict[str, Prediction] = field(default_factory=dict)
     #: Per endpoint key: matched / total prompt blocks (approximate prefix index).
     prefix_scores: dict[str, float] = field(default_factory=dict)
-    #: Per endpoint key: the model's TTFT feature row (:meth:`EndpointState.ttft_x`).
+    #: Per endpoint key: the state the model read, as a row (:meth:`EndpointState.row`).
     states: dict[str, tuple[float, ...]] = field(default_factory=dict)
     #: The endpoint key whose prefill count holds this request (producer bookkeeping).
     prefilling_at: str | None = None

@@ -140,6 +140,20 @@ def test_calibration_judges_the_quantile_predictions_against_what_was_measured()
     assert calibration([_served(0.0, 0.1, 0.01)]) == {}
 
 
+def test_the_calibration_table_gives_the_pinball_over_the_constant_seed_by_seed() -> None:
+    """Seeds whose losses differ a lot between them but whose predictions beat the constant
+    by 10% on each: the marginal intervals overlap, the paired ratio says 0.90."""
+    rows = []
+    for seed, scale in enumerate((1.0, 1.5, 2.0, 2.5, 3.0)):
+        r = RunResult("w", 1.0, 1.0, "epp-predict", "ours", seed=seed, requests=100, ok=100)
+        r.calibration = {"tpot_coverage": 0.9, "tpot_pinball": 0.9e-4 * scale,
+                         "tpot_pinball_const": 1e-4 * scale}
+        rows.append(r)
+    table = "\n".join(slo_table(rows, ["epp-predict"]))
+    assert "| pinball / constant |" in table
+    assert "| 0.90 [0.90, 0.90] |" in table
+
+
 def test_latency_profiles_learn_in_the_twin_and_carry_their_predictions() -> None:
     """slo-p90 on a 2-server heterogeneous fleet: the producer learns on the virtual clock
     and every served request carries its p90 predictions and SLO, so the report can judge

@@ -133,6 +133,9 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseStreami
         #: Per endpoint key: exponential average of measured TPOTs.
         self._recent_tpot: dict[str, float] = {}
         self._pool_mean: float | None = None  # of ``_recent_tpot`` (None: recompute)
+        #: Mean tokens in flight over the candidates of the latest pick (the in-stream
+        #: samples' reference for ``relative_inflight``).
+        self._mean_inflight = 0.0
 
     @classmethod
     def create(cls, name: str, params: Any, handle: Handle) -> PredictedLatencyProducer:
@@ -163,13 +166,15 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseStreami
         tokens = float(request.prompt_tokens)
         keys = [v.key for v in endpoints]
         rows = []
+        if endpoints:
+            self._mean_inflight = sum(v.inflight_tokens for v in endpoints) / len(endpoints)
         for key, v in zip(keys, endpoints, strict=True):
             matched = blocks.get(key, 0)
             out.prefix_scores[key] = matched / total if total else 0.0
             # Uncached tokens from the matched blocks, not prompt * score: the index hashes
             # at most maxPrefixBlocksToMatch blocks, so a long prompt whose hashed head is
             # all cached scores 1.0 while its tail still has to be computed.
-            row = self._row(tokens, max(0.0, tokens - matched * per_block), v)
+            row = self._row(tokens, max(0.0, tokens - matched * per_block), v, tokens)
             out.states[key] = row
             rows.append(row)
         if not self.params.predict_in_prepare_data:
@@ -207,14 +212,18 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseStreami
             m.TPOT_PREDICTION_DURATION.labels(*pair).observe(elapsed)
             m.LLMD_TPOT_PREDICTION_DURATION.labels(*me).observe(elapsed)
 
-    def _row(self, tokens: float, uncached: float, v: EndpointView) -> tuple[float, ...]:
-        """The model's input row (:meth:`EndpointState.ttft_x`) for endpoint ``v`` now."""
+    def _row(self, tokens: float, uncached: float, v: EndpointView, adding: float,
+             ) -> tuple[float, ...]:
+        """The model's input row (:meth:`EndpointState.row`) for endpoint ``v`` now;
+        ``adding``: the tokens in flight this request adds there (its prompt at the pick, 0
+        once it is there)."""
         running = float(v.metrics.running)
         recent = self._relative_tpot(v.key)
         return (tokens, uncached, uncached * (running + 1.0), float(v.queue), running,
                 v.metrics.kv_usage, float(v.inflight_tokens),
                 float(self._prefilling.get(v.key, 0)),
-                float(self._prefill_requests.get(v.key, 0)), recent, uncached * recent)
+                float(self._prefill_requests.get(v.key, 0)), recent, uncached * recent,
+                v.inflight_tokens + adding - self._mean_inflight)
 
     def pre_request(self, request: LLMRequest, result: SchedulingResult) -> None:
         out = request.plugin_state.get(PREDICTIONS_KEY)
@@ -264,8 +273,8 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseStreami
         if out.tokens != out.next_sample or \
                 out.samples >= p.max_decode_token_samples_for_prediction:
             return
-        row = self._row(float(request.prompt_tokens), 0.0, endpoint)
-        out.tpot_predictions.append(model(EndpointState.from_ttft_row(row).tpot_x()))
+        row = self._row(float(request.prompt_tokens), 0.0, endpoint, 0.0)
+        out.tpot_predictions.append(model(EndpointState.from_row(row).tpot_x()))
         out.samples += 1
         out.next_sample = out.tokens + max(1, int(out.sampler.poisson(p.sampling_mean)))
 
@@ -314,7 +323,7 @@ class PredictedLatencyProducer(Plugin, DataProducer, PreRequest, ResponseStreami
         row = out.states.get(endpoint.key)
         if row is not None:
             picked = out.by_endpoint.get(endpoint.key)
-            self.predictor.observe(EndpointState.from_ttft_row(row), ttft, tpot,
+            self.predictor.observe(EndpointState.from_row(row), ttft, tpot,
                                    (picked.ttft_q, picked.tpot_q) if picked else (None, None))
         if tpot is not None and tpot > 0:
             self._record_tpot(endpoint.key, tpot)

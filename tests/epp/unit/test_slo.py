@@ -410,11 +410,11 @@ def test_uncached_tokens_come_from_the_matched_blocks_not_the_prefix_score() -> 
 def test_predicting_many_rows_at_once_equals_predicting_each() -> None:
     p = trained()
     states = [state(100, 0, 2), state(1500, 4, 10), state(800, 1, 0, 0.5)]
-    ttfts, tpots = p.predict_rows([s.ttft_x() for s in states])
+    ttfts, tpots = p.predict_rows([s.row() for s in states])
     assert ttfts is not None and tpots is not None
     for s, ttft, tpot in zip(states, ttfts, tpots, strict=True):
         assert (ttft, tpot) == pytest.approx(p.predict(s))
-        assert EndpointState.from_ttft_row(s.ttft_x()) == s
+        assert EndpointState.from_row(s.row()) == s
 
 
 def test_requests_count_as_in_prefill_until_the_first_token() -> None:
