@@ -109,6 +109,7 @@ def test_a_kv_events_socket_that_cannot_be_bound_exits_with_one_line(manifests: 
 plugins:
 - type: precise-prefix-cache-producer
   parameters: {{kvEventsConfig: {{zmqEndpoint: "{address}"}}}}
+- type: queue-scorer
 """)
     finally:
         taken.close(linger=0)
