@@ -262,7 +262,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             problems.append(f"{saved.name}: {doc['scenario']} changed since this run "
                             f"(digest {doc['digest']}, now {scn.digest}): run it again")
         # Runs saved before 2026-11-29 recorded the scenario file's digest only.
-        if doc.get("inputs_digest", scn.inputs_digest) != scn.inputs_digest:
+        if doc.get("inputs_digest") not in (None, scn.inputs_digest):
             names = ", ".join(p.name for p in scn.inputs)
             problems.append(f"{saved.name}: an EPP config of {doc['scenario']} ({names}) "
                             "changed since this run: run it again")

@@ -334,18 +334,17 @@ class LatencyPredictor:
         import numpy as np
 
         x = np.array(rows, dtype=float)
+        ttft_x, tpot_x = x[:, TTFT_COLUMNS], x[:, TPOT_COLUMNS]
         ttft, tpot = self.ttft_model, self.tpot_model
-        central = (ttft.many(x[:, TTFT_COLUMNS]) if ttft is not None else None,
-                   tpot.many(x[:, TPOT_COLUMNS]) if tpot is not None else None)
+        central = (ttft.many(ttft_x) if ttft is not None else None,
+                   tpot.many(tpot_x) if tpot is not None else None)
         if not quantile:
             return central
         q = self.config.quantile or 0.5
         out: list[list[float] | None] = []
         for model, columns, centre, edges, offsets in (
-                (self.ttft_q_model, x[:, TTFT_COLUMNS], central[0], self.ttft_edges,
-                 self.ttft_offsets),
-                (self.tpot_q_model, x[:, TPOT_COLUMNS], central[1], self.tpot_edges,
-                 self.tpot_offsets)):
+                (self.ttft_q_model, ttft_x, central[0], self.ttft_edges, self.ttft_offsets),
+                (self.tpot_q_model, tpot_x, central[1], self.tpot_edges, self.tpot_offsets)):
             if model is None:
                 out.append(None)
                 continue

@@ -294,22 +294,23 @@ def test_report_writes_sections_from_saved_runs_and_checks_the_scenario(
     assert "## My fleet, my workload, my EPP (virtual time, 2 servers)\n" in text
     assert "| epp-mine | 1 |" in text
     assert bench("report", "--check", *args).returncode == 0
-    # The scenario changed after its run: the check names it. (The file is shared with the
-    # other tests of this module: put back afterwards.)
-    scenario.write_text(MY_SCENARIO.replace("seeds: [7]", "seeds: [8]"))
-    try:
-        check = bench("report", "--check", *args)
-    finally:
-        scenario.write_text(MY_SCENARIO)
+
+    def check_with(path: Path, text: str, original: str) -> subprocess.CompletedProcess[str]:
+        """The check with ``path`` changed to ``text`` (the files are shared with the other
+        tests of this module: put back afterwards)."""
+        path.write_text(text)
+        try:
+            return bench("report", "--check", *args)
+        finally:
+            path.write_text(original)
+
+    # The scenario changed after its run: the check names it.
+    check = check_with(scenario, MY_SCENARIO.replace("seeds: [7]", "seeds: [8]"), MY_SCENARIO)
     assert check.returncode == 1
     assert f"{scenario} changed since this run" in check.stderr
     # So did the EPP config it runs (the scenario file itself did not).
     epc = scenario.with_name("my-epc.yaml")
-    epc.write_text(MY_EPC.replace("weight: 2", "weight: 3"))
-    try:
-        check = bench("report", "--check", *args)
-    finally:
-        epc.write_text(MY_EPC)
+    check = check_with(epc, MY_EPC.replace("weight: 2", "weight: 3"), MY_EPC)
     assert check.returncode == 1
     assert "an EPP config of" in check.stderr and "(my-epc.yaml) changed" in check.stderr
     assert bench("report", "--check", *args).returncode == 0
