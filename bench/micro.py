@@ -1,7 +1,7 @@
 """Micro-benchmarks with no simulated fleet: one subcommand each (figures in the docs named).
 
     python -m bench.micro kv-index [--quick] [--memory-only] [--central]
-    python -m bench.micro statestore [--ops 20000] [--repeats 7] [--quick] [--json]
+    python -m bench.micro statestore [--ops 20000] [--repeats 7] [--json]
     python -m bench.micro active-active [--seconds 5] [--rounds 5] [--concurrency 32]
                                         [--save FILE]
     python -m bench.micro pick [--requests N] [--config FILE] [--clock wall|cpu]
@@ -774,6 +774,7 @@ async def queued_rss(n: int, body_bytes: int, workdir: Path) -> dict[str, Any]:
     is reused."""
     import grpc
     import orjson
+    from envoy.config.core.v3 import base_pb2
     from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
     from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
@@ -815,7 +816,8 @@ async def queued_rss(n: int, body_bytes: int, workdir: Path) -> dict[str, Any]:
         def messages(i: int) -> list[Any]:
             hdrs = [(":method", "POST"), (":path", "/v1/completions"),
                     ("content-type", "application/json"), ("x-request-id", f"q{i}")]
-            return [_headers_msg(hdrs, "request_headers"),
+            return [pb.ProcessingRequest(request_headers=pb.HttpHeaders(headers=base_pb2.HeaderMap(
+                headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in hdrs]))),
                     pb.ProcessingRequest(request_body=pb.HttpBody(body=payload,
                                                                   end_of_stream=True))]
 
@@ -893,7 +895,7 @@ def statestore_cmd(a: argparse.Namespace) -> int:
 
     # the stores' join/leave lines go to stderr so stdout is only the report
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
-    res = asyncio.run(statestore(*((2000, 3) if a.quick else (a.ops, a.repeats))))
+    res = asyncio.run(statestore(a.ops, a.repeats))
     if a.json:
         print(json.dumps(res, indent=2))
     else:
@@ -911,109 +913,16 @@ def active_active_cmd(a: argparse.Namespace) -> int:
 
 #: subcommand -> (help, its flags as (flag, add_argument keywords), what runs it)
 Flags = tuple[tuple[str, dict[str, Any]], ...]
-_QUICK: Flags = (("--quick", {"action": "store_true"}),)
-def _headers_msg(pairs: list[tuple[str, str]], field: str) -> Any:
-    """An ext_proc ``ProcessingRequest`` carrying ``pairs`` as its ``field`` (request or
-    response headers)."""
-    from envoy.config.core.v3 import base_pb2
-    from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-
-    return pb.ProcessingRequest(**{field: pb.HttpHeaders(headers=base_pb2.HeaderMap(headers=[
-        base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in pairs]))})
-
-
-def _trace_cpu_child(ratio: str, endpoint: str, requests: int, rounds: int) -> list[float]:
-    """CPU µs per request (every thread of this process) of the EPP's ext_proc servicer over
-    ``director()``, each request a FULL_DUPLEX_STREAMED exchange with a one-event SSE answer,
-    100 at a time; tracing at ``ratio`` to ``endpoint`` (``off``: not configured)."""
-    import orjson
-    from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-
-    import shared.extproc as extproc
-    from epp.handlers.exchange import PickerExchange
-    from shared import tracing
-
-    if ratio != "off":
-        tracing.configure(True, "epp", env={
-            "OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
-            "OTEL_TRACES_SAMPLER_ARG": ratio, "OTEL_BSP_MAX_QUEUE_SIZE": "1000000"})
-    extproc.RESET_WAIT = 0  # no wall-clock wait after each answer: CPU is what is measured
-    d = director()
-    mode = extproc.BodyMode.FULL_DUPLEX_STREAMED
-    svc = extproc.ExtProcServicer(lambda: PickerExchange(d), request_mode=mode,
-                                  response_mode=mode, max_body=1 << 20)
-    gc.collect()
-    gc.freeze()  # as shared.server.serve does once start-up is done
-
-    body = orjson.dumps({"model": "m", "max_tokens": 16, "messages": [
-        {"role": "user", "content": "Tell me about Envoy. " * 40}]})
-    answer = (b'data: {"id":"x","object":"chat.completion.chunk","model":"m","choices":'
-              b'[{"index":0,"delta":{"content":"hi"}}]}\n\ndata: [DONE]\n\n')
-    msgs = [_headers_msg([(":method", "POST"), (":path", "/v1/chat/completions"),
-                     ("content-type", "application/json")], "request_headers"),
-            pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True)),
-            _headers_msg([(":status", "200"), ("content-type", "text/event-stream")],
-                    "response_headers"),
-            pb.ProcessingRequest(response_body=pb.HttpBody(body=answer, end_of_stream=True))]
-
-    async def stream() -> None:
-        async def feed() -> Any:
-            for m in msgs:
-                yield m
-        async for _ in svc.Process(feed(), None):
-            pass
-
-    async def run() -> list[float]:
-        out = []
-        for _ in range(rounds + 1):  # the first round warms up
-            t0 = time.process_time()
-            for _ in range(requests // 100):
-                await asyncio.gather(*(stream() for _ in range(100)))
-            out.append((time.process_time() - t0) / requests * 1e6)
-        return out[1:]
-
-    cpu = asyncio.run(run())
-    tracing.shutdown()
-    return cpu
-
-
-def trace_cpu(a: argparse.Namespace) -> int:
-    """Tracing's CPU per request in one EPP process, without Envoy, sockets or a load
-    generator's noise: each setting in its own process (tracing is per process), in turn,
-    ``--repeats`` times; the OTLP receiver (counting, as quick as a collector) in this one."""
-    import subprocess
-
-    from devkit.otlp import OtlpReceiver
-
-    settings = ["off", *a.ratios.split(",")]
-    cpu: dict[str, list[float]] = {s: [] for s in settings}
-    with OtlpReceiver(count_only=True) as receiver:
-        for _ in range(a.repeats):
-            for s in settings:
-                out = subprocess.run(
-                    [sys.executable, "-c", "import json, sys; from bench.micro import "
-                     "_trace_cpu_child as c; print(json.dumps(c(*sys.argv[1:3], "
-                     "*map(int, sys.argv[3:]))))", s, receiver.endpoint, str(a.requests),
-                     str(a.rounds)], capture_output=True, text=True, check=True)
-                cpu[s] += json.loads(out.stdout.splitlines()[-1])
-    base = statistics.median(cpu["off"])
-    print(f"CPU per request of the EPP's ext_proc path, in-process ({a.requests} requests x "
-          f"{a.rounds} rounds x {a.repeats} processes per setting; median [min, max]):")
-    for s, xs in cpu.items():
-        print(f"  tracing {s:>4}: {statistics.median(xs):6.1f} us [{min(xs):.1f}, {max(xs):.1f}]"
-              f"  {statistics.median(xs) / base:.3f}x untraced")
-    return 0
-
 
 COMMANDS: dict[str, tuple[str, Flags, Callable[[argparse.Namespace], int]]] = {
-    "kv-index": ("epp.kvcache: indexing, score, sockets, memory", (*_QUICK, (
+    "kv-index": ("epp.kvcache: indexing, score, sockets, memory", (
+        ("--quick", {"action": "store_true"}), (
         "--memory-only", {"action": "store_true", "help": "only the memory bound"}), (
         "--central", {"action": "store_true", "help": "the sockets part in llm-d's "
                       "centralized mode (a bound collector)"})), kv_index_cmd),
     "statestore": ("state store: request path, round trip, sync", (
         ("--ops", {"type": int, "default": 20_000, "help": "calls per timed batch"}),
         ("--repeats", {"type": int, "default": 7, "help": "batches per figure"}),
-        ("--quick", {"action": "store_true", "help": "--ops 2000 --repeats 3"}),
         ("--json", {"action": "store_true", "help": "print JSON instead of a table"})),
         statestore_cmd),
     "active-active": ("req/s and CPU of 1 vs 1 sharing vs 2 replicas", (
@@ -1036,12 +945,6 @@ COMMANDS: dict[str, tuple[str, Flags, Callable[[argparse.Namespace], int]]] = {
         ("--fits", {"type": int, "default": 10,
                     "help": "keep picking while refitting until this many fits ran"})),
         slo_pick),
-    "trace-cpu": ("tracing's CPU per request, in-process, at sampling ratios", (
-        ("--ratios", {"default": "0.1,1.0", "help": "sampling ratios besides off"}),
-        ("--requests", {"type": int, "default": 3000, "help": "per round"}),
-        ("--rounds", {"type": int, "default": 4}),
-        ("--repeats", {"type": int, "default": 3, "help": "processes per setting"})),
-        trace_cpu),
     "rewrite": ("CPU per SSE event to rename the model back", (
         ("--events", {"type": int, "default": 20000}),
         ("--rounds", {"type": int, "default": 7})), rewrite),
