@@ -4,7 +4,7 @@
     python -m bench.micro statestore [--ops 20000] [--repeats 7] [--json]
     python -m bench.micro active-active [--seconds 5] [--rounds 5] [--concurrency 32]
                                         [--save FILE]
-    python -m bench.micro pick [--requests N] [--config FILE] [--clock wall|cpu]
+    python -m bench.micro pick [--requests N] [--clock wall|cpu]
     python -m bench.micro pick --route [--rounds 7]
     python -m bench.micro slo-pick [--requests 3000] [--endpoints 100] [--fits 10]
     python -m bench.micro rewrite [--events 20000] [--rounds 7]
@@ -550,10 +550,11 @@ def director(n: int = 3, config: str | None = None, rng: random.Random | None = 
     return Director.of(build(parse_config(config), store, rng=rng or random.Random(0)))
 
 
-def pick_samples(n: int, requests: int, config: str | None, clock: str) -> list[float]:
-    """Seconds per ``schedule`` over ``n`` endpoints with random load (``clock``: ``wall`` or
-    ``cpu``, this process's CPU time, which other work inflates far less); ~2 KB prompts from
-    50 shared prefixes, each pick followed by ``post_pick`` and an in-flight start."""
+def pick_samples(n: int, requests: int, clock: str) -> list[float]:
+    """Seconds per ``schedule`` of the default profile over ``n`` endpoints with random load
+    (``clock``: ``wall`` or ``cpu``, this process's CPU time, which other work inflates far
+    less); ~2 KB prompts from 50 shared prefixes, each pick followed by ``post_pick`` and an
+    in-flight start."""
     from epp.config import build_scheduler, parse_config
     from epp.datastore import Endpoint, EndpointMetrics, EndpointView
     from epp.scheduling import LLMRequest
@@ -568,7 +569,7 @@ def pick_samples(n: int, requests: int, config: str | None, clock: str) -> list[
         v.apply_scrape(EndpointMetrics(waiting=rng.randrange(0, 10), running=rng.randrange(0, 64),
                                        kv_usage=rng.random(), updated_at=time.monotonic()))
         views.append(v)
-    scheduler = build_scheduler(parse_config(config), rng=random.Random(2))
+    scheduler = build_scheduler(parse_config(None), rng=random.Random(2))
     prefixes = [(f"system prompt {k} " * 60).encode()[:1500] for k in range(50)]
     samples: list[float] = []
     for i in range(requests):
@@ -616,15 +617,8 @@ def pick(a: argparse.Namespace) -> int:
         print(f"route+finish CPU time: best {min(rounds):.1f} us/request "
               f"(rounds {', '.join(f'{r:.1f}' for r in rounds)})")
         return 0
-    text = None
-    if a.config:
-        from epp.config import load_config_file
-
-        load_config_file(a.config)  # validate with a clear error first
-        text = Path(a.config).read_text()
     for n in (10, 100, 1000):
-        print(f"endpoints={n:5d}  "
-              + _pcts(pick_samples(n, a.requests or 5000, text, a.clock), 1))
+        print(f"endpoints={n:5d}  " + _pcts(pick_samples(n, a.requests or 5000, a.clock), 1))
     return 0
 
 
@@ -906,7 +900,6 @@ COMMANDS: dict[str, tuple[str, Flags, Callable[[argparse.Namespace], int]]] = {
                         "help": "picks per pool size (5000), with --route per round (3000)"}),
         ("--route", {"action": "store_true", "help": "time route + finish instead"}),
         ("--rounds", {"type": int, "default": 7, "help": "with --route"}),
-        ("--config", {"help": "EndpointPickerConfig file (default profile if absent)"}),
         ("--clock", {"choices": ("wall", "cpu"), "default": "wall",
                      "help": "time picks by wall clock or by this process's CPU time"})), pick),
     "slo-pick": ("route() with the predicted-latency profile, idle and refitting", (
