@@ -20,8 +20,6 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
 if TYPE_CHECKING:
     from devkit.reliability.gateway import Gateway
 
@@ -35,19 +33,15 @@ def echo_pool(work: Path, token_gap_ms: float = 2.0
     pool's manifests (``pool.yaml``) and the echo pods (one process answering at once on every
     :data:`PODS` address). Returns the body file, the pods' port and their process."""
     from devkit.envoy import free_port
+    from devkit.manifests import pool_manifests, write_yaml
 
     body = work / "body.json"
     body.write_bytes(json.dumps({
         "model": "m", "max_tokens": 16,
         "messages": [{"role": "user", "content": "Tell me about Envoy. " * 40}]}).encode())
     port = free_port()
-    (work / "pool.yaml").write_text(yaml.safe_dump_all([{
-        "apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
-        "metadata": {"name": "bench"},
-        "spec": {"selector": {"matchLabels": {"app": "bench"}}, "targetPorts": [{"number": port}],
-                 "endpointPickerRef": {"name": "bench-epp", "port": {"number": 9002}}}}, *(
-        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"pod-{i}", "labels": {
-            "app": "bench"}}, "status": {"podIP": ip}} for i, ip in enumerate(PODS))]))
+    write_yaml(work / "pool.yaml",
+               pool_manifests("bench", [(f"pod-{i}", ip) for i, ip in enumerate(PODS)], port))
     backend = start([sys.executable, "-m", "bench.echo_backend", "--port", str(port),
                      "--token-gap-ms", str(token_gap_ms),
                      *(a for ip in PODS for a in ("--host", ip))], work / "backend.log")
