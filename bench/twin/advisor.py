@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 from bench.scenario import PdVariant
 from bench.stats import geomean_interval
-from bench.twin.pd import Served, Spill, parse_spill, simulate
+from bench.twin.pd import Served, parse_spill, simulate
 from bench.workloads import Workload
 from sim.costs import isolated_prefill
 from sim.profiles import get_profile
@@ -106,16 +106,12 @@ class _Job:
 def _cell(job: _Job) -> Cell:
     specs = job.workload.schedule(job.load, job.duration, job.seed, job.servers)
     v = job.variant
-    profile = get_profile(job.profile)
-    rest = job.servers - job.encode
-    if job.prefill == 0:
-        served = simulate(job.seed, rest, 0, None, specs=specs, profile=profile,
-                          encode=job.encode)
-    else:
-        spill: Spill | None = parse_spill(v.spill) if v.spill else None
-        served = simulate(job.seed, job.prefill, rest - job.prefill, v.threshold,
-                          specs=specs, profile=profile, prefill_pick=v.prefill_pick,
-                          decode_pick=v.decode_pick, spill=spill, encode=job.encode)
+    # prefill 0: the aggregated fleet (threshold None) of the servers left after encode
+    served = simulate(job.seed, job.prefill, job.servers - job.encode - job.prefill,
+                      v.threshold if job.prefill else None, specs=specs,
+                      profile=get_profile(job.profile), prefill_pick=v.prefill_pick,
+                      decode_pick=v.decode_pick, spill=parse_spill(v.spill) if v.spill else None,
+                      encode=job.encode)
     span = max(s.end for s in served) - min(s.arrival for s in served)
     return Cell(job.prefill, job.load, job.seed,
                 tuple(met_share(served, job.profile, slo) for slo in job.slos),
