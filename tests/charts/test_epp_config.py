@@ -1,6 +1,7 @@
 """The inferencepool chart's default EndpointPickerConfig: upstream v1.5.0's (data-layer
-plugins spelled out) plus ours, ``prefill-load-scorer`` (as the EPP's own default), rendered with the real helm, loaded by the real EPP, and scraping
-exactly as the EPP did when the config left the data layer implicit."""
+plugins spelled out) plus ours, ``prefill-load-scorer`` (as the EPP's own default), rendered
+with the real helm, loaded by the real EPP, and scraping exactly as the EPP did when the
+config left the data layer implicit."""
 
 from __future__ import annotations
 
@@ -62,7 +63,8 @@ def config_text(objs: list[dict[str, Any]]) -> str:
     (("inferencePool.parser=passthrough-parser",),
      upstream({"type": "passthrough-parser"}, parser="passthrough-parser")),
 ], ids=["vllm", "sglang", "triton", "vllm-grpc", "parser"])
-def test_default_config_is_upstreams_and_prefill_load(sets: tuple[str, ...], expected: dict[str, Any]) -> None:
+def test_default_config_is_upstreams_and_prefill_load(sets: tuple[str, ...],
+                                                      expected: dict[str, Any]) -> None:
     assert yaml.safe_load(config_text(render("inferencepool", *sets))) == expected
 
 
