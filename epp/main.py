@@ -263,6 +263,7 @@ def debug_pool_route(datastore: Datastore, flow_control: FlowController | None =
                     "kv_usage": v.metrics.kv_usage, "queue": v.queue,
                     "inflight_requests": v.inflight_requests,
                     "inflight_tokens": v.inflight_tokens,
+                    "prefill_tokens": v.prefill_tokens,
                     "remote_inflight_requests": v.remote_requests,
                     "remote_inflight_tokens": v.remote_tokens,
                     "lora_running": sorted(v.metrics.lora.running) if v.metrics.lora else [],

@@ -180,7 +180,7 @@ class EppRouter:
         routed, started = self._routed[index]
         response = routed.response
         if first:
-            response.ttft = now - started
+            self.director.first_token(routed, now - started)
         for plugin in self.runtime.response_streaming:
             plugin.response_streaming(routed.request, response, b"", routed.endpoint)
         return now

@@ -58,6 +58,7 @@ from epp.requestcontrol.parser_chain import ParserChain
 from epp.requestcontrol.plugin import (
     Admitter,
     DataProducer,
+    FirstToken,
     Parser,
     PreRequest,
     RequestHeaderProcessor,
@@ -110,6 +111,7 @@ class Runtime:
     admitters: tuple[Admitter, ...]
     pre_request: tuple[PreRequest, ...]
     response_received: tuple[ResponseReceived, ...]
+    first_token: tuple[FirstToken, ...]
     response_streaming: tuple[ResponseStreaming, ...]
     response_complete: tuple[ResponseComplete, ...]
     data_sources: tuple[DataSource, ...]
@@ -179,6 +181,7 @@ def build(
         saturation=saturation,
         admitters=tuple(handle.find(Admitter)), pre_request=_last(handle, PreRequest),
         response_received=tuple(handle.find(ResponseReceived)),
+        first_token=tuple(handle.find(FirstToken)),
         response_streaming=tuple(handle.find(ResponseStreaming)),
         response_complete=_last(handle, ResponseComplete), data_sources=sources, rng=rng,
         flow_control=flow,

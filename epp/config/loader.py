@@ -62,6 +62,8 @@ DATA_LAYER_KEYS: Final = ("sources", "discovery", "injectDefaults",
 FEATURE_GATES: Final = frozenset(
     {"dataLayer", "enableLegacyMetrics", "flowControl", "prepareDataPlugins"})
 DEFAULT_PROFILE: Final = "default"
+#: Upstream's default profile plus ours, ``prefill-load-scorer`` (docs/epp.md, "The default
+#: profile": it is where our defaults and upstream's differ).
 DEFAULT_CONFIG_YAML: Final = f"""\
 apiVersion: {API_VERSIONS[0]}
 kind: {KIND}
@@ -69,6 +71,7 @@ plugins:
 - type: queue-scorer
 - type: kv-cache-utilization-scorer
 - type: prefix-cache-scorer
+- type: prefill-load-scorer
 schedulingProfiles:
 - name: {DEFAULT_PROFILE}
   plugins:
@@ -78,6 +81,8 @@ schedulingProfiles:
     weight: 2
   - pluginRef: prefix-cache-scorer
     weight: 3
+  - pluginRef: prefill-load-scorer
+    weight: 1
 """
 #: The legacy ``saturationDetector`` keys (v1.0-v1.3): thresholds of the utilization
 #: detector, written straight into the section.

@@ -72,6 +72,9 @@ class EndpointView:
     #: the other active-active replicas' (``remote_requests``/``remote_tokens``).
     inflight_requests: int = 0
     inflight_tokens: int = 0
+    #: Estimated prompt tokens this EPP routed here whose first token has not come back: the
+    #: prompt work still ahead of or in the server's prefill (``inflight-load-producer``).
+    prefill_tokens: int = 0
     remote_requests: int = 0
     remote_tokens: int = 0
     #: Scraped ``waiting`` + picks not yet reflected by a scrape (see the class docstring).

@@ -231,9 +231,15 @@ class Director:
         """A piece of the response body; ``first_token``: a token has been seen by now."""
         response = routed.response
         if first_token and response.ttft is None:
-            response.ttft = time.monotonic() - routed.started
+            self.first_token(routed, time.monotonic() - routed.started)
         for plugin in self.runtime.response_streaming:
             plugin.response_streaming(routed.request, response, chunk, routed.endpoint)
+
+    def first_token(self, routed: Routed, ttft: float) -> None:
+        """The response's first token arrived ``ttft`` seconds after the pick."""
+        routed.response.ttft = ttft
+        for plugin in self.runtime.first_token:
+            plugin.first_token(routed.request, routed.response, routed.endpoint)
 
     def response_metadata(self, routed: Routed,
                           usage: Mapping[str, Any] | None) -> dict[str, dict[str, Any]] | None:

@@ -144,6 +144,17 @@ class ResponseReceived(ABC):
         """``response.status`` and ``response.headers`` are set."""
 
 
+class FirstToken(ABC):
+    """The first token of a streamed response arrived: once per request, never for a
+    response that is not streamed (cheaper than :class:`ResponseStreaming` when only that
+    moment matters: nothing runs per chunk)."""
+
+    @abstractmethod
+    def first_token(self, request: LLMRequest, response: Response,
+                    endpoint: EndpointView) -> None:
+        """``response.ttft`` is set."""
+
+
 class ResponseStreaming(ABC):
     """Each piece of the response body (only plugins of this kind make the director look at
     chunks, so it costs nothing when none is configured)."""
@@ -178,6 +189,7 @@ class ResponseComplete(ABC):
 __all__ = [
     "Admitter",
     "DataProducer",
+    "FirstToken",
     "Parser",
     "PreRequest",
     "Response",

@@ -1,6 +1,7 @@
 """The inferencepool chart's default EndpointPickerConfig: upstream v1.5.0's (data-layer
-plugins spelled out), rendered with the real helm, loaded by the real EPP, and scraping
-exactly as the EPP did when the config left the data layer implicit."""
+plugins spelled out) plus ours, ``prefill-load-scorer`` (as the EPP's own default), rendered
+with the real helm, loaded by the real EPP, and scraping exactly as the EPP did when the
+config left the data layer implicit."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ from tests.charts.test_values import epp, parse
 PROFILE = [{"name": "default", "plugins": [
     {"pluginRef": "queue-scorer", "weight": 2},
     {"pluginRef": "kv-cache-utilization-scorer", "weight": 2},
-    {"pluginRef": "prefix-cache-scorer", "weight": 3}]}]
+    {"pluginRef": "prefix-cache-scorer", "weight": 3},
+    {"pluginRef": "prefill-load-scorer", "weight": 1}]}]
 SCRAPE = {"type": "metrics-data-source",
           "parameters": {"scheme": "http", "path": "/metrics", "insecureSkipVerify": True}}
 
@@ -31,14 +33,16 @@ SCRAPE = {"type": "metrics-data-source",
 def upstream(*extra: dict[str, Any], engine: str | None = None,
              parser: str | None = None) -> dict[str, Any]:
     """What upstream v1.5.0's chart renders as default-plugins.yaml (``helm template`` of
-    config/charts/inferencepool at v1.5.0, read back as YAML)."""
+    config/charts/inferencepool at v1.5.0, read back as YAML), plus ``prefill-load-scorer``
+    (docs/epp.md, "The default profile")."""
     core: dict[str, Any] = {"type": "core-metrics-extractor"}
     if engine:
         core["parameters"] = {"defaultEngine": engine}
     config: dict[str, Any] = {
         "apiVersion": "inference.networking.x-k8s.io/v1alpha1", "kind": "EndpointPickerConfig",
         "plugins": [{"type": "queue-scorer"}, {"type": "kv-cache-utilization-scorer"},
-                    {"type": "prefix-cache-scorer"}, SCRAPE, core, *extra],
+                    {"type": "prefix-cache-scorer"}, {"type": "prefill-load-scorer"}, SCRAPE,
+                    core, *extra],
         "schedulingProfiles": PROFILE}
     if parser:
         config["parser"] = {"pluginRef": parser}
@@ -59,7 +63,8 @@ def config_text(objs: list[dict[str, Any]]) -> str:
     (("inferencePool.parser=passthrough-parser",),
      upstream({"type": "passthrough-parser"}, parser="passthrough-parser")),
 ], ids=["vllm", "sglang", "triton", "vllm-grpc", "parser"])
-def test_default_config_is_upstreams(sets: tuple[str, ...], expected: dict[str, Any]) -> None:
+def test_default_config_is_upstreams_and_prefill_load(sets: tuple[str, ...],
+                                                      expected: dict[str, Any]) -> None:
     assert yaml.safe_load(config_text(render("inferencepool", *sets))) == expected
 
 

@@ -17,16 +17,15 @@ from typing import Any, Literal
 from epp.datastore import EndpointView
 from epp.requestcontrol.counts import take
 from epp.requestcontrol.plugin import (
+    FirstToken,
     PreRequest,
     Response,
     ResponseComplete,
-    ResponseStreaming,
     SaturationDetector,
 )
 from epp.scheduling.plugin import Filter
 from epp.scheduling.request import LLMRequest
 from epp.scheduling.result import SchedulingResult
-from shared.plugins import Handle
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +52,7 @@ class ConcurrencyParameters:
                              f"limit), got {self.max_prefill_concurrency!r}")
 
 
-class ConcurrencyDetector(Filter, SaturationDetector, PreRequest, ResponseComplete):
+class ConcurrencyDetector(Filter, SaturationDetector, PreRequest, FirstToken, ResponseComplete):
     """load(e) = in-flight requests (or tokens) on e; pool saturation = sum(load) /
     (endpoints x capacity), saturated when >= 1 (an empty pool is saturated). As a filter
     it keeps endpoints with load < capacity x (1 + headroom).
@@ -66,8 +65,7 @@ class ConcurrencyDetector(Filter, SaturationDetector, PreRequest, ResponseComple
     With ``maxPrefillConcurrency`` an endpoint also needs fewer than that many requests
     awaiting their first token: the filter drops the others, and while no endpoint has room
     on both counts the pool's saturation is 1 (flow control holds requests until a first
-    token or an end frees one). The registry then builds :class:`PrefillLimitedDetector`,
-    which watches the response streams; this class alone refuses the parameter.
+    token or an end frees one).
     """
 
     type_name = "concurrency-detector"
@@ -76,18 +74,8 @@ class ConcurrencyDetector(Filter, SaturationDetector, PreRequest, ResponseComple
 
     def __init__(self, name: str = "", params: Any = None) -> None:
         super().__init__(name, params)
-        if self.params.max_prefill_concurrency is not None and \
-                not isinstance(self, ResponseStreaming):
-            raise ValueError("maxPrefillConcurrency needs the response stream: build it "
-                             "with ConcurrencyDetector.create")
         #: Per endpoint key: streamed requests picked there, first token not seen yet.
         self.prefilling: dict[str, int] = {}
-
-    @classmethod
-    def create(cls, name: str, params: Any, handle: Handle) -> ConcurrencyDetector:
-        if params is not None and params.max_prefill_concurrency is not None:
-            return PrefillLimitedDetector(name, params)
-        return cls(name, params)
 
     def _capacity(self) -> int:
         p = self.params
@@ -143,24 +131,17 @@ class ConcurrencyDetector(Filter, SaturationDetector, PreRequest, ResponseComple
         self.prefilling[key] = self.prefilling.get(key, 0) + 1
         request.plugin_state[self.name] = key
 
+    def first_token(self, request: LLMRequest, response: Response,
+                    endpoint: EndpointView) -> None:
+        self._prefilled(request)
+
     def response_complete(self, request: LLMRequest, response: Response,
                           endpoint: EndpointView) -> None:
-        self._first_token(request)
+        self._prefilled(request)
 
-    def _first_token(self, request: LLMRequest) -> None:
+    def _prefilled(self, request: LLMRequest) -> None:
         """``request`` stopped prefilling (first token, or its exchange ended): once."""
         key = request.plugin_state.pop(self.name, None)
         if key is not None:
             take(self.prefilling, key)
 
-
-class PrefillLimitedDetector(ConcurrencyDetector, ResponseStreaming):
-    """``concurrency-detector`` with ``maxPrefillConcurrency``: also a response-streaming
-    plugin, so the director shows it each chunk; a request stops counting at the first one
-    carrying a token. (A separate class so the plain detector leaves the response body
-    alone: the director reads chunks only when some plugin asks for them.)"""
-
-    def response_streaming(self, request: LLMRequest, response: Response, chunk: bytes,
-                           endpoint: EndpointView) -> None:
-        if response.ttft is not None:
-            self._first_token(request)

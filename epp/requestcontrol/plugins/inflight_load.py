@@ -11,6 +11,12 @@ prefill pod has finished the prompt (llm-d releases it at the first response chu
 comes a KV pull and a decode step later). An exchange that ends without response headers
 releases everything at its end (docs/pd.md).
 
+The same picks also count their uncached prompt tokens as **pending prefill** (``prefill_tokens``,
+what ``prefill-load-scorer`` reads) until the prompt has been computed: on the primary pick
+until the first streamed token (or the end of a response that is not streamed), on the other
+profiles' picks until the response headers. This is this replica's own count: replicas do not
+share it.
+
 Every replica counts its own picks on the endpoint views at once. Through the handle's state
 store it also publishes them and, with active-active replicas sharing a Valkey
 (docs/active-active.md), installs the other replicas' counts on the views as each sync
@@ -25,8 +31,15 @@ from typing import Any
 
 from epp.datastore import Datastore, EndpointView
 from epp.handle import EppHandle
-from epp.requestcontrol.plugin import PreRequest, Response, ResponseComplete, ResponseReceived
+from epp.requestcontrol.plugin import (
+    FirstToken,
+    PreRequest,
+    Response,
+    ResponseComplete,
+    ResponseReceived,
+)
 from epp.scheduling.plugin import Plugin
+from epp.scheduling.plugins.prefix.producer import ApproxPrefixCacheProducer
 from epp.scheduling.request import LLMRequest
 from epp.scheduling.result import SchedulingResult
 from epp.statestore import NO_INFLIGHT, InFlight, MemoryStateStore, StateStore
@@ -52,30 +65,47 @@ class InflightLoadParameters:
                              f"{self.max_estimated_output_tokens}")
 
 
-class InflightLoadProducer(PreRequest, ResponseReceived, ResponseComplete, Plugin):
+class InflightLoadProducer(PreRequest, ResponseReceived, FirstToken, ResponseComplete, Plugin):
     """At the pick: +1 request and +``prompt_tokens`` on the picked endpoint (+ the output
     estimate with ``addEstimatedOutputTokens``) and on each other profile's first pick; at
     the response headers: the other profiles' picks back; at the end of the exchange
     (success, error or broken stream): the primary pick back (and the others if no headers
-    came), never below 0."""
+    came), never below 0.
+
+    Pending prefill: + the prompt tokens not in the endpoint's cache (as far as the
+    approximate prefix index knows) at the pick, on the endpoints that compute the prompt
+    (the other profiles' picks if any, else the primary pick); back at the response headers
+    (other picks), the first token (primary pick) or the end, whichever comes first."""
 
     type_name = "inflight-load-producer"
     parameters_type = InflightLoadParameters
     params: InflightLoadParameters
 
     def __init__(self, name: str = "", params: Any = None,
-                 store: StateStore | None = None, datastore: Datastore | None = None) -> None:
+                 store: StateStore | None = None, datastore: Datastore | None = None,
+                 handle: EppHandle | None = None) -> None:
         super().__init__(name, params)
         self.store = store if store is not None else MemoryStateStore()
         self.datastore = datastore
+        self._handle = handle
+        self._prefix: list[ApproxPrefixCacheProducer] | None = None  # looked up once
         if datastore is not None:
             self.store.on_remote_inflight(self.apply_remote)
 
     @classmethod
     def create(cls, name: str, params: Any, handle: Handle) -> InflightLoadProducer:
         if isinstance(handle, EppHandle):
-            return cls(name, params, handle.state_store, handle.datastore)
+            return cls(name, params, handle.state_store, handle.datastore, handle)
         return cls(name, params)
+
+    def uncached_tokens(self, request: LLMRequest, view: EndpointView) -> int:
+        """The prompt tokens ``view`` has to compute (all of them without a prefix producer)."""
+        if self._prefix is None:
+            found = self._handle.find(ApproxPrefixCacheProducer) if self._handle else []
+            self._prefix = list(found)
+        if not self._prefix:
+            return request.prompt_tokens
+        return self._prefix[0].uncached_tokens(request, view.key)
 
     def estimated_output(self, request: LLMRequest) -> int:
         """Output tokens counted in flight on the primary pick (0 unless configured)."""
@@ -89,22 +119,43 @@ class InflightLoadProducer(PreRequest, ResponseReceived, ResponseComplete, Plugi
         return max(0, estimate)
 
     def pre_request(self, request: LLMRequest, result: SchedulingResult) -> None:
-        self._start(result.endpoints[0], request, self.estimated_output(request))
+        primary = result.endpoints[0]
+        self._start(primary, request, self.estimated_output(request))
         others = [r.picked[0] for name, r in result.results.items()
                   if name != result.primary_profile and r.picked]
         if others:
             request.plugin_state[self.name] = others
             for view in others:
                 self._start(view, request)
+        prefilling = [(v, self.uncached_tokens(request, v)) for v in others or [primary]]
+        request.plugin_state[self._prefill_key] = prefilling
+        for view, tokens in prefilling:
+            view.prefill_tokens += tokens
 
     def response_received(self, request: LLMRequest, response: Response,
                           endpoint: EndpointView) -> None:
+        if self.name in request.plugin_state:
+            self._release_prefill(request)
         self._release_others(request)
+
+    def first_token(self, request: LLMRequest, response: Response,
+                    endpoint: EndpointView) -> None:
+        self._release_prefill(request)
 
     def response_complete(self, request: LLMRequest, response: Response,
                           endpoint: EndpointView) -> None:
+        self._release_prefill(request)
         self._release_others(request)
         self._end(endpoint, request, self.estimated_output(request))
+
+    @property
+    def _prefill_key(self) -> str:
+        return f"{self.name}/prefill"
+
+    def _release_prefill(self, request: LLMRequest) -> None:
+        """The pending prefill back, once."""
+        for view, tokens in request.plugin_state.pop(self._prefill_key, ()):
+            view.prefill_tokens = max(0, view.prefill_tokens - tokens)
 
     def _start(self, view: EndpointView, request: LLMRequest, extra: int = 0) -> None:
         tokens = request.prompt_tokens + extra

@@ -52,6 +52,7 @@ from epp.scheduling.plugins.scorer.latency_scorer import LatencyScorer
 from epp.scheduling.plugins.scorer.load_aware_scorer import LoadAwareScorer
 from epp.scheduling.plugins.scorer.lora_affinity_scorer import LoraAffinityScorer
 from epp.scheduling.plugins.scorer.no_hit_lru_scorer import NoHitLRUScorer
+from epp.scheduling.plugins.scorer.prefill_load_scorer import PrefillLoadScorer
 from epp.scheduling.plugins.scorer.queue_scorer import QueueScorer
 from epp.scheduling.plugins.scorer.running_requests_scorer import RunningRequestsSizeScorer
 from epp.scheduling.plugins.scorer.session_affinity_scorer import SessionAffinityScorer
@@ -63,6 +64,7 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     RunningRequestsSizeScorer,
     KVCacheUtilizationScorer,
     TokenLoadScorer,
+    PrefillLoadScorer,
     LoraAffinityScorer,
     LoadAwareScorer,
     PrefixCacheScorer,
@@ -141,6 +143,7 @@ __all__ = [
     "PdProfileHandler",
     "PrefillFilter",
     "PrefillHeaderHandler",
+    "PrefillLoadScorer",
     "PrefixBasedPDDecider",
     "PrefixCacheAffinityFilter",
     "PrefixCacheScorer",

@@ -4,11 +4,13 @@ example third-party plugin package (examples/plugin-package, installed by ``make
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
 from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.support.epp_gateway import EppGateway
@@ -64,3 +66,43 @@ def test_example_plugin_package_schedules_real_requests(
         gw.stop()
     # fewest-picks-scorer reads pick-counter through the handle: a perfect spread
     assert served == {s.name: 2 for s in servers}
+
+
+def test_a_streamed_prompt_is_pending_prefill_until_its_first_token_through_envoy(
+        bg: BackgroundLoop, tmp_path: Path, servers: list[FakeModelServer]) -> None:
+    """The default profile's ``prefill-load-scorer`` reads the pending prefill: the real
+    exchange must release it at the first streamed token, not at the end of the stream."""
+    for s in servers:
+        s.hold, s.stream_delay = True, 1.5  # each server holds its first request
+    gw = EppGateway(bg, tmp_path, servers)
+    body = {"model": "base-model", "prompt": "a prompt to compute " * 30, "stream": True}
+    done: list[int] = []
+
+    def stream() -> None:
+        with httpx.stream("POST", f"http://127.0.0.1:{gw.port}/v1/completions", json=body,
+                          timeout=20) as r:
+            r.read()
+            done.append(r.status_code)
+
+    client = threading.Thread(target=stream)
+    try:
+        client.start()
+        deadline = time.monotonic() + 10
+        while not any(ep["prefill_tokens"] > 0 for ep in gw.debug_pool().values()):
+            assert time.monotonic() < deadline, "the pick never counted its prompt"
+            time.sleep(0.05)
+        (key,) = [k for k, ep in gw.debug_pool().items() if ep["prefill_tokens"] > 0]
+        pending = gw.debug_pool()[key]["prefill_tokens"]
+        for s in servers:
+            s.released = 1  # the held request starts streaming
+        gw.wait_scraped(key, "prefill_tokens", 0)
+        # the first token came back; the rest of the stream is still on its way
+        assert gw.debug_pool()[key]["inflight_tokens"] == pending
+        client.join(20)
+        assert done == [200]
+        assert gw.debug_pool()[key]["inflight_tokens"] == 0
+    finally:
+        for s in servers:
+            s.released = 1
+        client.join(20)
+        gw.stop()

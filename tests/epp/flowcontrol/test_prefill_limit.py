@@ -13,7 +13,6 @@ import pytest
 from epp.config import ConfigError
 from epp.requestcontrol import Director, Routed
 from epp.requestcontrol.plugins import ConcurrencyDetector, ConcurrencyParameters
-from epp.requestcontrol.plugins.concurrency_detector import PrefillLimitedDetector
 from shared.plugins import PluginError, parse_parameters
 from tests.epp.flowcontrol.test_flowcontrol_wiring import HEADERS, director
 
@@ -120,15 +119,13 @@ async def test_a_limit_of_two_lets_two_prompts_share_the_endpoint() -> None:
     await fc.aclose()
 
 
-def test_without_the_limit_the_detector_leaves_response_bodies_alone() -> None:
-    plain = director("featureGates: [flowControl]\nplugins:\n- type: concurrency-detector\n"
-                     "saturationDetector: {pluginRef: concurrency-detector}\n")
-    # (other plugins, e.g. the metrics recorder, may read chunks; the detector must not)
-    assert not [p for p in plain.runtime.response_streaming
-                if isinstance(p, ConcurrencyDetector)]
+def test_the_detector_never_asks_for_the_response_body() -> None:
+    """The prefill limit follows the first-token hook, not every chunk (the director reads
+    chunks past the first token only for response-streaming plugins)."""
     limited = director(config())
-    assert [type(p) for p in limited.runtime.response_streaming
-            if isinstance(p, ConcurrencyDetector)] == [PrefillLimitedDetector]
+    assert [p for p in limited.runtime.first_token if isinstance(p, ConcurrencyDetector)]
+    assert not [p for p in limited.runtime.response_streaming
+                if isinstance(p, ConcurrencyDetector)]
 
 
 @pytest.mark.parametrize(("text", "message"), [
@@ -144,8 +141,3 @@ def test_a_limit_that_cannot_work_is_a_config_error(text: str, message: str) -> 
 def test_a_limit_must_be_an_integer() -> None:
     with pytest.raises(PluginError, match="maxPrefillConcurrency"):
         parse_parameters(ConcurrencyParameters, {"maxPrefillConcurrency": 1.5}, label="cd")
-
-
-def test_the_plain_class_refuses_a_limit_it_could_not_see() -> None:
-    with pytest.raises(ValueError, match="needs the response stream"):
-        ConcurrencyDetector("cd", ConcurrencyParameters(max_prefill_concurrency=1))

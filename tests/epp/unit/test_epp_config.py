@@ -54,9 +54,13 @@ def weights(text: str | None) -> dict[str, float]:
     return {ws.scorer.type_name: ws.weight for ws in profile.scorers}
 
 
-def test_silent_config_gives_the_upstream_default_profile() -> None:
-    assert weights(None) == {"queue-scorer": 2, "kv-cache-utilization-scorer": 2,
-                             "prefix-cache-scorer": 3}
+UPSTREAM_DEFAULT = {"queue-scorer": 2, "kv-cache-utilization-scorer": 2,
+                    "prefix-cache-scorer": 3}
+
+
+def test_silent_config_gives_the_upstream_default_profile_and_prefill_load() -> None:
+    """docs/epp.md, "The default profile": upstream's three scorers, plus ours."""
+    assert weights(None) == {**UPSTREAM_DEFAULT, "prefill-load-scorer": 1}
 
 
 def test_silent_config_uses_single_profile_handler_and_max_score_picker() -> None:
@@ -66,12 +70,12 @@ def test_silent_config_uses_single_profile_handler_and_max_score_picker() -> Non
 
 
 def test_upstream_config_loads_unchanged() -> None:
-    assert weights(UPSTREAM) == weights(None)
+    assert weights(UPSTREAM) == UPSTREAM_DEFAULT
 
 
 def test_llm_d_api_version_is_accepted() -> None:
     text = UPSTREAM.replace("inference.networking.x-k8s.io/v1alpha1", "llm-d.ai/v1alpha1")
-    assert weights(text) == weights(None)
+    assert weights(text) == UPSTREAM_DEFAULT
 
 
 def test_plugin_parameters_reach_the_plugin() -> None:

@@ -350,6 +350,19 @@ def test_prefill_pick_counts_in_flight_until_the_response_headers() -> None:
     assert [v.inflight_tokens for v in pods] == [0, 0, 0, 0]
 
 
+def test_the_prompt_is_pending_on_the_prefill_pick_until_the_response_headers() -> None:
+    rt = runtime(LLMD_PD % 16)
+    pods = pool()
+    req = request("x" * 4000)  # 1,000 tokens, nothing cached yet
+    r = route(rt, req, pods)
+    decode, prefill = pods[0], pods[2]
+    assert (r.decode, r.prefiller) == (decode.key, prefill.key)
+    assert (decode.prefill_tokens, prefill.prefill_tokens) == (0, 1000)
+    for plugin in rt.response_received:  # the sidecar's prefill leg is over
+        plugin.response_received(req, Response(req.request_id, status=200), decode)
+    assert [v.prefill_tokens for v in pods] == [0, 0, 0, 0]
+
+
 def test_exchange_without_response_headers_releases_the_prefill_pick_at_its_end() -> None:
     rt = runtime(LLMD_PD % 16)
     pods = pool()

@@ -164,6 +164,12 @@ class ApproxPrefixCacheProducer(Plugin, DataProducer, PreRequest, EndpointsRemov
     def produce(self, request: LLMRequest, endpoints: Sequence[EndpointView]) -> None:
         self.match(request)
 
+    def uncached_tokens(self, request: LLMRequest, key: str) -> int:
+        """The prompt tokens endpoint ``key`` would have to compute for ``request``: all of
+        them, less the leading blocks the index says it holds."""
+        cached = self.match(request).matched.get(key, 0) * self.tokens_per_block
+        return max(0, request.prompt_tokens - cached)
+
     def pre_request(self, request: LLMRequest, result: SchedulingResult) -> None:
         picked = result.primary.picked
         if picked:
