@@ -555,11 +555,8 @@ def section(doc: dict[str, Any], source: str) -> str:
         scn = load_scenario(scenario_path)
         if scn.description:
             lines[4:4] = [scn.description, ""]
-        ran = set(s["contenders"])
-        targets = [rp.Target(s["workload"], load, t.ours, t.against, t.metric, t.bound,
-                             t.at_most, t.klass, t.against_class)
-                   for t in scn.targets for load in s["loads"]
-                   if t.ours in ran and (t.against in ran or t.against == "best-peer")]
+        ran = {*s["contenders"], "best-peer"}
+        targets = [t for t in scn.targets if t.ours in ran and t.against in ran]
     baseline = s.get("baseline") or ("aggregated" if s.get("roles") else rp.BASELINE)
     tl = rp.target_lines(results, targets) if targets else []
     if tl:
@@ -568,7 +565,7 @@ def section(doc: dict[str, Any], source: str) -> str:
     wl = WORKLOADS.get(s["workload"]) or SimpleNamespace(
         name=s["workload"], title=s["workload"], description="",
         source="the scenario's own workload file")
-    lines += rp.point_sections(results, {wl.name: wl}, s["contenders"], baseline=baseline)
+    lines += rp.point_sections(results, wl, s["contenders"], baseline=baseline)
     return "\n".join(lines).rstrip() + "\n"
 
 

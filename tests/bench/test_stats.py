@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.report import RunResult, Target, summarize, table, target_lines
+from bench.report import RunResult, summarize, table, target_lines
+from bench.scenario import Target
 from bench.stats import Interval, bootstrap_median, geomean_interval, paired_ratios, verdict
 from bench.workloads import HERE, WORKLOADS, WorkloadError, load_workload
 
@@ -77,7 +78,7 @@ def _rows(ratios: list[float], point: tuple[str, float] = ("lora", 0.75)) -> lis
 
 
 def test_a_target_is_met_only_when_the_interval_supports_it() -> None:
-    target = [Target("lora", 0.75, "epp-tuned", "envoy-rr", "TTFT p90", 0.5, True)]
+    target = [Target("epp-tuned", "envoy-rr", "TTFT p90", 0.5, True)]
     met = "\n".join(target_lines(_rows([0.30, 0.32, 0.35, 0.31, 0.33]), target))
     assert "lora @ 0.75, epp-tuned: TTFT p90 / envoy-rr = 0.32" in met and "**met**" in met
     noisy = "\n".join(target_lines(_rows([0.2, 0.9, 0.3, 0.8, 0.4]), target))
