@@ -534,10 +534,8 @@ class PeerRouter(Contender):
         self.name = f"{peer}:{policy}"
 
     def unavailable(self) -> str | None:
-        if not self.peer.installed():
-            return (f"{self.peer.mismatch() or self.peer.package + ' does not import'} "
-                    "(run `python -m bench.peers install`)")
-        return None
+        problem = self.peer.problem()
+        return problem and f"{problem} (run `python -m bench.peers install`)"
 
     @contextlib.contextmanager
     def running(self, fleet: SimFleet, workdir: Path) -> Iterator[str]:
@@ -549,7 +547,7 @@ class PeerRouter(Contender):
                 port, prom = e.free_port(), e.free_port()
                 log = workdir / f"{self.peer.name}{f'-{i}' if self.copies > 1 else ''}.log"
                 cmd = self.peer.command(policy=self.policy, port=port, prometheus_port=prom,
-                                        workers=fleet.urls)
+                                        workers=["--worker-urls", *fleet.urls])
                 with (workdir / "command.txt").open("a") as f:
                     f.write(" ".join(cmd) + "\n")
                 proc = stack.enter_context(self._process(cmd, log, env=peer_env()))

@@ -57,13 +57,6 @@ class Outcome:
         """Completed with 200 and at least one token."""
         return self.status == 200 and not self.error and self.ttft is not None
 
-    @property
-    def tpot(self) -> float | None:
-        """Mean time per output token after the first, or None with < 2 tokens."""
-        if self.e2e is None or self.ttft is None or self.output_tokens < 2:
-            return None
-        return (self.e2e - self.ttft) / (self.output_tokens - 1)
-
 
 def _has_token(event: bytes) -> bool:
     # A token event carries non-empty text (completions) or content (chat). The role-only
