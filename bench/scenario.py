@@ -59,20 +59,18 @@ Paths inside a scenario are relative to the scenario file.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Collection
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from bench.workloads import (
     GENERATORS,
+    Reader,
     Workload,
     WorkloadError,
-    _arrivals,
     check_parameters,
     find_workload,
+    read_arrivals,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -276,61 +274,11 @@ _TOP: dict[str, type | tuple[type, ...]] = {
 _REQUIRED = ("title", "workload", "contenders")
 
 
-class _Reader:
-    """Strict reading with the key path in every error."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def fail(self, where: str, msg: str) -> ScenarioError:
-        return ScenarioError(f"{self.path}: {where}: {msg}" if where else f"{self.path}: {msg}")
-
-    def keys(self, raw: Any, where: str, allowed: Collection[str],
-             required: tuple[str, ...] = ()) -> dict[str, Any]:
-        if not isinstance(raw, dict):
-            raise self.fail(where, f"expected a mapping, got {type(raw).__name__}")
-        for key in raw:
-            if key not in allowed:
-                dot = f"{where}.{key}" if where else str(key)
-                raise self.fail(dot, f"unknown key (known: {', '.join(sorted(allowed))})")
-        for key in required:
-            if key not in raw:
-                raise self.fail(where, f"missing key {key!r}")
-        return raw
-
-    def positive_int(self, raw: Any, where: str, minimum: int = 1) -> int:
-        if isinstance(raw, bool) or not isinstance(raw, int) or raw < minimum:
-            raise self.fail(where, f"expected an integer >= {minimum}, got {raw!r}")
-        return raw
-
-    def number(self, raw: Any, where: str, *, positive: bool = False) -> float:
-        if isinstance(raw, bool) or not isinstance(raw, int | float) or raw < 0 or (
-                positive and raw == 0):
-            kind = "a positive number" if positive else "a number >= 0"
-            raise self.fail(where, f"expected {kind}, got {raw!r}")
-        return float(raw)
-
-    def text(self, raw: Any, where: str) -> str:
-        if not isinstance(raw, str) or not raw.strip():
-            raise self.fail(where, f"expected a non-empty string, got {raw!r}")
-        return raw
-
-    def file(self, raw: Any, where: str) -> Path:
-        path = (self.path.parent / self.text(raw, where)).resolve()
-        if not path.is_file():
-            raise self.fail(where, f"no such file: {path}")
-        return path
-
-
 def load_scenario(path: Path | str) -> Scenario:
     """Read and check one scenario file (see the module docstring for the schema)."""
     path = Path(path)
-    r = _Reader(path)
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise r.fail("", f"cannot read: {' '.join(str(e).split())}") from None
-    raw = r.keys(raw, "", _TOP, _REQUIRED)
+    r = Reader(path, ScenarioError)
+    raw = r.keys(r.load(), "", _TOP, _REQUIRED)
     for key, types in _TOP.items():
         if key in raw and not isinstance(raw[key], types):
             raise r.fail(key, f"wrong type {type(raw[key]).__name__}")
@@ -355,14 +303,12 @@ def load_scenario(path: Path | str) -> Scenario:
         faults=tuple(_fault(r, f, f"faults[{i}]") for i, f in enumerate(raw.get("faults", []))))
 
 
-def _fault(r: _Reader, raw: Any, where: str) -> Fault:
+def _fault(r: Reader, raw: Any, where: str) -> Fault:
     f = r.keys(raw, where, {"at", "action"}, ("at", "action"))
-    if f["action"] not in FAULTS:
-        raise r.fail(f"{where}.action", f"{f['action']!r} is not one of {', '.join(FAULTS)}")
-    return Fault(r.number(f["at"], f"{where}.at"), f["action"])
+    return Fault(r.number(f["at"], f"{where}.at"), r.one_of(f["action"], f"{where}.action", FAULTS))
 
 
-def _fleet(r: _Reader, raw: Any) -> Fleet:
+def _fleet(r: Reader, raw: Any) -> Fleet:
     from sim.profiles import PROFILES
 
     f = r.keys(raw, "fleet", {"servers", "roles", "profile", "time_scale", "labels",
@@ -410,7 +356,7 @@ def _fleet(r: _Reader, raw: Any) -> Fleet:
                  r.positive_int(f.get("kv_blocks", 0), "fleet.kv_blocks", 0), kv_events)
 
 
-def _workload(r: _Reader, raw: Any) -> Workload:
+def _workload(r: Reader, raw: Any) -> Workload:
     spec = {"use": raw} if isinstance(raw, str) else r.keys(
         raw, "workload", {"use", "arrivals", "parameters", "duration"}, ("use",))
     where = "workload.use" if isinstance(raw, dict) else "workload"
@@ -418,28 +364,19 @@ def _workload(r: _Reader, raw: Any) -> Workload:
         base = find_workload(r.text(spec["use"], where), r.path.parent)
     except WorkloadError as e:
         raise r.fail(where, str(e)) from None
-    params = dict(base.parameters)
-    if "parameters" in spec:
-        over = r.keys(spec["parameters"], "workload.parameters", GENERATORS[base.generator][2])
-        params.update(over)
-        try:
-            check_parameters(r.path, base.generator, params)
-        except WorkloadError as e:
-            where, _, msg = str(e).removeprefix(f"{r.path}: ").partition(": ")
-            raise r.fail(f"workload.{where}", msg) from None
-    arrivals, period, width = base.arrivals, base.burst_period, base.burst_width
-    if "arrivals" in spec:
-        try:
-            arrivals, period, width = _arrivals(r.path, spec["arrivals"])
-        except WorkloadError as e:
-            raise r.fail("workload.arrivals", str(e).split(": ", 2)[-1]) from None
+    params = {**base.parameters, **r.keys(spec.get("parameters", {}), "workload.parameters",
+                                          GENERATORS[base.generator][2])}
+    check_parameters(r, base.generator, params, "workload.parameters")
+    arrivals, period, width = (read_arrivals(r, spec["arrivals"], "workload.arrivals")
+                               if "arrivals" in spec
+                               else (base.arrivals, base.burst_period, base.burst_width))
     duration = (r.number(spec["duration"], "workload.duration", positive=True)
                 if "duration" in spec else base.duration)
     return Workload(base.name, base.title, base.description, base.source, base.generator,
                     arrivals, period, width, params, base.loads, duration)
 
 
-def _contenders(r: _Reader, raw: list[Any], fleet: Fleet) -> tuple[Contender, ...]:
+def _contenders(r: Reader, raw: list[Any], fleet: Fleet) -> tuple[Contender, ...]:
     if not raw:
         raise r.fail("contenders", "expected at least one contender")
     out: list[Contender] = []
@@ -461,9 +398,7 @@ def _contenders(r: _Reader, raw: list[Any], fleet: Fleet) -> tuple[Contender, ..
             # a peer's copies share nothing: no store
             need = ("count",) if is_peer else ("count", "store")
             rep = r.keys(c["replicas"], f"{where}.replicas", set(need), need)
-            if rep.get("store", "valkey") not in ("valkey", "memory"):
-                raise r.fail(f"{where}.replicas.store", f"{rep['store']!r} is not one of "
-                             "valkey, memory")
+            r.one_of(rep.get("store", "valkey"), f"{where}.replicas.store", ("valkey", "memory"))
             out.append(Contender(
                 name, epp_config=(r.file(c["epp_config"], f"{where}.epp_config")
                                   if "epp_config" in c else None),
@@ -491,15 +426,13 @@ def _contenders(r: _Reader, raw: list[Any], fleet: Fleet) -> tuple[Contender, ..
     return tuple(out)
 
 
-def _pd(r: _Reader, raw: Any, where: str) -> PdVariant:
+def _pd(r: Reader, raw: Any, where: str) -> PdVariant:
     p = r.keys(raw, where, {f.name for f in fields(PdVariant)})
     v = PdVariant(**{k: str(x) for k, x in p.items() if k != "threshold"},
                   threshold=r.positive_int(p.get("threshold", 1024), f"{where}.threshold"))
     for key, known in (("config", PD_CONFIGS), ("prefill_pick", PD_PICKS),
                        ("decode_pick", PD_PICKS)):
-        if getattr(v, key) not in known:
-            raise r.fail(f"{where}.{key}", f"{getattr(v, key)!r} is not one of "
-                         f"{', '.join(known)}")
+        r.one_of(getattr(v, key), f"{where}.{key}", known)
     if v.spill:
         from bench.twin.pd import parse_spill
 
@@ -510,7 +443,7 @@ def _pd(r: _Reader, raw: Any, where: str) -> PdVariant:
     return v
 
 
-def _seeds(r: _Reader, raw: Any) -> tuple[int, ...]:
+def _seeds(r: Reader, raw: Any) -> tuple[int, ...]:
     if isinstance(raw, list):
         if not raw:
             raise r.fail("seeds", "expected at least one seed")
@@ -520,13 +453,13 @@ def _seeds(r: _Reader, raw: Any) -> tuple[int, ...]:
     return tuple(range(first, first + r.positive_int(s.get("count", 5), "seeds.count")))
 
 
-def _budget(r: _Reader, raw: Any) -> Budget:
+def _budget(r: Reader, raw: Any) -> Budget:
     b = r.keys(raw, "budget", {f.name for f in fields(Budget)})
     cpus = {k: r.number(v, f"budget.{k}") for k, v in b.items() if k != "burners"}
     return Budget(**cpus, burners=r.positive_int(b.get("burners", 0), "budget.burners", 0))
 
 
-def _target(r: _Reader, raw: Any, where: str, names: list[str]) -> Target:
+def _target(r: Reader, raw: Any, where: str, names: list[str]) -> Target:
     t = r.keys(raw, where, {"ours", "against", "metric", "at_most", "at_least", "class",
                             "against_class"}, ("ours", "against", "metric"))
     if ("at_most" in t) == ("at_least" in t):
@@ -534,8 +467,7 @@ def _target(r: _Reader, raw: Any, where: str, names: list[str]) -> Target:
     for key in ("ours", "against"):
         if t[key] not in names and not (key == "against" and t[key] == "best-peer"):
             raise r.fail(f"{where}.{key}", f"{t[key]!r} is not a contender of this scenario")
-    if t["metric"] not in METRICS:
-        raise r.fail(f"{where}.metric", f"{t['metric']!r} is not one of {', '.join(METRICS)}")
+    r.one_of(t["metric"], f"{where}.metric", METRICS)
     at_most = "at_most" in t
     bound = r.number(t["at_most" if at_most else "at_least"],
                      f"{where}.{'at_most' if at_most else 'at_least'}", positive=True)
