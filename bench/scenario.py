@@ -321,10 +321,7 @@ def _fleet(r: Reader, raw: Any) -> Fleet:
     if roles and servers != sum(roles.values()):
         raise r.fail("fleet.servers", f"{servers} is not prefill + decode "
                      f"({sum(roles.values())}); leave it out with roles")
-    profile = r.text(f.get("profile", "8b-h100"), "fleet.profile")
-    if profile not in PROFILES:
-        raise r.fail("fleet.profile", f"unknown profile {profile!r} "
-                     f"(known: {', '.join(sorted(PROFILES))})")
+    profile = r.one_of(f.get("profile", "8b-h100"), "fleet.profile", sorted(PROFILES))
     labels = f.get("labels", [])
     if not isinstance(labels, list) or (labels and len(labels) != servers) or any(
             not isinstance(x, dict) or not all(isinstance(k, str) and isinstance(v, str)
