@@ -156,21 +156,16 @@ async def run(url: str, specs: list[dict[str, Any]], *, timeout: float = 120.0,
 
 
 async def _with_progress(tasks: list[asyncio.Task[None]], outcomes: list[Outcome]) -> None:
+    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     columns = ("{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, transient=True, console=_stderr_console()) as bar:
+    with Progress(*columns, transient=True, console=Console(file=sys.stderr)) as bar:
         job = bar.add_task("requests", total=len(tasks))
         for fut in asyncio.as_completed(tasks):
             await fut
             errors = sum(1 for o in outcomes if o.error)
             bar.update(job, advance=1, description=f"requests (errors {errors})")
-
-
-def _stderr_console() -> Any:
-    from rich.console import Console
-
-    return Console(file=sys.stderr)
 
 
 def load_specs(path: Path) -> list[dict[str, Any]]:

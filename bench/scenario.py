@@ -387,28 +387,25 @@ def _contenders(r: Reader, raw: list[Any], fleet: Fleet) -> tuple[Contender, ...
             raise r.fail(where, "give epp_config or pd, not both")
         peer, _, policy = name.partition(":")
         is_peer = peer in PEER_NAMES and bool(policy)
+        if "replicas" in c and (fleet.pd or "pd" in c):
+            raise r.fail(f"{where}.replicas", "replicas are for an aggregated fleet")
+        if "epp_config" in c and (fleet.pd or is_peer):
+            raise r.fail(f"{where}.epp_config", "a P/D fleet takes pd variants" if fleet.pd
+                         else "a peer router takes no EPP config")
+        config = r.file(c["epp_config"], f"{where}.epp_config") if "epp_config" in c else None
         if "replicas" in c:
-            if fleet.pd or "pd" in c:
-                raise r.fail(f"{where}.replicas", "replicas are for an aggregated fleet")
-            if is_peer and "epp_config" in c:
-                raise r.fail(f"{where}.epp_config", "a peer router takes no EPP config")
             # a peer's copies share nothing: no store
             need = ("count",) if is_peer else ("count", "store")
             rep = r.keys(c["replicas"], f"{where}.replicas", set(need), need)
             r.one_of(rep.get("store", "valkey"), f"{where}.replicas.store", ("valkey", "memory"))
-            out.append(Contender(
-                name, epp_config=(r.file(c["epp_config"], f"{where}.epp_config")
-                                  if "epp_config" in c else None),
-                replicas=r.positive_int(rep["count"], f"{where}.replicas.count"),
-                store=rep.get("store", "")))
-        elif "epp_config" in c:
-            if fleet.pd:
-                raise r.fail(f"{where}.epp_config", "a P/D fleet takes pd variants")
-            out.append(Contender(name, epp_config=r.file(c["epp_config"], f"{where}.epp_config")))
+            out.append(Contender(name, epp_config=config, store=rep.get("store", ""),
+                                 replicas=r.positive_int(rep["count"], f"{where}.replicas.count")))
         elif "pd" in c:
             if not fleet.pd:
                 raise r.fail(f"{where}.pd", "a pd variant needs a P/D fleet (fleet.roles)")
             out.append(Contender(name, pd=_pd(r, c["pd"] or {}, f"{where}.pd")))
+        elif config is not None:
+            out.append(Contender(name, epp_config=config))
         else:
             known = PD_CONTENDERS if fleet.pd else CONTENDERS
             if name not in known and not (not fleet.pd and is_peer):

@@ -69,15 +69,12 @@ def _words(rng: random.Random, tokens: int) -> str:
                    for _ in range(tokens))
 
 
-def _completion(prompt: str, max_tokens: int, model: str = MODEL) -> dict[str, Any]:
-    return {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
-            "stream_options": {"include_usage": True}}
-
-
 def _request(at: float, prompt: str, max_tokens: Any, tag: str = "",
              model: str = MODEL) -> RequestSpec:
     """A streaming completion request of ``prompt`` at ``at``."""
-    return RequestSpec(at, "/v1/completions", _completion(prompt, int(max_tokens), model), tag)
+    return RequestSpec(at, "/v1/completions", {
+        "model": model, "prompt": prompt, "max_tokens": int(max_tokens), "stream": True,
+        "stream_options": {"include_usage": True}}, tag)
 
 
 def poisson_arrivals(rng: random.Random, rate: float, n: int) -> list[float]:
