@@ -160,6 +160,7 @@ def _plan(args: argparse.Namespace, **more: Any) -> runner.Plan:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    # a negative number is not a flag's value to argparse ("-1": an option): checked here
     if args.router_cpus is not None and args.router_cpus < 0:
         raise ValueError(f"--router-cpus: expected a CPU budget >= 0, got {args.router_cpus:g}")
     mode = args.mode or "virtual"

@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -37,7 +37,7 @@ from typing import Any
 from bench import environment
 from bench import report as rp
 from bench.report import RunResult, summarize
-from bench.scenario import Contender, Fault, Fleet, PdVariant, Scenario, load_scenario
+from bench.scenario import Budget, Contender, Fault, Fleet, PdVariant, Scenario, load_scenario
 from bench.twin.cpu import MEASURED_COST, ProcessCpu
 from bench.workloads import MODEL, PROFILE, WORKLOADS, RequestSpec, Workload, write_specs
 
@@ -58,8 +58,8 @@ class Plan:
     duration: float
     contenders: tuple[Contender, ...]
     jobs: int = 1
-    #: CPU of the router process (``budget.router_cpus`` or ``--router-cpus``; 0: none)
-    router_cpus: float = 0.0
+    #: the scenario's CPU budgets, the router's as ``--router-cpus`` said
+    budget: Budget = field(default_factory=Budget)
     #: virtual time: the EPP's CPU modelled at ``router_cpus`` from these measured costs
     epp_cpu: ProcessCpu | None = None
     epp_cost: str = ""
@@ -76,9 +76,7 @@ class Plan:
                 "duration": self.duration, "seeds": list(self.seeds), "loads": list(self.loads),
                 "contenders": [c.name for c in self.contenders],
                 **({"baseline": self.scenario.baseline} if self.scenario.baseline else {}),
-                "budget": (dataclasses.replace(self.scenario.budget,
-                                               router_cpus=self.router_cpus).statement()
-                           if self.mode == "real" else None),
+                "budget": asdict(self.budget) if self.mode == "real" else None,
                 "epp_cpu": self.epp_cpu_statement(),
                 **({"faults": [f"{f.action} at {f.at:g} s" + (
                     "" if self.mode == "real" else " (not modelled in virtual time)")
@@ -138,7 +136,8 @@ def plan(scn: Scenario, *, mode: str = "virtual", seeds: Sequence[int] | None = 
                              f"{type(e).__name__}: {e}") from None
     return Plan(scn, mode, fleet, wl, tuple(seeds) if seeds else scn.seeds,
                 tuple(loads) if loads else (scn.loads if workload is None else wl.loads),
-                duration or wl.duration, chosen, jobs, cpus, cpu, epp_cost.name)
+                duration or wl.duration, chosen, jobs,
+                dataclasses.replace(scn.budget, router_cpus=cpus), cpu, epp_cost.name)
 
 
 def token_budgets(c: Contender) -> dict[str, int]:
@@ -302,12 +301,12 @@ def _real_contender(c: Contender, p: Plan) -> Any:
         obj = Epp(c.name, c.epp_config.read_text())
     else:
         obj = all_contenders()[c.name]
-    obj.cpus, obj.gateway_cpus = p.router_cpus, p.scenario.budget.gateway_cpus
+    obj.cpus, obj.gateway_cpus = p.budget.router_cpus, p.budget.gateway_cpus
     return obj
 
 
 def _real(p: Plan, load: float, seed: int, c: Contender, workdir: Path) -> RunResult:
-    b = p.scenario.budget
+    b = p.budget
     res: RunResult = run_one(
         p.workload, load, _real_contender(c, p), duration=p.duration, seed=seed,
         servers=p.fleet.servers, time_scale=p.fleet.time_scale, workdir=workdir,
@@ -450,11 +449,9 @@ def execute(p: Plan, run_dir: Path, *, log: Any = sys.stderr) -> dict[str, Any]:
     run_dir.mkdir(parents=True, exist_ok=True)
     env = environment.capture(peers=p.mode == "real")
     if p.mode == "real":
-        b = p.scenario.budget
         # What each budget is on this machine (a cgroup quota, or pinning): cpubudget says.
-        env["budget"] = cpubudget.statement(asdict(dataclasses.replace(
-            b, router_cpus=p.router_cpus)))
-        env["burners"] = b.burners
+        env["budget"] = cpubudget.statement(asdict(p.budget))
+        env["burners"] = p.budget.burners
     started = time.monotonic()
     results: list[RunResult] = []
     doc: dict[str, Any] = {}
@@ -475,7 +472,7 @@ def execute(p: Plan, run_dir: Path, *, log: Any = sys.stderr) -> dict[str, Any]:
             for batch in (pool.map if pool else map)(_virtual, jobs):
                 results.extend(batch)
     else:
-        with cpubudget.burners(p.scenario.budget.burners):
+        with cpubudget.burners(p.budget.burners):
             flip = False
             for load in p.loads:
                 for seed in p.seeds:

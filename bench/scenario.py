@@ -59,7 +59,7 @@ Paths inside a scenario are relative to the scenario file.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -215,12 +215,6 @@ class Budget:
     fleet_cpus: float = 0.0
     client_cpus: float = 0.0
     burners: int = 0
-
-    def statement(self) -> str:
-        """One line for a report, like ``bench.cpubudget.statement``."""
-        parts = [f"{k.removesuffix('_cpus')} {v:g} CPU" for k, v in asdict(self).items()
-                 if k.endswith("_cpus") and v]
-        return ", ".join(parts) or "none (whole machine)"
 
 
 @dataclass(frozen=True, slots=True)
