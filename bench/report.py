@@ -113,10 +113,6 @@ class RunResult:
     kv_lag: dict[str, float] = field(default_factory=dict)
 
     @property
-    def error_rate(self) -> float:
-        return self.errors / self.requests if self.requests else 0.0
-
-    @property
     def usable(self) -> bool:
         return not self.skipped and self.ok > 0
 
@@ -166,23 +162,17 @@ def _tpot(o: OutcomeLike, time_scale: float) -> float | None:
 
 def _slo(res: RunResult, warm: Sequence[OutcomeLike], time_scale: float) -> None:
     """SLO attainment of the warm requests that set an SLO (``slo_ttft`` / ``slo_tpot``
-    attributes of an outcome, seconds)."""
-    met = n = 0
-    for o in warm:
-        ttft_slo, tpot_slo = getattr(o, "slo_ttft", None), getattr(o, "slo_tpot", None)
-        if ttft_slo is None and tpot_slo is None:
-            continue
-        n += 1
-        if not o.ok or o.ttft is None:
-            continue
+    attributes of an outcome, seconds): met when it completed within every target it set."""
+    def met(o: OutcomeLike, ttft_slo: float | None, tpot_slo: float | None) -> bool:
         tpot = _tpot(o, time_scale)
-        if ttft_slo is not None and o.ttft / time_scale > ttft_slo:
-            continue
-        if tpot_slo is not None and tpot is not None and tpot > tpot_slo:
-            continue
-        met += 1
-    res.slo_requests = n
-    res.slo_attainment = met / n if n else 0.0
+        return (o.ok and o.ttft is not None
+                and (ttft_slo is None or o.ttft / time_scale <= ttft_slo)
+                and (tpot_slo is None or tpot is None or tpot <= tpot_slo))
+
+    slos = [(o, getattr(o, "slo_ttft", None), getattr(o, "slo_tpot", None)) for o in warm]
+    judged = [met(*x) for x in slos if x[1] is not None or x[2] is not None]
+    res.slo_requests = len(judged)
+    res.slo_attainment = sum(judged) / len(judged) if judged else 0.0
 
 
 #: The quantile the EPP's quantile predictions are judged at (its default).
