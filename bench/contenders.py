@@ -25,6 +25,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -496,11 +497,7 @@ class EppReplicas(Contender):
         return {"replicas": [r.debug() for r in self._replicas]}
 
     def kv_lag(self) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for r in self._replicas:
-            for le, n in r.kv_lag().items():
-                out[le] = out.get(le, 0.0) + n
-        return out
+        return dict(sum((Counter(r.kv_lag()) for r in self._replicas), Counter()))
 
     def fault(self, action: str) -> str:
         if action == "kill-replica" and self._replicas and self._replicas[0].proc:

@@ -593,9 +593,9 @@ def kv_lines(rows: Sequence[RunResult], order: Sequence[str]) -> list[str]:
                    "seeds: " + "; ".join(ev) + ".")
     lag = []
     for n, hists in _each(rows, order, lambda r: r.kv_lag):
-        pooled: dict[float, float] = {}
-        for le, count in (item for h in hists for item in h.items()):
-            pooled[float(le)] = pooled.get(float(le), 0.0) + count
+        pooled: Counter[float] = Counter()
+        for h in hists:
+            pooled.update({float(le): count for le, count in h.items()})
         if (ordered := sorted(pooled.items())) and (total := ordered[-1][1]):
             p99 = next(le for le, c in ordered if c >= 0.99 * total)
             lag.append(f"{n} <= {p99 * 1000:g} ms over {total:,.0f} batches")

@@ -549,8 +549,7 @@ def section(doc: dict[str, Any], source: str) -> str:
         ran = {*s["contenders"], "best-peer"}
         targets = [t for t in scn.targets if t.ours in ran and t.against in ran]
     baseline = s.get("baseline") or ("aggregated" if s.get("roles") else rp.BASELINE)
-    tl = rp.target_lines(results, targets) if targets else []
-    if tl:
+    if tl := rp.target_lines(results, targets):
         lines += ["Targets:", "", *tl, ""]
     # a workload file outside bench/workloads: a stand-in for the headings
     wl = WORKLOADS.get(s["workload"]) or SimpleNamespace(
