@@ -16,36 +16,20 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from bench.stats import Interval, bootstrap_median, paired_ratios, quantile, verdict
 
 if TYPE_CHECKING:
+    from bench.openloop import Outcome
     from bench.scenario import Target
+    from bench.workloads import RequestSpec
 
 ROOT = Path(__file__).resolve().parent
 RESULTS = ROOT / "RESULTS.md"
 BASELINE = "envoy-rr"
 #: Fraction of each run's requests (first by arrival) reported apart as the cold start.
 WARMUP = 0.2
-
-
-class OutcomeLike(Protocol):
-    """What :func:`summarize` reads of a request's outcome (``bench.openloop.Outcome``)."""
-
-    start: float
-    status: int
-    ttft: float | None
-    e2e: float | None
-    output_tokens: int
-    prompt_tokens: int
-    cached_tokens: int
-    pod: str
-    error: str
-    itl: list[float]
-
-    @property
-    def ok(self) -> bool: ...
 
 
 @dataclass
@@ -117,7 +101,7 @@ class RunResult:
         return not self.skipped and self.ok > 0
 
 
-def summarize(res: RunResult, outcomes: Sequence[OutcomeLike], time_scale: float = 1.0,
+def summarize(res: RunResult, outcomes: Sequence[Outcome], time_scale: float = 1.0,
               warmup: float = WARMUP, tags: Sequence[str] | None = None) -> RunResult:
     """Fill ``res`` from per-request outcomes (``start`` etc. in wall seconds); with
     ``tags`` (one per outcome, in the same order) also the per-class figures."""
@@ -154,16 +138,16 @@ def summarize(res: RunResult, outcomes: Sequence[OutcomeLike], time_scale: float
     return res
 
 
-def _tpot(o: OutcomeLike, time_scale: float) -> float | None:
+def _tpot(o: Outcome, time_scale: float) -> float | None:
     if o.e2e is None or o.ttft is None or o.output_tokens < 2:
         return None
     return (o.e2e - o.ttft) / (o.output_tokens - 1) / time_scale
 
 
-def _slo(res: RunResult, warm: Sequence[OutcomeLike], time_scale: float) -> None:
+def _slo(res: RunResult, warm: Sequence[Outcome], time_scale: float) -> None:
     """SLO attainment of the warm requests that set an SLO (``slo_ttft`` / ``slo_tpot``
     attributes of an outcome, seconds): met when it completed within every target it set."""
-    def met(o: OutcomeLike, ttft_slo: float | None, tpot_slo: float | None) -> bool:
+    def met(o: Outcome, ttft_slo: float | None, tpot_slo: float | None) -> bool:
         tpot = _tpot(o, time_scale)
         return (o.ok and o.ttft is not None
                 and (ttft_slo is None or o.ttft / time_scale <= ttft_slo)
@@ -179,7 +163,7 @@ def _slo(res: RunResult, warm: Sequence[OutcomeLike], time_scale: float) -> None
 CALIBRATION_QUANTILE = 0.9
 
 
-def calibration(ok: Sequence[OutcomeLike], time_scale: float = 1.0,
+def calibration(ok: Sequence[Outcome], time_scale: float = 1.0,
                 q: float = CALIBRATION_QUANTILE) -> dict[str, float]:
     """How well the EPP's predictions for the picked endpoints (``predicted_*``
     attributes) matched what the requests measured: ``tpot_coverage`` = share of TPOTs at
@@ -217,7 +201,7 @@ def calibration(ok: Sequence[OutcomeLike], time_scale: float = 1.0,
     return out
 
 
-def _classes(outcomes: Sequence[OutcomeLike], tags: Sequence[str], time_scale: float,
+def _classes(outcomes: Sequence[Outcome], tags: Sequence[str], time_scale: float,
              warmup: float) -> dict[str, dict[str, float]]:
     tagged = sorted(zip(outcomes, tags, strict=True), key=lambda ot: ot[0].start)
     warm = tagged[int(len(tagged) * warmup):]
@@ -237,20 +221,7 @@ def _classes(outcomes: Sequence[OutcomeLike], tags: Sequence[str], time_scale: f
     return out
 
 
-class SpecLike(Protocol):
-    """What :func:`tenant_fairness` reads of a request (``bench.workloads.RequestSpec``)."""
-
-    @property
-    def at(self) -> float: ...
-
-    @property
-    def tag(self) -> str: ...
-
-    @property
-    def body(self) -> dict[str, Any]: ...
-
-
-def token_shares(specs: Sequence[SpecLike], outcomes: Sequence[OutcomeLike], start: float,
+def token_shares(specs: Sequence[RequestSpec], outcomes: Sequence[Outcome], start: float,
                  end: float, time_scale: float = 1.0) -> dict[str, float]:
     """Each tenant's (tag's) share of the tokens served in [``start``, ``end``] model s, as
     a token-fairness policy counts them: a request's prompt tokens (the simulator's count, 4
@@ -271,7 +242,7 @@ def token_shares(specs: Sequence[SpecLike], outcomes: Sequence[OutcomeLike], sta
     return {t: v / total for t, v in got.items()} if total else {}
 
 
-def budget_use(specs: Sequence[SpecLike], outcomes: Sequence[OutcomeLike],
+def budget_use(specs: Sequence[RequestSpec], outcomes: Sequence[Outcome],
                budgets: dict[str, int], start: float, end: float,
                time_scale: float = 1.0) -> dict[str, list[float]]:
     """For each tenant with a tokens-per-minute budget (``budgets`` by fairness id, ``*``:
@@ -299,7 +270,7 @@ def jain(xs: Sequence[float]) -> float:
     return sum(xs) ** 2 / (len(xs) * sum(x * x for x in xs)) if any(xs) else 0.0
 
 
-def tenant_fairness(specs: Sequence[SpecLike], outcomes: Sequence[OutcomeLike], window: float,
+def tenant_fairness(specs: Sequence[RequestSpec], outcomes: Sequence[Outcome], window: float,
                     time_scale: float = 1.0) -> float:
     """Jain's index of each tenant's (tag's) output tokens received by ``window`` model s
     over its max-min fair share of all of them, the demand being the ``max_tokens`` its
