@@ -316,28 +316,26 @@ def _fleet(r: Reader, raw: Any) -> Fleet:
         raise r.fail("fleet.servers", f"{servers} is not prefill + decode "
                      f"({sum(roles.values())}); leave it out with roles")
     profile = r.one_of(f.get("profile", "8b-h100"), "fleet.profile", sorted(PROFILES))
+    for key, what in (("labels", "labels are"), ("speeds", "per-server speeds are"),
+                      ("kv_blocks", "a KV cache size is")):
+        if key in f and roles:
+            raise r.fail(f"fleet.{key}", f"{what} for an aggregated fleet")
     labels = f.get("labels", [])
     if not isinstance(labels, list) or (labels and len(labels) != servers) or any(
             not isinstance(x, dict) or not all(isinstance(k, str) and isinstance(v, str)
                                                for k, v in x.items()) for x in labels):
         raise r.fail("fleet.labels", f"expected {servers} mappings of label to string "
                      "(one per server)")
-    if labels and roles:
-        raise r.fail("fleet.labels", "labels are for an aggregated fleet")
     speeds: tuple[float, ...] = ()
     if "speeds" in f:
         if not isinstance(f["speeds"], list) or len(f["speeds"]) != servers:
             raise r.fail("fleet.speeds", f"expected a list of {servers} speeds (one per "
                          f"server), got {f['speeds']!r}")
-        if roles:
-            raise r.fail("fleet.speeds", "per-server speeds are for an aggregated fleet")
         speeds = tuple(r.number(v, f"fleet.speeds[{i}]", positive=True)
                        for i, v in enumerate(f["speeds"]))
     kv_events = f.get("kv_events", False)
     if not isinstance(kv_events, bool):
         raise r.fail("fleet.kv_events", f"expected true or false, got {kv_events!r}")
-    if "kv_blocks" in f and roles:
-        raise r.fail("fleet.kv_blocks", "a KV cache size is for an aggregated fleet")
     if kv_events and (roles or labels):
         raise r.fail("fleet.kv_events", "KV events are for an aggregated fleet without labels "
                      "(its servers share one address, a port each)")
