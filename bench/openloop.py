@@ -7,9 +7,9 @@ request streams (SSE) and the client records what a user would see:
 
 - TTFT: send -> first token event;
 - ITL: gaps between token events as received (network coalescing merges some);
-- TPOT: (e2e - TTFT) / (output tokens - 1), vLLM's "time per output token";
 - e2e, output tokens (from the final ``usage`` event), HTTP status, error text, and the
-  ``x-inference-pod`` that served it (to check where a router sent what).
+  ``x-inference-pod`` that served it (to check where a router sent what); :mod:`bench.report`
+  derives TPOT from them: (e2e - TTFT) / (output tokens - 1), vLLM's "time per output token".
 
 Run in its own process (the machine has 2 cores; sharing an event loop with what it measures
 would bias the numbers)::
