@@ -330,15 +330,15 @@ def test_a_peer_of_another_version_than_its_pin_is_not_used(tmp_path: Path) -> N
     meta.mkdir()
     (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-router\nVersion: 0.1.16\n")
     probe = ("from bench.peers import PEERS; p = PEERS['vllm-router']; "
-             "print(p.installed()); print(p.mismatch())")
+             "print(p.problem())")
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, text=True, check=True,
                          capture_output=True, env={**os.environ, "BENCH_PEERS_DIR": str(tmp_path)})
-    assert out.stdout.splitlines() == ["False", "vllm-router 0.1.16 installed, 0.1.17 pinned"]
+    assert out.stdout.splitlines() == ["vllm-router 0.1.16 installed, 0.1.17 pinned"]
     (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-router\nVersion: 0.1.17\n")
     meta.rename(site / "vllm_router-0.1.17.dist-info")
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, text=True, check=True,
                          capture_output=True, env={**os.environ, "BENCH_PEERS_DIR": str(tmp_path)})
-    assert out.stdout.splitlines() == ["True", "None"]
+    assert out.stdout.splitlines() == ["None"]
 
 
 # -- make targets and RESULTS.md of the repository ----------------------------------------
