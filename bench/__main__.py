@@ -246,7 +246,8 @@ def cmd_report(args: argparse.Namespace) -> int:
                             f"(digest {doc['digest']}, now {scn.digest}): run it again")
         # Runs saved before 2026-11-29 recorded the scenario file's digest only.
         if doc.get("inputs_digest") not in (None, scn.inputs_digest):
-            names = ", ".join(p.name for p in scn.inputs)
+            names = ", ".join([p.name for p in scn.inputs] + (
+                ["the built-in default profile"] if scn.runs_default_profile else []))
             problems.append(f"{saved.name}: an EPP config of {doc['scenario']} ({names}) "
                             "changed since this run: run it again")
         source = str(saved.relative_to(runner.ROOT)) if saved.is_relative_to(

@@ -72,6 +72,7 @@ from bench.workloads import (
     find_workload,
     read_arrivals,
 )
+from epp.config import DEFAULT_CONFIG_YAML
 
 HERE = Path(__file__).resolve().parent
 SCENARIOS = HERE / "scenarios"
@@ -253,11 +254,19 @@ class Scenario:
         return tuple(sorted(paths))
 
     @property
+    def runs_default_profile(self) -> bool:
+        """A contender runs the EPP's built-in default config (``epp-default``)."""
+        return any(c.name == "epp-default" and c.epp_config is None for c in self.contenders)
+
+    @property
     def inputs_digest(self) -> str:
-        """sha256 over :attr:`inputs` (names and bytes), recorded beside :attr:`digest`."""
+        """sha256 over :attr:`inputs` (names and bytes), and the built-in default config when
+        :attr:`runs_default_profile`; recorded beside :attr:`digest`."""
         h = hashlib.sha256()
         for path in self.inputs:
             h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+        if self.runs_default_profile:
+            h.update(b"epp-default\0" + DEFAULT_CONFIG_YAML.encode() + b"\0")
         return h.hexdigest()[:16]
 
 
