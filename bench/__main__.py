@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,40 +47,32 @@ def _scenario_path(text: str) -> Path:
         f"{', '.join(p.stem for p in scenario_files())})")
 
 
-def _seeds(text: str) -> list[int] | int:
-    try:
-        if "," in text:
-            seeds = [int(x) for x in text.split(",")]
-            if min(seeds) < 0:
-                raise ValueError
-            return seeds
-        n = int(text)
-        if n < 1:
-            raise ValueError
-        return n
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected a count (3) or a list of seeds (0,1,101), got {text!r}") from None
+def _parsed(what: str, convert: Callable[[str], Any],
+            ok: Callable[[Any], bool]) -> Callable[[str], Any]:
+    """An argparse type: ``convert(text)`` where ``ok`` of it, else "expected ``what``"."""
+    def parse(text: str) -> Any:
+        try:
+            value = convert(text)
+        except ValueError:
+            value = None
+        if value is None or not ok(value):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return value
+    return parse
 
 
-def _floats(text: str) -> list[float]:
-    try:
-        out = [float(x) for x in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected numbers, got {text!r}") from None
-    if min(out) <= 0:
-        raise argparse.ArgumentTypeError(f"expected positive numbers, got {text!r}")
-    return out
-
-
-def _positive(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return n
+_positive = _parsed("a positive integer", int, lambda n: n >= 1)
+_floats = _parsed("positive numbers", lambda t: [float(x) for x in t.split(",")],
+                  lambda xs: min(xs) > 0)
+#: a count (from the scenario's first seed) or a list of seeds
+_seeds = _parsed("a count (3) or a list of seeds (0,1,101)",
+                 lambda t: [int(x) for x in t.split(",")] if "," in t else int(t),
+                 lambda s: min(s) >= 0 if isinstance(s, list) else s >= 1)
+_share = _parsed("a share in (0, 1]", float, lambda a: 0 < a <= 1)
+#: the advisor's fleets: P (prefill servers) or E/P (encode, prefill), with the aggregated (0, 0)
+_splits = _parsed("P or E/P integers", lambda t: sorted({(0, 0), *(
+    (int(x.split("/")[0]), int(x.split("/")[1])) if "/" in x else (0, int(x))
+    for x in t.split(","))}), lambda splits: min(min(split) for split in splits) >= 0)
 
 
 def _workload(text: str) -> Workload:
@@ -139,11 +132,12 @@ def parser() -> argparse.ArgumentParser:
     adv.add_argument("--ttft-floor", type=float, default=0.5,
                      help="TTFT bound floor, s (TTFT <= max(FLOOR, FACTOR x isolated prefill))")
     adv.add_argument("--ttft-factor", type=float, default=2.0)
-    adv.add_argument("--attainment", type=float, default=0.9,
+    adv.add_argument("--attainment", type=_share, default=0.9,
                      help="share of requests that must meet the SLO")
-    adv.add_argument("--splits", help="fleets to try, comma-separated: P (prefill servers; 0: "
-                                      "the aggregated fleet, always added) or E/P (E encode "
-                                      "servers, P prefill; E/0 is E/PD); default all")
+    adv.add_argument("--splits", type=_splits,
+                     help="fleets to try, comma-separated: P (prefill servers; 0: the "
+                          "aggregated fleet, always added) or E/P (E encode servers, P "
+                          "prefill; E/0 is E/PD); default all")
     sub.add_parser("list", help="the scenarios of bench/scenarios/")
     rep = sub.add_parser("report", help="rewrite RESULTS.md's generated sections")
     rep.add_argument("--check", action="store_true",
@@ -166,6 +160,7 @@ def _plan(args: argparse.Namespace, **more: Any) -> runner.Plan:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    # a negative number is not a flag's value to argparse ("-1": an option): checked here
     if args.router_cpus is not None and args.router_cpus < 0:
         raise ValueError(f"--router-cpus: expected a CPU budget >= 0, got {args.router_cpus:g}")
     mode = args.mode or "virtual"
@@ -199,28 +194,16 @@ def cmd_advise(args: argparse.Namespace) -> int:
     p = _plan(args)
     scn, seeds, servers, wl = p.scenario, list(p.seeds), p.fleet.servers, p.workload
     profile, loads, duration = p.fleet.profile, sorted(p.loads), p.duration
-    if not 0 < args.attainment <= 1:
-        raise ValueError(f"--attainment: expected a share in (0, 1], got {args.attainment:g}")
     variant = next((c.pd for c in scn.contenders if c.pd is not None),
                    PdVariant(threshold=1024, prefill_pick="tokens"))
     slos = [advisor.Slo(tpot=t / 1000.0, ttft_floor=args.ttft_floor,
                         ttft_factor=args.ttft_factor, attainment=args.attainment)
             for t in args.tpot_ms]
     rate_of = {load: load * wl.capacity(servers) for load in loads}
-    splits = None
-    if args.splits:
-        try:
-            splits = sorted({(0, 0), *(
-                (int(x.split("/")[0]), int(x.split("/")[1])) if "/" in x else (0, int(x))
-                for x in args.splits.split(","))})
-        except (ValueError, IndexError):
-            raise ValueError(f"--splits: expected P or E/P integers, got {args.splits!r}") \
-                from None
-        if not all(e >= 0 and p >= 0 and e + p < servers for e, p in splits):
-            raise ValueError(f"--splits: each needs E + P in 0..{servers - 1}, got "
-                             f"{args.splits!r}")
+    if args.splits and not all(e + p < servers for e, p in args.splits):
+        raise ValueError(f"--splits: each needs E + P in 0..{servers - 1}, got {args.splits}")
     cells = advisor.sweep(wl, profile, servers, loads, seeds, duration, variant, slos,
-                          splits=splits, jobs=args.jobs)
+                          splits=args.splits, jobs=args.jobs)
     rows, advised = advisor.summarize(cells, servers, slos, rate_of)
     print(f"Split advisor: workload `{wl.name}` on {servers} x `{profile}`, P/D variant "
           f"nonCachedTokens {variant.threshold}, prefill pick {variant.prefill_pick}, decode "
@@ -263,7 +246,8 @@ def cmd_report(args: argparse.Namespace) -> int:
                             f"(digest {doc['digest']}, now {scn.digest}): run it again")
         # Runs saved before 2026-11-29 recorded the scenario file's digest only.
         if doc.get("inputs_digest") not in (None, scn.inputs_digest):
-            names = ", ".join(p.name for p in scn.inputs)
+            names = ", ".join([p.name for p in scn.inputs] + (
+                ["the built-in default profile"] if scn.runs_default_profile else []))
             problems.append(f"{saved.name}: an EPP config of {doc['scenario']} ({names}) "
                             "changed since this run: run it again")
         source = str(saved.relative_to(runner.ROOT)) if saved.is_relative_to(

@@ -25,6 +25,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,13 +48,13 @@ TUNED_CONFIG = (Path(__file__).resolve().parent / "scenarios" / "configs"
                 / "epp-tuned.yaml").read_text()
 
 
-def http_ok(url: str, timeout: float = 1.0) -> bool:
-    """True when GET ``url`` answers 200."""
+def _get(url: str, timeout: float = 1.0) -> bytes | None:
+    """The body of GET ``url``; None when it does not answer with a success."""
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return bool(resp.status == 200)
+            return bytes(resp.read())
     except OSError:
-        return False
+        return None
 
 
 def _popen(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
@@ -97,7 +98,8 @@ def wait_router_ready(proc: subprocess.Popen[Any], port: int, name: str, log: Pa
                       timeout: float = 60.0) -> None:
     """Block until the router ``proc`` on ``port`` answers ``GET /v1/models``; raise with the
     tail of its ``log`` if it exits first or is not ready within ``timeout`` seconds."""
-    _wait(proc, lambda: http_ok(f"http://127.0.0.1:{port}/v1/models"), name, log, timeout, 0.2)
+    _wait(proc, lambda: _get(f"http://127.0.0.1:{port}/v1/models") is not None, name, log,
+          timeout, 0.2)
 
 
 # -- the fleet ---------------------------------------------------------------------------------
@@ -368,10 +370,10 @@ def wait_pool_ready(proc: subprocess.Popen[bytes], metrics_port: int, size: int,
     """Wait until the EPP lists ``size`` endpoints with fresh metrics in ``/debug/pool``, so
     the first picks are informed (as they would be for a long-running EPP)."""
     def ready() -> bool:
-        with contextlib.suppress(OSError, ValueError), urllib.request.urlopen(
-                f"http://127.0.0.1:{metrics_port}/debug/pool", timeout=2) as resp:
-            eps = json.loads(resp.read()).get("endpoints", [])
-            return sum(1 for ep in eps if ep.get("age_seconds") is not None) >= size
+        with contextlib.suppress(ValueError):
+            pool = json.loads(_get(f"http://127.0.0.1:{metrics_port}/debug/pool", 2) or b"{}")
+            fresh = [ep for ep in pool.get("endpoints", []) if ep.get("age_seconds") is not None]
+            return len(fresh) >= size
         return False
 
     _wait(proc, ready, "epp", log, timeout, 0.1)
@@ -436,12 +438,7 @@ class Epp(Contender):
 
     def _get(self, path: str, timeout: float) -> bytes:
         """GET ``path`` of the running EPP's metrics port (b"" when it does not answer)."""
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}{path}",
-                                        timeout=timeout) as resp:
-                return bytes(resp.read())
-        except OSError:
-            return b""
+        return _get(f"http://127.0.0.1:{self.metrics_port}{path}", timeout) or b""
 
     def kv_lag(self) -> dict[str, float]:
         from prometheus_client.parser import text_string_to_metric_families
@@ -500,11 +497,7 @@ class EppReplicas(Contender):
         return {"replicas": [r.debug() for r in self._replicas]}
 
     def kv_lag(self) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for r in self._replicas:
-            for le, n in r.kv_lag().items():
-                out[le] = out.get(le, 0.0) + n
-        return out
+        return dict(sum((Counter(r.kv_lag()) for r in self._replicas), Counter()))
 
     def fault(self, action: str) -> str:
         if action == "kill-replica" and self._replicas and self._replicas[0].proc:
@@ -534,10 +527,8 @@ class PeerRouter(Contender):
         self.name = f"{peer}:{policy}"
 
     def unavailable(self) -> str | None:
-        if not self.peer.installed():
-            return (f"{self.peer.mismatch() or self.peer.package + ' does not import'} "
-                    "(run `python -m bench.peers install`)")
-        return None
+        problem = self.peer.problem()
+        return problem and f"{problem} (run `python -m bench.peers install`)"
 
     @contextlib.contextmanager
     def running(self, fleet: SimFleet, workdir: Path) -> Iterator[str]:
@@ -549,7 +540,7 @@ class PeerRouter(Contender):
                 port, prom = e.free_port(), e.free_port()
                 log = workdir / f"{self.peer.name}{f'-{i}' if self.copies > 1 else ''}.log"
                 cmd = self.peer.command(policy=self.policy, port=port, prometheus_port=prom,
-                                        workers=fleet.urls)
+                                        workers=["--worker-urls", *fleet.urls])
                 with (workdir / "command.txt").open("a") as f:
                     f.write(" ".join(cmd) + "\n")
                 proc = stack.enter_context(self._process(cmd, log, env=peer_env()))

@@ -1,12 +1,17 @@
 """What the standalone benchmark tools share: the echo pool, starting helper and ext_proc
 processes, the whole gateway in front of a simulator fleet, running contenders in interleaved
-rounds with the closed-loop load generator (and their processes' CPU time)."""
+rounds with the closed-loop load generator (and their processes' CPU time).
+
+``python -m bench.harness URL BODY_FILE CONCURRENCY SECONDS`` is that load generator: one
+:func:`closed_loop` run, its stats as JSON on stdout."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -14,8 +19,6 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import yaml
 
 if TYPE_CHECKING:
     from devkit.reliability.gateway import Gateway
@@ -30,19 +33,15 @@ def echo_pool(work: Path, token_gap_ms: float = 2.0
     pool's manifests (``pool.yaml``) and the echo pods (one process answering at once on every
     :data:`PODS` address). Returns the body file, the pods' port and their process."""
     from devkit.envoy import free_port
+    from devkit.manifests import pool_manifests, write_yaml
 
     body = work / "body.json"
     body.write_bytes(json.dumps({
         "model": "m", "max_tokens": 16,
         "messages": [{"role": "user", "content": "Tell me about Envoy. " * 40}]}).encode())
     port = free_port()
-    (work / "pool.yaml").write_text(yaml.safe_dump_all([{
-        "apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
-        "metadata": {"name": "bench"},
-        "spec": {"selector": {"matchLabels": {"app": "bench"}}, "targetPorts": [{"number": port}],
-                 "endpointPickerRef": {"name": "bench-epp", "port": {"number": 9002}}}}, *(
-        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"pod-{i}", "labels": {
-            "app": "bench"}}, "status": {"podIP": ip}} for i, ip in enumerate(PODS))]))
+    write_yaml(work / "pool.yaml",
+               pool_manifests("bench", [(f"pod-{i}", ip) for i, ip in enumerate(PODS)], port))
     backend = start([sys.executable, "-m", "bench.echo_backend", "--port", str(port),
                      "--token-gap-ms", str(token_gap_ms),
                      *(a for ip in PODS for a in ("--host", ip))], work / "backend.log")
@@ -69,13 +68,54 @@ def stop(procs: list[subprocess.Popen[bytes]]) -> None:
 
 
 def load(url: str, body: Path, concurrency: int, seconds: float) -> dict[str, Any]:
-    """One closed-loop run of :mod:`bench.loadgen` (its own process) against ``url``: its
-    stats (requests, errors, seconds, total, p50_ms, p99_ms)."""
-    out = subprocess.run([sys.executable, "-m", "bench.loadgen", url, str(body),
+    """One :func:`closed_loop` run against ``url`` in its own process (so the client does not
+    share an event loop with what it measures): its stats."""
+    out = subprocess.run([sys.executable, "-m", "bench.harness", url, str(body),
                           str(concurrency), str(seconds)],
                          capture_output=True, text=True, check=True)
     stats: dict[str, Any] = json.loads(out.stdout)
     return stats
+
+
+async def closed_loop(url: str, body: bytes, concurrency: int, seconds: float,
+                      warmup: float = 0.5) -> dict[str, Any]:
+    """``concurrency`` workers (aiohttp) POST ``body`` back to back for ``warmup`` + ``seconds``:
+    ``requests`` answered 200 and ``errors`` after the warm-up, p50_ms and p99_ms of the former,
+    and ``total``, every request finished, the warm-up's included (what a server's CPU time
+    covers)."""
+    import aiohttp
+
+    from devkit.stats import percentile
+
+    latencies: list[float] = []
+    errors = total = 0
+    headers = {"content-type": "application/json"}
+    conn = aiohttp.TCPConnector(limit=concurrency, force_close=False)
+    async with aiohttp.ClientSession(connector=conn) as session:
+        measure_from = time.perf_counter() + warmup
+        stop_at = measure_from + seconds
+
+        async def worker() -> None:
+            nonlocal errors, total
+            while (now := time.perf_counter()) < stop_at:
+                try:
+                    async with session.post(url, data=body, headers=headers) as resp:
+                        await resp.read()
+                        ok = resp.status == 200
+                except aiohttp.ClientError:
+                    ok = False
+                done = time.perf_counter()
+                total += 1
+                if now >= measure_from:
+                    if ok:
+                        latencies.append(done - now)
+                    else:
+                        errors += 1
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return {"requests": len(latencies), "errors": errors, "seconds": seconds, "total": total,
+            "p50_ms": statistics.median(latencies) * 1e3 if latencies else 0.0,
+            "p99_ms": percentile(latencies, 0.99) * 1e3}
 
 
 def start_extproc(work: Path, name: str, cmd: list[str], *, metrics: bool = True,
@@ -145,3 +185,11 @@ def interleaved(names: Sequence[str], rounds: int,
         for name in (names if rnd % 2 == 0 else list(reversed(names))):
             results[name].append(measure(rnd, name))
     return results
+
+
+if __name__ == "__main__":  # :func:`load`'s client: URL BODY_FILE CONCURRENCY SECONDS -> JSON
+    from shared.server import install_uvloop
+
+    install_uvloop()
+    print(json.dumps(asyncio.run(closed_loop(sys.argv[1], Path(sys.argv[2]).read_bytes(),
+                                             int(sys.argv[3]), float(sys.argv[4])))))

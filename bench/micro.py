@@ -1,10 +1,10 @@
 """Micro-benchmarks with no simulated fleet: one subcommand each (figures in the docs named).
 
     python -m bench.micro kv-index [--quick] [--memory-only] [--central]
-    python -m bench.micro statestore [--ops 20000] [--repeats 7] [--quick] [--json]
+    python -m bench.micro statestore [--ops 20000] [--repeats 7] [--json]
     python -m bench.micro active-active [--seconds 5] [--rounds 5] [--concurrency 32]
                                         [--save FILE]
-    python -m bench.micro pick [--requests N] [--config FILE] [--clock wall|cpu]
+    python -m bench.micro pick [--requests N] [--clock wall|cpu]
     python -m bench.micro pick --route [--rounds 7]
     python -m bench.micro slo-pick [--requests 3000] [--endpoints 100] [--fits 10]
     python -m bench.micro rewrite [--events 20000] [--rounds 7]
@@ -550,10 +550,11 @@ def director(n: int = 3, config: str | None = None, rng: random.Random | None = 
     return Director.of(build(parse_config(config), store, rng=rng or random.Random(0)))
 
 
-def pick_samples(n: int, requests: int, config: str | None, clock: str) -> list[float]:
-    """Seconds per ``schedule`` over ``n`` endpoints with random load (``clock``: ``wall`` or
-    ``cpu``, this process's CPU time, which other work inflates far less); ~2 KB prompts from
-    50 shared prefixes, each pick followed by ``post_pick`` and an in-flight start."""
+def pick_samples(n: int, requests: int, clock: str) -> list[float]:
+    """Seconds per ``schedule`` of the default profile over ``n`` endpoints with random load
+    (``clock``: ``wall`` or ``cpu``, this process's CPU time, which other work inflates far
+    less); ~2 KB prompts from 50 shared prefixes, each pick followed by ``post_pick`` and an
+    in-flight start."""
     from epp.config import build_scheduler, parse_config
     from epp.datastore import Endpoint, EndpointMetrics, EndpointView
     from epp.scheduling import LLMRequest
@@ -568,7 +569,7 @@ def pick_samples(n: int, requests: int, config: str | None, clock: str) -> list[
         v.apply_scrape(EndpointMetrics(waiting=rng.randrange(0, 10), running=rng.randrange(0, 64),
                                        kv_usage=rng.random(), updated_at=time.monotonic()))
         views.append(v)
-    scheduler = build_scheduler(parse_config(config), rng=random.Random(2))
+    scheduler = build_scheduler(parse_config(None), rng=random.Random(2))
     prefixes = [(f"system prompt {k} " * 60).encode()[:1500] for k in range(50)]
     samples: list[float] = []
     for i in range(requests):
@@ -616,15 +617,8 @@ def pick(a: argparse.Namespace) -> int:
         print(f"route+finish CPU time: best {min(rounds):.1f} us/request "
               f"(rounds {', '.join(f'{r:.1f}' for r in rounds)})")
         return 0
-    text = None
-    if a.config:
-        from epp.config import load_config_file
-
-        load_config_file(a.config)  # validate with a clear error first
-        text = Path(a.config).read_text()
     for n in (10, 100, 1000):
-        print(f"endpoints={n:5d}  "
-              + _pcts(pick_samples(n, a.requests or 5000, text, a.clock), 1))
+        print(f"endpoints={n:5d}  " + _pcts(pick_samples(n, a.requests or 5000, a.clock), 1))
     return 0
 
 
@@ -694,53 +688,23 @@ def sse_chunks(n: int, *, spaced: bool, model: str = REWRITE_TARGET) -> list[byt
     return [b"".join(events[i:i + 4]) for i in range(0, n, 4)]
 
 
-class CompactOnly:
-    """The baseline: the rewriter before it understood JSON spacing, its ``chunk()`` step for
-    step (complete lines only, one compact pattern, a byte replace)."""
-
-    def __init__(self, client_model: str, target_model: str) -> None:
-        import orjson
-
-        self.first_token_seen, self._carry = False, b""
-        self._from = b'"model":' + orjson.dumps(target_model)
-        self._to = b'"model":' + orjson.dumps(client_model)
-        self.renames = client_model != target_model
-
-    def chunk(self, chunk: bytes, end_of_stream: bool) -> bytes:
-        data = self._carry + chunk if self._carry else chunk
-        cut = len(data) if end_of_stream else data.rfind(b"\n") + 1
-        complete, self._carry = data[:cut], data[cut:]
-        if not complete:
-            return b""
-        if not self.first_token_seen and b"data:" in complete:
-            self.first_token_seen = True
-        if self.renames and self._from in complete:
-            complete = complete.replace(self._from, self._to)
-        return complete
-
-
 def rewrite(a: argparse.Namespace) -> int:
-    """CPU time (best round) per event to rename ``model`` back in an SSE stream: the EPP's
-    ``ResponseRewriter`` against the compact-only baseline, on compact, spaced and
-    nothing-to-rename streams."""
+    """CPU time (best round) per event of the EPP's ``ResponseRewriter`` renaming ``model``
+    back in an SSE stream, on compact, spaced and nothing-to-rename streams."""
     from epp.requestcontrol.response import ResponseRewriter
 
-    def best_us(cls: Any, stream: list[bytes]) -> float:
-        best = float("inf")
-        for _ in range(a.rounds):
-            rw, t0 = cls(REWRITE_CLIENT, REWRITE_TARGET), time.process_time()
-            for chunk in stream:
-                rw.chunk(chunk, False)
-            best = min(best, time.process_time() - t0)
-        return best / a.events * 1e6
-
-    print(f"{'stream':<20} {'compact-only us/event':>22} {'current us/event':>17}")
+    print(f"{'stream':<20} {'us/event':>9}")
     for name, stream in (("compact (vLLM)", sse_chunks(a.events, spaced=False)),
                          ("spaced", sse_chunks(a.events, spaced=True)),
                          ("nothing to rename", sse_chunks(a.events, spaced=False,
                                                           model="other-model"))):
-        print(f"{name:<20} {best_us(CompactOnly, stream):>22.3f} "
-              f"{best_us(ResponseRewriter, stream):>17.3f}")
+        best = float("inf")
+        for _ in range(a.rounds):
+            rw, t0 = ResponseRewriter(REWRITE_CLIENT, REWRITE_TARGET), time.process_time()
+            for chunk in stream:
+                rw.chunk(chunk, False)
+            best = min(best, time.process_time() - t0)
+        print(f"{name:<20} {best / a.events * 1e6:>9.3f}")
     return 0
 
 
@@ -774,6 +738,7 @@ async def queued_rss(n: int, body_bytes: int, workdir: Path) -> dict[str, Any]:
     is reused."""
     import grpc
     import orjson
+    from envoy.config.core.v3 import base_pb2
     from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
     from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
@@ -815,7 +780,8 @@ async def queued_rss(n: int, body_bytes: int, workdir: Path) -> dict[str, Any]:
         def messages(i: int) -> list[Any]:
             hdrs = [(":method", "POST"), (":path", "/v1/completions"),
                     ("content-type", "application/json"), ("x-request-id", f"q{i}")]
-            return [_headers_msg(hdrs, "request_headers"),
+            return [pb.ProcessingRequest(request_headers=pb.HttpHeaders(headers=base_pb2.HeaderMap(
+                headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in hdrs]))),
                     pb.ProcessingRequest(request_body=pb.HttpBody(body=payload,
                                                                   end_of_stream=True))]
 
@@ -893,7 +859,7 @@ def statestore_cmd(a: argparse.Namespace) -> int:
 
     # the stores' join/leave lines go to stderr so stdout is only the report
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
-    res = asyncio.run(statestore(*((2000, 3) if a.quick else (a.ops, a.repeats))))
+    res = asyncio.run(statestore(a.ops, a.repeats))
     if a.json:
         print(json.dumps(res, indent=2))
     else:
@@ -911,109 +877,16 @@ def active_active_cmd(a: argparse.Namespace) -> int:
 
 #: subcommand -> (help, its flags as (flag, add_argument keywords), what runs it)
 Flags = tuple[tuple[str, dict[str, Any]], ...]
-_QUICK: Flags = (("--quick", {"action": "store_true"}),)
-def _headers_msg(pairs: list[tuple[str, str]], field: str) -> Any:
-    """An ext_proc ``ProcessingRequest`` carrying ``pairs`` as its ``field`` (request or
-    response headers)."""
-    from envoy.config.core.v3 import base_pb2
-    from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-
-    return pb.ProcessingRequest(**{field: pb.HttpHeaders(headers=base_pb2.HeaderMap(headers=[
-        base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in pairs]))})
-
-
-def _trace_cpu_child(ratio: str, endpoint: str, requests: int, rounds: int) -> list[float]:
-    """CPU µs per request (every thread of this process) of the EPP's ext_proc servicer over
-    ``director()``, each request a FULL_DUPLEX_STREAMED exchange with a one-event SSE answer,
-    100 at a time; tracing at ``ratio`` to ``endpoint`` (``off``: not configured)."""
-    import orjson
-    from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-
-    import shared.extproc as extproc
-    from epp.handlers.exchange import PickerExchange
-    from shared import tracing
-
-    if ratio != "off":
-        tracing.configure(True, "epp", env={
-            "OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
-            "OTEL_TRACES_SAMPLER_ARG": ratio, "OTEL_BSP_MAX_QUEUE_SIZE": "1000000"})
-    extproc.RESET_WAIT = 0  # no wall-clock wait after each answer: CPU is what is measured
-    d = director()
-    mode = extproc.BodyMode.FULL_DUPLEX_STREAMED
-    svc = extproc.ExtProcServicer(lambda: PickerExchange(d), request_mode=mode,
-                                  response_mode=mode, max_body=1 << 20)
-    gc.collect()
-    gc.freeze()  # as shared.server.serve does once start-up is done
-
-    body = orjson.dumps({"model": "m", "max_tokens": 16, "messages": [
-        {"role": "user", "content": "Tell me about Envoy. " * 40}]})
-    answer = (b'data: {"id":"x","object":"chat.completion.chunk","model":"m","choices":'
-              b'[{"index":0,"delta":{"content":"hi"}}]}\n\ndata: [DONE]\n\n')
-    msgs = [_headers_msg([(":method", "POST"), (":path", "/v1/chat/completions"),
-                     ("content-type", "application/json")], "request_headers"),
-            pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True)),
-            _headers_msg([(":status", "200"), ("content-type", "text/event-stream")],
-                    "response_headers"),
-            pb.ProcessingRequest(response_body=pb.HttpBody(body=answer, end_of_stream=True))]
-
-    async def stream() -> None:
-        async def feed() -> Any:
-            for m in msgs:
-                yield m
-        async for _ in svc.Process(feed(), None):
-            pass
-
-    async def run() -> list[float]:
-        out = []
-        for _ in range(rounds + 1):  # the first round warms up
-            t0 = time.process_time()
-            for _ in range(requests // 100):
-                await asyncio.gather(*(stream() for _ in range(100)))
-            out.append((time.process_time() - t0) / requests * 1e6)
-        return out[1:]
-
-    cpu = asyncio.run(run())
-    tracing.shutdown()
-    return cpu
-
-
-def trace_cpu(a: argparse.Namespace) -> int:
-    """Tracing's CPU per request in one EPP process, without Envoy, sockets or a load
-    generator's noise: each setting in its own process (tracing is per process), in turn,
-    ``--repeats`` times; the OTLP receiver (counting, as quick as a collector) in this one."""
-    import subprocess
-
-    from devkit.otlp import OtlpReceiver
-
-    settings = ["off", *a.ratios.split(",")]
-    cpu: dict[str, list[float]] = {s: [] for s in settings}
-    with OtlpReceiver(count_only=True) as receiver:
-        for _ in range(a.repeats):
-            for s in settings:
-                out = subprocess.run(
-                    [sys.executable, "-c", "import json, sys; from bench.micro import "
-                     "_trace_cpu_child as c; print(json.dumps(c(*sys.argv[1:3], "
-                     "*map(int, sys.argv[3:]))))", s, receiver.endpoint, str(a.requests),
-                     str(a.rounds)], capture_output=True, text=True, check=True)
-                cpu[s] += json.loads(out.stdout.splitlines()[-1])
-    base = statistics.median(cpu["off"])
-    print(f"CPU per request of the EPP's ext_proc path, in-process ({a.requests} requests x "
-          f"{a.rounds} rounds x {a.repeats} processes per setting; median [min, max]):")
-    for s, xs in cpu.items():
-        print(f"  tracing {s:>4}: {statistics.median(xs):6.1f} us [{min(xs):.1f}, {max(xs):.1f}]"
-              f"  {statistics.median(xs) / base:.3f}x untraced")
-    return 0
-
 
 COMMANDS: dict[str, tuple[str, Flags, Callable[[argparse.Namespace], int]]] = {
-    "kv-index": ("epp.kvcache: indexing, score, sockets, memory", (*_QUICK, (
+    "kv-index": ("epp.kvcache: indexing, score, sockets, memory", (
+        ("--quick", {"action": "store_true"}), (
         "--memory-only", {"action": "store_true", "help": "only the memory bound"}), (
         "--central", {"action": "store_true", "help": "the sockets part in llm-d's "
                       "centralized mode (a bound collector)"})), kv_index_cmd),
     "statestore": ("state store: request path, round trip, sync", (
         ("--ops", {"type": int, "default": 20_000, "help": "calls per timed batch"}),
         ("--repeats", {"type": int, "default": 7, "help": "batches per figure"}),
-        ("--quick", {"action": "store_true", "help": "--ops 2000 --repeats 3"}),
         ("--json", {"action": "store_true", "help": "print JSON instead of a table"})),
         statestore_cmd),
     "active-active": ("req/s and CPU of 1 vs 1 sharing vs 2 replicas", (
@@ -1027,7 +900,6 @@ COMMANDS: dict[str, tuple[str, Flags, Callable[[argparse.Namespace], int]]] = {
                         "help": "picks per pool size (5000), with --route per round (3000)"}),
         ("--route", {"action": "store_true", "help": "time route + finish instead"}),
         ("--rounds", {"type": int, "default": 7, "help": "with --route"}),
-        ("--config", {"help": "EndpointPickerConfig file (default profile if absent)"}),
         ("--clock", {"choices": ("wall", "cpu"), "default": "wall",
                      "help": "time picks by wall clock or by this process's CPU time"})), pick),
     "slo-pick": ("route() with the predicted-latency profile, idle and refitting", (
@@ -1036,12 +908,6 @@ COMMANDS: dict[str, tuple[str, Flags, Callable[[argparse.Namespace], int]]] = {
         ("--fits", {"type": int, "default": 10,
                     "help": "keep picking while refitting until this many fits ran"})),
         slo_pick),
-    "trace-cpu": ("tracing's CPU per request, in-process, at sampling ratios", (
-        ("--ratios", {"default": "0.1,1.0", "help": "sampling ratios besides off"}),
-        ("--requests", {"type": int, "default": 3000, "help": "per round"}),
-        ("--rounds", {"type": int, "default": 4}),
-        ("--repeats", {"type": int, "default": 3, "help": "processes per setting"})),
-        trace_cpu),
     "rewrite": ("CPU per SSE event to rename the model back", (
         ("--events", {"type": int, "default": 20000}),
         ("--rounds", {"type": int, "default": 7})), rewrite),

@@ -7,9 +7,9 @@ request streams (SSE) and the client records what a user would see:
 
 - TTFT: send -> first token event;
 - ITL: gaps between token events as received (network coalescing merges some);
-- TPOT: (e2e - TTFT) / (output tokens - 1), vLLM's "time per output token";
 - e2e, output tokens (from the final ``usage`` event), HTTP status, error text, and the
-  ``x-inference-pod`` that served it (to check where a router sent what).
+  ``x-inference-pod`` that served it (to check where a router sent what); :mod:`bench.report`
+  derives TPOT from them: (e2e - TTFT) / (output tokens - 1), vLLM's "time per output token".
 
 Run in its own process (the machine has 2 cores; sharing an event loop with what it measures
 would bias the numbers)::
@@ -56,13 +56,6 @@ class Outcome:
     def ok(self) -> bool:
         """Completed with 200 and at least one token."""
         return self.status == 200 and not self.error and self.ttft is not None
-
-    @property
-    def tpot(self) -> float | None:
-        """Mean time per output token after the first, or None with < 2 tokens."""
-        if self.e2e is None or self.ttft is None or self.output_tokens < 2:
-            return None
-        return (self.e2e - self.ttft) / (self.output_tokens - 1)
 
 
 def _has_token(event: bytes) -> bool:
@@ -163,21 +156,16 @@ async def run(url: str, specs: list[dict[str, Any]], *, timeout: float = 120.0,
 
 
 async def _with_progress(tasks: list[asyncio.Task[None]], outcomes: list[Outcome]) -> None:
+    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     columns = ("{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, transient=True, console=_stderr_console()) as bar:
+    with Progress(*columns, transient=True, console=Console(file=sys.stderr)) as bar:
         job = bar.add_task("requests", total=len(tasks))
         for fut in asyncio.as_completed(tasks):
             await fut
             errors = sum(1 for o in outcomes if o.error)
             bar.update(job, advance=1, description=f"requests (errors {errors})")
-
-
-def _stderr_console() -> Any:
-    from rich.console import Console
-
-    return Console(file=sys.stderr)
 
 
 def load_specs(path: Path) -> list[dict[str, Any]]:

@@ -1,21 +1,21 @@
 """Slow clients and concurrent streams against the real gateway (issue 31, item 1).
 
-``python -m bench.overload [--slow 5000] [--streams 3000]``: Envoy + BBR + EPP (TLS,
-FULL_DUPLEX_STREAMED) in front of a ``vllm-sim`` fleet of 4 with the gateway's default
+``python -m bench.overload [--slow 5000] [--streams 3000] [--settle 0]``: Envoy + BBR + EPP
+(TLS, FULL_DUPLEX_STREAMED) in front of a ``vllm-sim`` fleet of 4 with the gateway's default
 limits (:mod:`devkit.overload`). Phase 1 opens ``--slow`` clients that send headers and half
-a body, then stall, and sends ``--legit`` ordinary requests meanwhile; phase 2 sends
+a body, then stall, and sends 400 ordinary requests meanwhile; phase 2 sends
 ``--streams`` streaming completions at once. Prints JSON: every answer classified (200,
 ``<status> json`` = OpenAI-shaped refusal, ``<status> bare``), peak RSS of Envoy, BBR and the
 EPP. Not in CI (minutes of CPU on 2 cores).
 
-``python -m bench.overload --bodies [--clients 100] [--sizes 20000000,100000000]`` (issue 31,
-items 6 and 7): large uploads at once. For each body mode (BUFFERED, FULL_DUPLEX_STREAMED)
-and size, Envoy + BBR + EPP (TLS, default caps: 10 MiB body, 256 MiB of bodies held per
-service) in front of one ``vllm-sim`` pod; ``--clients`` uploads start at once, each writing
-its body in 1 MiB pieces. Prints JSON lines: answers by status as the client read them
-(``reset`` = the connection closed before the client could read an answer: Envoy answers
-early and closes while a large body is still being sent), what Envoy counted as answered
-(2xx/4xx/5xx) and the peak RSS of BBR, the EPP and Envoy.
+``python -m bench.overload --bodies`` (issue 31, items 6 and 7): large uploads at once. For
+each body mode (BUFFERED, FULL_DUPLEX_STREAMED) and size (20 and 100 MB), Envoy + BBR + EPP
+(TLS, default caps: 10 MiB body, 256 MiB of bodies held per service) in front of one
+``vllm-sim`` pod; 100 uploads start at once, each writing its body in 1 MiB pieces. Prints
+JSON lines: answers by status as the client read them (``reset`` = the connection closed
+before the client could read an answer: Envoy answers early and closes while a large body is
+still being sent), what Envoy counted as answered (2xx/4xx/5xx) and the peak RSS of BBR, the
+EPP and Envoy.
 """
 
 from __future__ import annotations
@@ -27,15 +27,16 @@ import json
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 from bench.harness import service_pids, sim_gateway
 from devkit.reliability.faultkit import MODEL
-from devkit.reliability.gateway import Gateway, rss_kb
+from devkit.reliability.gateway import rss_kb
 from devkit.reliability.slowclients import classify_raw, legit_requests, open_slow
 
 PIECE = 1024 * 1024
+LEGIT = 400  # ordinary requests, 8 at a time, while the slow clients are held
+CLIENTS, SIZES = 100, (20_000_000, 100_000_000)  # --bodies: uploads at once, bytes each
 
 
 class PeakRSS:
@@ -63,14 +64,6 @@ class PeakRSS:
 
     def mib(self) -> dict[str, float]:
         return {k: round(v / 1024, 1) for k, v in self.peak.items()}
-
-
-@contextlib.contextmanager
-def gateway(pods: int, mode: str = "FULL_DUPLEX_STREAMED"
-            ) -> Iterator[tuple[Gateway, dict[str, int]]]:
-    """Envoy + BBR + EPP in front of ``pods`` simulator pods; the gateway and its pids."""
-    with sim_gateway(f"bench-overload-{mode}-", pods, mode=mode) as gw:
-        yield gw, service_pids(gw)
 
 
 async def upload(port: int, size: int) -> str:
@@ -104,25 +97,26 @@ async def upload(port: int, size: int) -> str:
     return classify_raw(data) if data else "reset"
 
 
-async def burst(port: int, clients: int, size: int) -> Counter[str]:
-    return Counter(await asyncio.gather(*(upload(port, size) for _ in range(clients))))
+async def burst(port: int, size: int) -> Counter[str]:
+    return Counter(await asyncio.gather(*(upload(port, size) for _ in range(CLIENTS))))
 
 
-def bodies(clients: int, sizes: list[int]) -> None:
-    """``--bodies``: each mode and size, ``clients`` uploads at once; a JSON line each."""
+def bodies() -> None:
+    """``--bodies``: each mode and size, :data:`CLIENTS` uploads at once; a JSON line each."""
     for mode in ("BUFFERED", "FULL_DUPLEX_STREAMED"):
-        with gateway(1, mode) as (gw, pids):
-            for size in sizes:
+        with sim_gateway(f"bench-overload-{mode}-", 1, mode=mode) as gw:
+            pids = service_pids(gw)
+            for size in SIZES:
                 before = gw.envoy.stats("downstream_rq_")
                 with PeakRSS(pids) as peak:
-                    answers = asyncio.run(burst(gw.listen, clients, size))
+                    answers = asyncio.run(burst(gw.listen, size))
                 after = gw.envoy.stats("downstream_rq_")
                 # What Envoy answered, also to clients that could not read it (they were
                 # still sending when the early answer came and the connection closed).
                 sent = {k.rpartition(".")[2]: after[k] - before.get(k, 0) for k in after
                         if k.startswith("http.gateway.downstream_rq_")
                         and k[-3:] in ("2xx", "4xx", "5xx") and after[k] > before.get(k, 0)}
-                print(json.dumps({"mode": mode, "size": size, "clients": clients,
+                print(json.dumps({"mode": mode, "size": size, "clients": CLIENTS,
                                   "answers": dict(answers), "envoy_answered": sent,
                                   "rss_peak_mib": peak.mib()}), flush=True)
 
@@ -130,26 +124,24 @@ def bodies(clients: int, sizes: list[int]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--slow", type=int, default=5000)
-    ap.add_argument("--legit", type=int, default=400)
     ap.add_argument("--streams", type=int, default=3000)
     ap.add_argument("--settle", type=float, default=0.0,
                     help="seconds between opening the slow clients and the legitimate "
                          "requests (0: at once, while BBR still takes the slow streams in)")
     ap.add_argument("--bodies", action="store_true", help="large uploads at once instead")
-    ap.add_argument("--clients", type=int, default=100, help="--bodies: uploads at once")
-    ap.add_argument("--sizes", default="20000000,100000000", help="--bodies: bytes each")
     args = ap.parse_args()
     if args.bodies:
-        return bodies(args.clients, [int(s) for s in args.sizes.split(",")])
+        return bodies()
     result: dict[str, Any] = {"slow_clients": args.slow, "streams": args.streams}
-    with gateway(4) as (gw, pids):
+    with sim_gateway("bench-overload-", 4) as gw:
+        pids = service_pids(gw)
         base = {k: round(rss_kb(p) / 1024, 1) for k, p in pids.items()}
         with PeakRSS(pids) as peak:
             started = time.monotonic()
             slow = open_slow(gw.listen, args.slow, model=MODEL)
             opened = time.monotonic() - started
             time.sleep(args.settle)
-            legit = asyncio.run(legit_requests(gw.url(), args.legit, 8, model=MODEL))
+            legit = asyncio.run(legit_requests(gw.url(), LEGIT, 8, model=MODEL))
             held = peak.mib()
             ext_proc = {k.rpartition(".")[2]: v for k, v in gw.envoy.stats("ext_proc").items()
                         if v and k.endswith(("timeouts", "failed", "started"))}

@@ -18,7 +18,6 @@ SGLang's bootstrap fields, which vLLM ignores, so no KV moves (docs/pd.md).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -61,17 +60,14 @@ def pd_config(name: str, threshold: int) -> str:
 
 @dataclass
 class Fleet:
-    """What one run started: processes, and where to read the counters afterwards."""
+    """What one run started: where the client goes, and where to read the counters
+    afterwards."""
 
-    procs: list[subprocess.Popen[Any]]
     url: str
-    epp_metrics: int
     #: Each sidecar's metrics ``host:port`` (it listens on its pod's own loopback address).
     sidecar_metrics: list[str]
     #: The decode servers' own ports (for their NIXL counters).
-    decoders: list[int] = dataclasses.field(default_factory=list)
-    #: The prefill servers' ``host:port`` (how evenly they shared the prefill legs).
-    prefillers: list[str] = dataclasses.field(default_factory=list)
+    decoders: list[int]
 
 
 @contextlib.contextmanager
@@ -119,9 +115,7 @@ def start(kind: str, workdir: Path, seed: int, threshold: int, time_scale: float
         if kind == "vllm-router-pd":
             decoders = [f"http://127.0.0.1:{s['port']}" for s in servers[:n_decode]]
             prefillers = [f"http://{s['host']}:{s['port']}" for s in servers[n_decode:]]
-            fleet = _vllm_router_pd(procs, workdir, prefillers, decoders)
-            fleet.prefillers = [u.removeprefix("http://") for u in prefillers]
-            yield fleet
+            yield _vllm_router_pd(procs, workdir, prefillers, decoders)
             return
         for i, (ip, decoder, metrics) in enumerate(sidecars):
             procs.append(_popen([sys.executable, "-m", "sidecar.main", "--host", ip,
@@ -131,11 +125,8 @@ def start(kind: str, workdir: Path, seed: int, threshold: int, time_scale: float
         epp = Epp(kind, pd_config(config, threshold) if kind == "pd" else None)
         # The decider's decode pick is the destination (the sidecar on the pool port).
         with epp.serve(manifests, [f"{ip}:{port}" for ip in ips], workdir) as url:
-            yield Fleet(procs, url, epp.metrics_port,
-                        [f"{ip}:{m}" for ip, _, m in sidecars],
-                        [s["port"] for s in servers[:n_decode]] if kind == "pd" else [],
-                        [f"{s['host']}:{s['port']}" for s in servers[n_decode:]]
-                        if kind == "pd" else [])
+            yield Fleet(url, [f"{ip}:{m}" for ip, _, m in sidecars],
+                        [s["port"] for s in servers[:n_decode]] if kind == "pd" else [])
     finally:
         for p in reversed(procs):
             _stop(p)
@@ -144,22 +135,18 @@ def start(kind: str, workdir: Path, seed: int, threshold: int, time_scale: float
 def _vllm_router_pd(procs: list[subprocess.Popen[Any]], workdir: Path,
                     prefillers: list[str], decoders: list[str]) -> Fleet:
     """Start vllm-router in PD mode over the simulated servers (added to ``procs``)."""
-    peer = PEERS["vllm-router"]
-    port, prom = e.free_port(), e.free_port()
-    cmd = [str(peer.python), "-m", peer.module, "--host", "127.0.0.1", "--port", str(port),
-           "--prometheus-port", str(prom), "--vllm-pd-disaggregation", "--kv-connector", "nixl",
-           "--policy", "cache_aware"]
-    for url in prefillers:
-        cmd += ["--prefill", url]
-    for url in decoders:
-        cmd += ["--decode", url]
+    port = e.free_port()
+    cmd = PEERS["vllm-router"].command(
+        policy="cache_aware", port=port, prometheus_port=e.free_port(),
+        workers=["--vllm-pd-disaggregation", "--kv-connector", "nixl",
+                 *(f for url in prefillers for f in ("--prefill", url)),
+                 *(f for url in decoders for f in ("--decode", url))])
     (workdir / "command.txt").write_text(" ".join(cmd) + "\n")
     log = workdir / "vllm-router.log"
     proc = _popen(cmd, log, env=peer_env())
     procs.append(proc)
     wait_router_ready(proc, port, "vllm-router", log)
-    return Fleet(procs, f"http://127.0.0.1:{port}", 0, [],
-                 [int(u.rsplit(":", 1)[1]) for u in decoders])
+    return Fleet(f"http://127.0.0.1:{port}", [], [int(u.rsplit(":", 1)[1]) for u in decoders])
 
 
 class PdRouter(Contender):
@@ -175,9 +162,7 @@ class PdRouter(Contender):
         self.threshold, self.config = threshold, config
 
     def unavailable(self) -> str | None:
-        if self.fleet == "vllm-router-pd" and not PEERS["vllm-router"].installed():
-            return PEERS["vllm-router"].mismatch() or "vllm-router does not import"
-        return None
+        return PEERS["vllm-router"].problem() if self.fleet == "vllm-router-pd" else None
 
     @contextlib.contextmanager
     def running(self, fleet: SimFleet, workdir: Path) -> Iterator[str]:

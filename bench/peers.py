@@ -43,20 +43,16 @@ class Peer:
     def python(self) -> Path:
         return self.venv / "bin" / "python"
 
-    def installed(self) -> bool:
-        """True when the venv imports the router's launcher at the pinned version."""
-        if not self.python.exists():
-            return False
-        probe = subprocess.run([str(self.python), "-c", f"import {self.module}"],
-                               capture_output=True)
-        return probe.returncode == 0 and self.version() == self.pin
-
-    def mismatch(self) -> str | None:
-        """Why the venv does not hold the pinned version (None when it does)."""
+    def problem(self) -> str | None:
+        """Why this peer cannot run here: its venv is missing, holds another version than the
+        pin, or does not import the router's launcher (None: it can)."""
         if not self.python.exists():
             return f"{self.package} not installed in {self.venv}"
-        have = self.version()
-        return None if have == self.pin else f"{self.package} {have} installed, {self.pin} pinned"
+        if (have := self.version()) != self.pin:
+            return f"{self.package} {have} installed, {self.pin} pinned"
+        probe = subprocess.run([str(self.python), "-c", f"import {self.module}"],
+                               capture_output=True)
+        return None if probe.returncode == 0 else f"{self.package} does not import"
 
     def version(self) -> str:
         """The installed package version (or ``?``)."""
@@ -69,7 +65,7 @@ class Peer:
     def install(self) -> str | None:
         """Create the venv and install the package; None on success, else the reason
         (command and the last lines of its output)."""
-        if self.installed():
+        if self.problem() is None:
             return None
         self.venv.parent.mkdir(parents=True, exist_ok=True)
         steps = [[sys.executable, "-m", "venv", str(self.venv)],
@@ -79,12 +75,13 @@ class Peer:
             if proc.returncode != 0:
                 tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
                 return f"`{' '.join(cmd)}` exited {proc.returncode}: " + " / ".join(tail)
-        return None if self.installed() else (self.mismatch()
-                                              or f"{self.package} installed but does not import")
+        return self.problem()
 
     def command(self, *, policy: str, port: int, prometheus_port: int,
                 workers: list[str]) -> list[str]:
-        """The router's command line: regular (non-PD) mode over ``workers``.
+        """The router's command line over ``workers`` (regular mode: ``--worker-urls``
+        and the URLs; vllm-router's PD mode: its flags, ``--prefill URL``s, ``--decode
+        URL``s).
 
         Flags found with ``--help`` (vllm-router 0.1.x, sglang-router 0.3.x share them).
         The Prometheus port is set explicitly: both default to 29000 and the second router
@@ -92,8 +89,7 @@ class Peer:
         """
         return [str(self.python), "-m", self.module, "--host", "127.0.0.1",
                 "--port", str(port), "--policy", policy,
-                "--prometheus-port", str(prometheus_port),
-                "--worker-urls", *workers]
+                "--prometheus-port", str(prometheus_port), *workers]
 
 
 PEERS: dict[str, Peer] = {

@@ -14,34 +14,22 @@ import statistics
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from bench.stats import Interval, bootstrap_median, paired_ratios, quantile, verdict
+
+if TYPE_CHECKING:
+    from bench.openloop import Outcome
+    from bench.scenario import Target
+    from bench.workloads import RequestSpec
 
 ROOT = Path(__file__).resolve().parent
 RESULTS = ROOT / "RESULTS.md"
 BASELINE = "envoy-rr"
 #: Fraction of each run's requests (first by arrival) reported apart as the cold start.
 WARMUP = 0.2
-
-
-class OutcomeLike(Protocol):
-    """What :func:`summarize` reads of a request's outcome (``bench.openloop.Outcome``)."""
-
-    start: float
-    status: int
-    ttft: float | None
-    e2e: float | None
-    output_tokens: int
-    prompt_tokens: int
-    cached_tokens: int
-    pod: str
-    error: str
-    itl: list[float]
-
-    @property
-    def ok(self) -> bool: ...
 
 
 @dataclass
@@ -109,15 +97,11 @@ class RunResult:
     kv_lag: dict[str, float] = field(default_factory=dict)
 
     @property
-    def error_rate(self) -> float:
-        return self.errors / self.requests if self.requests else 0.0
-
-    @property
     def usable(self) -> bool:
         return not self.skipped and self.ok > 0
 
 
-def summarize(res: RunResult, outcomes: Sequence[OutcomeLike], time_scale: float = 1.0,
+def summarize(res: RunResult, outcomes: Sequence[Outcome], time_scale: float = 1.0,
               warmup: float = WARMUP, tags: Sequence[str] | None = None) -> RunResult:
     """Fill ``res`` from per-request outcomes (``start`` etc. in wall seconds); with
     ``tags`` (one per outcome, in the same order) also the per-class figures."""
@@ -154,38 +138,32 @@ def summarize(res: RunResult, outcomes: Sequence[OutcomeLike], time_scale: float
     return res
 
 
-def _tpot(o: OutcomeLike, time_scale: float) -> float | None:
+def _tpot(o: Outcome, time_scale: float) -> float | None:
     if o.e2e is None or o.ttft is None or o.output_tokens < 2:
         return None
     return (o.e2e - o.ttft) / (o.output_tokens - 1) / time_scale
 
 
-def _slo(res: RunResult, warm: Sequence[OutcomeLike], time_scale: float) -> None:
+def _slo(res: RunResult, warm: Sequence[Outcome], time_scale: float) -> None:
     """SLO attainment of the warm requests that set an SLO (``slo_ttft`` / ``slo_tpot``
-    attributes of an outcome, seconds)."""
-    met = n = 0
-    for o in warm:
-        ttft_slo, tpot_slo = getattr(o, "slo_ttft", None), getattr(o, "slo_tpot", None)
-        if ttft_slo is None and tpot_slo is None:
-            continue
-        n += 1
-        if not o.ok or o.ttft is None:
-            continue
+    attributes of an outcome, seconds): met when it completed within every target it set."""
+    def met(o: Outcome, ttft_slo: float | None, tpot_slo: float | None) -> bool:
         tpot = _tpot(o, time_scale)
-        if ttft_slo is not None and o.ttft / time_scale > ttft_slo:
-            continue
-        if tpot_slo is not None and tpot is not None and tpot > tpot_slo:
-            continue
-        met += 1
-    res.slo_requests = n
-    res.slo_attainment = met / n if n else 0.0
+        return (o.ok and o.ttft is not None
+                and (ttft_slo is None or o.ttft / time_scale <= ttft_slo)
+                and (tpot_slo is None or tpot is None or tpot <= tpot_slo))
+
+    slos = [(o, getattr(o, "slo_ttft", None), getattr(o, "slo_tpot", None)) for o in warm]
+    judged = [met(*x) for x in slos if x[1] is not None or x[2] is not None]
+    res.slo_requests = len(judged)
+    res.slo_attainment = sum(judged) / len(judged) if judged else 0.0
 
 
 #: The quantile the EPP's quantile predictions are judged at (its default).
 CALIBRATION_QUANTILE = 0.9
 
 
-def calibration(ok: Sequence[OutcomeLike], time_scale: float = 1.0,
+def calibration(ok: Sequence[Outcome], time_scale: float = 1.0,
                 q: float = CALIBRATION_QUANTILE) -> dict[str, float]:
     """How well the EPP's predictions for the picked endpoints (``predicted_*``
     attributes) matched what the requests measured: ``tpot_coverage`` = share of TPOTs at
@@ -223,7 +201,7 @@ def calibration(ok: Sequence[OutcomeLike], time_scale: float = 1.0,
     return out
 
 
-def _classes(outcomes: Sequence[OutcomeLike], tags: Sequence[str], time_scale: float,
+def _classes(outcomes: Sequence[Outcome], tags: Sequence[str], time_scale: float,
              warmup: float) -> dict[str, dict[str, float]]:
     tagged = sorted(zip(outcomes, tags, strict=True), key=lambda ot: ot[0].start)
     warm = tagged[int(len(tagged) * warmup):]
@@ -243,20 +221,7 @@ def _classes(outcomes: Sequence[OutcomeLike], tags: Sequence[str], time_scale: f
     return out
 
 
-class SpecLike(Protocol):
-    """What :func:`tenant_fairness` reads of a request (``bench.workloads.RequestSpec``)."""
-
-    @property
-    def at(self) -> float: ...
-
-    @property
-    def tag(self) -> str: ...
-
-    @property
-    def body(self) -> dict[str, Any]: ...
-
-
-def token_shares(specs: Sequence[SpecLike], outcomes: Sequence[OutcomeLike], start: float,
+def token_shares(specs: Sequence[RequestSpec], outcomes: Sequence[Outcome], start: float,
                  end: float, time_scale: float = 1.0) -> dict[str, float]:
     """Each tenant's (tag's) share of the tokens served in [``start``, ``end``] model s, as
     a token-fairness policy counts them: a request's prompt tokens (the simulator's count, 4
@@ -277,7 +242,7 @@ def token_shares(specs: Sequence[SpecLike], outcomes: Sequence[OutcomeLike], sta
     return {t: v / total for t, v in got.items()} if total else {}
 
 
-def budget_use(specs: Sequence[SpecLike], outcomes: Sequence[OutcomeLike],
+def budget_use(specs: Sequence[RequestSpec], outcomes: Sequence[Outcome],
                budgets: dict[str, int], start: float, end: float,
                time_scale: float = 1.0) -> dict[str, list[float]]:
     """For each tenant with a tokens-per-minute budget (``budgets`` by fairness id, ``*``:
@@ -305,7 +270,7 @@ def jain(xs: Sequence[float]) -> float:
     return sum(xs) ** 2 / (len(xs) * sum(x * x for x in xs)) if any(xs) else 0.0
 
 
-def tenant_fairness(specs: Sequence[SpecLike], outcomes: Sequence[OutcomeLike], window: float,
+def tenant_fairness(specs: Sequence[RequestSpec], outcomes: Sequence[Outcome], window: float,
                     time_scale: float = 1.0) -> float:
     """Jain's index of each tenant's (tag's) output tokens received by ``window`` model s
     over its max-min fair share of all of them, the demand being the ``max_tokens`` its
@@ -378,13 +343,6 @@ def _each(rows: Sequence[RunResult], order: Sequence[str],
             if (xs := [value(r) for r in rows if r.contender == n and r.usable and value(r)])]
 
 
-def _median(rows: Iterable[RunResult], contender: str,
-            metric: Callable[[RunResult], float]) -> Interval | None:
-    """Median [95% interval] over seeds of one contender's ``metric`` (None: no runs)."""
-    vals = list(per_seed(rows, contender, metric).values())
-    return bootstrap_median(vals) if vals else None
-
-
 def per_seed(rows: Iterable[RunResult], contender: str,
              metric: Callable[[RunResult], float]) -> dict[int, float]:
     """``{seed: metric}`` of one contender's usable runs."""
@@ -398,28 +356,34 @@ def ratio(rows: Sequence[RunResult], ours: str, base: str,
     return bootstrap_median(xs) if xs else None
 
 
+#: What a target may compare, by its name in a scenario: a figure of one run.
+_METRICS: dict[str, Callable[[RunResult], float]] = {
+    "TTFT p90": attrgetter("ttft_p90"), "output tok/s": attrgetter("output_tps"),
+    "TPOT p50": attrgetter("tpot_p50"), "cache hit": attrgetter("cache_hit"),
+    "SLO attainment": attrgetter("slo_attainment")}
+_ttft90, _tps = _METRICS["TTFT p90"], _METRICS["output tok/s"]
+
+
 def best_peer(rows: Sequence[RunResult]) -> str | None:
     """The peer with the lowest median TTFT p90 over seeds at this point."""
-    meds = {}
-    for name in {r.contender for r in rows if r.kind == "peer"}:
-        vals = list(per_seed(rows, name, lambda r: r.ttft_p90).values())
-        if vals:
-            meds[name] = statistics.median(vals)
+    meds = {name: statistics.median(vals) for name in {r.contender for r in rows
+                                                       if r.kind == "peer"}
+            if (vals := list(per_seed(rows, name, _ttft90).values()))}
     return min(meds, key=lambda k: meds[k]) if meds else None
-
-
-def _ttft90(r: RunResult) -> float:
-    return r.ttft_p90
-
-
-def _tps(r: RunResult) -> float:
-    return r.output_tps
 
 
 def _med(rows: Sequence[RunResult], name: str, metric: Callable[[RunResult], float],
          fmt: str = ".3f") -> str:
     vals = list(per_seed(rows, name, metric).values())
     return format(statistics.median(vals), fmt) if vals else "n/a"
+
+
+def _over_seeds(rows: Sequence[RunResult], name: str,
+                value: Callable[[RunResult], float | None], fmt: str = ".2f") -> str:
+    """Median [95% interval] over seeds of ``value`` of one contender's usable runs, where it
+    is not None ("n/a": none)."""
+    vals = [v for r in rows if r.contender == name and r.usable and (v := value(r)) is not None]
+    return format(bootstrap_median(vals), fmt) if vals else "n/a"
 
 
 def _iv(iv: Interval | None) -> str:
@@ -434,6 +398,11 @@ def _row(*cells: str) -> str:
 def _head(*columns: str, text: int = 1) -> list[str]:
     """A markdown table's header: the first ``text`` columns left-aligned, the rest right."""
     return [_row(*columns), "|" + "---|" * text + "---:|" * (len(columns) - text)]
+
+
+def _listed(intro: str, items: list[str]) -> list[str]:
+    """A paragraph ``intro`` and a list of ``items`` under it; nothing without items."""
+    return [intro, "", *items, ""] if items else []
 
 
 def table(rows: Sequence[RunResult], order: Sequence[str] = (),
@@ -467,28 +436,6 @@ def table(rows: Sequence[RunResult], order: Sequence[str] = (),
     return out
 
 
-@dataclass(frozen=True, slots=True)
-class Target:
-    """A ratio target: ``metric(ours) / metric(against)`` at a point, at most / at least."""
-
-    workload: str
-    load: float
-    ours: str
-    against: str   # a contender name, or "best-peer"
-    metric: str    # "TTFT p90" | "output tok/s"
-    bound: float
-    at_most: bool
-    #: the request class (tag, or a tag's tenant part) of ``ours`` / ``against``; "all":
-    #: every warm request (a class target is on TTFT p90)
-    klass: str = "all"
-    against_class: str = "all"
-
-
-_METRICS: dict[str, Callable[[RunResult], float]] = {
-    "TTFT p90": _ttft90, "output tok/s": _tps, "TPOT p50": lambda r: r.tpot_p50,
-    "cache hit": lambda r: r.cache_hit, "SLO attainment": lambda r: r.slo_attainment}
-
-
 def class_ttft90(klass: str) -> Callable[[RunResult], float]:
     """TTFT p90 of one request class: the tag ``klass``, or every tag whose tenant part
     (before ``/``) is ``klass`` (their requests' p90 is not kept, so several tags read as the
@@ -515,28 +462,25 @@ def _paired(rows: Sequence[RunResult], t: Target, against: str) -> Interval | No
 
 
 def target_lines(results: Sequence[RunResult], targets: Sequence[Target]) -> list[str]:
-    """One line per target that the results cover: ratio, interval, verdict."""
-    points = by_point(results)
+    """One line per target and point (workload, load) of the results: ratio, interval,
+    verdict."""
     lines = []
     for t in targets:
-        rows = next((v for (w, ld), v in points.items()
-                     if w == t.workload and abs(ld - t.load) < 1e-9), None)
-        if rows is None:
-            continue
-        against = best_peer(rows) if t.against == "best-peer" else t.against
-        iv = _paired(rows, t, against) if against else None
-        sign = "<=" if t.at_most else ">="
-        if (t.klass, t.against_class) == ("all", "all"):
-            what = f"{t.workload} @ {t.load:g}, {t.ours}: {t.metric} / {against or t.against}"
-        else:
-            what = (f"{t.workload} @ {t.load:g}, {t.ours} ({t.klass} requests): {t.metric} / "
-                    f"{against or t.against}'s ({t.against_class} requests)")
-        if iv is None:
-            lines.append(f"- {what} (target {sign} {t.bound:g}): no paired runs")
-            continue
-        v = verdict(iv, t.bound, at_most=t.at_most)
-        lines.append(f"- {what} = {iv} over {iv.n} seeds (target {sign} {t.bound:g}): "
-                     f"**{v}**")
+        for (workload, load), rows in by_point(results).items():
+            against = best_peer(rows) if t.against == "best-peer" else t.against
+            iv = _paired(rows, t, against) if against else None
+            sign = "<=" if t.at_most else ">="
+            if (t.klass, t.against_class) == ("all", "all"):
+                what = f"{workload} @ {load:g}, {t.ours}: {t.metric} / {against or t.against}"
+            else:
+                what = (f"{workload} @ {load:g}, {t.ours} ({t.klass} requests): {t.metric} / "
+                        f"{against or t.against}'s ({t.against_class} requests)")
+            if iv is None:
+                lines.append(f"- {what} (target {sign} {t.bound:g}): no paired runs")
+                continue
+            v = verdict(iv, t.bound, at_most=t.at_most)
+            lines.append(f"- {what} = {iv} over {iv.n} seeds (target {sign} {t.bound:g}): "
+                         f"**{v}**")
     return lines
 
 
@@ -554,53 +498,41 @@ def write_section(section: str, text: str, path: Path = RESULTS) -> None:
     path.write_text(new)
 
 
-def point_sections(results: Sequence[RunResult], workloads: dict[str, Any],
-                   order: Sequence[str], baseline: str = BASELINE) -> list[str]:
-    """The per-workload, per-load tables (ratios to ``baseline``)."""
-    lines: list[str] = []
+def point_sections(results: Sequence[RunResult], wl: Any, order: Sequence[str],
+                   baseline: str = BASELINE) -> list[str]:
+    """The tables of workload ``wl`` (its ``name``, ``title``, ``description`` and
+    ``source``), one per load (ratios to ``baseline``)."""
     points = by_point(results)
-    for wl in workloads.values():
-        loads = sorted(ld for (w, ld) in points if w == wl.name)
-        if not loads:
-            continue
-        lines += [f"### {wl.title}", "", wl.description, f"Source of the shape: {wl.source}.",
-                  ""]
-        for load in loads:
-            rows = points[(wl.name, load)]
-            offered = rows[0].offered_rps
-            lines += [f"#### {wl.name} @ load {load:g} ({offered:.2f} req/s offered, "
-                      f"{rows[0].servers} servers)", "", *table(rows, order, baseline), ""]
-            if any(r.classes for r in rows):
-                lines += [*class_table(rows, order), ""]
-            fair = [f"{n} {bootstrap_median(xs)}" for n, xs in _each(rows, order,
-                                                                   lambda r: r.jain)]
-            if fair:
-                lines += ["Jain's index of the tenants' goodput (output tokens within the "
-                          "arrival window over max-min fair shares; 1 = fair), median [95% "
-                          "interval] over seeds: " + "; ".join(fair) + ".", ""]
-            lines += token_share_lines(rows, order)
-            lines += budget_lines(rows, order)
-            lines += kv_lines(rows, order)
-            if any(r.slo_requests or r.calibration for r in rows):
-                lines += [*slo_table(rows, order, baseline), ""]
-    return lines
+    lines = [f"### {wl.title}", "", wl.description, f"Source of the shape: {wl.source}.", ""]
+    for (_, load), rows in sorted(points.items(), key=lambda p: p[0][1]):
+        lines += [f"#### {wl.name} @ load {load:g} ({rows[0].offered_rps:.2f} req/s offered, "
+                  f"{rows[0].servers} servers)", "", *table(rows, order, baseline), ""]
+        if any(r.classes for r in rows):
+            lines += [*class_table(rows, order), ""]
+        if fair := [f"{n} {bootstrap_median(xs)}" for n, xs in _each(rows, order,
+                                                                   lambda r: r.jain)]:
+            lines += ["Jain's index of the tenants' goodput (output tokens within the "
+                      "arrival window over max-min fair shares; 1 = fair), median [95% "
+                      "interval] over seeds: " + "; ".join(fair) + ".", ""]
+        lines += token_share_lines(rows, order)
+        lines += budget_lines(rows, order)
+        lines += kv_lines(rows, order)
+        if any(r.slo_requests or r.calibration for r in rows):
+            lines += [*slo_table(rows, order, baseline), ""]
+    return lines if points else []
 
 
 def token_share_lines(rows: Sequence[RunResult], order: Sequence[str]) -> list[str]:
     """Per contender, each tenant's share of the tokens served while all were backlogged and
     Jain's index of the shares (median [95% interval] over seeds); nothing when no run has
     them."""
-    lines = []
-    for name, runs in _each(rows, order, lambda r: r.token_shares):
-        shares = ", ".join(f"{t} {bootstrap_median([s.get(t, 0.0) for s in runs])}"
-                           for t in sorted({t for s in runs for t in s}))
-        lines.append(f"- {name}: {shares}; Jain "
-                     f"{bootstrap_median([jain(list(s.values())) for s in runs])}")
-    if not lines:
-        return []
-    return ["Tenants' shares of the tokens served (prompt + output) in the second half of the "
-            "arrival window, and Jain's index of the shares, median [95% interval] over "
-            "seeds:", "", *lines, ""]
+    return _listed(
+        "Tenants' shares of the tokens served (prompt + output) in the second half of the "
+        "arrival window, and Jain's index of the shares, median [95% interval] over seeds:",
+        [f"- {name}: " + ", ".join(f"{t} {bootstrap_median([s.get(t, 0.0) for s in runs])}"
+                                   for t in sorted({t for s in runs for t in s}))
+         + f"; Jain {bootstrap_median([jain(list(s.values())) for s in runs])}"
+         for name, runs in _each(rows, order, lambda r: r.token_shares)])
 
 
 def budget_lines(rows: Sequence[RunResult], order: Sequence[str]) -> list[str]:
@@ -610,16 +542,15 @@ def budget_lines(rows: Sequence[RunResult], order: Sequence[str]) -> list[str]:
     lines = []
     for name, runs in _each(rows, order, lambda r: r.budget_use):
         for tenant in sorted({t for u in runs for t in u}):
-            per_seed = [u[tenant] for u in runs if u.get(tenant)]
-            every = [x for xs in per_seed for x in xs]
+            seeds = [u[tenant] for u in runs if u.get(tenant)]
+            every = [x for xs in seeds for x in xs]
             lines.append(f"- {name}, {tenant}: "
-                         f"{bootstrap_median([statistics.median(xs) for xs in per_seed])}; "
+                         f"{bootstrap_median([statistics.median(xs) for xs in seeds])}; "
                          f"windows {min(every):.3f} to {max(every):.3f}")
-    if not lines:
-        return []
-    return ["Tokens served per minute over the tenant's budget (60 s windows by arrival, every "
-            "30 s after the first minute), median [95% interval] over seeds of each seed's "
-            "median window, and the lowest and highest window of any seed:", "", *lines, ""]
+    return _listed("Tokens served per minute over the tenant's budget (60 s windows by "
+                   "arrival, every 30 s after the first minute), median [95% interval] over "
+                   "seeds of each seed's median window, and the lowest and highest window of "
+                   "any seed:", lines)
 
 
 def kv_lines(rows: Sequence[RunResult], order: Sequence[str]) -> list[str]:
@@ -633,9 +564,9 @@ def kv_lines(rows: Sequence[RunResult], order: Sequence[str]) -> list[str]:
                    "seeds: " + "; ".join(ev) + ".")
     lag = []
     for n, hists in _each(rows, order, lambda r: r.kv_lag):
-        pooled: dict[float, float] = {}
-        for le, count in (item for h in hists for item in h.items()):
-            pooled[float(le)] = pooled.get(float(le), 0.0) + count
+        pooled: Counter[float] = Counter()
+        for h in hists:
+            pooled.update({float(le): count for le, count in h.items()})
         if (ordered := sorted(pooled.items())) and (total := ordered[-1][1]):
             p99 = next(le for le, c in ordered if c >= 0.99 * total)
             lag.append(f"{n} <= {p99 * 1000:g} ms over {total:,.0f} batches")
@@ -648,23 +579,15 @@ def kv_lines(rows: Sequence[RunResult], order: Sequence[str]) -> list[str]:
 def _cal(rows: Sequence[RunResult], name: str, key: str, scale: float = 1.0,
          fmt: str = ".3f") -> str:
     """Median [95% interval] over seeds of one calibration figure ("n/a": none)."""
-    vals = [r.calibration[key] * scale for r in rows
-            if r.contender == name and r.usable and key in r.calibration]
-    if not vals:
-        return "n/a"
-    iv = bootstrap_median(vals)
-    return f"{iv.median:{fmt}} [{iv.lo:{fmt}}, {iv.hi:{fmt}}]"
+    return _over_seeds(rows, name, lambda r: r.calibration[key] * scale
+                       if key in r.calibration else None, fmt)
 
 
-def _cal_ratio(rows: Sequence[RunResult], name: str) -> str:
-    """Median [95% interval] over seeds of the pinball loss over the best constant's, seed by
-    seed (both judge the same requests, so the pairing removes the seeds' spread)."""
-    vals = [c["tpot_pinball"] / c["tpot_pinball_const"] for r in rows
-            if r.contender == name and r.usable and (c := r.calibration).get("tpot_pinball_const")]
-    if not vals:
-        return "n/a"
-    iv = bootstrap_median(vals)
-    return f"{iv.median:.2f} [{iv.lo:.2f}, {iv.hi:.2f}]"
+def _pinball_ratio(r: RunResult) -> float | None:
+    """The pinball loss over the best constant's in one run (both judge the same requests,
+    so pairing them seed by seed removes the seeds' spread)."""
+    c = r.calibration
+    return c["tpot_pinball"] / c["tpot_pinball_const"] if c.get("tpot_pinball_const") else None
 
 
 def slo_table(rows: Sequence[RunResult], order: Sequence[str],
@@ -683,7 +606,7 @@ def slo_table(rows: Sequence[RunResult], order: Sequence[str],
         for name in names:
             cells = [_iv(ratio(rows, name, other, att)) if other != name else "-"
                      for other in names]
-            out.append(_row(name, _iv(_median(rows, name, att)), *cells))
+            out.append(_row(name, _over_seeds(rows, name, att), *cells))
         out.append("")
     if any(r.calibration for r in rows):
         out += [f"Predictions for the picked endpoint (warm requests): TPOT "
@@ -703,7 +626,7 @@ def slo_table(rows: Sequence[RunResult], order: Sequence[str],
             out.append(_row(name, _cal(rows, name, 'tpot_coverage'), terciles,
                             _cal(rows, name, 'tpot_pinball', 1e3),
                             _cal(rows, name, 'tpot_pinball_const', 1e3),
-                            _cal_ratio(rows, name),
+                            _over_seeds(rows, name, _pinball_ratio),
                             _cal(rows, name, 'ttft_mape', fmt='.1f'),
                             _cal(rows, name, 'ttft_coverage')))
     return out

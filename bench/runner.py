@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -37,7 +37,7 @@ from typing import Any
 from bench import environment
 from bench import report as rp
 from bench.report import RunResult, summarize
-from bench.scenario import Contender, Fault, Fleet, PdVariant, Scenario, load_scenario
+from bench.scenario import Budget, Contender, Fault, Fleet, PdVariant, Scenario, load_scenario
 from bench.twin.cpu import MEASURED_COST, ProcessCpu
 from bench.workloads import MODEL, PROFILE, WORKLOADS, RequestSpec, Workload, write_specs
 
@@ -58,8 +58,8 @@ class Plan:
     duration: float
     contenders: tuple[Contender, ...]
     jobs: int = 1
-    #: CPU of the router process (``budget.router_cpus`` or ``--router-cpus``; 0: none)
-    router_cpus: float = 0.0
+    #: the scenario's CPU budgets, the router's as ``--router-cpus`` said
+    budget: Budget = field(default_factory=Budget)
     #: virtual time: the EPP's CPU modelled at ``router_cpus`` from these measured costs
     epp_cpu: ProcessCpu | None = None
     epp_cost: str = ""
@@ -76,9 +76,7 @@ class Plan:
                 "duration": self.duration, "seeds": list(self.seeds), "loads": list(self.loads),
                 "contenders": [c.name for c in self.contenders],
                 **({"baseline": self.scenario.baseline} if self.scenario.baseline else {}),
-                "budget": (dataclasses.replace(self.scenario.budget,
-                                               router_cpus=self.router_cpus).statement()
-                           if self.mode == "real" else None),
+                "budget": asdict(self.budget) if self.mode == "real" else None,
                 "epp_cpu": self.epp_cpu_statement(),
                 **({"faults": [f"{f.action} at {f.at:g} s" + (
                     "" if self.mode == "real" else " (not modelled in virtual time)")
@@ -138,7 +136,8 @@ def plan(scn: Scenario, *, mode: str = "virtual", seeds: Sequence[int] | None = 
                              f"{type(e).__name__}: {e}") from None
     return Plan(scn, mode, fleet, wl, tuple(seeds) if seeds else scn.seeds,
                 tuple(loads) if loads else (scn.loads if workload is None else wl.loads),
-                duration or wl.duration, chosen, jobs, cpus, cpu, epp_cost.name)
+                duration or wl.duration, chosen, jobs,
+                dataclasses.replace(scn.budget, router_cpus=cpus), cpu, epp_cost.name)
 
 
 def token_budgets(c: Contender) -> dict[str, int]:
@@ -230,8 +229,8 @@ def _virtual(job: _Job) -> list[RunResult]:
     """One (load, seed): the schedule, built once, through each contender in the twin."""
     p = job.plan
     specs = p.workload.schedule(job.load, p.duration, job.seed, p.fleet.capacity_servers)
-    return [_twin_result(_result(p, job.load, job.seed, c), c, p.fleet, specs, p.workload,
-                         p.duration, p.epp_cpu) for c in p.contenders]
+    return [_twin_result(_result(p.workload, job.load, job.seed, p.fleet, c), c, p.fleet, specs,
+                         p.workload, p.duration, p.epp_cpu) for c in p.contenders]
 
 
 def _twin_result(res: RunResult, c: Contender, fleet: Fleet, specs: list[RequestSpec],
@@ -243,10 +242,7 @@ def _twin_result(res: RunResult, c: Contender, fleet: Fleet, specs: list[Request
     if outcomes is None:
         res.skipped = "not modelled in virtual time (run with --real)"
         return res
-    summarize(res, outcomes, tags=[s.tag for s in specs] if wl.by_class else None)
-    if wl.generator == "tenants":
-        res.jain = rp.tenant_fairness(specs, outcomes, duration)
-        res.token_shares = rp.token_shares(specs, outcomes, duration / 2, duration)
+    _summarize(res, wl, specs, outcomes, duration)
     res.wall_seconds = time.monotonic() - started
     return res
 
@@ -258,9 +254,8 @@ def twin_run(workload: str | Workload, load: float, servers: int, seed: int, con
     workload) on an aggregated fleet of ``servers`` (``config``: the EPP config of a
     contender that is not built in), the same path ``bench run --virtual`` takes."""
     wl = WORKLOADS[workload] if isinstance(workload, str) else workload
-    c = Contender(contender, epp_config=config)
-    res = _twin_result(RunResult(wl.name, load, load * wl.capacity(servers), c.name, c.kind,
-                                 seed=seed, servers=servers), c, Fleet(servers=servers),
+    c, fleet = Contender(contender, epp_config=config), Fleet(servers=servers)
+    res = _twin_result(_result(wl, load, seed, fleet, c), c, fleet,
                        wl.schedule(load, duration, seed, servers), wl, duration, cpu)
     if res.skipped:
         raise ValueError(f"{contender!r} is not modelled in virtual time")
@@ -273,17 +268,13 @@ def _pd_virtual(fleet: Fleet, c: Contender, seed: int,
     from bench.twin.pd import parse_spill, simulate
     from sim.profiles import get_profile
 
-    prefill, decode = fleet.roles["prefill"], fleet.roles["decode"]
-    profile = get_profile(fleet.profile)
-    if c.name == "aggregated":
-        served = simulate(seed, prefill, decode, None, specs=specs, profile=profile)
-    elif c.pd is not None:
-        v = c.pd
-        served = simulate(seed, prefill, decode, v.threshold, specs=specs, profile=profile,
-                          prefill_pick=v.prefill_pick, decode_pick=v.decode_pick,
-                          spill=parse_spill(v.spill) if v.spill else None)
-    else:
+    if c.name != "aggregated" and c.pd is None:
         return None
+    v = c.pd or PdVariant()   # aggregated: no threshold, the default picks
+    served = simulate(seed, fleet.roles["prefill"], fleet.roles["decode"],
+                      None if c.pd is None else v.threshold, specs=specs,
+                      profile=get_profile(fleet.profile), prefill_pick=v.prefill_pick,
+                      decode_pick=v.decode_pick, spill=parse_spill(v.spill) if v.spill else None)
     # The twin's requests end in completion order; tags follow the schedule's order.
     by_arrival = sorted(served, key=lambda s: s.arrival)
     return [TwinOutcome(i, s.arrival, 200, s.ttft, s.ttft + s.tpot * max(0, s.output - 1),
@@ -310,12 +301,12 @@ def _real_contender(c: Contender, p: Plan) -> Any:
         obj = Epp(c.name, c.epp_config.read_text())
     else:
         obj = all_contenders()[c.name]
-    obj.cpus, obj.gateway_cpus = p.router_cpus, p.scenario.budget.gateway_cpus
+    obj.cpus, obj.gateway_cpus = p.budget.router_cpus, p.budget.gateway_cpus
     return obj
 
 
 def _real(p: Plan, load: float, seed: int, c: Contender, workdir: Path) -> RunResult:
-    b = p.scenario.budget
+    b = p.budget
     res: RunResult = run_one(
         p.workload, load, _real_contender(c, p), duration=p.duration, seed=seed,
         servers=p.fleet.servers, time_scale=p.fleet.time_scale, workdir=workdir,
@@ -350,8 +341,7 @@ def run_one(workload: Workload, load: float, contender: Any, *, duration: float,
     from bench.openloop import Outcome
 
     specs = workload.schedule(load, duration, seed, servers)
-    res = RunResult(workload.name, load, load * workload.capacity(servers), contender.name,
-                    contender.kind, seed=seed, servers=servers)
+    res = _result(workload, load, seed, Fleet(servers=servers), contender)
     reason = contender.unavailable()
     if reason:
         res.skipped = reason
@@ -390,11 +380,7 @@ def run_one(workload: Workload, load: float, contender: Any, *, duration: float,
     res.router_cpu, res.router_throttled = contender.cpu_used, contender.throttled
     outcomes = [Outcome(**dict(orjson.loads(line).items()))
                 for line in (workdir / "outcomes.jsonl").read_bytes().splitlines()]
-    summarize(res, outcomes, time_scale,
-              tags=[s.tag for s in specs] if workload.by_class else None)
-    if workload.generator == "tenants":
-        res.jain = rp.tenant_fairness(specs, outcomes, duration, time_scale)
-        res.token_shares = rp.token_shares(specs, outcomes, duration / 2, duration, time_scale)
+    _summarize(res, workload, specs, outcomes, duration, time_scale)
     if faults:
         res.faults = [*(workdir / "faults.txt").read_text().splitlines(),
                       f"{sum(not o.ok for o in outcomes)} of {len(outcomes)} requests failed"]
@@ -438,10 +424,20 @@ def load_run(path: Path) -> tuple[str, float, list[RunResult]]:
             [RunResult(**r) for r in saved["results"]])
 
 
-def _result(p: Plan, load: float, seed: int, c: Contender) -> RunResult:
-    return RunResult(p.workload.name, load,
-                     load * p.workload.capacity(p.fleet.capacity_servers),
-                     c.name, c.kind, seed=seed, servers=p.fleet.servers)
+def _result(wl: Workload, load: float, seed: int, fleet: Fleet, c: Any) -> RunResult:
+    """An empty result of contender ``c`` (its ``name`` and ``kind``) on ``fleet``."""
+    return RunResult(wl.name, load, load * wl.capacity(fleet.capacity_servers), c.name, c.kind,
+                     seed=seed, servers=fleet.servers)
+
+
+def _summarize(res: RunResult, wl: Workload, specs: list[RequestSpec], outcomes: list[Any],
+               duration: float, time_scale: float = 1.0) -> None:
+    """Fill ``res`` from the outcomes of ``specs`` (``wl``'s schedule over ``duration``
+    model seconds): per class for a by-class workload, the tenants' fairness for tenants."""
+    summarize(res, outcomes, time_scale, tags=[s.tag for s in specs] if wl.by_class else None)
+    if wl.generator == "tenants":
+        res.jain = rp.tenant_fairness(specs, outcomes, duration, time_scale)
+        res.token_shares = rp.token_shares(specs, outcomes, duration / 2, duration, time_scale)
 
 
 # -- the run ------------------------------------------------------------------------------
@@ -453,11 +449,9 @@ def execute(p: Plan, run_dir: Path, *, log: Any = sys.stderr) -> dict[str, Any]:
     run_dir.mkdir(parents=True, exist_ok=True)
     env = environment.capture(peers=p.mode == "real")
     if p.mode == "real":
-        b = p.scenario.budget
         # What each budget is on this machine (a cgroup quota, or pinning): cpubudget says.
-        env["budget"] = cpubudget.statement(asdict(dataclasses.replace(
-            b, router_cpus=p.router_cpus)))
-        env["burners"] = b.burners
+        env["budget"] = cpubudget.statement(asdict(p.budget))
+        env["burners"] = p.budget.burners
     started = time.monotonic()
     results: list[RunResult] = []
     doc: dict[str, Any] = {}
@@ -473,15 +467,12 @@ def execute(p: Plan, run_dir: Path, *, log: Any = sys.stderr) -> dict[str, Any]:
 
     if p.mode == "virtual":
         jobs = [_Job(p, load, seed) for load in p.loads for seed in p.seeds]
-        if p.jobs > 1:
-            with ProcessPoolExecutor(max_workers=p.jobs) as pool:
-                for batch in pool.map(_virtual, jobs):
-                    results.extend(batch)
-        else:
-            for job in jobs:
-                results.extend(_virtual(job))
+        with (ProcessPoolExecutor(max_workers=p.jobs) if p.jobs > 1
+              else contextlib.nullcontext()) as pool:
+            for batch in (pool.map if pool else map)(_virtual, jobs):
+                results.extend(batch)
     else:
-        with cpubudget.burners(p.scenario.budget.burners):
+        with cpubudget.burners(p.budget.burners):
             flip = False
             for load in p.loads:
                 for seed in p.seeds:
@@ -492,7 +483,7 @@ def execute(p: Plan, run_dir: Path, *, log: Any = sys.stderr) -> dict[str, Any]:
                         try:
                             res = _real(p, load, seed, c, workdir)
                         except Exception as exc:  # a contender that fails to start is a result
-                            res = _result(p, load, seed, c)
+                            res = _result(p.workload, load, seed, p.fleet, c)
                             res.skipped = f"failed: {type(exc).__name__}: {exc}"[:300]
                         results.append(res)
                         save()
@@ -555,20 +546,16 @@ def section(doc: dict[str, Any], source: str) -> str:
         scn = load_scenario(scenario_path)
         if scn.description:
             lines[4:4] = [scn.description, ""]
-        ran = set(s["contenders"])
-        targets = [rp.Target(s["workload"], load, t.ours, t.against, t.metric, t.bound,
-                             t.at_most, t.klass, t.against_class)
-                   for t in scn.targets for load in s["loads"]
-                   if t.ours in ran and (t.against in ran or t.against == "best-peer")]
+        ran = {*s["contenders"], "best-peer"}
+        targets = [t for t in scn.targets if t.ours in ran and t.against in ran]
     baseline = s.get("baseline") or ("aggregated" if s.get("roles") else rp.BASELINE)
-    tl = rp.target_lines(results, targets) if targets else []
-    if tl:
+    if tl := rp.target_lines(results, targets):
         lines += ["Targets:", "", *tl, ""]
     # a workload file outside bench/workloads: a stand-in for the headings
     wl = WORKLOADS.get(s["workload"]) or SimpleNamespace(
         name=s["workload"], title=s["workload"], description="",
         source="the scenario's own workload file")
-    lines += rp.point_sections(results, {wl.name: wl}, s["contenders"], baseline=baseline)
+    lines += rp.point_sections(results, wl, s["contenders"], baseline=baseline)
     return "\n".join(lines).rstrip() + "\n"
 
 

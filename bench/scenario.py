@@ -59,21 +59,20 @@ Paths inside a scenario are relative to the scenario file.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Collection
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from bench.workloads import (
     GENERATORS,
+    Reader,
     Workload,
     WorkloadError,
-    _arrivals,
     check_parameters,
     find_workload,
+    read_arrivals,
 )
+from epp.config import DEFAULT_CONFIG_YAML
 
 HERE = Path(__file__).resolve().parent
 SCENARIOS = HERE / "scenarios"
@@ -218,12 +217,6 @@ class Budget:
     client_cpus: float = 0.0
     burners: int = 0
 
-    def statement(self) -> str:
-        """One line for a report, like ``bench.cpubudget.statement``."""
-        parts = [f"{k.removesuffix('_cpus')} {v:g} CPU" for k, v in asdict(self).items()
-                 if k.endswith("_cpus") and v]
-        return ", ".join(parts) or "none (whole machine)"
-
 
 @dataclass(frozen=True, slots=True)
 class Scenario:
@@ -261,11 +254,19 @@ class Scenario:
         return tuple(sorted(paths))
 
     @property
+    def runs_default_profile(self) -> bool:
+        """A contender runs the EPP's built-in default config (``epp-default``)."""
+        return any(c.name == "epp-default" and c.epp_config is None for c in self.contenders)
+
+    @property
     def inputs_digest(self) -> str:
-        """sha256 over :attr:`inputs` (names and bytes), recorded beside :attr:`digest`."""
+        """sha256 over :attr:`inputs` (names and bytes), and the built-in default config when
+        :attr:`runs_default_profile`; recorded beside :attr:`digest`."""
         h = hashlib.sha256()
         for path in self.inputs:
             h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+        if self.runs_default_profile:
+            h.update(b"epp-default\0" + DEFAULT_CONFIG_YAML.encode() + b"\0")
         return h.hexdigest()[:16]
 
 
@@ -276,61 +277,11 @@ _TOP: dict[str, type | tuple[type, ...]] = {
 _REQUIRED = ("title", "workload", "contenders")
 
 
-class _Reader:
-    """Strict reading with the key path in every error."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def fail(self, where: str, msg: str) -> ScenarioError:
-        return ScenarioError(f"{self.path}: {where}: {msg}" if where else f"{self.path}: {msg}")
-
-    def keys(self, raw: Any, where: str, allowed: Collection[str],
-             required: tuple[str, ...] = ()) -> dict[str, Any]:
-        if not isinstance(raw, dict):
-            raise self.fail(where, f"expected a mapping, got {type(raw).__name__}")
-        for key in raw:
-            if key not in allowed:
-                dot = f"{where}.{key}" if where else str(key)
-                raise self.fail(dot, f"unknown key (known: {', '.join(sorted(allowed))})")
-        for key in required:
-            if key not in raw:
-                raise self.fail(where, f"missing key {key!r}")
-        return raw
-
-    def positive_int(self, raw: Any, where: str, minimum: int = 1) -> int:
-        if isinstance(raw, bool) or not isinstance(raw, int) or raw < minimum:
-            raise self.fail(where, f"expected an integer >= {minimum}, got {raw!r}")
-        return raw
-
-    def number(self, raw: Any, where: str, *, positive: bool = False) -> float:
-        if isinstance(raw, bool) or not isinstance(raw, int | float) or raw < 0 or (
-                positive and raw == 0):
-            kind = "a positive number" if positive else "a number >= 0"
-            raise self.fail(where, f"expected {kind}, got {raw!r}")
-        return float(raw)
-
-    def text(self, raw: Any, where: str) -> str:
-        if not isinstance(raw, str) or not raw.strip():
-            raise self.fail(where, f"expected a non-empty string, got {raw!r}")
-        return raw
-
-    def file(self, raw: Any, where: str) -> Path:
-        path = (self.path.parent / self.text(raw, where)).resolve()
-        if not path.is_file():
-            raise self.fail(where, f"no such file: {path}")
-        return path
-
-
 def load_scenario(path: Path | str) -> Scenario:
     """Read and check one scenario file (see the module docstring for the schema)."""
     path = Path(path)
-    r = _Reader(path)
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise r.fail("", f"cannot read: {' '.join(str(e).split())}") from None
-    raw = r.keys(raw, "", _TOP, _REQUIRED)
+    r = Reader(path, ScenarioError)
+    raw = r.keys(r.load(), "", _TOP, _REQUIRED)
     for key, types in _TOP.items():
         if key in raw and not isinstance(raw[key], types):
             raise r.fail(key, f"wrong type {type(raw[key]).__name__}")
@@ -355,14 +306,12 @@ def load_scenario(path: Path | str) -> Scenario:
         faults=tuple(_fault(r, f, f"faults[{i}]") for i, f in enumerate(raw.get("faults", []))))
 
 
-def _fault(r: _Reader, raw: Any, where: str) -> Fault:
+def _fault(r: Reader, raw: Any, where: str) -> Fault:
     f = r.keys(raw, where, {"at", "action"}, ("at", "action"))
-    if f["action"] not in FAULTS:
-        raise r.fail(f"{where}.action", f"{f['action']!r} is not one of {', '.join(FAULTS)}")
-    return Fault(r.number(f["at"], f"{where}.at"), f["action"])
+    return Fault(r.number(f["at"], f"{where}.at"), r.one_of(f["action"], f"{where}.action", FAULTS))
 
 
-def _fleet(r: _Reader, raw: Any) -> Fleet:
+def _fleet(r: Reader, raw: Any) -> Fleet:
     from sim.profiles import PROFILES
 
     f = r.keys(raw, "fleet", {"servers", "roles", "profile", "time_scale", "labels",
@@ -375,32 +324,27 @@ def _fleet(r: _Reader, raw: Any) -> Fleet:
     if roles and servers != sum(roles.values()):
         raise r.fail("fleet.servers", f"{servers} is not prefill + decode "
                      f"({sum(roles.values())}); leave it out with roles")
-    profile = r.text(f.get("profile", "8b-h100"), "fleet.profile")
-    if profile not in PROFILES:
-        raise r.fail("fleet.profile", f"unknown profile {profile!r} "
-                     f"(known: {', '.join(sorted(PROFILES))})")
+    profile = r.one_of(f.get("profile", "8b-h100"), "fleet.profile", sorted(PROFILES))
+    for key, what in (("labels", "labels are"), ("speeds", "per-server speeds are"),
+                      ("kv_blocks", "a KV cache size is")):
+        if key in f and roles:
+            raise r.fail(f"fleet.{key}", f"{what} for an aggregated fleet")
     labels = f.get("labels", [])
     if not isinstance(labels, list) or (labels and len(labels) != servers) or any(
             not isinstance(x, dict) or not all(isinstance(k, str) and isinstance(v, str)
                                                for k, v in x.items()) for x in labels):
         raise r.fail("fleet.labels", f"expected {servers} mappings of label to string "
                      "(one per server)")
-    if labels and roles:
-        raise r.fail("fleet.labels", "labels are for an aggregated fleet")
     speeds: tuple[float, ...] = ()
     if "speeds" in f:
         if not isinstance(f["speeds"], list) or len(f["speeds"]) != servers:
             raise r.fail("fleet.speeds", f"expected a list of {servers} speeds (one per "
                          f"server), got {f['speeds']!r}")
-        if roles:
-            raise r.fail("fleet.speeds", "per-server speeds are for an aggregated fleet")
         speeds = tuple(r.number(v, f"fleet.speeds[{i}]", positive=True)
                        for i, v in enumerate(f["speeds"]))
     kv_events = f.get("kv_events", False)
     if not isinstance(kv_events, bool):
         raise r.fail("fleet.kv_events", f"expected true or false, got {kv_events!r}")
-    if "kv_blocks" in f and roles:
-        raise r.fail("fleet.kv_blocks", "a KV cache size is for an aggregated fleet")
     if kv_events and (roles or labels):
         raise r.fail("fleet.kv_events", "KV events are for an aggregated fleet without labels "
                      "(its servers share one address, a port each)")
@@ -410,7 +354,7 @@ def _fleet(r: _Reader, raw: Any) -> Fleet:
                  r.positive_int(f.get("kv_blocks", 0), "fleet.kv_blocks", 0), kv_events)
 
 
-def _workload(r: _Reader, raw: Any) -> Workload:
+def _workload(r: Reader, raw: Any) -> Workload:
     spec = {"use": raw} if isinstance(raw, str) else r.keys(
         raw, "workload", {"use", "arrivals", "parameters", "duration"}, ("use",))
     where = "workload.use" if isinstance(raw, dict) else "workload"
@@ -418,28 +362,19 @@ def _workload(r: _Reader, raw: Any) -> Workload:
         base = find_workload(r.text(spec["use"], where), r.path.parent)
     except WorkloadError as e:
         raise r.fail(where, str(e)) from None
-    params = dict(base.parameters)
-    if "parameters" in spec:
-        over = r.keys(spec["parameters"], "workload.parameters", GENERATORS[base.generator][2])
-        params.update(over)
-        try:
-            check_parameters(r.path, base.generator, params)
-        except WorkloadError as e:
-            where, _, msg = str(e).removeprefix(f"{r.path}: ").partition(": ")
-            raise r.fail(f"workload.{where}", msg) from None
-    arrivals, period, width = base.arrivals, base.burst_period, base.burst_width
-    if "arrivals" in spec:
-        try:
-            arrivals, period, width = _arrivals(r.path, spec["arrivals"])
-        except WorkloadError as e:
-            raise r.fail("workload.arrivals", str(e).split(": ", 2)[-1]) from None
+    params = {**base.parameters, **r.keys(spec.get("parameters", {}), "workload.parameters",
+                                          GENERATORS[base.generator][2])}
+    check_parameters(r, base.generator, params, "workload.parameters")
+    arrivals, period, width = (read_arrivals(r, spec["arrivals"], "workload.arrivals")
+                               if "arrivals" in spec
+                               else (base.arrivals, base.burst_period, base.burst_width))
     duration = (r.number(spec["duration"], "workload.duration", positive=True)
                 if "duration" in spec else base.duration)
     return Workload(base.name, base.title, base.description, base.source, base.generator,
                     arrivals, period, width, params, base.loads, duration)
 
 
-def _contenders(r: _Reader, raw: list[Any], fleet: Fleet) -> tuple[Contender, ...]:
+def _contenders(r: Reader, raw: list[Any], fleet: Fleet) -> tuple[Contender, ...]:
     if not raw:
         raise r.fail("contenders", "expected at least one contender")
     out: list[Contender] = []
@@ -453,30 +388,25 @@ def _contenders(r: _Reader, raw: list[Any], fleet: Fleet) -> tuple[Contender, ..
             raise r.fail(where, "give epp_config or pd, not both")
         peer, _, policy = name.partition(":")
         is_peer = peer in PEER_NAMES and bool(policy)
+        if "replicas" in c and (fleet.pd or "pd" in c):
+            raise r.fail(f"{where}.replicas", "replicas are for an aggregated fleet")
+        if "epp_config" in c and (fleet.pd or is_peer):
+            raise r.fail(f"{where}.epp_config", "a P/D fleet takes pd variants" if fleet.pd
+                         else "a peer router takes no EPP config")
+        config = r.file(c["epp_config"], f"{where}.epp_config") if "epp_config" in c else None
         if "replicas" in c:
-            if fleet.pd or "pd" in c:
-                raise r.fail(f"{where}.replicas", "replicas are for an aggregated fleet")
-            if is_peer and "epp_config" in c:
-                raise r.fail(f"{where}.epp_config", "a peer router takes no EPP config")
             # a peer's copies share nothing: no store
             need = ("count",) if is_peer else ("count", "store")
             rep = r.keys(c["replicas"], f"{where}.replicas", set(need), need)
-            if rep.get("store", "valkey") not in ("valkey", "memory"):
-                raise r.fail(f"{where}.replicas.store", f"{rep['store']!r} is not one of "
-                             "valkey, memory")
-            out.append(Contender(
-                name, epp_config=(r.file(c["epp_config"], f"{where}.epp_config")
-                                  if "epp_config" in c else None),
-                replicas=r.positive_int(rep["count"], f"{where}.replicas.count"),
-                store=rep.get("store", "")))
-        elif "epp_config" in c:
-            if fleet.pd:
-                raise r.fail(f"{where}.epp_config", "a P/D fleet takes pd variants")
-            out.append(Contender(name, epp_config=r.file(c["epp_config"], f"{where}.epp_config")))
+            r.one_of(rep.get("store", "valkey"), f"{where}.replicas.store", ("valkey", "memory"))
+            out.append(Contender(name, epp_config=config, store=rep.get("store", ""),
+                                 replicas=r.positive_int(rep["count"], f"{where}.replicas.count")))
         elif "pd" in c:
             if not fleet.pd:
                 raise r.fail(f"{where}.pd", "a pd variant needs a P/D fleet (fleet.roles)")
             out.append(Contender(name, pd=_pd(r, c["pd"] or {}, f"{where}.pd")))
+        elif config is not None:
+            out.append(Contender(name, epp_config=config))
         else:
             known = PD_CONTENDERS if fleet.pd else CONTENDERS
             if name not in known and not (not fleet.pd and is_peer):
@@ -491,15 +421,13 @@ def _contenders(r: _Reader, raw: list[Any], fleet: Fleet) -> tuple[Contender, ..
     return tuple(out)
 
 
-def _pd(r: _Reader, raw: Any, where: str) -> PdVariant:
+def _pd(r: Reader, raw: Any, where: str) -> PdVariant:
     p = r.keys(raw, where, {f.name for f in fields(PdVariant)})
     v = PdVariant(**{k: str(x) for k, x in p.items() if k != "threshold"},
                   threshold=r.positive_int(p.get("threshold", 1024), f"{where}.threshold"))
     for key, known in (("config", PD_CONFIGS), ("prefill_pick", PD_PICKS),
                        ("decode_pick", PD_PICKS)):
-        if getattr(v, key) not in known:
-            raise r.fail(f"{where}.{key}", f"{getattr(v, key)!r} is not one of "
-                         f"{', '.join(known)}")
+        r.one_of(getattr(v, key), f"{where}.{key}", known)
     if v.spill:
         from bench.twin.pd import parse_spill
 
@@ -510,7 +438,7 @@ def _pd(r: _Reader, raw: Any, where: str) -> PdVariant:
     return v
 
 
-def _seeds(r: _Reader, raw: Any) -> tuple[int, ...]:
+def _seeds(r: Reader, raw: Any) -> tuple[int, ...]:
     if isinstance(raw, list):
         if not raw:
             raise r.fail("seeds", "expected at least one seed")
@@ -520,13 +448,13 @@ def _seeds(r: _Reader, raw: Any) -> tuple[int, ...]:
     return tuple(range(first, first + r.positive_int(s.get("count", 5), "seeds.count")))
 
 
-def _budget(r: _Reader, raw: Any) -> Budget:
+def _budget(r: Reader, raw: Any) -> Budget:
     b = r.keys(raw, "budget", {f.name for f in fields(Budget)})
     cpus = {k: r.number(v, f"budget.{k}") for k, v in b.items() if k != "burners"}
     return Budget(**cpus, burners=r.positive_int(b.get("burners", 0), "budget.burners", 0))
 
 
-def _target(r: _Reader, raw: Any, where: str, names: list[str]) -> Target:
+def _target(r: Reader, raw: Any, where: str, names: list[str]) -> Target:
     t = r.keys(raw, where, {"ours", "against", "metric", "at_most", "at_least", "class",
                             "against_class"}, ("ours", "against", "metric"))
     if ("at_most" in t) == ("at_least" in t):
@@ -534,8 +462,7 @@ def _target(r: _Reader, raw: Any, where: str, names: list[str]) -> Target:
     for key in ("ours", "against"):
         if t[key] not in names and not (key == "against" and t[key] == "best-peer"):
             raise r.fail(f"{where}.{key}", f"{t[key]!r} is not a contender of this scenario")
-    if t["metric"] not in METRICS:
-        raise r.fail(f"{where}.metric", f"{t['metric']!r} is not one of {', '.join(METRICS)}")
+    r.one_of(t["metric"], f"{where}.metric", METRICS)
     at_most = "at_most" in t
     bound = r.number(t["at_most" if at_most else "at_least"],
                      f"{where}.{'at_most' if at_most else 'at_least'}", positive=True)

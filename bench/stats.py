@@ -34,8 +34,13 @@ class Interval:
     hi: float
     n: int
 
+    def __format__(self, spec: str) -> str:
+        """``median [lo, hi]``, each number formatted by ``spec`` (two decimals by default)."""
+        spec = spec or ".2f"
+        return f"{self.median:{spec}} [{self.lo:{spec}}, {self.hi:{spec}}]"
+
     def __str__(self) -> str:
-        return f"{self.median:.2f} [{self.lo:.2f}, {self.hi:.2f}]"
+        return format(self)
 
 
 def quantile(xs: Sequence[float], q: float) -> float:

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 from bench.scenario import PdVariant
 from bench.stats import geomean_interval
-from bench.twin.pd import Served, Spill, parse_spill, simulate
+from bench.twin.pd import Served, parse_spill, simulate
 from bench.workloads import Workload
 from sim.costs import isolated_prefill
 from sim.profiles import get_profile
@@ -56,21 +56,19 @@ class Slo:
                 f"{self.ttft_factor:g} x isolated prefill) and TPOT <= {self.tpot * 1e3:g} ms")
 
 
+#: (encode, prefill) servers: (0, 0) the aggregated fleet, (0, P) P/D, (E, 0) E/PD, else E/P/D.
+Fleet = tuple[int, int]
+
+
 @dataclass(frozen=True, slots=True)
 class Cell:
     """One fleet at one load and seed: the share meeting each SLO, and output tok/s."""
 
-    prefill: int          # 0: the aggregated fleet (or E/PD when ``encode``)
+    fleet: Fleet
     load: float
     seed: int
     met: tuple[float, ...]
     tps: float
-    encode: int = 0       # encode servers (E/PD, E/P/D)
-
-    @property
-    def fleet(self) -> tuple[int, int]:
-        """(encode, prefill) servers: which fleet this cell measured."""
-        return self.encode, self.prefill
 
 
 @functools.lru_cache(maxsize=65536)
@@ -94,35 +92,30 @@ class _Job:
     workload: Workload
     profile: str
     servers: int
-    prefill: int
+    fleet: Fleet
     load: float
     seed: int
     duration: float
     variant: PdVariant
     slos: tuple[Slo, ...]
-    encode: int = 0
 
 
 def _cell(job: _Job) -> Cell:
     specs = job.workload.schedule(job.load, job.duration, job.seed, job.servers)
-    v = job.variant
-    profile = get_profile(job.profile)
-    rest = job.servers - job.encode
-    if job.prefill == 0:
-        served = simulate(job.seed, rest, 0, None, specs=specs, profile=profile,
-                          encode=job.encode)
-    else:
-        spill: Spill | None = parse_spill(v.spill) if v.spill else None
-        served = simulate(job.seed, job.prefill, rest - job.prefill, v.threshold,
-                          specs=specs, profile=profile, prefill_pick=v.prefill_pick,
-                          decode_pick=v.decode_pick, spill=spill, encode=job.encode)
+    v, (encode, prefill) = job.variant, job.fleet
+    # prefill 0: the aggregated fleet (threshold None) of the servers left after encode
+    served = simulate(job.seed, prefill, job.servers - encode - prefill,
+                      v.threshold if prefill else None, specs=specs,
+                      profile=get_profile(job.profile), prefill_pick=v.prefill_pick,
+                      decode_pick=v.decode_pick, spill=parse_spill(v.spill) if v.spill else None,
+                      encode=encode)
     span = max(s.end for s in served) - min(s.arrival for s in served)
-    return Cell(job.prefill, job.load, job.seed,
+    return Cell(job.fleet, job.load, job.seed,
                 tuple(met_share(served, job.profile, slo) for slo in job.slos),
-                sum(s.output for s in served) / span if span > 0 else 0.0, job.encode)
+                sum(s.output for s in served) / span if span > 0 else 0.0)
 
 
-def fleets(servers: int, encode: bool) -> list[tuple[int, int]]:
+def fleets(servers: int, encode: bool) -> list[Fleet]:
     """Every (encode, prefill) fleet of ``servers``: aggregated, P/D splits, and with
     ``encode`` the E/PD and E/P/D ones (at least one server left to decode)."""
     out = [(0, p) for p in range(servers)]
@@ -133,26 +126,26 @@ def fleets(servers: int, encode: bool) -> list[tuple[int, int]]:
 
 def sweep(workload: Workload, profile: str, servers: int, loads: Sequence[float],
           seeds: Sequence[int], duration: float, variant: PdVariant, slos: Sequence[Slo],
-          splits: Sequence[tuple[int, int]] | None = None, jobs: int = 1) -> list[Cell]:
+          splits: Sequence[Fleet] | None = None, jobs: int = 1) -> list[Cell]:
     """Every (split, load, seed) cell; ``splits``: (encode, prefill) fleets (default
     :func:`fleets`, with encode splits when the workload is multimodal)."""
     if servers < 2:
         raise ValueError("a split needs at least 2 servers")
     chosen = (fleets(servers, workload.generator == "multimodal") if splits is None
               else list(splits))
-    todo = [_Job(workload, profile, servers, p, load, seed, duration, variant, tuple(slos), e)
-            for e, p in chosen for load in loads for seed in seeds]
+    todo = [_Job(workload, profile, servers, fleet, load, seed, duration, variant, tuple(slos))
+            for fleet in chosen for load in loads for seed in seeds]
     if jobs > 1:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
             return list(pool.map(_cell, todo, chunksize=4))
     return [_cell(j) for j in todo]
 
 
-def goodput(cells: Sequence[Cell], prefill: int, seed: int, bound: int, slo: Slo,
-            rate_of: dict[float, float], encode: int = 0) -> float:
+def goodput(cells: Sequence[Cell], fleet: Fleet, seed: int, bound: int, slo: Slo,
+            rate_of: dict[float, float]) -> float:
     """The highest rate up to which every swept load met ``slo`` (index ``bound``)."""
     best = 0.0
-    for c in sorted((c for c in cells if c.fleet == (encode, prefill) and c.seed == seed),
+    for c in sorted((c for c in cells if c.fleet == fleet and c.seed == seed),
                     key=lambda c: c.load):
         if c.met[bound] < slo.attainment:
             break
@@ -164,16 +157,10 @@ def goodput(cells: Sequence[Cell], prefill: int, seed: int, bound: int, slo: Slo
 class Row:
     """One fleet's line of the advice."""
 
-    prefill: int
+    fleet: Fleet
     goodput: tuple[float, ...]                      # median over seeds, per SLO
     ratio: tuple[tuple[float, float, float], ...]   # median, CI low, CI high, per SLO
     tps_ratio: tuple[float, float, float, int]      # median, low, high, pairs
-    encode: int = 0
-
-    @property
-    def fleet(self) -> tuple[int, int]:
-        """(encode, prefill) servers."""
-        return self.encode, self.prefill
 
     def name(self, servers: int) -> str:
         """``aggregated (N)``, ``PP+DD``, ``EE+NPD`` (E/PD) or ``EE+PP+DD``."""
@@ -184,18 +171,18 @@ class Row:
 
 
 def summarize(cells: Sequence[Cell], servers: int, slos: Sequence[Slo],
-              rate_of: dict[float, float]) -> tuple[list[Row], tuple[int, int]]:
+              rate_of: dict[float, float]) -> tuple[list[Row], Fleet]:
     """Rows per fleet (aggregated first) and the advised (encode, prefill) fleet."""
     seeds = sorted({c.seed for c in cells})
     measured = sorted({c.fleet for c in cells})
-    base = {(s, b): goodput(cells, 0, s, b, slos[b], rate_of)
+    base = {(s, b): goodput(cells, (0, 0), s, b, slos[b], rate_of)
             for s in seeds for b in range(len(slos))}
     by = {(c.fleet, c.load, c.seed): c for c in cells}
     rows = []
-    for e, p in measured:
+    for fleet in measured:
         gp, ratios = [], []
         for b, slo in enumerate(slos):
-            mine = {s: goodput(cells, p, s, b, slo, rate_of, e) for s in seeds}
+            mine = {s: goodput(cells, fleet, s, b, slo, rate_of) for s in seeds}
             gp.append(statistics.median(mine.values()))
             paired = [mine[s] / base[s, b] for s in seeds if base[s, b] > 0]
             # A seed where this fleet met the SLO at no swept rate has ratio 0, which has no
@@ -204,15 +191,15 @@ def summarize(cells: Sequence[Cell], servers: int, slos: Sequence[Slo],
                       else (math.nan, math.nan))
             ratios.append((statistics.median(paired) if paired else math.nan, lo, hi))
         loose = len(slos) - 1
-        tps = [by[(e, p), c.load, c.seed].tps / c.tps for c in cells
-               if c.fleet == (0, 0) and c.tps > 0 and ((e, p), c.load, c.seed) in by
+        tps = [by[fleet, c.load, c.seed].tps / c.tps for c in cells
+               if c.fleet == (0, 0) and c.tps > 0 and (fleet, c.load, c.seed) in by
                and c.met[loose] >= slos[loose].attainment
-               and by[(e, p), c.load, c.seed].met[loose] >= slos[loose].attainment]
+               and by[fleet, c.load, c.seed].met[loose] >= slos[loose].attainment]
         tlo, thi = geomean_interval(tps) if len(tps) > 1 else (math.nan, math.nan)
-        rows.append(Row(p, tuple(gp), tuple(ratios),
-                        (statistics.median(tps) if tps else math.nan, tlo, thi, len(tps)), e))
+        rows.append(Row(fleet, tuple(gp), tuple(ratios),
+                        (statistics.median(tps) if tps else math.nan, tlo, thi, len(tps))))
     splits = [r for r in rows if r.fleet != (0, 0)]
-    advised = (max(splits, key=lambda r: (*r.goodput, -r.encode, -r.prefill)).fleet
+    advised = (max(splits, key=lambda r: (*r.goodput, -r.fleet[0], -r.fleet[1])).fleet
                if splits else (0, 0))
     aggregated = next((r for r in rows if r.fleet == (0, 0)), None)
     if advised != (0, 0) and aggregated is not None and aggregated.goodput > next(
@@ -221,7 +208,7 @@ def summarize(cells: Sequence[Cell], servers: int, slos: Sequence[Slo],
     return rows, advised
 
 
-def table(rows: Sequence[Row], advised: tuple[int, int], servers: int,
+def table(rows: Sequence[Row], advised: Fleet, servers: int,
           slos: Sequence[Slo]) -> str:
     """The advice as a Markdown table."""
     head = "| fleet | " + " | ".join(

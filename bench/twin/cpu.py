@@ -122,27 +122,25 @@ class Cores:
     def __init__(self, n: int, cost: ProcessCpu, balance: str = "round-robin") -> None:
         if n < 1 or balance not in BALANCES:
             raise ValueError(f"need n >= 1 and a balance in {BALANCES}")
-        self.cost, self.balance = cost, balance
+        self.balance = balance
         self.cores = [dataclasses.replace(cost) for _ in range(n)]
         #: per replica, the end times of its picks not yet done (FIFO: in order)
         self._ends: list[collections.deque[float]] = [collections.deque() for _ in range(n)]
         self._next = 0
 
     def choose(self, now: float) -> int:
-        """The replica Envoy sends a stream opened at ``now`` to."""
+        """The replica Envoy sends a stream opened at ``now`` to: the next in turn, or with
+        ``least-request`` the one with the fewest picks outstanding (ties: the next in turn,
+        so none is favoured)."""
         n = len(self.cores)
-        if self.balance == "round-robin":
-            r = self._next
-            self._next = (r + 1) % n
-            return r
-        for ends in self._ends:
-            while ends and ends[0] <= now:
-                ends.popleft()
-        # fewest outstanding; ties go round the replicas so none is favoured
         order = [(self._next + k) % n for k in range(n)]
-        r = min(order, key=lambda i: len(self._ends[i]))
-        self._next = (r + 1) % n
-        return r
+        if self.balance == "least-request":
+            for ends in self._ends:
+                while ends and ends[0] <= now:
+                    ends.popleft()
+            order.sort(key=lambda i: len(self._ends[i]))   # stable: ties keep their turn
+        self._next = (order[0] + 1) % n
+        return order[0]
 
     def serve(self, now: float, work: float) -> tuple[int, float, float]:
         """A request arriving at ``now`` that needs ``work`` CPU seconds: its replica, and when
@@ -218,28 +216,14 @@ def sustainable_rps(n: int, cost: ProcessCpu, draws: Draws, bound: float,
     return lo
 
 
-@dataclass(frozen=True, slots=True)
-class Measured:
-    """One round of the real bench: the store-less EPP's and the sharing replica's cost."""
-
-    alone: ProcessCpu
-    shared: ProcessCpu
-
-
-def _core(per_request: float, background: float = 0.0) -> ProcessCpu:
-    """One replica's core: ``per_request`` CPU seconds a pick, ``background`` of the core
-    taken by the store's syncs."""
-    if per_request <= 0:
-        raise ValueError(f"bad CPU cost {per_request}: per_request > 0")
-    return ProcessCpu(per_request, 0.0, idle=background)
-
-
-def load_rounds(path: Path) -> tuple[list[Measured], dict[str, object]]:
-    """The rounds ``bench.micro active-active --save`` wrote, and the file's header."""
+def load_rounds(path: Path) -> tuple[list[tuple[float, float]], dict[str, object]]:
+    """The rounds ``bench.micro active-active --save`` wrote, as (store-less EPP, sharing
+    replica) CPU seconds per request, and the file's header."""
     try:
         doc = json.loads(path.read_text())
-        rounds = [Measured(_core(r["none_ms"] / 1000), _core(r["shared_ms"] / 1000))
-                  for r in doc["rounds"]]
+        rounds = [(r["none_ms"] / 1000, r["shared_ms"] / 1000) for r in doc["rounds"]]
+        if any(cost <= 0 for r in rounds for cost in r):
+            raise ValueError(f"bad CPU cost in {rounds}: per request > 0")
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise SystemExit(
             f"{path}: not a bench.micro active-active --save file ({exc})") from None
@@ -248,68 +232,55 @@ def load_rounds(path: Path) -> tuple[list[Measured], dict[str, object]]:
     return rounds, {k: v for k, v in doc.items() if k != "rounds"}
 
 
-Contender = tuple[str, int, bool]
+#: (replicas, sharing) -> (saturated, sustainable) req/s by seed
+Figures = dict[tuple[int, bool], tuple[dict[int, float], dict[int, float]]]
+#: The paired verdicts: replicas sharing, what their saturated req/s over one store-less
+#: replica's says, its target (at least).
+TARGETS = ((1, "per-replica cost of sharing, saturated req/s of a sharing replica / a "
+            "store-less one", 0.9),
+           (2, "2 sharing replicas / 1 store-less replica, saturated req/s", 1.7))
 
 
-def contenders(replicas: Sequence[int]) -> list[Contender]:
-    """(name, n, shared) for every replica count, without and with the store."""
-    return [(f"epp-{n}-{'shared' if shared else 'alone'}", n, shared)
-            for n in replicas for shared in (False, True)]
-
-
-@dataclass
-class Figures:
-    saturated: dict[str, dict[int, float]]
-    sustainable: dict[str, dict[int, float]]
-
-
-def run(rounds: Sequence[Measured], names: Sequence[Contender], *, seeds: int, requests: int,
-        cv: float, bound: float, concurrency: int, balance: str,
+def run(rounds: Sequence[tuple[float, float]], replicas: Sequence[int], *, seeds: int,
+        requests: int, cv: float, bound: float, concurrency: int, balance: str,
         background: float = 0.0) -> Figures:
-    """Every contender on every seed; seed ``k`` uses measured round ``k mod len(rounds)``;
-    ``background``: the what-if share of a sharing replica's core lost to syncs."""
-    out = Figures({name: {} for name, *_ in names}, {name: {} for name, *_ in names})
+    """Every replica count without and with the store on every seed; seed ``k`` uses
+    measured round ``k mod len(rounds)``; ``background``: the what-if share of a sharing
+    replica's core lost to syncs."""
+    out: Figures = {(n, shared): ({}, {}) for n in replicas for shared in (False, True)}
     for seed in range(seeds):
-        measured = rounds[seed % len(rounds)]
+        alone, sharing = rounds[seed % len(rounds)]
         draws = Draws.make(seed, requests, cv)
-        for name, n, shared in names:
-            cost = (_core(measured.shared.per_request, background) if shared
-                    else measured.alone)
-            out.saturated[name][seed] = saturated_rps(n, cost, draws, concurrency, balance)
-            out.sustainable[name][seed] = sustainable_rps(n, cost, draws, bound, balance)
+        for (n, shared), (saturated, sustainable) in out.items():
+            cost = ProcessCpu(sharing, 0.0, idle=background) if shared else ProcessCpu(alone, 0.0)
+            saturated[seed] = saturated_rps(n, cost, draws, concurrency, balance)
+            sustainable[seed] = sustainable_rps(n, cost, draws, bound, balance)
     return out
 
 
-def report(fig: Figures, baseline: str = "epp-1-alone") -> list[str]:
-    """Median [95% bootstrap interval] over seeds; ratios paired by seed with ``baseline``."""
+def report(fig: Figures) -> list[str]:
+    """Median [95% bootstrap interval] over seeds; ratios paired by seed with one store-less
+    replica."""
     def ratio(xs: dict[int, float], base: dict[int, float]) -> Interval:
         return bootstrap_median([xs[s] / base[s] for s in sorted(xs)])
 
+    def fmt(xs: dict[int, float]) -> str:
+        iv = bootstrap_median(list(xs.values()))
+        return f"{iv.median:.0f} [{iv.lo:.0f}, {iv.hi:.0f}]"
+
+    base = fig[1, False]
     lines = ["| contender | seeds | saturated req/s | / 1 replica alone | sustainable req/s "
              "(p99 wait within bound) | / 1 replica alone |", "|---|---:|---|---|---|---|"]
-    for name, sat in fig.saturated.items():
-        sus = fig.sustainable[name]
-        lines.append(f"| {name} | {len(sat)} | {_fmt(bootstrap_median(list(sat.values())))} | "
-                     f"{ratio(sat, fig.saturated[baseline])} | "
-                     f"{_fmt(bootstrap_median(list(sus.values())))} | "
-                     f"{ratio(sus, fig.sustainable[baseline])} |")
+    for (n, shared), (sat, sus) in fig.items():
+        lines.append(f"| epp-{n}-{'shared' if shared else 'alone'} | {len(sat)} | {fmt(sat)} | "
+                     f"{ratio(sat, base[0])} | {fmt(sus)} | {ratio(sus, base[1])} |")
     lines.append("")
-    for name in fig.saturated:
-        n, shared = int(name.split("-")[1]), name.endswith("-shared")
-        if n == 1 and shared:
-            cost = ratio(fig.saturated[name], fig.saturated[baseline])
-            lines.append(f"- per-replica cost of sharing, saturated req/s of a sharing replica "
-                         f"/ a store-less one: {cost} (target >= 0.9): "
-                         f"**{verdict(cost, 0.9, at_most=False)}**")
-        if n == 2 and shared:
-            gain = ratio(fig.saturated[name], fig.saturated[baseline])
-            lines.append(f"- 2 sharing replicas / 1 store-less replica, saturated req/s: {gain} "
-                         f"(target >= 1.7): **{verdict(gain, 1.7, at_most=False)}**")
+    for n, what, target in TARGETS:
+        if (n, True) in fig:
+            iv = ratio(fig[n, True][0], base[0])
+            lines.append(f"- {what}: {iv} (target >= {target:g}): "
+                         f"**{verdict(iv, target, at_most=False)}**")
     return lines
-
-
-def _fmt(iv: Interval) -> str:
-    return f"{iv.median:.0f} [{iv.lo:.0f}, {iv.hi:.0f}]"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -342,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("need --replicas >= 1, --seeds >= 1, --requests >= 100, --cv >= 0, "
                 "--bound > 0, --concurrency >= 1, 0 <= --background < 1")
     rounds, header = load_rounds(args.cpu)
-    fig = run(rounds, contenders(counts), seeds=args.seeds, requests=args.requests, cv=args.cv,
+    fig = run(rounds, counts, seeds=args.seeds, requests=args.requests, cv=args.cv,
               bound=args.bound, concurrency=args.concurrency, balance=args.balance,
               background=args.background)
     what_if = f", sharing replicas lose {args.background:g} of a core" if args.background else ""

@@ -87,7 +87,6 @@ class EppRouter:
 
     def __init__(self, name: str, keys: list[str], seed: int, *, config_text: str | None = None,
                  config_file: Path | None = None, model: str = "",
-                 scrape_interval: float = SCRAPE_INTERVAL,
                  state_store: StateStore | None = None, cpu: ProcessCpu | None = None,
                  labels: Mapping[str, Mapping[str, str]] | None = None) -> None:
         """``config_file`` or ``config_text`` (neither: the EPP's default config); raises
@@ -97,7 +96,6 @@ class EppRouter:
         ``labels``: more pod labels by endpoint key (e.g. context-length ranges)."""
         self.name = name
         self.cpu = cpu
-        self.scrape_interval = scrape_interval
         self.model = model
         config = (load_config_file(config_file) if config_file is not None
                   else parse_config(config_text, source=name))

@@ -28,12 +28,12 @@ store (``ec_load_time_per_image`` each). TTFT counts from arrival, encode leg in
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import orjson
 
@@ -91,29 +91,46 @@ class Spill:
         return ((self.prefill_tokens is None or prefill_backlog >= self.prefill_tokens)
                 and (self.decode_requests is None or decode_inflight <= self.decode_requests))
 
-    def __str__(self) -> str:
-        return (f"{'-' if self.prefill_tokens is None else self.prefill_tokens}:"
-                f"{'-' if self.decode_requests is None else self.decode_requests}")
+
+#: What a request's end starts (the next leg, or the client's answer), with the request and
+#: the time.
+Then = Callable[[SimRequest, float], None]
 
 
 @dataclass
 class _Fleet:
-    """Servers and the event queue of one virtual run."""
+    """Servers and the event queue of one virtual run: each event is what runs at its time
+    (ties in the order they were pushed)."""
 
     seed: int
-    events: list[tuple[float, int, str, Any]] = field(default_factory=list)
+    events: list[tuple[float, int, Callable[[float], None]]] = field(default_factory=list)
     order: itertools.count[int] = field(default_factory=itertools.count)
     ids: itertools.count[int] = field(default_factory=itertools.count)
     rng: random.Random = field(default_factory=random.Random)
+    #: request id -> what its end starts
+    then: dict[str, Then] = field(default_factory=dict)
 
-    def push(self, at: float, kind: str, payload: Any) -> None:
-        heapq.heappush(self.events, (at, next(self.order), kind, payload))
+    def push(self, at: float, run: Callable[[float], None]) -> None:
+        heapq.heappush(self.events, (at, next(self.order), run))
+
+    def serve(self, s: _Server) -> None:
+        """``s`` takes part: its finished requests start what they carry."""
+        def finished(kind: str, req: SimRequest, t: float) -> None:
+            if kind == "finish":
+                s.outstanding -= 1
+                s.tokens -= req.prompt_tokens
+                self.then.pop(req.id)(req, t)
+        s.engine.on_event = finished
 
     def kick(self, s: _Server, now: float) -> None:
         """Start the server's next step if it has work and is idle."""
         s.stepping = bool(s.engine.running or s.engine.waiting)
         if s.stepping:
-            self.push(s.engine.begin_step(now), "step", s)
+            self.push(s.engine.begin_step(now), lambda t: self.step(s, t))
+
+    def step(self, s: _Server, now: float) -> None:
+        s.engine.finish_step()
+        self.kick(s, now)
 
     def choose(self, servers: list[_Server], pick: str) -> _Server:
         """The server a ``pick`` policy chooses (ties: the first)."""
@@ -126,10 +143,11 @@ class _Fleet:
         return min(servers, key=lambda x: (x.outstanding + x.reserved, x.index))
 
     def submit(self, servers: list[_Server], prompt: int, out: int, arrival: float, now: float,
-               remote: int = 0, pick: str = "least", on: _Server | None = None,
-               items: tuple[str, ...] = (), loaded: bool = False) -> SimRequest:
-        """Queue a request on ``on``, else on the server ``pick`` chooses. ``items``: its
-        multimodal item hashes; ``loaded``: an encode server made them (EC load, no encode)."""
+               then: Then, remote: int = 0, pick: str = "least", on: _Server | None = None,
+               items: tuple[str, ...] = (), loaded: bool = False) -> None:
+        """Queue a request on ``on``, else on the server ``pick`` chooses; ``then`` runs at its
+        end. ``items``: its multimodal item hashes; ``loaded``: an encode server made them (EC
+        load, no encode)."""
         s = on if on is not None else self.choose(servers, pick)
         rid = next(self.ids)
         req = SimRequest(id=str(rid), prompt_tokens=prompt,
@@ -140,12 +158,12 @@ class _Fleet:
         req.mm_hashes = items
         if loaded:
             req.remote_mm = frozenset(items)
+        self.then[req.id] = then
         s.engine.add(req)
         s.outstanding += 1
         s.tokens += prompt
         if not s.stepping:
             self.kick(s, now)
-        return req
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,94 +213,68 @@ def simulate(seed: int, prefill: int, decode: int, threshold: int | None, *,
         decoders = [_Server(Engine(profile, seed=i), i) for i in range(decode)]
         prefillers = [_Server(Engine(profile, seed=100 + i), i) for i in range(prefill)]
     encoders = [_Server(Engine(profile, seed=200 + i), i) for i in range(encode)]
-    #: encode leg's request id -> its client request (shape, arrival); and per client
-    #: request, the encode legs still running.
-    encoding: dict[str, int] = {}
-    legs_left: dict[int, int] = {}
-    held: dict[int, tuple[_Shape, float]] = {}
-    #: request id -> what its end means: a client's answer, or a prefill whose KV moves on
-    #: (class, arrival, prompt, output, is_prefill, disaggregated, decode server or None).
-    pending: dict[str, tuple[bool, float, int, int, bool, bool, _Server | None]] = {}
     served: list[Served] = []
 
-    def finished(server: _Server) -> Callable[[str, SimRequest, float], None]:
-        def hook(kind: str, req: SimRequest, t: float) -> None:
-            if kind != "finish":
-                return
-            server.outstanding -= 1
-            if req.id in encoding:   # an encode leg: the client request goes on after its last
-                server.tokens -= req.prompt_tokens
-                parent = encoding.pop(req.id)
-                legs_left[parent] -= 1
-                if legs_left[parent] == 0:
-                    del legs_left[parent]
-                    fleet.push(t, "encoded", held.pop(parent))
-                return
-            long, arrival, prompt, out, is_prefill, disagg, target = pending.pop(req.id)
-            server.tokens -= prompt
-            if is_prefill:
-                pull = latency + prompt * KV_BYTES_PER_TOKEN_8B / bandwidth  # B/s, s
-                fleet.push(t + pull, "decode", (long, arrival, prompt, out, target))
-                return
+    def answer(long: bool, arrival: float, disaggregated: bool = False) -> Then:
+        def done(req: SimRequest, t: float) -> None:
             assert req.first_token_time is not None and req.finish_time is not None
             served.append(Served(long, req.first_token_time - arrival,
                                  (req.finish_time - req.first_token_time)
                                  / max(1, req.generated - 1), arrival, req.finish_time,
-                                 req.generated, disagg, prompt))
-        return hook
+                                 req.generated, disaggregated, req.prompt_tokens))
+        return done
+
+    def arrive(shp: _Shape, arrival: float, now: float) -> None:
+        if not (encoders and shp.items):
+            return route(shp, arrival, now, loaded=False)
+        # E/PD, E/P/D: each unique item to an encoder first (the sidecar, all at once); the
+        # request goes on when the last is encoded.
+        left = [len(shp.items)]
+
+        def encoded(req: SimRequest, t: float) -> None:
+            left[0] -= 1
+            if left[0] == 0:
+                fleet.push(t, lambda now: route(shp, arrival, now, loaded=True))
+        for item, tokens in shp.items:
+            fleet.submit(encoders, tokens, 1, now, now, encoded, items=(item,))
+
+    def route(shp: _Shape, arrival: float, now: float, loaded: bool) -> None:
+        prompt, out, items = shp.prompt, shp.out, tuple(h for h, _ in shp.items)
+        target = None
+        if spill is not None and threshold is not None:
+            target = fleet.choose(decoders, decode_pick)
+            local = prompt < threshold or spill.local(min(p.tokens for p in prefillers),
+                                                      target.outstanding + target.reserved)
+        else:
+            local = threshold is None or prompt < threshold
+        if local:
+            fleet.submit(decoders, prompt, out, arrival, now, answer(shp.long, arrival),
+                         pick="least" if threshold is None else decode_pick, on=target,
+                         items=items, loaded=loaded)
+            return
+        if target is not None:
+            target.reserved += 1
+
+        def prefilled(req: SimRequest, t: float) -> None:   # its KV moves on to decode
+            pull = latency + prompt * KV_BYTES_PER_TOKEN_8B / bandwidth  # B/s, s
+            fleet.push(t + pull, lambda now: pulled(shp, arrival, target, now))
+        fleet.submit(prefillers, prompt, 1, arrival, now, prefilled, pick=prefill_pick,
+                     items=items, loaded=loaded)
+
+    def pulled(shp: _Shape, arrival: float, target: _Server | None, now: float) -> None:
+        """The KV has arrived at a decode server."""
+        if target is not None:
+            target.reserved -= 1
+        fleet.submit(decoders, shp.prompt, shp.out, arrival, now, answer(shp.long, arrival, True),
+                     remote=shp.prompt, pick=decode_pick, on=target)
 
     for s in decoders + prefillers + encoders:
-        s.engine.on_event = finished(s)
+        fleet.serve(s)
     for spec in specs:
-        fleet.push(spec.at, "arrive", (shape(spec), spec.at))
-    parents = itertools.count()
+        fleet.push(spec.at, functools.partial(arrive, shape(spec), spec.at))
     while fleet.events:
-        now, _, kind, payload = heapq.heappop(fleet.events)
-        if kind == "step":
-            payload.engine.finish_step()
-            fleet.kick(payload, now)
-        elif kind == "arrive" and encoders and payload[0].items:
-            # E/PD, E/P/D: each unique item to an encoder first (the sidecar, all at once).
-            parent = next(parents)
-            held[parent] = payload
-            legs_left[parent] = len(payload[0].items)
-            for item, tokens in payload[0].items:
-                leg = fleet.submit(encoders, tokens, 1, now, now, items=(item,))
-                encoding[leg.id] = parent
-        elif kind in ("arrive", "encoded"):
-            shp, arrival = payload
-            long, prompt, out = shp.long, shp.prompt, shp.out
-            items = tuple(h for h, _ in shp.items)
-            loaded = kind == "encoded"
-            target = None
-            if spill is not None and threshold is not None:
-                target = fleet.choose(decoders, decode_pick)
-                if prompt >= threshold and spill.local(
-                        min(p.tokens for p in prefillers),
-                        target.outstanding + target.reserved):
-                    prompt_local = True
-                else:
-                    prompt_local = prompt < threshold
-            else:
-                prompt_local = threshold is None or prompt < threshold
-            if prompt_local:
-                req = fleet.submit(decoders, prompt, out, arrival, now,
-                                   pick="least" if threshold is None else decode_pick,
-                                   on=target, items=items, loaded=loaded)
-                pending[req.id] = (long, arrival, prompt, out, False, False, None)
-            else:
-                if target is not None:
-                    target.reserved += 1
-                req = fleet.submit(prefillers, prompt, 1, arrival, now, pick=prefill_pick,
-                                   items=items, loaded=loaded)
-                pending[req.id] = (long, arrival, prompt, out, True, True, target)
-        else:  # "decode": the KV has arrived at a decode server
-            long, arrival, prompt, out, target = payload
-            if target is not None:
-                target.reserved -= 1
-            req = fleet.submit(decoders, prompt, out, arrival, now, remote=prompt,
-                               pick=decode_pick, on=target)
-            pending[req.id] = (long, arrival, prompt, out, False, True, None)
+        now, _, run = heapq.heappop(fleet.events)
+        run(now)
     return served
 
 

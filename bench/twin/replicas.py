@@ -1,8 +1,7 @@
-"""Active-active EPP replicas in the twin (issue 18; docs/active-active.md).
-
-``python -m bench.twin.replicas`` plays the shared-prefix schedule of each seed through one
-EPP and through ``n`` replicas, in virtual time, so routing quality is separated from CPU:
-nothing here competes for cores, and one seed gives the same picks every time.
+"""Active-active EPP replicas in the twin (issue 18; docs/active-active.md): a scenario's
+contender ``{name, replicas: {count: N, store: valkey | memory}}`` in virtual time
+(``bench/scenarios/active-active.yaml``), so routing quality is separated from CPU: nothing
+here competes for cores, and one seed gives the same picks every time.
 
 What is modelled, and how it maps to the real thing:
 
@@ -10,13 +9,13 @@ What is modelled, and how it maps to the real thing:
   datastore, director), each with its own endpoint views, its own scrapes and its own state
   store. Requests go to the replicas in turn (Envoy's round robin over ext_proc streams).
 - **The store** (:class:`TwinStore`): the same contract as
-  :class:`epp.statestore.valkey.ValkeyStateStore` - writes land in a local
-  :class:`~epp.statestore.MemoryStateStore` at once and are queued; every ``sync_interval``
-  (each replica on its own phase) a sync pushes this replica's own in-flight counts and
-  its queued prefix writes, and pulls the others' counts as of their last push. Published
-  prefix writes reach the other replicas ``pubsub_latency`` later. ``shared=False`` is
-  ``--state-store memory://``: replicas that share nothing. ``flush_delay`` adds a what-if
-  (tried, not adopted): in-flight changes published that long after they happen.
+  :class:`epp.statestore.valkey.ValkeyStateStore` - writes land in the local view at once and
+  prefix writes are queued; every ``sync_interval`` (each replica on its own phase) a sync
+  pushes this replica's own in-flight counts and its queued prefix writes, and pulls the
+  others' counts as of their last push. Published prefix writes reach the other replicas
+  ``pubsub_latency`` later. ``shared=False`` is ``--state-store memory://``: replicas that
+  share nothing. (A what-if that pushed every change of the counts a few ms after it
+  happened was tried and not adopted: docs/active-active.md, Measurements.)
 - **Scrapes**: every replica scrapes every server at the loop's scrape instants (the same
   phase for all replicas: a simplification; real replicas scrape on their own phases).
 - **CPU** (``cpu``, off by default; a scenario's ``budget.router_cpus``): each replica is
@@ -28,9 +27,6 @@ What is modelled, and how it maps to the real thing:
 Not modelled: Valkey's latency beyond ``pubsub_latency``, and lost syncs. The twin answers
 "what do separate views cost the routing"; how many picks per second n replicas serve is
 :mod:`bench.twin.cpu`'s question (the same CPU model without the model servers).
-
-A scenario's contender ``{name, replicas: {count: N, store: valkey | memory}}`` is played
-through :class:`Replicas` in virtual time (``bench/scenarios/active-active.yaml``).
 """
 
 from __future__ import annotations
@@ -46,51 +42,36 @@ from bench.twin.cpu import ProcessCpu
 from bench.twin.epp_adapter import SCRAPE_INTERVAL, EppRouter
 from bench.twin.loop import ServerState
 from bench.workloads import MODEL
-from epp.statestore import InFlight, MemoryStateStore, StateStore
-from epp.statestore.base import RemoteListener
+from epp.statestore import InFlight, MemoryStateStore
 
 #: Defaults of the Valkey store (``sync_interval`` URL option) and a loopback pub/sub hop.
 SYNC_INTERVAL = 0.05
 PUBSUB_LATENCY = 0.001
+#: Prefix writes as the store queues and publishes them: (endpoint, hashes, capacity).
+Writes = list[tuple[str, list[int], int]]
 
 
-class TwinStore(StateStore):
-    """One replica's store: a local view now, the others' writes when the bus delivers them."""
+class TwinStore(MemoryStateStore):
+    """One replica's store: its own writes in its view now, the others' when the bus
+    delivers them."""
 
     kind = "twin"
 
-    def __init__(self, bus: Bus, replica: int) -> None:
-        self.bus, self.replica = bus, replica
-        self.local = MemoryStateStore()
-        #: Prefix writes not yet published: (endpoint, hashes, capacity).
-        self.queued: list[tuple[str, list[int], int]] = []
-
-    def add_inflight(self, endpoint: str, requests: int, tokens: int = 0) -> None:
-        self.local.add_inflight(endpoint, requests, tokens)
-        self.bus.changed(self.replica)
-
-    def inflight(self, endpoint: str) -> InFlight:
-        return self.local.inflight(endpoint)
+    def __init__(self, bus: Bus) -> None:
+        super().__init__()
+        self.bus = bus
+        #: Prefix writes not yet published.
+        self.queued: Writes = []
 
     def prefix_add(self, endpoint: str, hashes: list[int], capacity: int) -> None:
-        self.local.prefix_add(endpoint, hashes, capacity)
+        super().prefix_add(endpoint, hashes, capacity)
         if self.bus.shared:
             self.queued.append((endpoint, list(hashes), capacity))
 
-    def prefix_match(self, hashes: list[int]) -> dict[str, int]:
-        return self.local.prefix_match(hashes)
-
-    def prefix_retain(self, endpoints: frozenset[str]) -> None:
-        self.local.prefix_retain(endpoints)
-
-    def session_set(self, key: str, value: str) -> None:
-        self.local.session_set(key, value)
-
-    def session_get(self, key: str) -> str | None:
-        return self.local.session_get(key)
-
-    def on_remote_inflight(self, listener: RemoteListener) -> None:
-        self.local.on_remote_inflight(listener)
+    def deliver(self, writes: Writes) -> None:
+        """Another replica's published prefix writes arrive."""
+        for endpoint, hashes, capacity in writes:
+            super().prefix_add(endpoint, hashes, capacity)
 
     @property
     def shared(self) -> bool:
@@ -99,96 +80,61 @@ class TwinStore(StateStore):
 
 @dataclass
 class Bus:
-    """Valkey in virtual time: the replicas' published counts and the pub/sub deliveries.
-
-    ``flush_delay`` None is the store as built: a replica sees the others' counts when it
-    pulls at its own sync, as of their last push. A number is a what-if that was tried and
-    not adopted (docs/active-active.md, Measurements): a change of the counts is pushed that
-    much later and reaches the others one pub/sub hop after that."""
+    """Valkey in virtual time: the replicas' published counts and the pub/sub deliveries. A
+    replica sees the others' counts when it pulls at its own sync, as of their last push."""
 
     n: int
     shared: bool = True
     sync_interval: float = SYNC_INTERVAL
     pubsub_latency: float = PUBSUB_LATENCY
-    flush_delay: float | None = None
     stores: list[TwinStore] = field(default_factory=list)
     #: each replica's counts as of its last push (``ns:inflight:<replica>``)
     published: list[dict[str, tuple[int, int]]] = field(default_factory=list)
-    #: ``views[i][j]``: replica j's counts as replica i last got them
-    views: list[dict[int, dict[str, tuple[int, int]]]] = field(default_factory=list)
-    now: float = 0.0
-    _events: list[tuple[float, int, int, tuple[object, ...]]] = field(default_factory=list)
-    _flush_pending: set[int] = field(default_factory=set)
+    #: (time, seq, replica, prefix writes to deliver to it, or None: its sync)
+    _events: list[tuple[float, int, int, Writes | None]] = field(default_factory=list)
     _seq: int = 0
 
     def __post_init__(self) -> None:
-        self.stores = [TwinStore(self, i) for i in range(self.n)]
+        self.stores = [TwinStore(self) for _ in range(self.n)]
         self.published = [{} for _ in range(self.n)]
-        self.views = [{} for _ in range(self.n)]
         if self.shared and self.n > 1:
             for i in range(self.n):   # replicas sync on evenly spread phases
-                self._push(self.sync_interval * i / self.n, i, ("sync",))
+                self._push(self.sync_interval * i / self.n, i, None)
 
-    def _push(self, t: float, replica: int, payload: tuple[object, ...]) -> None:
+    def _push(self, t: float, replica: int, writes: Writes | None) -> None:
         self._seq += 1
-        heapq.heappush(self._events, (t, self._seq, replica, payload))
-
-    def changed(self, replica: int) -> None:
-        """Replica ``replica``'s own counts changed now."""
-        if (self.shared and self.n > 1 and self.flush_delay is not None
-                and replica not in self._flush_pending):
-            self._flush_pending.add(replica)
-            self._push(self.now + self.flush_delay, replica, ("flush",))
+        heapq.heappush(self._events, (t, self._seq, replica, writes))
 
     def advance(self, now: float) -> None:
-        """Run every sync, flush and delivery due at or before ``now``."""
+        """Run every sync and delivery due at or before ``now``."""
         events = self._events
         while events and events[0][0] <= now:
-            t, _, replica, payload = heapq.heappop(events)
-            self.now = t
-            kind = payload[0]
-            if kind == "sync":
-                self._publish(t, replica)
-                self._pull(replica)
-                self._push(t + self.sync_interval, replica, ("sync",))
-            elif kind == "flush":
-                self._flush_pending.discard(replica)
-                self._publish(t, replica)
-            elif kind == "prefix":
-                local = self.stores[replica].local
-                for endpoint, hashes, capacity in payload[1]:  # type: ignore[attr-defined]
-                    local.prefix_add(endpoint, hashes, capacity)
-            else:   # "counts": another replica's published counts arrive
-                self.views[replica][payload[1]] = payload[2]  # type: ignore[index,assignment]
-                self._install(replica)
-        self.now = now
+            t, _, replica, writes = heapq.heappop(events)
+            if writes is not None:
+                self.stores[replica].deliver(writes)
+                continue
+            self._sync(t, replica)
+            self._push(t + self.sync_interval, replica, None)
 
-    def _publish(self, t: float, i: int) -> None:
+    def _sync(self, t: float, i: int) -> None:
+        """Replica ``i`` pushes its counts and queued prefix writes and pulls the others'."""
         store = self.stores[i]
-        counts = {ep: (c[0], c[1]) for ep, c in store.local.own.items()}
-        self.published[i] = counts
-        for j in range(self.n):
+        self.published[i] = {ep: (c[0], c[1]) for ep, c in store.own.items()}
+        if store.queued:
+            for j in range(self.n):
+                if j != i:
+                    self._push(t + self.pubsub_latency, j, store.queued)
+            store.queued = []
+        totals: dict[str, list[int]] = {}
+        for j, counts in enumerate(self.published):
             if j == i:
                 continue
-            if store.queued:
-                self._push(t + self.pubsub_latency, j, ("prefix", store.queued))
-            if self.flush_delay is not None:
-                self._push(t + self.pubsub_latency, j, ("counts", i, counts))
-        store.queued = []
-
-    def _pull(self, i: int) -> None:
-        self.views[i] = {j: c for j, c in enumerate(self.published) if j != i}
-        self._install(i)
-
-    def _install(self, i: int) -> None:
-        totals: dict[str, list[int]] = {}
-        for counts in self.views[i].values():
             for ep, (r, tok) in counts.items():
                 total = totals.setdefault(ep, [0, 0])
                 total[0] += r
                 total[1] += tok
         remote: Mapping[str, InFlight] = {ep: InFlight(r, tok) for ep, (r, tok) in totals.items()}
-        self.stores[i].local.set_remote(remote)
+        store.set_remote(remote)
 
 
 class Replicas:
@@ -197,11 +143,9 @@ class Replicas:
     scrape_interval: float | None = SCRAPE_INTERVAL
 
     def __init__(self, name: str, keys: list[str], seed: int, n: int, *, shared: bool,
-                 sync_interval: float = SYNC_INTERVAL,
-                 flush_delay: float | None = None, cpu: ProcessCpu | None = None,
-                 config_file: Path | None = None) -> None:
+                 cpu: ProcessCpu | None = None, config_file: Path | None = None) -> None:
         self.name = name
-        self.bus = Bus(n, shared=shared, sync_interval=sync_interval, flush_delay=flush_delay)
+        self.bus = Bus(n, shared=shared)
         self.replicas = [EppRouter(f"{name}-{i}", keys, seed, model=MODEL,
                                    config_file=config_file, state_store=self.bus.stores[i],
                                    cpu=dataclasses.replace(cpu) if cpu is not None else None)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,15 +69,12 @@ def _words(rng: random.Random, tokens: int) -> str:
                    for _ in range(tokens))
 
 
-def _completion(prompt: str, max_tokens: int, model: str = MODEL) -> dict[str, Any]:
-    return {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
-            "stream_options": {"include_usage": True}}
-
-
 def _request(at: float, prompt: str, max_tokens: Any, tag: str = "",
              model: str = MODEL) -> RequestSpec:
     """A streaming completion request of ``prompt`` at ``at``."""
-    return RequestSpec(at, "/v1/completions", _completion(prompt, int(max_tokens), model), tag)
+    return RequestSpec(at, "/v1/completions", {
+        "model": model, "prompt": prompt, "max_tokens": int(max_tokens), "stream": True,
+        "stream_options": {"include_usage": True}}, tag)
 
 
 def poisson_arrivals(rng: random.Random, rate: float, n: int) -> list[float]:
@@ -428,14 +425,71 @@ class Workload:
 
 
 class WorkloadError(ValueError):
-    """A workload file is wrong; the message names the file and the field."""
+    """A workload file is wrong; the message is one line naming the file and the key path."""
 
 
-_KEYS = frozenset({"name", "title", "source", "generator", "arrivals", "parameters", "loads",
-                   "duration"})
+class Reader:
+    """Strict reading of one YAML file (a workload, a scenario) with the file and the key
+    path in every error, raised as ``error``."""
+
+    def __init__(self, path: Path, error: type[ValueError] = WorkloadError) -> None:
+        self.path, self.error = path, error
+
+    def fail(self, where: str, msg: str) -> ValueError:
+        return self.error(f"{self.path}: {where}: {msg}" if where else f"{self.path}: {msg}")
+
+    def load(self) -> Any:
+        """The file's YAML."""
+        try:
+            return yaml.safe_load(self.path.read_text())
+        except (OSError, yaml.YAMLError) as e:
+            raise self.fail("", f"cannot read: {' '.join(str(e).split())}") from None
+
+    def keys(self, raw: Any, where: str, allowed: Collection[str],
+             required: Collection[str] = ()) -> dict[str, Any]:
+        if not isinstance(raw, dict):
+            raise self.fail(where, f"expected a mapping, got {type(raw).__name__}")
+        for key in raw:
+            if key not in allowed:
+                dot = f"{where}.{key}" if where else str(key)
+                raise self.fail(dot, f"unknown key (known: {', '.join(sorted(allowed))})")
+        for key in required:
+            if key not in raw:
+                raise self.fail(where, f"missing key {key!r}")
+        return raw
+
+    def one_of(self, raw: Any, where: str, known: Collection[str]) -> str:
+        if raw not in known:
+            raise self.fail(where, f"{raw!r} is not one of {', '.join(known)}")
+        return str(raw)
+
+    def positive_int(self, raw: Any, where: str, minimum: int = 1) -> int:
+        if isinstance(raw, bool) or not isinstance(raw, int) or raw < minimum:
+            raise self.fail(where, f"expected an integer >= {minimum}, got {raw!r}")
+        return raw
+
+    def number(self, raw: Any, where: str, *, positive: bool = False) -> float:
+        if isinstance(raw, bool) or not isinstance(raw, int | float) or raw < 0 or (
+                positive and raw == 0):
+            kind = "a positive number" if positive else "a number >= 0"
+            raise self.fail(where, f"expected {kind}, got {raw!r}")
+        return float(raw)
+
+    def text(self, raw: Any, where: str) -> str:
+        if not isinstance(raw, str) or not raw.strip():
+            raise self.fail(where, f"expected a non-empty string, got {raw!r}")
+        return raw
+
+    def file(self, raw: Any, where: str) -> Path:
+        path = (self.path.parent / self.text(raw, where)).resolve()
+        if not path.is_file():
+            raise self.fail(where, f"no such file: {path}")
+        return path
 
 
-def _arrivals(path: Path, raw: Any) -> tuple[str, float, float]:
+def read_arrivals(r: Reader, raw: Any, where: str) -> tuple[str, float, float]:
+    """``arrivals``: the process and its two numbers (:attr:`Workload.burst_period`,
+    :attr:`Workload.burst_width`)."""
     if raw == "poisson":
         return "poisson", 0.0, 0.0
     b = raw.get("bursts") if isinstance(raw, dict) and set(raw) == {"bursts"} else None
@@ -445,42 +499,37 @@ def _arrivals(path: Path, raw: Any) -> tuple[str, float, float]:
     if isinstance(g, dict) and set(g) == {"cv"} and isinstance(g["cv"], int | float) \
             and not isinstance(g["cv"], bool) and g["cv"] > 0:
         return "gamma", float(g["cv"]), 0.0
-    raise WorkloadError(f"{path}: arrivals: expected 'poisson', "
-                        "{bursts: {period: S, width: S}} or {gamma: {cv: X > 0}}")
+    raise r.fail(where, "expected 'poisson', {bursts: {period: S, width: S}} or "
+                 "{gamma: {cv: X > 0}}")
 
 
-def _check_named(path: Path, key: str, noun: str, items: Any, required: tuple[str, ...],
-                 optional: frozenset[str]) -> None:
-    """``parameters.<key>``: a mapping of ``noun`` names, each a mapping with every
-    ``required`` key and any ``optional`` one, numbers positive (``objective``: a name)."""
+#: The structured parameters (tenants, classes): a mapping of names, each a mapping with
+#: these required and optional keys, numbers positive (``objective``: a name).
+_NAMED = {"tenants": (("share", "objective"), TENANT_OPTIONAL),
+          "classes": (("share", "prompt_tokens"), frozenset({"groups", "system_tokens"}))}
+
+
+def check_parameters(r: Reader, generator: str, params: Params, where: str) -> None:
+    """The checks of a generator's structured parameters (tenants, classes) at ``where``."""
+    if generator not in _NAMED:
+        return
+    required, optional = _NAMED[generator]
+    items, where = params[generator], f"{where}.{generator}"
     if not isinstance(items, dict) or not items:
-        raise WorkloadError(f"{path}: parameters.{key}: expected a mapping of {noun} names")
+        raise r.fail(where, f"expected a mapping of {generator} names")
     for name, item in items.items():
-        where = f"{path}: parameters.{key}.{name}"
+        at = f"{where}.{name}"
         if not isinstance(item, dict) or not set(required) <= set(item) <= {*required,
                                                                              *optional}:
-            raise WorkloadError(f"{where}: expected {{{', '.join(required)}}} and optionally "
-                                f"{', '.join(sorted(optional))}")
+            raise r.fail(at, f"expected {{{', '.join(required)}}} and optionally "
+                         f"{', '.join(sorted(optional))}")
         for k in (*required, *sorted(optional & set(item))):
-            v = item[k]
-            if k != "objective" and (isinstance(v, bool) or not isinstance(v, int | float)
-                                     or not v > 0):
-                raise WorkloadError(f"{where}.{k}: expected a positive number")
-        if item.get("objective", "standard") not in OBJECTIVES:
-            raise WorkloadError(f"{where}.objective: {item['objective']!r} is not one of "
-                                f"{sorted(OBJECTIVES)}")
+            if k != "objective":
+                r.number(item[k], f"{at}.{k}", positive=True)
+        if "objective" in item:
+            r.one_of(item["objective"], f"{at}.objective", OBJECTIVES)
         if ("groups" in item) != ("system_tokens" in item):
-            raise WorkloadError(f"{where}: give groups and system_tokens together")
-
-
-def check_parameters(path: Path, generator: str, params: Params) -> None:
-    """The checks of a generator's structured parameters (tenants, classes)."""
-    if generator == "tenants":
-        _check_named(path, "tenants", "tenant", params["tenants"], ("share", "objective"),
-                     TENANT_OPTIONAL)
-    elif generator == "classes":
-        _check_named(path, "classes", "class", params["classes"], ("share", "prompt_tokens"),
-                     frozenset({"groups", "system_tokens"}))
+            raise r.fail(at, "give groups and system_tokens together")
 
 
 def objective_manifests(pool: str) -> list[dict[str, Any]]:
@@ -491,38 +540,25 @@ def objective_manifests(pool: str) -> list[dict[str, Any]]:
             for name, priority in OBJECTIVES.items()]
 
 
+_KEYS = ("name", "title", "source", "generator", "arrivals", "parameters", "loads",
+         "duration")
+
+
 def load_workload(path: Path) -> Workload:
     """Read and check one workload file (unknown fields and parameters are errors)."""
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise WorkloadError(f"{path}: cannot read: {e}") from None
-    if not isinstance(raw, dict):
-        raise WorkloadError(f"{path}: expected a mapping")
-    for key in sorted(set(raw) - _KEYS):
-        raise WorkloadError(f"{path}: unknown field {key!r}")
-    for key in sorted(_KEYS - set(raw)):
-        raise WorkloadError(f"{path}: missing field {key!r}")
-    gen = raw["generator"]
-    if gen not in GENERATORS:
-        raise WorkloadError(f"{path}: generator: {gen!r} is not one of {sorted(GENERATORS)}")
-    params, need = raw["parameters"], GENERATORS[gen][2]
-    have = set(params) if isinstance(params, dict) else set()
-    if have != need:
-        raise WorkloadError(f"{path}: parameters: unknown {sorted(have - need)}, "
-                            f"missing {sorted(need - have)}")
-    check_parameters(path, gen, params)
-    arrivals, period, width = _arrivals(path, raw["arrivals"])
-    try:
-        loads = tuple(float(x) for x in raw["loads"])
-        duration = float(raw["duration"])
-    except (TypeError, ValueError):
-        raise WorkloadError(f"{path}: loads, duration: expected numbers") from None
-    if not loads or min(loads) <= 0 or duration <= 0:
-        raise WorkloadError(f"{path}: loads, duration: must be positive")
+    r = Reader(path)
+    raw = r.keys(r.load(), "", _KEYS, _KEYS)
+    gen = r.one_of(raw["generator"], "generator", GENERATORS)
+    params = r.keys(raw["parameters"], "parameters", GENERATORS[gen][2],
+                    sorted(GENERATORS[gen][2]))
+    check_parameters(r, gen, params, "parameters")
+    if not isinstance(raw["loads"], list) or not raw["loads"]:
+        raise r.fail("loads", "expected a list of loads")
+    loads = tuple(r.number(x, f"loads[{i}]", positive=True) for i, x in enumerate(raw["loads"]))
     doc = " ".join((GENERATORS[gen][0].__doc__ or "").split())
     return Workload(str(raw["name"]), str(raw["title"]), doc, str(raw["source"]), gen,
-                    arrivals, period, width, dict(params), loads, duration)
+                    *read_arrivals(r, raw["arrivals"], "arrivals"), dict(params), loads,
+                    r.number(raw["duration"], "duration", positive=True))
 
 
 _ORDER = ("shared-prefix", "lora", "sharegpt", "bursts")

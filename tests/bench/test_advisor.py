@@ -33,12 +33,12 @@ def test_a_request_meets_the_slo_by_its_own_prompts_isolated_prefill() -> None:
 def test_goodput_is_the_highest_rate_up_to_which_every_rate_met_the_slo() -> None:
     slo = Slo()
     rate_of = {1.0: 2.0, 2.0: 4.0, 3.0: 6.0}
-    cells = [Cell(0, 1.0, 0, (0.95,), 0), Cell(0, 2.0, 0, (0.85,), 0),
-             Cell(0, 3.0, 0, (0.92,), 0),    # met again, but after a miss: not counted
-             Cell(1, 1.0, 0, (0.80,), 0), Cell(1, 2.0, 0, (0.99,), 0),
-             Cell(1, 3.0, 0, (0.99,), 0)]
-    assert goodput(cells, 0, 0, 0, slo, rate_of) == 2.0
-    assert goodput(cells, 1, 0, 0, slo, rate_of) == 0.0
+    cells = [Cell((0, 0), 1.0, 0, (0.95,), 0), Cell((0, 0), 2.0, 0, (0.85,), 0),
+             Cell((0, 0), 3.0, 0, (0.92,), 0),    # met again, but after a miss: not counted
+             Cell((0, 1), 1.0, 0, (0.80,), 0), Cell((0, 1), 2.0, 0, (0.99,), 0),
+             Cell((0, 1), 3.0, 0, (0.99,), 0)]
+    assert goodput(cells, (0, 0), 0, 0, slo, rate_of) == 2.0
+    assert goodput(cells, (0, 1), 0, 0, slo, rate_of) == 0.0
 
 
 def test_summary_advises_the_split_with_the_highest_goodput() -> None:
@@ -46,19 +46,19 @@ def test_summary_advises_the_split_with_the_highest_goodput() -> None:
     rate_of = {1.0: 1.0, 2.0: 2.0}
     cells = []
     for seed in range(3):
-        cells += [Cell(0, 1.0, seed, (0.95,), 100.0), Cell(0, 2.0, seed, (0.5,), 150.0),
-                  Cell(1, 1.0, seed, (0.95,), 99.0), Cell(1, 2.0, seed, (0.95,), 190.0),
-                  Cell(2, 1.0, seed, (0.5,), 60.0), Cell(2, 2.0, seed, (0.5,), 80.0)]
+        cells += [Cell((0, 0), 1.0, seed, (0.95,), 100.0), Cell((0, 0), 2.0, seed, (0.5,), 150.0),
+                  Cell((0, 1), 1.0, seed, (0.95,), 99.0), Cell((0, 1), 2.0, seed, (0.95,), 190.0),
+                  Cell((0, 2), 1.0, seed, (0.5,), 60.0), Cell((0, 2), 2.0, seed, (0.5,), 80.0)]
     rows, advised = summarize(cells, 3, [slo], rate_of)
     assert advised == (0, 1)
-    by = {r.prefill: r for r in rows}
+    by = {r.fleet[1]: r for r in rows}
     assert by[1].goodput == (2.0,) and by[1].ratio[0][0] == pytest.approx(2.0)
     # tok/s is compared only where both kept up: load 1.0 (99 / 100).
     assert by[1].tps_ratio[0] == pytest.approx(0.99) and by[1].tps_ratio[3] == 3
     # 2P+1D met the SLO at no rate: ratio 0 in every seed, and no interval is claimed.
     assert by[2].ratio[0][0] == 0 and all(math.isnan(x) for x in by[2].ratio[0][1:])
     # Without that split, no split beats the aggregated fleet: the advice is aggregated.
-    rows, advised = summarize([c for c in cells if c.prefill != 1], 3, [slo], rate_of)
+    rows, advised = summarize([c for c in cells if c.fleet != (0, 1)], 3, [slo], rate_of)
     assert advised == (0, 0)
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench import report as rp
-from bench.scenario import SCENARIOS, ScenarioError, load_scenario
+from bench.scenario import SCENARIOS, ScenarioError, Target, load_scenario
 from bench.workloads import gamma_arrivals
 
 
@@ -53,10 +53,9 @@ def test_a_class_target_compares_a_class_with_all_or_the_same_class_of_the_basel
     rows = [r for seed in range(5) for r in (
         _run("rr", seed, 4.0, {"interactive/interactive": 4.0, "standard/standard": 3.0}),
         _run("fc", seed, 3.0, {"interactive/interactive": 1.0, "standard/standard": 3.3}))]
-    targets = [rp.Target("w", 0.75, "fc", "rr", "TTFT p90", 0.35, True, "interactive", "all"),
-               rp.Target("w", 0.75, "fc", "rr", "TTFT p90", 1.05, True, "standard",
-                         "standard"),
-               rp.Target("w", 0.75, "fc", "rr", "TTFT p90", 1.0, True)]
+    targets = [Target("fc", "rr", "TTFT p90", 0.35, True, "interactive", "all"),
+               Target("fc", "rr", "TTFT p90", 1.05, True, "standard", "standard"),
+               Target("fc", "rr", "TTFT p90", 1.0, True)]
     lines = rp.target_lines(rows, targets)
     assert lines[0].startswith("- w @ 0.75, fc (interactive requests): TTFT p90 / rr's (all "
                                "requests) = 0.25 [0.25, 0.25]"), lines[0]

@@ -52,7 +52,7 @@ def test_vllm_router_pd_mode_moves_kv_through_the_simulator_roles(tmp_path: Path
     """vllm-router 0.1.x ``--vllm-pd-disaggregation`` over 2 prefill + 2 decode simulated
     servers: every request is prefilled on a prefill server and its KV pulled by a decode
     server (none recomputed), and the clients see no error."""
-    if not PEERS["vllm-router"].installed():
+    if PEERS["vllm-router"].problem():
         pytest.skip("vllm-router is not installed in .cache/peers (python -m bench.peers "
                     "install); it is a PyPI wheel, not a project dependency")
     with start("vllm-router-pd", tmp_path, 0, 1024) as fleet:

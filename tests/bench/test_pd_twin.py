@@ -96,7 +96,6 @@ def test_the_spill_decider_reads_both_bounds() -> None:
     s = Spill(prefill_tokens=8000, decode_requests=2)
     assert s.local(8000, 2) and not s.local(7999, 0) and not s.local(9000, 3)
     assert Spill(decode_requests=0).local(0, 0) and Spill(prefill_tokens=1).local(1, 99)
-    assert str(s) == "8000:2" and str(Spill(decode_requests=1)) == "-:1"
 
 
 def test_spill_parses_or_fails_in_one_line() -> None:

@@ -123,7 +123,7 @@ def test_a_peer_scaled_out_is_a_count_of_processes_without_a_store(tmp_path: Pat
 def test_a_peer_scaled_out_runs_as_copies_behind_envoy(tmp_path: Path) -> None:
     from bench.peers import PEERS
 
-    if not PEERS["sglang-router"].installed():
+    if PEERS["sglang-router"].problem():
         pytest.skip("sglang-router is not installed in .cache/peers (python -m bench.peers "
                     "install needs PyPI; CI does not install the peers)")
     scn = tmp_path / "peers.yaml"

@@ -276,6 +276,21 @@ def test_a_peer_with_replicas_is_skipped_in_virtual_time_too() -> None:
     assert row.skipped.startswith("not modelled in virtual time") and row.requests == 0
 
 
+def test_the_inputs_digest_covers_the_built_in_default_profile(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run of ``epp-default`` depends on the EPP's default config as a run of a config file
+    depends on the file: changing the default makes the saved run stale."""
+    import bench.scenario
+
+    gamma = load_scenario(SCENARIOS / "gamma.yaml")            # envoy-rr, epp-default
+    pd = load_scenario(SCENARIOS / "pd.yaml")                  # config files only
+    assert gamma.runs_default_profile and not pd.runs_default_profile
+    before = (gamma.inputs_digest, pd.inputs_digest)
+    monkeypatch.setattr(bench.scenario, "DEFAULT_CONFIG_YAML",
+                        bench.scenario.DEFAULT_CONFIG_YAML + "# changed\n")
+    assert gamma.inputs_digest != before[0] and pd.inputs_digest == before[1]
+
+
 # -- RESULTS.md ---------------------------------------------------------------------------
 def test_report_writes_sections_from_saved_runs_and_checks_the_scenario(
         tmp_path: Path, newcomer_run: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
@@ -330,15 +345,15 @@ def test_a_peer_of_another_version_than_its_pin_is_not_used(tmp_path: Path) -> N
     meta.mkdir()
     (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-router\nVersion: 0.1.16\n")
     probe = ("from bench.peers import PEERS; p = PEERS['vllm-router']; "
-             "print(p.installed()); print(p.mismatch())")
+             "print(p.problem())")
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, text=True, check=True,
                          capture_output=True, env={**os.environ, "BENCH_PEERS_DIR": str(tmp_path)})
-    assert out.stdout.splitlines() == ["False", "vllm-router 0.1.16 installed, 0.1.17 pinned"]
+    assert out.stdout.splitlines() == ["vllm-router 0.1.16 installed, 0.1.17 pinned"]
     (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-router\nVersion: 0.1.17\n")
     meta.rename(site / "vllm_router-0.1.17.dist-info")
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, text=True, check=True,
                          capture_output=True, env={**os.environ, "BENCH_PEERS_DIR": str(tmp_path)})
-    assert out.stdout.splitlines() == ["True", "None"]
+    assert out.stdout.splitlines() == ["None"]
 
 
 # -- make targets and RESULTS.md of the repository ----------------------------------------
