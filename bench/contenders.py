@@ -476,22 +476,30 @@ class EppReplicas(Contender):
         workdir.mkdir(parents=True, exist_ok=True)
         manifests = workdir / "pool.yaml"
         manifests.write_text(yaml.safe_dump_all(pool_manifests("sims", fleet), sort_keys=False))
-        with contextlib.ExitStack() as stack:
-            self.valkey = None
-            url = "memory://"
-            if self.store == "valkey":
-                self.valkey = stack.enter_context(ValkeyServer())
-                url = self.valkey.url
-            self._replicas = [Epp(f"{self.name}-{i}", self.config) for i in range(self.n)]
-            ports = [r._start(stack, manifests, workdir / f"epp-{i}.log", fleet.size,
-                              "--ha-mode", "active-active", "--state-store", url)
-                     for i, r in enumerate(self._replicas)]
-            admin, listen = e.free_port(), e.free_port()
-            gateway = pool_gateway_config(ports[0][0], admin, listen,
-                                          [f"{h}:{p}" for h, p in fleet.endpoints],
-                                          replicas=ports)
-            with e.Envoy(gateway, admin_port=admin, workdir=workdir / "envoy"):
-                yield f"http://127.0.0.1:{listen}"
+        # Each replica is a pod of its own: each gets the router budget, and the run's router
+        # CPU is theirs summed (read once every replica has stopped).
+        self._replicas = [Epp(f"{self.name}-{i}", self.config) for i in range(self.n)]
+        for r in self._replicas:
+            r.cpus = self.cpus
+        try:
+            with contextlib.ExitStack() as stack:
+                self.valkey = None
+                url = "memory://"
+                if self.store == "valkey":
+                    self.valkey = stack.enter_context(ValkeyServer())
+                    url = self.valkey.url
+                ports = [r._start(stack, manifests, workdir / f"epp-{i}.log", fleet.size,
+                                  "--ha-mode", "active-active", "--state-store", url)
+                         for i, r in enumerate(self._replicas)]
+                admin, listen = e.free_port(), e.free_port()
+                gateway = pool_gateway_config(ports[0][0], admin, listen,
+                                              [f"{h}:{p}" for h, p in fleet.endpoints],
+                                              replicas=ports)
+                with self._gateway(gateway, admin, workdir):
+                    yield f"http://127.0.0.1:{listen}"
+        finally:
+            self.cpu_used = sum(r.cpu_used for r in self._replicas)
+            self.throttled = sum(r.throttled for r in self._replicas)
 
     def debug(self) -> dict[str, Any]:
         return {"replicas": [r.debug() for r in self._replicas]}

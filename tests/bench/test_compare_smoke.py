@@ -57,15 +57,17 @@ def test_the_epp_routes_under_a_cpu_budget_on_the_seeds_asked_for(tmp_path: Path
     scenario = tmp_path / "budget.yaml"
     scenario.write_text(
         "title: Budgeted\nfleet: {servers: 2, time_scale: 0.25}\n"
-        "workload: {use: shared-prefix, duration: 4}\ncontenders: [epp-default]\n"
+        "workload: {use: shared-prefix, duration: 4}\n"
+        "contenders: [epp-default, {name: epp-two, replicas: {count: 2, store: memory}}]\n"
         "loads: [0.3]\nseeds: [7]\n"
         "budget: {router_cpus: 0.5, gateway_cpus: 1, fleet_cpus: 1, client_cpus: 0.5, "
         "burners: 1}\n")
     proc = subprocess.run([sys.executable, "-m", "bench", "run", str(scenario), "--real"],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(ln for ln in proc.stderr.splitlines() if "seed 7 epp-default" in ln)
-    assert " ok " in line and ", router CPU " in line and " throttled " in line
+    for name in ("epp-default", "epp-two"):  # active-active replicas are budgeted too
+        line = next(ln for ln in proc.stderr.splitlines() if f"seed 7 {name}" in ln)
+        assert " ok " in line and ", router CPU " in line and " throttled " in line
     assert "seeds [7]" in proc.stdout
     assert "CPU budgets: 0.5 CPU per router process (" in proc.stdout
     assert "; 1 CPU per gateway Envoy (" in proc.stdout
