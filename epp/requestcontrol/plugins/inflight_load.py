@@ -11,11 +11,11 @@ prefill pod has finished the prompt (llm-d releases it at the first response chu
 comes a KV pull and a decode step later). An exchange that ends without response headers
 releases everything at its end (docs/pd.md).
 
-The same picks also count their uncached prompt tokens as **pending prefill** (``prefill_tokens``,
-what ``prefill-load-scorer`` reads) until the prompt has been computed: on the primary pick
-until the first streamed token (or the end of a response that is not streamed), on the other
-profiles' picks until the response headers. This is this replica's own count: replicas do not
-share it.
+The same picks also count their uncached prompt tokens as **pending prefill**
+(``prefill_tokens``, what ``prefill-load-scorer`` reads) until the prompt has been computed:
+on the primary pick until the first streamed token (or the end of a response that is not
+streamed), on the other profiles' picks until the response headers. This is this replica's
+own count: replicas do not share it.
 
 Every replica counts its own picks on the endpoint views at once. Through the handle's state
 store it also publishes them and, with active-active replicas sharing a Valkey
@@ -39,7 +39,7 @@ from epp.requestcontrol.plugin import (
     ResponseReceived,
 )
 from epp.scheduling.plugin import Plugin
-from epp.scheduling.plugins.prefix.producer import ApproxPrefixCacheProducer
+from epp.scheduling.plugins.prefix.producer import UncachedTokens
 from epp.scheduling.request import LLMRequest
 from epp.scheduling.result import SchedulingResult
 from epp.statestore import NO_INFLIGHT, InFlight, MemoryStateStore, StateStore
@@ -87,8 +87,7 @@ class InflightLoadProducer(PreRequest, ResponseReceived, FirstToken, ResponseCom
         super().__init__(name, params)
         self.store = store if store is not None else MemoryStateStore()
         self.datastore = datastore
-        self._handle = handle
-        self._prefix: list[ApproxPrefixCacheProducer] | None = None  # looked up once
+        self.uncached_tokens = UncachedTokens(handle)
         if datastore is not None:
             self.store.on_remote_inflight(self.apply_remote)
 
@@ -97,15 +96,6 @@ class InflightLoadProducer(PreRequest, ResponseReceived, FirstToken, ResponseCom
         if isinstance(handle, EppHandle):
             return cls(name, params, handle.state_store, handle.datastore, handle)
         return cls(name, params)
-
-    def uncached_tokens(self, request: LLMRequest, view: EndpointView) -> int:
-        """The prompt tokens ``view`` has to compute (all of them without a prefix producer)."""
-        if self._prefix is None:
-            found = self._handle.find(ApproxPrefixCacheProducer) if self._handle else []
-            self._prefix = list(found)
-        if not self._prefix:
-            return request.prompt_tokens
-        return self._prefix[0].uncached_tokens(request, view.key)
 
     def estimated_output(self, request: LLMRequest) -> int:
         """Output tokens counted in flight on the primary pick (0 unless configured)."""
@@ -127,7 +117,7 @@ class InflightLoadProducer(PreRequest, ResponseReceived, FirstToken, ResponseCom
             request.plugin_state[self.name] = others
             for view in others:
                 self._start(view, request)
-        prefilling = [(v, self.uncached_tokens(request, v)) for v in others or [primary]]
+        prefilling = [(v, self.uncached_tokens(request, v.key)) for v in others or [primary]]
         request.plugin_state[self._prefill_key] = prefilling
         for view, tokens in prefilling:
             view.prefill_tokens += tokens

@@ -206,6 +206,25 @@ class ApproxPrefixCacheProducer(Plugin, DataProducer, PreRequest, EndpointsRemov
         self.store.prefix_retain(keys)
 
 
+class UncachedTokens:
+    """``(request, endpoint key) -> the prompt tokens that endpoint would compute``: all of
+    them, less the leading blocks the config's approximate prefix producer says it holds (the
+    whole prompt without one). The producer is looked up at the first call: it may be created
+    after the plugin that asks."""
+
+    def __init__(self, handle: Handle | None) -> None:
+        self._handle = handle
+        self._producer: list[ApproxPrefixCacheProducer] | None = None
+
+    def __call__(self, request: LLMRequest, key: str) -> int:
+        if self._producer is None:
+            found = self._handle.find(ApproxPrefixCacheProducer) if self._handle else []
+            self._producer = list(found)
+        if not self._producer:
+            return request.prompt_tokens
+        return self._producer[0].uncached_tokens(request, key)
+
+
 def state_store_of(handle: Handle) -> StateStore | None:
     """The EPP handle's state store (None for another service's handle)."""
     store = getattr(handle, "state_store", None)

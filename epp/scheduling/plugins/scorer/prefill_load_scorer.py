@@ -8,14 +8,17 @@ from typing import Any
 
 from epp.datastore import EndpointView
 from epp.scheduling.plugin import Scorer
-from epp.scheduling.plugins.prefix.producer import ApproxPrefixCacheProducer
+from epp.scheduling.plugins.prefix.producer import UncachedTokens
 from epp.scheduling.request import LLMRequest
 from shared.plugins import Handle
 
 
 class PrefillLoadScorer(Scorer):
-    """score = (maxW - w) / (maxW - minW) over the candidates; all equal -> 1, where
-    w = the endpoint's pending prefill tokens + this request's uncached prompt tokens there.
+    """score = minW / w over the candidates (1 for the least work, all equal -> 1), where
+    w = 1 + the endpoint's pending prefill tokens + this request's uncached prompt tokens
+    there. A ratio, not min-max: a small difference between large backlogs scores close
+    together, so it does not outvote the prefix scorer's affinity (min-max did: docs/epp.md,
+    "The default profile").
 
     Pending prefill (:attr:`EndpointView.prefill_tokens`) is the uncached prompt tokens this
     EPP routed to the endpoint whose first token has not come back. A request's wait for its
@@ -32,22 +35,13 @@ class PrefillLoadScorer(Scorer):
 
     def __init__(self, name: str = "", params: Any = None, handle: Handle | None = None) -> None:
         super().__init__(name, params)
-        self._handle = handle
-        self._prefix: list[ApproxPrefixCacheProducer] | None = None  # looked up once
+        self._uncached = UncachedTokens(handle)
 
     @classmethod
     def create(cls, name: str, params: Any, handle: Handle) -> PrefillLoadScorer:
         return cls(name, params, handle)
 
-    def _own(self, request: LLMRequest, view: EndpointView) -> int:
-        if self._prefix is None:
-            found = self._handle.find(ApproxPrefixCacheProducer) if self._handle else []
-            self._prefix = list(found)
-        if not self._prefix:
-            return request.prompt_tokens
-        return self._prefix[0].uncached_tokens(request, view.key)
-
     def score(self, request: LLMRequest, endpoints: Sequence[EndpointView]) -> Sequence[float]:
-        ws = [v.prefill_tokens + self._own(request, v) + 1 for v in endpoints]
+        ws = [v.prefill_tokens + self._uncached(request, v.key) + 1 for v in endpoints]
         lo = min(ws)
         return [lo / w for w in ws]
