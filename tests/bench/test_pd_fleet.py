@@ -62,11 +62,10 @@ def test_vllm_router_pd_mode_moves_kv_through_the_simulator_roles(tmp_path: Path
     assert "--vllm-pd-disaggregation" in (tmp_path / "command.txt").read_text()
 
 
-def test_the_gie_scorers_config_scores_both_profiles_like_the_aggregated_fleet() -> None:
-    from epp.config.loader import DEFAULT_CONFIG_YAML
+def test_the_gie_scorers_config_scores_both_profiles_with_gie_v15s_default_scorers() -> None:
+    """GIE v1.5's default profile (ours adds prefill-load-scorer: docs/epp.md)."""
     gie = yaml.safe_load(pd_config("gie-scorers", 1024))
-    default = yaml.safe_load(DEFAULT_CONFIG_YAML)
-    refs = {(p["pluginRef"], p["weight"]) for p in default["schedulingProfiles"][0]["plugins"]}
+    refs = {("queue-scorer", 2), ("kv-cache-utilization-scorer", 2), ("prefix-cache-scorer", 3)}
     for profile in gie["schedulingProfiles"]:
         assert refs <= {(p["pluginRef"], p.get("weight")) for p in profile["plugins"]}
 
